@@ -1,6 +1,7 @@
 """ckpt_viz's own eager checkpoint runtime (spec D1). It emits events; it never draws."""
 from ckpt_viz.errors import CheckpointError
 from ckpt_viz.runtime.checkpoint import checkpoint
+from ckpt_viz.runtime.exclude import checkpoint_exclude_wrapper
 from ckpt_viz.runtime.reentrant import ReentrantCheckpointHandle, reentrant_checkpoint_scope
 from ckpt_viz.runtime.session import (
     clear_recompute_session,
@@ -17,6 +18,7 @@ __all__ = [
     "backward_input",
     "backward_weight",
     "checkpoint",
+    "checkpoint_exclude_wrapper",
     "clear_recompute_session",
     "noop_context_fn",
     "recompute_handle",
