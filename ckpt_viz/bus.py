@@ -133,7 +133,8 @@ def current_tags() -> Mapping[str, Any]:
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # The runtime and the bus are never "the user's code"; scenarios and lessons are.
-_SKIP_PREFIXES: list[str] = [_PACKAGE_DIR + "runtime" + os.sep, os.path.abspath(__file__)]
+_SKIP_PREFIXES: list[str] = [_PACKAGE_DIR + "runtime" + os.sep, os.path.abspath(__file__),
+                             _PACKAGE_DIR + "recording.py"]
 _skip_cache: dict[str, bool] = {}
 
 
@@ -149,7 +150,7 @@ def _library_dirs() -> None:
 def _skipped(filename: str) -> bool:
     hit = _skip_cache.get(filename)
     if hit is None:
-        if len(_SKIP_PREFIXES) == 2:
+        if len(_SKIP_PREFIXES) == 3:
             _library_dirs()
         path = os.path.abspath(filename)
         hit = filename.startswith("<") or any(path.startswith(p) for p in _SKIP_PREFIXES)

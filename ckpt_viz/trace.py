@@ -24,7 +24,7 @@ import sys
 from collections.abc import MutableSequence
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, Iterable, Iterator, Literal, Mapping, overload
+from typing import Any, Iterable, Iterator, Literal, overload
 
 from ckpt_viz.events import Event
 
@@ -127,7 +127,7 @@ class EventColumns(MutableSequence):
         columns: dict[str, list[Any]] = {}
         tables: dict[str, list[Any]] = {}
         for name in EVENT_FIELDS:
-            values = [getattr(e, name) for e in events] if name == "tags" else _column(events, name)
+            values = _column(events, name)
             if name == "tags":
                 columns[name], tables[name] = _intern_by_identity(values)
             elif name in INTERNED_FIELDS:
@@ -355,6 +355,3 @@ def run_meta(*, model: str, mode: str, schedule: str | None = None, **extra: Any
     return {"model": model, "mode": mode, "schedule": schedule, "versions": versions,
             "schema_version": SCHEMA_VERSION, **extra}
 
-
-def _is_mapping(value: Any) -> bool:
-    return isinstance(value, Mapping)

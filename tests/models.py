@@ -22,7 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import ckpt_viz
-from ckpt_viz.runtime import checkpoint, reentrant_checkpoint_scope
+from ckpt_viz.runtime import (
+    checkpoint,
+    checkpoint_exclude_wrapper,
+    recompute_handle_collector_ctx,
+    reentrant_checkpoint_scope,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -40,8 +45,8 @@ __all__ = [
     "split_scope",
 ]
 
-# Checkpoint kinds under test. "nonreentrant" (and excluded regions) join later.
-MODES: tuple[str, ...] = ("reentrant",)
+# Checkpoint kinds under test; excluded regions are a per-block option (BlockSpec.excluded).
+MODES: tuple[str, ...] = ("reentrant", "nonreentrant")
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "tanh": torch.tanh,
@@ -68,14 +73,17 @@ def split_scope(mode: str, params: Sequence[torch.Tensor]) -> Iterator[list]:
     elif mode == "reentrant":
         with reentrant_checkpoint_scope(params) as handles:
             yield handles
+    elif mode == "nonreentrant":  # frames join the unified collector; the helpers need a session_id
+        with recompute_handle_collector_ctx() as handles:
+            yield handles
     else:
         raise ValueError(f"tests.models.split_scope: unknown mode {mode!r}; expected 'none' or one of {MODES}")
 
 
 def block_function(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
-                   activation: str = "tanh", dropout: float = 0.0) -> torch.Tensor:
+                   activation: str = "tanh", dropout: float = 0.0, linear: Callable = F.linear) -> torch.Tensor:
     """linear -> activation -> dropout (always in training mode; skipped when p is 0)."""
-    y = ACTIVATIONS[activation](F.linear(x, weight, bias))
+    y = ACTIVATIONS[activation](linear(x, weight, bias))
     if dropout:
         y = F.dropout(y, p=dropout, training=True)
     return y
@@ -91,6 +99,7 @@ class BlockSpec:
     dropout: float = 0.0
     checkpointed: bool = True
     explicit: bool = False  # parameters passed as checkpoint args instead of captured by closure
+    excluded: bool = False  # the linear runs as an excluded region (kept, never recomputed)
 
 
 class Block(nn.Module):
@@ -99,9 +108,12 @@ class Block(nn.Module):
         self.spec = spec
         self.weight = nn.Parameter(torch.randn(spec.width_out, spec.width_in, generator=generator) / spec.width_in**0.5)
         self.bias = nn.Parameter(torch.randn(spec.width_out, generator=generator) * 0.1)
+        # One wrapper per block: an excluded region is matched to its replay per wrapper, in call order.
+        self.linear = checkpoint_exclude_wrapper(F.linear) if spec.excluded else F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return block_function(x, self.weight, self.bias, activation=self.spec.activation, dropout=self.spec.dropout)
+        return block_function(x, self.weight, self.bias, activation=self.spec.activation, dropout=self.spec.dropout,
+                              linear=self.linear)
 
     def run(self, x: torch.Tensor, mode: str) -> torch.Tensor:
         """This block's forward under `mode`, following its spec."""
@@ -109,7 +121,7 @@ class Block(nn.Module):
             return self(x)
         if self.spec.explicit:
             return checkpoint_call(mode, block_function, x, self.weight, self.bias,
-                                   activation=self.spec.activation, dropout=self.spec.dropout)
+                                   activation=self.spec.activation, dropout=self.spec.dropout, linear=self.linear)
         return checkpoint_call(mode, self, x)
 
 

@@ -72,6 +72,7 @@ def cases(draw: st.DrawFn, *, split: bool) -> Case:
             dropout=draw(st.sampled_from([0.0, 0.3])),
             checkpointed=i == forced or draw(st.booleans()),
             explicit=draw(st.booleans()),
+            excluded=draw(st.booleans()),
         )
         for i in range(depth)
     )

@@ -223,7 +223,8 @@ class _ExcludeBridge(torch.autograd.Function):
     """Returns the cached region output in a replay; its backward runs the region's tape."""
 
     @staticmethod
-    def forward(ctx: Any, frame: Any, tape: _Tape, *inputs: torch.Tensor) -> tuple:
+    def forward(ctx: Any, frame: Any, tape: _Tape, dummy: torch.Tensor, *inputs: torch.Tensor) -> tuple:
+        # `dummy` requires grad, so the outputs do even when no input does: the tape may hold parameters.
         ctx.frame, ctx.tape, ctx.count = frame, tape, len(inputs)
         if tape.save_output:
             outputs = tuple(o.detach() for o in tape.outputs)
@@ -244,7 +245,7 @@ class _ExcludeBridge(torch.autograd.Function):
         pairs = [(o, g) for o, g in zip(tape.outputs, grads) if o.requires_grad and g is not None]
         local = tape.all_local_inputs()
         if not pairs:
-            return (None, None, *([None] * ctx.count))
+            return (None, None, None, *([None] * ctx.count))
         values, sensitivities = zip(*pairs)
         if frame.split and frame.phase == "dx":
             targets = [t for t in local if t.requires_grad]
@@ -260,7 +261,7 @@ class _ExcludeBridge(torch.autograd.Function):
             result = [t.grad if t.requires_grad else None for t in local]
             if not keep:
                 tape.release()
-        return (None, None, *result)
+        return (None, None, None, *result)
 
 
 # ---------------------------------------------------------------- the wrapper
@@ -474,7 +475,7 @@ class CheckpointExcludeWrapper(torch.nn.Module):
                     "Tip: call the region with the same arguments in forward and replay.")
             values.append(value)
         tape.replay_values = values
-        outputs = _ExcludeBridge.apply(frame, tape, *tape.all_replay_values())
+        outputs = _ExcludeBridge.apply(frame, tape, torch.empty(0, requires_grad=True), *tape.all_replay_values())
         if tape.rng_after is not None:
             _set_rng_state(tape.rng_after)
         if bus.enabled:

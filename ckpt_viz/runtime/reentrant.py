@@ -349,7 +349,7 @@ class ReentrantCheckpointHandle:
         self.node_collected = True
         if bus.enabled:
             event = self._emit("node_collected", capture_site=False,
-                               was_replayed=self.replay_outputs is not None, released=self.released)
+                               was_replayed=self.replay_count > 0, released=self.released)
             if event is not None:
                 self.collected_seq = event.seq
 
@@ -358,7 +358,7 @@ def _fail(exc: BaseException, where: str, handle: ReentrantCheckpointHandle | No
     """Emit an `error` event for an exception leaving a public API; return it for `raise`."""
     if bus.enabled:
         bus.emit("error", handle_id=handle.handle_id if handle else None, mode="reentrant" if handle else None,
-                 phase=handle.phase if handle else None,
+                 phase=handle.phase if handle else None, session_id=handle.session_id if handle else None,
                  data={"where": where, "type": type(exc).__name__, "message": str(exc)})
     return exc
 

@@ -38,6 +38,7 @@ __all__ = [
     "clear_recompute_session",
     "current_activation",
     "current_collector",
+    "emit_error",
     "recompute_handle",
     "recompute_handle_collector_ctx",
     "recompute_session_ctx",
@@ -86,19 +87,19 @@ def current_collector() -> list | None:
 
 def validate_session_id(session_id: Any, api: str) -> None:
     if session_id is None:
-        raise CheckpointUsageError(
+        raise emit_error(CheckpointUsageError(
             f"{api}: session_id must not be None.\nTip: use one id per micro-batch, such as (stage, microbatch)."
-        )
+        ), api)
     try:
         hash(session_id)
     except TypeError:
-        raise CheckpointUsageError(
+        raise emit_error(CheckpointUsageError(
             f"{api}: session_id must be hashable, got {type(session_id).__name__} {session_id!r}.\n"
             "Tip: use an int, a str or a tuple instead."
-        ) from None
+        ), api) from None
 
 
-def _error(exc: BaseException, where: str, **data: Any) -> BaseException:
+def emit_error(exc: BaseException, where: str, **data: Any) -> BaseException:
     if bus.enabled:
         bus.emit("error", data={"where": where, "type": type(exc).__name__, "message": str(exc), **data})
     return exc
@@ -172,11 +173,11 @@ def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) 
     api = "ckpt_viz.recompute_session_ctx"
     validate_session_id(session_id, api)
     if not isinstance(retain_on_unpack, bool):
-        raise _error(CheckpointUsageError(
+        raise emit_error(CheckpointUsageError(
             f"{api}: retain_on_unpack must be bool, got {type(retain_on_unpack).__name__} {retain_on_unpack!r}.\n"
             "Tip: pass True or False."), api)
     if _SESSION.get() is not None:
-        raise _error(CheckpointError(
+        raise emit_error(CheckpointError(
             f"{api}: Nested recompute session contexts are not supported (session {_SESSION.get().session_id!r} "
             f"is open, entering {session_id!r}).\nTip: leave the outer session first."), api)
     activation = SessionActivation(session_id, retain_on_unpack)
@@ -191,7 +192,7 @@ def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) 
             for member in bound:
                 member._bind_activation(None)
             _SESSION.reset(token)
-            raise _error(exc, api)
+            raise emit_error(exc, api)
     if bus.enabled:
         bus.emit("session_activated", session_id=session_id,
                  data={"retain_on_unpack": retain_on_unpack, "handles": sorted(m.handle_id for m in bound)})
@@ -236,7 +237,7 @@ def recompute_handle(handle: Any, session_id: Hashable) -> None:
     """
     api = "ckpt_viz.recompute_handle"
     if not getattr(handle, "_is_checkpoint_handle", False):
-        raise _error(CheckpointUsageError(
+        raise emit_error(CheckpointUsageError(
             f"{api}: handle must be produced by recompute_handle_collector_ctx() or reentrant_checkpoint_scope(), "
             f"got {type(handle).__name__}.\nTip: collect handles with `with recompute_handle_collector_ctx() as "
             "handles:` around the forward."), api)
@@ -245,7 +246,7 @@ def recompute_handle(handle: Any, session_id: Hashable) -> None:
     if active is not None and active.session_id == session_id and active.retain_on_unpack:
         path = "in_session"
     elif active is not None:
-        raise _error(CheckpointError(
+        raise emit_error(CheckpointError(
             f"{api}: recompute_handle cannot enter another active recompute session (session {active.session_id!r} "
             f"with retain_on_unpack={active.retain_on_unpack} is open; prefiring h{handle.handle_id} for "
             f"{session_id!r}).\nTip: prefire outside any session, or inside recompute_session_ctx({session_id!r}, "

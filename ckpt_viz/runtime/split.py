@@ -40,10 +40,10 @@ def _grad_outputs(outputs: tuple, grad_outputs: Any) -> tuple | None:
     if not grads:
         return None
     if len(grads) != len(outputs):
-        raise CheckpointUsageError(
+        raise _session.emit_error(CheckpointUsageError(
             f"ckpt_viz.backward_input/backward_weight: got {len(outputs)} outputs but {len(grads)} grad_outputs.\n"
             "Tip: pass one gradient per output (None for a scalar loss)."
-        )
+        ), "backward_input/backward_weight")
     return grads
 
 
@@ -51,11 +51,12 @@ def _prepare(handles: Iterable[Any], phase: str, session_id: Hashable | None) ->
     handles = list(handles)
     for handle in handles:
         if not getattr(handle, "_is_checkpoint_handle", False):
-            raise CheckpointUsageError(
-                f"ckpt_viz.backward_{'input' if phase == 'dx' else 'weight'}: handles must come from "
+            api = f"ckpt_viz.backward_{'input' if phase == 'dx' else 'weight'}"
+            raise _session.emit_error(CheckpointUsageError(
+                f"{api}: handles must come from "
                 f"reentrant_checkpoint_scope or recompute_handle_collector_ctx, got {type(handle).__name__}.\n"
                 "Tip: pass the list the scope or collector yielded."
-            )
+            ), api)
         if handle.mode == "reentrant" and handle.split:
             handle.set_phase(phase)
     if session_id is not None:

@@ -1,0 +1,70 @@
+"""Interleaved timing helpers shared by the benchmark scripts.
+
+Noisy machines (shared CI runners, a 2-core box with other jobs) make absolute
+times meaningless and drift over a run. So every case runs once per *round*, in a
+shuffled order, and a comparison is the median of the per-round ratios B_i / A_i:
+A and B always ran seconds apart, under the same load. Standard library and torch
+only; never imports the UI.
+"""
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import time
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+__all__ = ["format_table", "interleaved", "paired_ratio", "stable_threads"]
+
+
+def stable_threads() -> int:
+    """Pin torch to one intra-op (and, if still possible, one inter-op) thread; return the count."""
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or parallel work already started: harmless for timing
+        pass
+    return torch.get_num_threads()
+
+
+def interleaved(cases: Mapping[str, Callable[[], None]], *, repeats: int, warmup: int = 2,
+                seed: int = 0) -> dict[str, list[float]]:
+    """Run every case once per round for `repeats` rounds; return per-round milliseconds.
+
+    The order inside a round is shuffled (seeded), so no case always runs first or
+    after the same neighbour. `gc.collect()` runs between samples, outside the
+    timed region; the garbage a case makes while running is still its own cost.
+    Lists are aligned by round: `times[a][i]` and `times[b][i]` come from round i.
+    """
+    names = list(cases)
+    for _ in range(warmup):
+        for name in names:
+            cases[name]()
+    rng = random.Random(seed)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(repeats):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            gc.collect()
+            start = time.perf_counter()
+            cases[name]()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float:
+    """Median over rounds of candidate_i / baseline_i (both lists from the same `interleaved` call)."""
+    return statistics.median(c / b for c, b in zip(candidate, baseline, strict=True))
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Plain fixed-width table: first column left-aligned, the rest right-aligned."""
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])

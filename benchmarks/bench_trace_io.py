@@ -1,0 +1,152 @@
+"""How long do `Trace.save` and `Trace.load` take on a big trace?
+
+Builds a realistic trace (default 1,000,000 events: handles created, packed,
+phased, replayed, routed and released, in tagged micro-batches, with memory
+samples and a few graph snapshots), then times save and load, median of 3, for
+.json and .json.gz, and checks them against the target (2 s each).
+
+    python benchmarks/bench_trace_io.py                 # 1,000,000 events
+    python benchmarks/bench_trace_io.py --events 20000  # quick
+
+Exits 1 when a median misses the target. Standard library plus ckpt_viz; no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+from ckpt_viz.events import Event
+from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace, run_meta
+
+TARGET_S = 2.0
+
+# One handle's life in a split (DX/DW) schedule: (kind, phase, data).
+_LIFE = (
+    ("handle_created", "ordinary", {"split": True, "input_count": 2}),
+    ("forward_started", "ordinary", {}),
+    ("exclude_saved", None, {"wrapper_id": 1, "call_index": 0}),
+    ("forward_finished", "ordinary", {"duration_ns": 41_000}),
+    ("phase_set", "dx", {"old": "ordinary", "new": "dx"}),
+    ("backward_entered", "dx", {"retain_graph": True}),
+    ("replay_started", "dx", {"trigger": "backward"}),
+    ("exclude_reused", None, {"wrapper_id": 1, "call_index": 0, "placeholder": False}),
+    ("replay_finished", "dx", {"duration_ns": 39_000}),
+    ("grads_routed", "dx", {"targets": [0]}),
+    ("phase_set", "dw", {"old": "dx", "new": "dw"}),
+    ("backward_entered", "dw", {"retain_graph": False}),
+    ("grads_routed", "dw", {"targets": [0, 1], "params": 4}),
+    ("released", "dw", {"reason": "dw_complete", "was_replayed": True}),
+    ("memory_sampled", None, {}),
+    ("node_collected", None, {"was_replayed": True, "released": True}),
+)
+_SITES = [f"train.py:{n}" for n in (41, 57, 58, 90)] + [None]
+
+
+def build_trace(n_events: int, seed: int = 0) -> Trace:
+    """A trace of exactly `n_events` events, deterministic for a seed."""
+    rng = random.Random(seed)
+    events: list[Event] = []
+    memory: list[MemorySample] = []
+    thread_id = 140_000_000_000_001
+    t_ns = 1_700_000_000_000_000
+    handle = 0
+    microbatch = 0
+    while len(events) < n_events:
+        tags = {"stage": microbatch % 4, "microbatch": microbatch}  # one object per micro-batch, like bus.tag
+        session = f"mb{microbatch}"
+        for _ in range(4):  # four checkpointed blocks per micro-batch
+            for kind, phase, data in _LIFE:
+                if len(events) == n_events:
+                    break
+                seq = len(events)
+                t_ns += rng.randrange(200, 5_000)
+                events.append(Event(
+                    seq=seq, t_ns=t_ns, kind=kind, handle_id=handle, mode="reentrant", phase=phase,
+                    session_id=session if phase in ("dx", "dw") else None, tags=tags,
+                    site=_SITES[seq % len(_SITES)], thread_id=thread_id, data=dict(data),
+                ))
+                if kind == "memory_sampled":
+                    memory.append(MemorySample(seq=seq, t_ns=t_ns, device_allocated=None, bytes_by_category={
+                        "parameters": 4 << 20, "gradients": 4 << 20, "activations": rng.randrange(1 << 20, 1 << 24),
+                        "checkpoint_inputs": 1 << 18, "replay_activations": rng.randrange(0, 1 << 22),
+                        "excluded_outputs": 1 << 16, "other": 0}))
+            handle += 1
+        microbatch += 1
+    graphs = [_graph(seq) for seq in range(0, n_events, max(1, n_events // 5))]
+    return Trace(events=events, memory=memory, graphs=graphs,
+                 meta=run_meta(model="bench", mode="reentrant", schedule="zb-h1"))
+
+
+def _graph(seq: int) -> GraphSnapshot:
+    nodes = [{"id": 0, "name": "loss", "kind": "backward", "handle_id": None, "dx_reached": True,
+              "dw_reached": False, "shape": []}]
+    edges = []
+    for i in range(1, 60):
+        kind = ("backward", "checkpoint", "leaf", "trigger")[i % 4]
+        nodes.append({"id": i, "name": f"n{i}", "kind": kind, "handle_id": i // 4 if kind == "checkpoint" else None,
+                      "dx_reached": i % 2 == 0, "dw_reached": i % 3 == 0, "shape": [8, 16] if kind == "leaf" else None})
+        edges.append([i - 1, i])
+    return GraphSnapshot(seq=seq, label=f"after event {seq}", nodes=nodes, edges=edges)
+
+
+def _median_time(fn, repeats: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events in the trace (default 1,000,000)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the median is shown")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    trace = build_trace(args.events)
+    print(f"built {len(trace.events):,} events, {len(trace.memory):,} memory samples, "
+          f"{len(trace.graphs)} graphs in {time.perf_counter() - start:.1f} s (not timed below)")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, target {TARGET_S:.1f} s per save and per load\n")
+
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory() as folder:
+        for suffix in (".json", ".json.gz"):
+            path = os.path.join(folder, "trace" + suffix)
+            save_s, _ = _median_time(lambda: trace.save(path), args.repeats)
+            load_s, loaded = _median_time(lambda: Trace.load(path), args.repeats)
+            _spot_check(trace, loaded)
+            size_mb = os.path.getsize(path) / 1e6
+            rows.append((suffix, size_mb, save_s, load_s))
+            ok = ok and save_s <= TARGET_S and load_s <= TARGET_S
+        start = time.perf_counter()
+        n_materialized = sum(1 for _ in loaded.events)
+        iterate_s = time.perf_counter() - start
+
+    print(f"{'file':<9} {'size MB':>8} {'save s':>7} {'load s':>7}  result")
+    for suffix, size_mb, save_s, load_s in rows:
+        verdict = "PASS" if save_s <= TARGET_S and load_s <= TARGET_S else "FAIL"
+        print(f"{suffix:<9} {size_mb:8.1f} {save_s:7.2f} {load_s:7.2f}  {verdict}")
+    print(f"\n(for scale, not part of the target: building all {n_materialized:,} Event objects of a loaded "
+          f"trace by iterating it once took {iterate_s:.2f} s; load builds them lazily)")
+    print("PASS: save and load within target" if ok else f"FAIL: a median is over {TARGET_S:.1f} s")
+    return 0 if ok else 1
+
+
+def _spot_check(original: Trace, loaded: Trace) -> None:
+    # A full comparison of a million events takes longer than the load; compare a sample.
+    assert len(loaded.events) == len(original.events)
+    rng = random.Random(1)
+    for i in [0, len(original.events) - 1, *rng.sample(range(len(original.events)), 200)]:
+        assert loaded.events[i] == original.events[i], i
+    assert loaded.memory == original.memory and loaded.graphs == original.graphs and loaded.meta == original.meta
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

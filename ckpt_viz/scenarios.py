@@ -1,0 +1,129 @@
+"""Scenarios: run one model in one checkpoint mode and return its trace.
+
+Owns the modes (`none`, `nonreentrant`, `reentrant`, `split-reentrant`,
+`split-nonreentrant`, `pipeline`) and how a model's submodules are checkpointed for
+a run. Imports torch; never the UI.
+"""
+from __future__ import annotations
+
+import contextlib
+import platform
+from typing import Any, Callable, Iterator, Literal
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ckpt_viz import __name__ as _pkg
+from ckpt_viz.bus import tag
+from ckpt_viz.errors import CkptVizError
+from ckpt_viz.recording import record
+from ckpt_viz.runtime import (
+    backward_input,
+    backward_weight,
+    checkpoint,
+    recompute_handle_collector_ctx,
+    reentrant_checkpoint_scope,
+)
+from ckpt_viz.trace import Trace
+from ckpt_viz.zoo import ModelSpec
+
+__all__ = ["MODES", "RunMode", "checkpointed", "run_scenario"]
+
+RunMode = Literal["none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant", "pipeline"]
+MODES: tuple[str, ...] = ("none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant", "pipeline")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise CkptVizError(f"ckpt_viz.run_scenario: unknown mode {mode!r}; expected one of "
+                           f"{', '.join(repr(m) for m in MODES)}.\nTip: 'split-reentrant' shows DX/DW routing.")
+
+
+@contextlib.contextmanager
+def checkpointed(model: torch.nn.Module, names: tuple[str, ...], *, use_reentrant: bool) -> Iterator[None]:
+    """Checkpoint the named submodules of `model` while the block runs (their forward is wrapped)."""
+    patched: list[torch.nn.Module] = []
+    try:
+        for name in names:
+            try:
+                sub = model.get_submodule(name)
+            except AttributeError:
+                raise CkptVizError(
+                    f"ckpt_viz.run_scenario: the model has no submodule {name!r} to checkpoint.\n"
+                    f"Tip: use names from model.named_modules(), e.g. {[n for n, _ in model.named_modules()][1:4]}."
+                ) from None
+            original = sub.forward
+
+            def forward(*args: Any, __original: Callable = original, **kwargs: Any) -> Any:
+                return checkpoint(__original, *args, use_reentrant=use_reentrant, **kwargs)
+
+            sub.forward = forward  # instance attribute shadows the class method
+            patched.append(sub)
+        yield
+    finally:
+        for sub in patched:
+            del sub.forward
+
+
+def _inputs_requiring_grad(inputs: tuple) -> tuple:
+    """Float tensor inputs become leaves that require grad, so DX has activations to target."""
+    return tuple(t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                 for t in inputs)
+
+
+def _meta(spec: ModelSpec, mode: str) -> dict[str, Any]:
+    return {"model": spec.name, "mode": mode, "source": spec.source, "description": spec.description,
+            "checkpoint": list(spec.checkpoint),
+            "versions": {"torch": torch.__version__, "python": platform.python_version(), "ckpt_viz": _version()}}
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(_pkg)
+    except Exception:  # not installed: running from a checkout
+        return "0+unknown"
+
+
+def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int = 2,
+                 schedule: str = "1F1B") -> Trace:
+    """Run `spec` once (forward, loss, backward) in `mode` and return the recorded trace.
+
+    Args:
+        spec: the model to run (see `ckpt_viz.zoo` and `ckpt_viz.user_models`).
+        mode: one of `MODES`.
+        seed: the RNG seed for the run (dropout).
+        microbatches, schedule: for `mode="pipeline"`.
+    """
+    _check_mode(mode)
+    if mode == "pipeline":
+        from ckpt_viz.pipeline import run_pipeline
+
+        return run_pipeline(spec, schedule=schedule, microbatches=microbatches, seed=seed)
+    model = spec.model
+    inputs = _inputs_requiring_grad(spec.inputs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    torch.manual_seed(seed)
+    with record() as rec:
+        if mode == "none":
+            spec.loss(model(*inputs)).backward()
+        elif mode in ("reentrant", "nonreentrant"):
+            with checkpointed(model, spec.checkpoint, use_reentrant=mode == "reentrant"):
+                loss = spec.loss(model(*inputs))
+            loss.backward()
+        else:
+            reentrant = mode == "split-reentrant"
+            collect = reentrant_checkpoint_scope(lambda: params) if reentrant else recompute_handle_collector_ctx()
+            with checkpointed(model, spec.checkpoint, use_reentrant=reentrant), collect as handles:
+                loss = spec.loss(model(*inputs))
+            acts = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            session = None if reentrant else ("step", 0)
+            with tag(pass_="dx"):
+                backward_input(loss, None, acts, handles=handles, session_id=session)
+            with tag(pass_="dw"):
+                backward_weight(loss, None, params, handles=handles, session_id=session)
+    rec.trace.meta.update(_meta(spec, mode))
+    return rec.trace

@@ -1,0 +1,214 @@
+"""The event bus: subscribe/unsubscribe, the `enabled` flag, seq numbering, and D8's zero cost."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ckpt_viz
+from ckpt_viz import bus, events
+from ckpt_viz.events import Event
+from ckpt_viz.runtime import (
+    backward_input,
+    backward_weight,
+    checkpoint,
+    reentrant_checkpoint_scope,
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_subscriber():
+    assert bus.enabled is False, "a subscriber leaked from an earlier test"
+    yield
+    assert bus.enabled is False, "this test leaked a subscriber"
+
+
+def test_subscribe_returns_unsubscribe() -> None:
+    seen: list[Event] = []
+    unsubscribe = bus.subscribe(seen.append)
+    assert callable(unsubscribe)
+    first = bus.emit("phase_set", handle_id=7, data={"old": "ordinary", "new": "dx"})
+    unsubscribe()
+    assert bus.emit("phase_set", handle_id=7) is None
+    assert seen == [first]
+    assert isinstance(first, Event) and first.kind == "phase_set" and first.handle_id == 7
+    assert dict(first.data) == {"old": "ordinary", "new": "dx"}
+    unsubscribe()  # a second call is harmless
+    assert bus.enabled is False
+
+
+def test_subscribe_rejects_a_non_callable() -> None:
+    with pytest.raises(TypeError, match="expected a callable"):
+        bus.subscribe("not callable")  # type: ignore[arg-type]
+    assert bus.enabled is False
+
+
+def test_enabled_follows_the_subscribers() -> None:
+    assert bus.enabled is False
+    first = bus.subscribe(lambda e: None)
+    assert bus.enabled is True
+    second = bus.subscribe(lambda e: None)
+    first()
+    assert bus.enabled is True  # one listener is left
+    second()
+    assert bus.enabled is False
+
+
+def test_record_toggles_enabled() -> None:
+    with ckpt_viz.record():
+        assert bus.enabled is True
+    assert bus.enabled is False
+
+
+def test_seq_restarts_for_a_fresh_first_subscriber_and_counts_by_one() -> None:
+    first: list[Event] = []
+    unsubscribe = bus.subscribe(first.append)
+    for _ in range(3):
+        bus.emit("error", data={"where": "test"})
+    late: list[Event] = []
+    unsubscribe_late = bus.subscribe(late.append)  # not the first subscriber: no restart
+    bus.emit("error")
+    unsubscribe()
+    unsubscribe_late()
+    assert [e.seq for e in first] == [0, 1, 2, 3]
+    assert [e.seq for e in late] == [3]
+    assert late[0] is first[3]  # one Event object, handed to every subscriber
+
+    again: list[Event] = []
+    unsubscribe = bus.subscribe(again.append)
+    bus.emit("error")
+    bus.emit("error")
+    unsubscribe()
+    assert [e.seq for e in again] == [0, 1]
+
+
+def test_each_subscriber_sees_every_event_in_order() -> None:
+    a: list[str] = []
+    b: list[str] = []
+    off_a = bus.subscribe(lambda e: a.append(e.kind))
+    off_b = bus.subscribe(lambda e: b.append(e.kind))
+    try:
+        for kind in ("handle_created", "forward_started", "forward_finished"):
+            bus.emit(kind)
+    finally:
+        off_a()
+        off_b()
+    assert a == b == ["handle_created", "forward_started", "forward_finished"]
+
+
+def test_a_subscriber_that_raises_propagates() -> None:
+    class Refused(Exception):
+        pass
+
+    def refuse(event: Event) -> None:
+        raise Refused(event.kind)
+
+    unsubscribe = bus.subscribe(refuse)
+    try:
+        with pytest.raises(Refused, match="phase_set"):
+            bus.emit("phase_set")
+        w = torch.randn(3, 3, requires_grad=True)
+        with pytest.raises(Refused, match="handle_created"):
+            checkpoint(lambda t: torch.tanh(t @ w), torch.randn(2, 3, requires_grad=True), use_reentrant=True)
+    finally:
+        unsubscribe()
+
+
+def test_tag_merges_and_resets() -> None:
+    assert dict(bus.current_tags()) == {}
+    with bus.tag(stage=0):
+        with ckpt_viz.tag(microbatch=2) as merged:
+            assert dict(merged) == {"stage": 0, "microbatch": 2}
+            assert dict(bus.current_tags()) == {"stage": 0, "microbatch": 2}
+        assert dict(bus.current_tags()) == {"stage": 0}
+    assert dict(bus.current_tags()) == {}
+
+
+def test_session_id_is_json_ready() -> None:
+    seen: list[Event] = []
+    unsubscribe = bus.subscribe(seen.append)
+    bus.emit("session_cleared", session_id=("stage", 1))
+    bus.emit("session_cleared", session_id="mb0")
+    unsubscribe()
+    assert [e.session_id for e in seen] == [repr(("stage", 1)), "mb0"]
+
+
+# ------------------------------------------------------------------ D8: nothing runs with nobody listening
+
+def _forward_backward() -> tuple[torch.Tensor, ...]:
+    """One ordinary and one split reentrant checkpoint, forward and backward; returns the grads."""
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(2, 3, requires_grad=True)
+    out = checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+    (out * out).sum().backward()
+    x2 = torch.randn(2, 3, requires_grad=True)
+    with reentrant_checkpoint_scope([w]) as handles:
+        out2 = checkpoint(lambda t, weight: torch.tanh(t @ weight), x2, w, use_reentrant=True)
+    loss2 = (out2 * out2).sum()
+    (dx2,) = backward_input(loss2, None, [x2], handles=handles)
+    backward_weight(loss2, None, [w], handles=handles)
+    assert handles[0].released
+    return x.grad, dx2, w.grad
+
+
+@pytest.fixture
+def tripwires(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make building an Event, walking the stack for a site, or emitting record a call and fail."""
+    calls: list[str] = []
+
+    def trip(name: str):
+        def tripped(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"instrumentation ran with no subscriber: {name}")
+        return tripped
+
+    monkeypatch.setattr(bus, "Event", trip("Event"))
+    monkeypatch.setattr(events, "Event", trip("Event"))
+    monkeypatch.setattr(bus, "call_site", trip("call_site"))
+    return calls
+
+
+def test_d8_no_event_objects_or_sites_without_a_subscriber(tripwires: list[str]) -> None:
+    torch.manual_seed(0)
+    grads = _forward_backward()
+    assert tripwires == []
+    # The same run really computed gradients (the tripwires did not skip the work).
+    assert all(g is not None for g in grads)
+
+
+def test_d8_tripwires_fire_when_someone_listens(tripwires: list[str]) -> None:
+    """Control: the same run with a subscriber does reach the patched constructors."""
+    unsubscribe = bus.subscribe(lambda e: None)
+    try:
+        with pytest.raises(AssertionError, match="instrumentation ran with no subscriber"):
+            _forward_backward()
+    finally:
+        unsubscribe()
+    assert tripwires[0] == "call_site"
+
+
+def test_d8_emit_is_not_called_without_a_subscriber(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hook point is guarded by `if bus.enabled:`, so not even `emit` is called."""
+    calls: list[str] = []
+    real_emit = bus.emit
+
+    def counting_emit(kind: str, **kwargs):
+        calls.append(kind)
+        return real_emit(kind, **kwargs)
+
+    monkeypatch.setattr(bus, "emit", counting_emit)
+    _forward_backward()
+    assert calls == []
+    with ckpt_viz.record() as rec:
+        _forward_backward()
+    assert calls == rec.trace.kinds() and "released" in calls  # the same hook points, now live
+
+
+def test_d8_same_gradients_with_and_without_a_recorder() -> None:
+    torch.manual_seed(0)
+    quiet = _forward_backward()
+    torch.manual_seed(0)
+    with ckpt_viz.record() as rec:
+        recorded = _forward_backward()
+    assert len(rec.trace) > 0
+    for a, b in zip(quiet, recorded, strict=True):
+        assert torch.equal(a, b)
