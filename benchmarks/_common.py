@@ -34,8 +34,10 @@ def interleaved(cases: Mapping[str, Callable[[], None]], *, repeats: int, warmup
     """Run every case once per round for `repeats` rounds; return per-round milliseconds.
 
     The order inside a round is shuffled (seeded), so no case always runs first or
-    after the same neighbour. `gc.collect()` runs between samples, outside the
-    timed region; the garbage a case makes while running is still its own cost.
+    after the same neighbour. After the warmup, `gc.freeze()` moves every object
+    alive so far (torch's modules, the model) out of the collector's sight, so
+    the `gc.collect()` that runs between samples, outside the timed region, is
+    cheap; the garbage a case makes while running is still its own cost.
     Lists are aligned by round: `times[a][i]` and `times[b][i]` come from round i.
     """
     names = list(cases)
@@ -44,14 +46,19 @@ def interleaved(cases: Mapping[str, Callable[[], None]], *, repeats: int, warmup
             cases[name]()
     rng = random.Random(seed)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(repeats):
-        order = names[:]
-        rng.shuffle(order)
-        for name in order:
-            gc.collect()
-            start = time.perf_counter()
-            cases[name]()
-            times[name].append((time.perf_counter() - start) * 1e3)
+    gc.collect()
+    gc.freeze()
+    try:
+        for _ in range(repeats):
+            order = names[:]
+            rng.shuffle(order)
+            for name in order:
+                gc.collect()
+                start = time.perf_counter()
+                cases[name]()
+                times[name].append((time.perf_counter() - start) * 1e3)
+    finally:
+        gc.unfreeze()
     return times
 
 

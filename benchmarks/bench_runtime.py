@@ -352,17 +352,44 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def profile(config: Config, name: str) -> None:
+    """cProfile `config.repeats` steps of case `name` (after warmup); print the top 30 by own time."""
+    import cProfile
+    import pstats
+
+    stable_threads()
+    bench = Bench(config)
+    cases = build_cases(bench)
+    if name not in cases:
+        raise SystemExit(f"bench_runtime: case {name!r} is not available ({TORCH_SPLIT_ERROR})")
+    forward, backward = cases[name]
+    for _ in range(config.warmup):
+        backward(forward())
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(config.repeats):
+        backward(forward())
+    profiler.disable()
+    print(f"bench_runtime --profile {name}: {config.repeats} steps")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=None, help=f"interleaved rounds (default {FULL.repeats})")
     parser.add_argument("--quick", action="store_true", help="tiny model and 3 rounds: a smoke test, not a measurement")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--profile", metavar="CASE", choices=ROW_NAMES,
+                        help="instead of the tables: cProfile --repeats steps of one case and print the top functions")
     args = parser.parse_args(argv)
     config = QUICK if args.quick else FULL
     if args.repeats is not None:
         if args.repeats < 1:
             parser.error("--repeats must be at least 1")
         config = Config(**{**config.__dict__, "repeats": args.repeats})
+    if args.profile:
+        profile(config, args.profile)
+        return 0
     results = measure(config)
     print(report(results))
     if args.json:

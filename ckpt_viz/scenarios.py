@@ -14,7 +14,6 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ckpt_viz import __name__ as _pkg
-from ckpt_viz.bus import tag
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.recording import record
 from ckpt_viz.runtime import (
@@ -121,9 +120,7 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
                 loss = spec.loss(model(*inputs))
             acts = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
             session = None if reentrant else ("step", 0)
-            with tag(pass_="dx"):
-                backward_input(loss, None, acts, handles=handles, session_id=session)
-            with tag(pass_="dw"):
-                backward_weight(loss, None, params, handles=handles, session_id=session)
+            backward_input(loss, None, acts, handles=handles, session_id=session)
+            backward_weight(loss, None, params, handles=handles, session_id=session)
     rec.trace.meta.update(_meta(spec, mode))
     return rec.trace

@@ -1,0 +1,64 @@
+"""The import rules of STYLE.md, checked on the source with `ast`.
+
+1. The vocabulary, the bus, traces, recording and the renderers never import torch or a UI library.
+2. The runtime never imports the renderers or a UI library: it emits facts.
+3. Nothing in the package imports the app.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "ckpt_viz"
+UI = {"streamlit", "plotly", "altair", "graphviz", "matplotlib"}
+TORCH_FREE = ["events.py", "bus.py", "errors.py", "trace.py", "recording.py", "render"]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def _files(*names: str) -> list[Path]:
+    paths: list[Path] = []
+    for name in names:
+        target = PACKAGE / name
+        paths.extend(sorted(target.rglob("*.py")) if target.is_dir() else [target])
+    return [p for p in paths if p.exists()]
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+@pytest.mark.parametrize("path", _files(*TORCH_FREE), ids=lambda p: str(p.relative_to(ROOT)))
+def test_core_modules_import_neither_torch_nor_ui(path: Path) -> None:
+    bad = {m for m in _imports(path) if _top(m) in UI | {"torch", "numpy"} or m.startswith("ckpt_viz.runtime")}
+    assert not bad, f"{path.relative_to(ROOT)} must stay torch- and UI-free, imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", _files("runtime"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_runtime_never_imports_renderers_or_ui(path: Path) -> None:
+    bad = {m for m in _imports(path) if _top(m) in UI or m.startswith("ckpt_viz.render") or _top(m) == "app"}
+    assert not bad, f"{path.relative_to(ROOT)} is runtime code and imports {sorted(bad)}"
+
+
+def test_package_never_imports_the_app() -> None:
+    offenders = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if any(_top(m) == "app" for m in _imports(p))}
+    assert not offenders
+
+
+def test_layering_check_sees_a_violation(tmp_path: Path) -> None:
+    """The checker itself must catch an offending import."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nfrom streamlit import title\n")
+    assert _imports(bad) == {"torch", "streamlit"}
