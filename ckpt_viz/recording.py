@@ -1,33 +1,98 @@
-"""`record()`: capture what the runtime emits while a block runs.
+"""`record()`: capture what the runtime emits while a block runs, with memory and graphs on request.
 
-Owns the `Recording` context manager. Standard library only; the memory and graph
-probes that need torch plug in later without changing this interface.
+Owns the `Recording` context manager. It imports torch only when memory or graph
+capture is asked for (then through `probe_memory` / `probe_graph`), so opening a
+saved trace never needs torch.
+
+NOTE [ What a recording captures ]
+  1. Events: every event emitted while the block is open, in order.
+  2. memory=True: one `MemorySample` right after every event: live bytes by
+     category (see NOTE [ Memory categories ] in probe_memory.py).
+  3. graphs=True: a `GraphSnapshot` of the roots of every top-level
+     `torch.autograd.backward` / `torch.autograd.grad` call made in the block
+     (`Tensor.backward` and the split helpers included), taken just before the
+     call runs, plus any `rec.snapshot(tensors, label)` the user asks for.
+     Snapshots never replay a checkpoint.
 """
 from __future__ import annotations
 
-import sys
 from types import TracebackType
+from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.events import Event
-from ckpt_viz.trace import Trace
+from ckpt_viz.trace import MemorySample, Trace
 
 __all__ = ["Recording", "record"]
 
 
 class Recording:
-    """A context manager whose `.trace.events` holds what was emitted while it was open."""
+    """A context manager whose `.trace` holds what was emitted while it was open."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, memory: bool = False, graphs: bool = False, model: Any = None,
+                 tensors: Any = ()) -> None:
         self.trace = Trace()
-        self._unsubscribe = None
+        self.memory = memory
+        self.graphs = graphs
+        self.model = model
+        self._tensors = tensors
+        self._unsubscribe: Any = None
+        self._probe: Any = None
+        self._names: dict[int, str] = {}
+        self._restore: list[tuple[Any, str, Any]] = []
 
     def _on_event(self, event: Event) -> None:
         self.trace.events.append(event)
+        if self._probe is not None:
+            totals, by_stage, device = self._probe.sample()
+            self.trace.memory.append(MemorySample(seq=event.seq, t_ns=event.t_ns, bytes_by_category=totals,
+                                                  device_allocated=device, by_stage=by_stage))
+
+    # ------------------------------------------------------------ graphs
+
+    def snapshot(self, roots: Any, label: str) -> None:
+        """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
+        from ckpt_viz.probe_graph import capture_graph
+
+        seq = self.trace.events[-1].seq if len(self.trace.events) else -1
+        self.trace.graphs.append(capture_graph(roots, label=label, seq=seq, names=self._names))
+
+    def _patch_autograd(self) -> None:
+        import torch
+
+        recording = self
+
+        def wrap(name: str, original: Any) -> Any:
+            def patched(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+                if torch._C._current_graph_task_id() == -1:  # top level, not an inner replay backward
+                    count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
+                    recording.snapshot(tensors, f"before {name} #{count + 1}")
+                return original(tensors, *args, **kwargs)
+
+            patched.__wrapped__ = original
+            return patched
+
+        for name in ("backward", "grad"):
+            original = getattr(torch.autograd, name)
+            self._restore.append((torch.autograd, name, original))
+            setattr(torch.autograd, name, wrap(f"autograd.{name}", original))
+
+    # ------------------------------------------------------------ lifetime
 
     def __enter__(self) -> "Recording":
         if self._unsubscribe is not None:
             raise RuntimeError("ckpt_viz.record: this recording is already open.\nTip: use a new record() block.")
+        if self.model is not None:
+            self._names = {id(p): n for n, p in self.model.named_parameters()}
+        if self.memory:
+            from ckpt_viz.probe_memory import MemoryProbe
+
+            params = list(self.model.parameters()) if self.model is not None else []
+            buffers = list(self.model.buffers()) if self.model is not None else []
+            self._probe = MemoryProbe(params=params, tensors=[*buffers, *_tensors_in(self._tensors)])
+            self._probe.__enter__()
+        if self.graphs:
+            self._patch_autograd()
         self._unsubscribe = bus.subscribe(self._on_event)
         return self
 
@@ -39,14 +104,35 @@ class Recording:
         finally:
             self._unsubscribe()
             self._unsubscribe = None
+            for owner, name, original in reversed(self._restore):
+                setattr(owner, name, original)
+            self._restore.clear()
+            if self._probe is not None:
+                self._probe.__exit__(exc_type, exc, tb)
+                self._probe = None
 
 
-def record() -> Recording:
-    """Record the runtime's events while the block runs.
+def _tensors_in(value: Any) -> list[Any]:
+    from torch.utils._pytree import tree_flatten
+
+    import torch
+
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+def record(*, memory: bool = False, graphs: bool = False, model: Any = None, tensors: Any = ()) -> Recording:
+    """Record the runtime's events (and optionally memory and graphs) while the block runs.
+
+    Args:
+        memory: sample live bytes by category after every event.
+        graphs: snapshot the autograd graph before every top-level backward.
+        model: the module being run: names its parameters in snapshots and counts
+            them as "parameters" from the start.
+        tensors: tensors that exist before the block (inputs) to count from the start.
 
     Example:
-        with ckpt_viz.record() as rec:
+        with ckpt_viz.record(memory=True, graphs=True, model=model) as rec:
             loss = model(x).sum(); loss.backward()
-        print(rec.trace.kinds())
+        rec.trace.save("trace.json")
     """
-    return Recording()
+    return Recording(memory=memory, graphs=graphs, model=model, tensors=tensors)

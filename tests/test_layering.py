@@ -14,13 +14,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ckpt_viz"
 UI = {"streamlit", "plotly", "altair", "graphviz", "matplotlib"}
-TORCH_FREE = ["events.py", "bus.py", "errors.py", "trace.py", "recording.py", "render"]
+TORCH_FREE = ["events.py", "bus.py", "errors.py", "trace.py", "trace_io.py", "render"]
+# Imported by the app to open saved traces: torch only inside functions (memory and graph capture).
+TORCH_AT_CALL_TIME = ["recording.py"]
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, top_level_only: bool = False) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (tree.body if top_level_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -44,6 +46,13 @@ def _top(module: str) -> str:
 def test_core_modules_import_neither_torch_nor_ui(path: Path) -> None:
     bad = {m for m in _imports(path) if _top(m) in UI | {"torch", "numpy"} or m.startswith("ckpt_viz.runtime")}
     assert not bad, f"{path.relative_to(ROOT)} must stay torch- and UI-free, imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", _files(*TORCH_AT_CALL_TIME), ids=lambda p: str(p.relative_to(ROOT)))
+def test_recording_imports_torch_only_when_capturing(path: Path) -> None:
+    bad = {m for m in _imports(path, top_level_only=True) if _top(m) in UI | {"torch", "numpy"}
+           or m.startswith("ckpt_viz.runtime") or m.startswith("ckpt_viz.probe")}
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)} at module level"
 
 
 @pytest.mark.parametrize("path", _files("runtime"), ids=lambda p: str(p.relative_to(ROOT)))

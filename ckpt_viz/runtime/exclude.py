@@ -37,6 +37,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointUsageError
+from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime.graphmark import EXCLUDE_KEY, mark_new_nodes
 from ckpt_viz.runtime import reentrant as _reentrant
 from ckpt_viz.runtime.recompute_state import get_recompute_state
 
@@ -335,6 +337,8 @@ class CheckpointExcludeWrapper(torch.nn.Module):
             packed = _deferred_pack(x)
             if not isinstance(packed, _DeferredInput):
                 saved_nbytes[0] += packed.numel() * packed.element_size()
+                if memtags.enabled:
+                    memtags.tag(packed, "excluded_outputs")
             return packed
 
         try:
@@ -347,11 +351,15 @@ class CheckpointExcludeWrapper(torch.nn.Module):
                 else:
                     setattr(leaf, _INPUT_ATTR, previous)
         used = [b for b in bindings if b.used]
+        if bus.enabled:
+            mark_new_nodes(out, leaves, EXCLUDE_KEY, self.exclude_id)
         if used:
             out = _with_boundaries(out)
         out_leaves = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
         for value in out_leaves:
             setattr(value, _SOURCE_ATTR, state.invocation_id)
+            if memtags.enabled and self.save_output:
+                memtags.tag(value, "excluded_outputs")
         call_index = self._calls
         self._calls += 1
         rng_after = _rng_state() if state.preserve_rng_state else None
@@ -423,7 +431,7 @@ class CheckpointExcludeWrapper(torch.nn.Module):
         local_args, local_kwargs = tree_unflatten(local_leaves, spec)
         frame.recording_exclude = True
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), (memtags.category("excluded_outputs") if memtags.enabled else memtags.NULL):
                 out = self._run(*local_args, **local_kwargs)
         finally:
             frame.recording_exclude = False
@@ -431,6 +439,9 @@ class CheckpointExcludeWrapper(torch.nn.Module):
         tensors = [v for v in out_leaves if isinstance(v, torch.Tensor)]
         tape.output_count = len(tensors)
         tape.outputs = tuple(tensors)
+        if memtags.enabled and self.save_output:
+            for value in tensors:
+                memtags.tag(value, "excluded_outputs")
         tape.structure = ([None if isinstance(v, torch.Tensor) else v for v in out_leaves], out_spec)
         tape.rng_after = _rng_state() if frame.preserve_rng_state else None
         tape.call_index = self._calls

@@ -34,6 +34,8 @@ import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError
+from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.recompute_state import compose_context_fns, create_recompute_contexts
 from ckpt_viz.runtime.reentrant import new_handle_id
@@ -97,6 +99,7 @@ class NonReentrantFrame:
         self.session_id: Hashable | None = None
         self.replay_count = 0
         self.site: str | None = None
+        self._api = _API
 
     def __repr__(self) -> str:
         return f"<NonReentrantFrame h{self.handle_id} saved={len(self.weak_holders)}>"
@@ -171,19 +174,21 @@ class NonReentrantFrame:
                 self.ignore_saved_mismatch = True
                 return x
             raise CheckpointError(
-                f"{_API} (backward): recomputation tried to save more tensors during recomputation than during "
+                f"{self._api}: recomputation tried to save more tensors during recomputation than during "
                 f"forward (frame h{self.handle_id}: forward saved {len(self.weak_holders)}).\nTip: the checkpointed "
                 "function must do the same work in its replay; check for data-dependent control flow.")
         holder = self.weak_holders[index]()
         if holder is not None:
             if holder.handles.get(key) is not None:
                 raise CheckpointError(
-                    f"{_API}: A recomputed tensor handle already exists for this session (frame h{self.handle_id}, "
+                    f"{self._api}: A recomputed tensor handle already exists for this session (frame h{self.handle_id}, "
                     f"saved tensor {index}, key {key!r}).\nTip: a previous recompute for this session failed part-way; "
                     "call clear_recompute_session(session_id) before retrying.")
             handle = _Handle()
             holder.handles[key] = handle
             self.recomputed.setdefault(key, weakref.WeakKeyDictionary())[handle] = x
+            if memtags.enabled:
+                memtags.tag(x, "replay_activations")
         if self.early_stop and self.recomp_counter[key] == len(self.weak_holders):
             raise _StopRecomputation
         return x
@@ -195,6 +200,8 @@ class NonReentrantFrame:
         if bus.enabled:
             self._emit("replay_started", trigger=trigger, key_source=source, replay_index=self.replay_count)
         self.recomputed.setdefault(key, weakref.WeakKeyDictionary())
+        self.recomp_counter[key] = 0  # a retry after a failed recompute starts over (and then meets its handles)
+        self._api = f"{_API} (backward)" if in_backward else "ckpt_viz.recompute_handle"
         activation = self.active_session
         token = None
         if activation is not None and _session.current_activation() is not activation:
@@ -233,7 +240,7 @@ class NonReentrantFrame:
         forward_count, replay_count = len(self.weak_holders), self.recomp_counter.get(key, 0)
         if forward_count != replay_count:
             raise CheckpointError(
-                f"{_API} (backward): recomputation saved a different number of tensors during forward and "
+                f"{self._api}: recomputation saved a different number of tensors during forward and "
                 f"recomputation. Forward saved {forward_count} tensors, but recomputation saved {replay_count} "
                 f"tensors (frame h{self.handle_id}).\nTip: the checkpointed function must be deterministic; keep "
                 "preserve_rng_state=True and avoid data-dependent control flow.")
@@ -250,7 +257,7 @@ class NonReentrantFrame:
                 lines.append(f"tensor {index}: forward={self.x_metadatas[index]}, recompute={got}")
         if lines:
             raise CheckpointError(
-                f"{_API} (backward): detected different tensor metadata during recomputation:\n"
+                f"{self._api}: detected different tensor metadata during recomputation:\n"
                 + "\n".join(lines)
                 + f"\n(frame h{self.handle_id})\nTip: the replay must see the same shapes and dtypes; keep autocast "
                 "and inputs unchanged, or pass determinism_check='none'.")
@@ -315,7 +322,8 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
     except BaseException as exc:
         raise _error(exc)
     dummy = torch.empty((0,), requires_grad=True)
-    saver = _SaveInputs.apply(dummy, kwargs, *args)
+    with (memtags.category("checkpoint_inputs") if memtags.enabled else memtags.NULL):
+        saver = _SaveInputs.apply(dummy, kwargs, *args)
     if saver.grad_fn is None:  # grad mode is off: nothing will be saved
         return function(*args, **kwargs)
     activation = _session.current_activation()
@@ -353,7 +361,8 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
             frame._emit("forward_failed", type=type(exc).__name__, message=str(exc))
         raise _error(exc, frame)
     if bus.enabled:
-        frame._emit("forward_finished", capture_site=False, saved_count=len(frame.weak_holders))
+        marked = mark_new_nodes(output, args, HANDLE_KEY, frame.handle_id)
+        frame._emit("forward_finished", capture_site=False, saved_count=len(frame.weak_holders), graph_nodes=marked)
     return output
 
 

@@ -54,6 +54,7 @@ from ckpt_viz.errors import (
     HandleReleasedError,
     PhaseNotSetError,
 )
+from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.state import ExecutionState, noop_context_fn
 
@@ -245,7 +246,7 @@ class ReentrantCheckpointHandle:
             def replay() -> None:
                 self.replay_outputs = self._call(self.replay_inputs)
 
-            with torch.enable_grad():
+            with torch.enable_grad(), (memtags.category("replay_activations") if memtags.enabled else memtags.NULL):
                 self.state.recompute_fn(replay, {})
         except BaseException as exc:
             self.replay_outputs = None
@@ -404,6 +405,8 @@ class _Checkpoint(torch.autograd.Function):
                         rng_captured=frame.state.cpu_rng_state is not None)
         with torch.no_grad(), frame.state.forward_context:
             output = frame._call(inputs)
+        for entry in frame.entries:  # a save_output=False region's output was needed only during this forward
+            entry.chain_outputs = None
         frame.state.check_device_state_preserved(frame.preserve_rng_state, api=_API)
         leaves, frame.output_spec = tree_flatten(output)
         frame.output_template = tuple(
@@ -563,7 +566,8 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
                             inputs=[_meta(t) for t in inputs])
         frame.site = event.site if event is not None else None
     try:
-        result = _Checkpoint.apply(frame, torch.empty(0, requires_grad=True), *inputs, frame.backward_trigger)
+        with (memtags.category("checkpoint_inputs") if memtags.enabled else memtags.NULL):
+            result = _Checkpoint.apply(frame, torch.empty(0, requires_grad=True), *inputs, frame.backward_trigger)
     except BaseException as exc:
         if bus.enabled:
             frame._emit("forward_failed", type=type(exc).__name__, message=str(exc))

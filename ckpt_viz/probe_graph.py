@@ -1,0 +1,139 @@
+"""Autograd graph snapshots as plain data: the torch-side reader behind `record(graphs=True)`.
+
+Owns `capture_graph`: a walk over `grad_fn.next_functions` that names leaves from
+`named_parameters`, finds checkpoint nodes and their handle ids, triggers, and the
+nodes a DX pass and a DW pass reach. Never the UI.
+
+NOTE [ Snapshots never replay ]
+  1. The walk reads only node types, `next_functions`, `metadata` and, for leaves,
+     `AccumulateGrad.variable`. It never reads `_saved_*` attributes: on a
+     non-reentrant checkpoint each such read would unpack a holder and recompute
+     the region (torchviz's `show_saved` does exactly that).
+  2. A retained reentrant replay (`handle.replay_outputs`) is walked too, and drawn
+     inside its handle's region; reading it does not replay anything.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ckpt_viz.runtime.graphmark import EXCLUDE_KEY, HANDLE_KEY
+from ckpt_viz.runtime.reentrant import ReentrantCheckpointHandle
+from ckpt_viz.trace import GraphSnapshot
+
+__all__ = ["capture_graph"]
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return [int(d) for d in t.shape]
+
+
+def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str] | None = None) -> GraphSnapshot:
+    """Walk the graph behind `roots` (tensors) and return it as plain data.
+
+    Args:
+        roots: a tensor or a structure of tensors (the loss, a stage output).
+        label: what the snapshot shows, e.g. "before backward".
+        seq: the event seq it belongs to.
+        names: id(parameter) -> qualified name, e.g. from `model.named_parameters()`.
+
+    Returns:
+        A `GraphSnapshot`; nodes carry id, name, kind, handle_id, dx_reached,
+        dw_reached, shape, and where known `exclude` (the excluded region's id) and
+        `replay` (True for nodes of a retained reentrant replay).
+    """
+    names = names or {}
+    ids: dict[int, int] = {}
+    nodes: list[dict[str, Any]] = []
+    edges: list[list[int]] = []
+    triggers: dict[int, int] = {}
+    keep_alive: list[Any] = []  # ids are only unique while the objects live
+
+    def node_id(obj: Any) -> tuple[int, bool]:
+        key = id(obj)
+        if key in ids:
+            return ids[key], False
+        ids[key] = len(ids)
+        keep_alive.append(obj)
+        return ids[key], True
+
+    def add(obj: Any, handle_id: int | None, replay: bool) -> int:
+        index, new = node_id(obj)
+        if not new:
+            return index
+        name = type(obj).__name__
+        entry: dict[str, Any] = {"id": index, "name": name, "kind": "backward", "handle_id": handle_id,
+                                 "dx_reached": False, "dw_reached": False, "shape": None}
+        if replay:
+            entry["replay"] = True
+        nodes.append(entry)
+        frame = getattr(obj, "frame", None)
+        if isinstance(frame, ReentrantCheckpointHandle):
+            entry.update(kind="checkpoint", handle_id=frame.handle_id, split=frame.split,
+                         released=frame.released, replayed=frame.replay_count > 0, phase=frame.phase)
+            if frame.backward_trigger is not None:
+                triggers[id(frame.backward_trigger)] = frame.handle_id
+            if frame.replay_outputs is not None:  # See NOTE [ Snapshots never replay ], rule 2.
+                for root in _grad_fns(frame.replay_outputs):
+                    edges.append([index, add(root, frame.handle_id, True)])
+        metadata = getattr(obj, "metadata", None) or {}
+        if HANDLE_KEY in metadata and entry["handle_id"] is None:
+            entry["handle_id"] = metadata[HANDLE_KEY]
+        if EXCLUDE_KEY in metadata:
+            entry["exclude"] = metadata[EXCLUDE_KEY]
+        variable = getattr(obj, "variable", None) if name == "AccumulateGrad" else None
+        if variable is not None:
+            entry["shape"] = _shape(variable)
+            if id(variable) in triggers:
+                entry.update(kind="trigger", handle_id=triggers[id(variable)], name="backward_trigger")
+            elif id(variable) in names or isinstance(variable, torch.nn.Parameter):
+                entry.update(kind="leaf", name=names.get(id(variable), "parameter"))
+            else:
+                entry.update(kind="input", name="input")
+        for child, _ in getattr(obj, "next_functions", ()):
+            if child is not None:
+                edges.append([index, add(child, entry["handle_id"] if replay else None, replay)])
+        return index
+
+    for root in _grad_fns(roots):
+        add(root, None, False)
+    # Triggers found after their leaf was visited (defensive: the checkpoint node comes first in practice).
+    for entry, obj in zip(nodes, keep_alive):
+        variable = getattr(obj, "variable", None) if entry["name"] == "AccumulateGrad" else None
+        if variable is not None and id(variable) in triggers:
+            entry.update(kind="trigger", handle_id=triggers[id(variable)], name="backward_trigger")
+    _mark_reached(nodes, edges)
+    return GraphSnapshot(seq=seq, label=label, nodes=nodes, edges=edges)
+
+
+def _grad_fns(roots: Any) -> list[Any]:
+    return [t.grad_fn for t in tree_flatten(roots)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+
+
+def _mark_reached(nodes: list[dict[str, Any]], edges: Iterable[list[int]]) -> None:
+    """dx_reached: leads to an activation input; dw_reached: leads to a parameter or a trigger."""
+    children: dict[int, list[int]] = {}
+    for src, dst in edges:
+        children.setdefault(src, []).append(dst)
+    by_id = {n["id"]: n for n in nodes}
+    for flag, kinds in (("dx_reached", {"input"}), ("dw_reached", {"leaf", "trigger"})):
+        memo: dict[int, bool] = {}
+        for start in by_id:
+            stack = [(start, False)]
+            while stack:  # iterative post-order, so deep graphs do not hit the recursion limit
+                nid, done = stack.pop()
+                if nid in memo:
+                    continue
+                node = by_id[nid]
+                if node.get("replay"):
+                    memo[nid] = False  # inner graph: reached through its checkpoint node, not by the outer pass
+                    continue
+                if done:
+                    memo[nid] = node["kind"] in kinds or any(memo.get(c, False) for c in children.get(nid, ()))
+                    continue
+                stack.append((nid, True))
+                stack.extend((c, False) for c in children.get(nid, ()) if c not in memo)
+        for nid, reached in memo.items():
+            by_id[nid][flag] = reached

@@ -1,0 +1,182 @@
+"""Memory by category at every event: the torch-side reader behind `record(memory=True)`.
+
+Owns `MemoryProbe`: a TorchDispatchMode that sees every storage an op allocates
+(with a finalizer for when it is freed), a global saved-tensor hook that sees what
+autograd keeps, and the runtime's hints (`ckpt_viz.runtime.memtags`). Never the UI.
+
+NOTE [ Memory categories ]
+  1. Every live storage is counted exactly once, so the categories of a sample add
+     up to the live bytes the probe saw (the tests check that against a separate
+     ground-truth tracker).
+  2. A storage's category is the first that applies, in this order:
+     parameters (storage of a known nn.Parameter), gradients (storage of a known
+     parameter's .grad, read at sample time), then the strongest hint it received:
+     checkpoint_inputs > excluded_outputs > replay_activations > activations,
+     and otherwise other (model inputs and outputs, the loss, grads in flight).
+  3. Hints: a tensor saved for backward outside any checkpoint is an activation;
+     inside `memtags.category(...)` it takes that category; the runtime tags the
+     recomputed tensors of a non-reentrant frame and excluded-region outputs itself.
+  4. Storages that existed before the probe started are registered from the
+     parameters and tensors given to it, and from any tensor an op reads.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ckpt_viz import bus
+from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime.memtags import CATEGORIES
+
+__all__ = ["CATEGORIES", "MemoryProbe"]
+
+_RANK = {"checkpoint_inputs": 4, "excluded_outputs": 3, "replay_activations": 2, "activations": 1}
+
+
+class _Storage:
+    __slots__ = ("nbytes", "hint", "stage", "device")
+
+    def __init__(self, nbytes: int, stage: Any, device: str) -> None:
+        self.nbytes = nbytes
+        self.hint: str | None = None
+        self.stage = stage
+        self.device = device
+
+
+class _Tracker(TorchDispatchMode):
+    def __init__(self, probe: "MemoryProbe") -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        probe = self.probe
+        for value in tree_flatten((args, kwargs))[0]:
+            if isinstance(value, torch.Tensor):
+                probe.register(value)
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                probe.register(value)
+        return out
+
+
+class MemoryProbe:
+    """Live bytes by category; see NOTE [ Memory categories ].
+
+    Args:
+        params: parameters to count as "parameters" (their .grad as "gradients").
+        tensors: other tensors that exist before the probe starts (model inputs, buffers).
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tensor] = ()) -> None:
+        self._live: dict[int, _Storage] = {}
+        self._lock = threading.RLock()
+        self._params: list[torch.Tensor] = []
+        self._param_ids: set[int] = set()
+        self._param_storages: set[int] = set()
+        self._pending = (list(params), list(tensors))
+        self._mode: _Tracker | None = None
+        self._hooks: Any = None
+        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+
+    # ------------------------------------------------------------ storages
+
+    def register(self, tensor: torch.Tensor) -> _Storage | None:
+        """Track `tensor`'s storage if it is new; return its record."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse or meta tensors: no plain storage
+            return None
+        key = id(storage)
+        record = self._live.get(key)
+        if record is None:
+            with self._lock:
+                record = self._live.get(key)
+                if record is None:
+                    record = _Storage(storage.nbytes(), bus.current_tags().get("stage"), storage.device.type)
+                    self._live[key] = record
+                    weakref.finalize(storage, self._forget, key, record)
+        if isinstance(tensor, torch.nn.Parameter) and id(tensor) not in self._param_ids:
+            self.add_param(tensor)
+        return record
+
+    def _forget(self, key: int, record: _Storage) -> None:
+        with self._lock:
+            if self._live.get(key) is record:
+                del self._live[key]
+
+    def add_param(self, param: torch.Tensor) -> None:
+        """Count `param`'s storage as "parameters" and its .grad as "gradients"."""
+        if id(param) in self._param_ids:
+            return
+        self._param_ids.add(id(param))
+        self._params.append(param)
+        self._param_storages.add(id(param.untyped_storage()))
+        self.register(param)
+
+    def hint(self, tensor: torch.Tensor, category: str) -> None:
+        """Record that `tensor`'s storage is held for `category` (the strongest hint wins)."""
+        record = self.register(tensor)
+        if record is not None and _RANK.get(category, 0) > _RANK.get(record.hint or "", 0):
+            record.hint = category
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.hint(tensor, memtags.current() or "activations")
+        return tensor.detach() if tensor.grad_fn is not None else tensor
+
+    # ------------------------------------------------------------ reading
+
+    def sample(self) -> tuple[dict[str, int], dict[str, dict[str, int]], int | None]:
+        """(bytes by category, bytes by stage and category, CUDA allocator bytes or None)."""
+        grads = {id(p.grad.untyped_storage()) for p in self._params if p.grad is not None}
+        totals = dict.fromkeys(CATEGORIES, 0)
+        by_stage: dict[str, dict[str, int]] = {}
+        with self._lock:
+            items = list(self._live.items())
+        for key, record in items:
+            if key in self._param_storages:
+                category = "parameters"
+            elif key in grads:
+                category = "gradients"
+            else:
+                category = record.hint or "other"
+            totals[category] += record.nbytes
+            if record.stage is not None:
+                stage = by_stage.setdefault(str(record.stage), dict.fromkeys(CATEGORIES, 0))
+                stage[category] += record.nbytes
+        device = torch.cuda.memory_allocated() if self.cuda else None
+        return totals, by_stage, device
+
+    def live_nbytes(self) -> int:
+        """All live bytes the probe tracks."""
+        with self._lock:
+            return sum(r.nbytes for r in self._live.values())
+
+    # ------------------------------------------------------------ lifetime
+
+    def __enter__(self) -> "MemoryProbe":
+        params, tensors = self._pending
+        for p in params:
+            self.add_param(p)
+            if p.grad is not None:
+                self.register(p.grad)
+        for t in tensors:
+            self.register(t)
+        self._mode = _Tracker(self)
+        self._mode.__enter__()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda x: x)
+        self._hooks.__enter__()
+        memtags.install(self.hint)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        memtags.install(None)
+        try:
+            self._hooks.__exit__(*exc)
+        finally:
+            self._mode.__exit__(*exc)
