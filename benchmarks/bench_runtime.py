@@ -79,7 +79,7 @@ class Config:
     warmup: int
 
 
-FULL = Config(blocks=8, width=256, hidden=512, batch=32, repeats=60, warmup=3)
+FULL = Config(blocks=8, width=256, hidden=512, batch=32, repeats=120, warmup=3)
 QUICK = Config(blocks=8, width=32, hidden=64, batch=4, repeats=3, warmup=1)
 
 Wrap = Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -93,8 +93,24 @@ WRAPS: dict[str, Wrap] = {
 }
 
 
+@dataclass(frozen=True)
+class Case:
+    """One way to run a training step: `forward() -> state`, then each backward stage on that state.
+
+    Ordinary cases have one stage (the full backward); split cases have two (DX, then DW).
+    """
+
+    forward: Callable[[], Any]
+    stages: tuple[Callable[[Any], None], ...]
+
+    def step(self) -> None:
+        state = self.forward()
+        for stage in self.stages:
+            stage(state)
+
+
 class Bench:
-    """The model, its input and gradient, and one (forward, backward) pair per case."""
+    """The model, its input and output gradient, and the cases that run them."""
 
     def __init__(self, config: Config) -> None:
         torch.manual_seed(0)
@@ -119,9 +135,7 @@ class Bench:
     def calls(self) -> list[int]:
         return [block.calls for block in self.blocks]
 
-    # Each case is (forward, backward): forward() -> state, backward(state) -> None.
-
-    def ordinary(self, wrap_name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    def ordinary(self, wrap_name: str) -> Case:
         wrap = WRAPS[wrap_name]
 
         def forward() -> torch.Tensor:
@@ -132,21 +146,26 @@ class Bench:
             out.backward(self.grad_out)
             self.dx = self.x.grad
 
-        return forward, backward
+        return Case(forward, (backward,))
 
-    def torch_split(self) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-        def forward() -> torch.Tensor:
+    def torch_split(self) -> Case:
+        """torch's pipelining helpers on torch's non-reentrant checkpoint (what upstream users combine)."""
+        def forward() -> dict[str, Any]:
             self.reset()
-            return self.run(WRAPS["torch_nonreentrant"])
+            return {"out": self.run(WRAPS["torch_nonreentrant"])}
 
-        def backward(out: torch.Tensor) -> None:
-            dinputs, param_groups = stage_backward_input([out], [self.grad_out], [self.x], iter(self.params))
-            stage_backward_weight(iter(self.params), param_groups)
+        def dx(state: dict[str, Any]) -> None:
+            dinputs, state["param_groups"] = stage_backward_input(
+                [state["out"]], [self.grad_out], [self.x], iter(self.params))
             self.dx = dinputs[0]
 
-        return forward, backward
+        def dw(state: dict[str, Any]) -> None:
+            stage_backward_weight(iter(self.params), state["param_groups"])
 
-    def ours_split(self, kind: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        return Case(forward, (dx, dw))
+
+    def ours_split(self, kind: str) -> Case:
+        """Our backward_input / backward_weight: reentrant scope, or non-reentrant frames + one session per step."""
         def forward() -> tuple[torch.Tensor, list, int | None]:
             self.reset()
             if kind == "reentrant":
@@ -155,23 +174,24 @@ class Bench:
             with recompute_handle_collector_ctx() as handles:
                 return self.run(WRAPS["ours_nonreentrant"]), handles, next(self.sessions)
 
-        def backward(state: tuple[torch.Tensor, list, int | None]) -> None:
+        def dx(state: tuple[torch.Tensor, list, int | None]) -> None:
             out, handles, session_id = state
             (self.dx,) = backward_input(out, self.grad_out, [self.x], handles=handles, session_id=session_id)
+
+        def dw(state: tuple[torch.Tensor, list, int | None]) -> None:
+            out, handles, session_id = state
             backward_weight(out, self.grad_out, self.params, handles=handles, session_id=session_id)
 
-        return forward, backward
+        return Case(forward, (dx, dw))
 
 
-def recorded(pair: tuple[Callable[[], Any], Callable[[Any], None]]) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """The same case with a fresh `ckpt_viz.record()` open around forward and backward."""
-    forward, backward = pair
-
-    def both() -> None:
+def recorded(case: Case) -> Case:
+    """The same case with a fresh `ckpt_viz.record()` open around its forward and backward."""
+    def step(_: Any) -> None:
         with ckpt_viz.record():
-            backward(forward())
+            case.step()
 
-    return (lambda: None), (lambda _: both())
+    return Case(lambda: None, (step,))
 
 
 # ---------------------------------------------------------------- rows
@@ -197,7 +217,7 @@ ROWS = (
 ROW_NAMES = tuple(row.name for row in ROWS)
 
 
-def build_cases(bench: Bench) -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
+def build_cases(bench: Bench) -> dict[str, Case]:
     cases = {
         "torch_reentrant": bench.ordinary("torch_reentrant"),
         "ours_reentrant": bench.ordinary("ours_reentrant"),
@@ -213,18 +233,17 @@ def build_cases(bench: Bench) -> dict[str, tuple[Callable[[], Any], Callable[[An
     return cases
 
 
-def check_gradients(bench: Bench, cases: dict) -> float:
+def check_gradients(bench: Bench, cases: dict[str, Case]) -> float:
     """Every case must produce the un-checkpointed model's gradients; return the max abs difference.
 
     assert_close, not equal: torch's stage_backward_weight sums per parameter group,
     so its accumulation order differs from one ordinary backward.
     """
-    forward, backward = bench.ordinary("none")
-    backward(forward())
+    bench.ordinary("none").step()
     want = [p.grad.clone() for p in bench.params] + [bench.dx.clone()]
     worst = 0.0
-    for name, (forward, backward) in cases.items():
-        backward(forward())
+    for name, case in cases.items():
+        case.step()
         got = [p.grad for p in bench.params] + [bench.dx]
         for g, w in zip(got, want):
             if g is None:
@@ -234,39 +253,38 @@ def check_gradients(bench: Bench, cases: dict) -> float:
     return worst
 
 
-def count_replays(bench: Bench, cases: dict) -> list[dict[str, Any]]:
-    """Forward runs of each block during backward (block counter), and `replay_started` per handle for ours."""
+def count_replays(bench: Bench, cases: dict[str, Case]) -> list[dict[str, Any]]:
+    """Forward runs of each block during each backward stage (block counter), cross-checked for
+    our cases against `replay_started` events per handle in a `ckpt_viz.record()` trace."""
     results = []
     for name in ROW_NAMES:
         if name not in cases or name.endswith("+record"):
             continue
-        forward, backward = cases[name]
+        case = cases[name]
         with ckpt_viz.record() as rec:
-            before_forward = bench.calls()
-            state = forward()
-            after_forward = bench.calls()
-            backward(state)
-            after_backward = bench.calls()
-        per_block = [b - a for a, b in zip(after_forward, after_backward)]
-        forwards = [b - a for a, b in zip(before_forward, after_forward)]
+            state = case.forward()
+            per_stage = []
+            for stage in case.stages:
+                before = bench.calls()
+                stage(state)
+                per_stage.append([after - b for b, after in zip(before, bench.calls())])
+        per_block = [sum(counts) for counts in zip(*per_stage)]
         recorder = None
         if name.startswith("ours"):
-            per_handle: dict[int, int] = {}
-            for event in rec.trace.of_kind("handle_created"):
-                per_handle[event.handle_id] = 0
+            per_handle = {event.handle_id: 0 for event in rec.trace.of_kind("handle_created")}
             for event in rec.trace.of_kind("replay_started"):
                 per_handle[event.handle_id] = per_handle.get(event.handle_id, 0) + 1
             recorder = sorted(per_handle.values())
         expect_one = name.startswith("ours_split")
         results.append({
             "name": name,
-            "forward_runs_per_block": forwards,
             "replays_per_block": per_block,
             "replays_per_region": statistics.mean(per_block),
+            "replays_per_region_by_stage": [statistics.mean(counts) for counts in per_stage],
             "recorder_replays_per_handle": recorder,
             "agree": None if recorder is None else sorted(per_block) == recorder,
             "target": 1 if expect_one else None,
-            "passed": (all(n == 1 for n in per_block) and recorder == [1] * len(per_block)) if expect_one else None,
+            "passed": (per_block == [1] * len(per_block) and recorder == per_block) if expect_one else None,
         })
     return results
 
@@ -277,8 +295,7 @@ def measure(config: Config) -> dict[str, Any]:
     cases = build_cases(bench)
     max_diff = check_gradients(bench, cases)
     replays = count_replays(bench, cases)
-    steps = {name: (lambda f=forward, b=backward: b(f())) for name, (forward, backward) in cases.items()}
-    times = interleaved(steps, repeats=config.repeats, warmup=config.warmup)
+    times = interleaved({name: case.step for name, case in cases.items()}, repeats=config.repeats, warmup=config.warmup)
     rows = []
     for row in ROWS:
         if row.name not in times:
@@ -321,6 +338,8 @@ def report(results: dict[str, Any]) -> str:
         f"{results['max_abs_grad_diff_vs_no_checkpoint']:.2e})",
         "",
     ]
+    if c["repeats"] < 10:
+        lines.insert(2, f"note: only {c['repeats']} rounds (--quick?): a smoke run, the ratios are not measurements")
     table = []
     for row in results["rows"]:
         if "skipped" in row:
@@ -335,19 +354,20 @@ def report(results: dict[str, Any]) -> str:
     if not results["torch_split_available"]:
         lines.append(f"torch split helpers unavailable on this build ({results['torch_split_error']}); "
                      "split rows show ours only")
-    lines += ["", "replays per checkpointed region during backward (block counter; recorder = replay_started "
-                  "per handle)"]
+    lines += ["", "replays per checkpointed region during backward: block counter; by stage = dx + dw for split "
+                  "cases; recorder = replay_started per handle in a ckpt_viz.record() trace"]
     table = []
     for item in results["replays"]:
         per_block = item["replays_per_block"]
         recorder = item["recorder_replays_per_handle"]
         table.append([
             item["name"], f"{item['replays_per_region']:.2f}", f"{min(per_block)}..{max(per_block)}",
+            " + ".join(f"{n:g}" for n in item["replays_per_region_by_stage"]),
             "-" if recorder is None else f"{statistics.mean(recorder):.2f}",
             "-" if item["agree"] is None else ("yes" if item["agree"] else "NO"),
             "-" if item["target"] is None else f"== {item['target']}", _verdict(item["passed"]),
         ])
-    lines.append(format_table(["name", "replays/region", "min..max", "recorder", "agree", "target", "result"],
+    lines.append(format_table(["name", "replays/region", "min..max", "by stage", "recorder", "agree", "target", "result"],
                               table))
     return "\n".join(lines)
 
@@ -362,13 +382,13 @@ def profile(config: Config, name: str) -> None:
     cases = build_cases(bench)
     if name not in cases:
         raise SystemExit(f"bench_runtime: case {name!r} is not available ({TORCH_SPLIT_ERROR})")
-    forward, backward = cases[name]
+    case = cases[name]
     for _ in range(config.warmup):
-        backward(forward())
+        case.step()
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(config.repeats):
-        backward(forward())
+        case.step()
     profiler.disable()
     print(f"bench_runtime --profile {name}: {config.repeats} steps")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)

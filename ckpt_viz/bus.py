@@ -169,9 +169,16 @@ def call_site(depth: int = 2) -> str | None:
     return None
 
 
+_short_cache: dict[str, str] = {}
+
+
 def _short_path(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
+    short = _short_cache.get(filename)
+    if short is None:
+        try:
+            rel = os.path.relpath(filename)
+        except ValueError:
+            rel = filename
+        short = filename if rel.startswith("..") else rel
+        _short_cache[filename] = short
+    return short

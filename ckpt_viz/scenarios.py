@@ -86,7 +86,7 @@ def _version() -> str:
 
 
 def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int = 2,
-                 schedule: str = "1F1B") -> Trace:
+                 schedule: str = "1F1B", memory: bool = False, graphs: bool = False) -> Trace:
     """Run `spec` once (forward, loss, backward) in `mode` and return the recorded trace.
 
     Args:
@@ -94,19 +94,22 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
         mode: one of `MODES`.
         seed: the RNG seed for the run (dropout).
         microbatches, schedule: for `mode="pipeline"`.
+        memory: sample memory by category after every event.
+        graphs: snapshot the autograd graph before every backward pass.
     """
     _check_mode(mode)
     if mode == "pipeline":
         from ckpt_viz.pipeline import run_pipeline
 
-        return run_pipeline(spec, schedule=schedule, microbatches=microbatches, seed=seed)
+        return run_pipeline(spec, schedule=schedule, microbatches=microbatches, seed=seed, memory=memory,
+                            graphs=graphs)
     model = spec.model
     inputs = _inputs_requiring_grad(spec.inputs)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
     torch.manual_seed(seed)
-    with record() as rec:
+    with record(memory=memory, graphs=graphs, model=model, tensors=inputs) as rec:
         if mode == "none":
             spec.loss(model(*inputs)).backward()
         elif mode in ("reentrant", "nonreentrant"):

@@ -165,6 +165,7 @@ class ReentrantCheckpointHandle:
         self.node_collected = False
         self.collected_seq: int | None = None
         self.replay_count = 0
+        self._backward_site: str | None = None
 
     def __repr__(self) -> str:
         state = "released" if self.released else ("replayed" if self.replay_outputs is not None else "recorded")
@@ -173,14 +174,18 @@ class ReentrantCheckpointHandle:
     # ------------------------------------------------------------ events
 
     def _emit(self, kind: str, capture_site: bool = True, **data: Any) -> Any:
+        # Inside one engine callback every event has the same user line: walk the stack once (see backward).
         return bus.emit(kind, handle_id=self.handle_id, mode="reentrant", phase=self.phase,
-                        session_id=self.session_id, capture_site=capture_site, data=data)
+                        session_id=self.session_id, site=self._backward_site, capture_site=capture_site, data=data)
 
     # ------------------------------------------------------------ running the function
 
     def _call(self, tensors: Sequence[torch.Tensor]) -> Any:
-        leaves = [tensors[item.index] if isinstance(item, _InputSlot) else item for item in self.template]
-        args, kwargs = tree_unflatten(leaves, self.spec)
+        if self.spec is None:  # fast path: positional tensors only
+            args, kwargs = tuple(tensors), {}
+        else:
+            leaves = [tensors[item.index] if isinstance(item, _InputSlot) else item for item in self.template]
+            args, kwargs = tree_unflatten(leaves, self.spec)
         with _execution_frame(self):
             return self.function(*args, **kwargs)
 
@@ -439,6 +444,7 @@ class _Checkpoint(torch.autograd.Function):
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
         frame = ctx.frame
         if bus.enabled:
+            frame._backward_site = bus.call_site()
             frame._emit("backward_entered", split=frame.split, retain_graph=frame.retain_graph,
                         grad_count=len(grad_outputs), none_grads=sum(g is None for g in grad_outputs))
         try:
@@ -448,6 +454,8 @@ class _Checkpoint(torch.autograd.Function):
             if not frame.retain_graph:
                 frame._release("backward_exception")
             raise
+        finally:
+            frame._backward_site = None
 
 
 def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
@@ -505,6 +513,9 @@ def reentrant_checkpoint_scope(parameters: Sequence[torch.Tensor] | Callable[[],
 
 
 def _checkpoint_inputs(args: tuple, kwargs: dict) -> tuple[tuple, list, Any]:
+    """Tensor leaves in order, the template that rebuilds (args, kwargs), and its spec (None: all positional tensors)."""
+    if not kwargs and all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
+        return tuple(args), [_InputSlot(i) for i in range(len(args))], None
     leaves, spec = tree_flatten((args, kwargs))
     inputs: list[torch.Tensor] = []
     template: list = []

@@ -35,7 +35,9 @@ def noop_context_fn() -> tuple[contextlib.AbstractContextManager, contextlib.Abs
 def infer_device_type(args: Any) -> str:
     """The non-CPU device type of the tensors in `args` (cuda first), else torch's default."""
     found: list[str] = []
-    for leaf in tree_flatten(args)[0]:
+    leaves = args if isinstance(args, tuple) and all(isinstance(a, torch.Tensor) for a in args) \
+        else tree_flatten(args)[0]
+    for leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu" and leaf.device.type not in found:
             found.append(leaf.device.type)
     if len(found) > 1:
