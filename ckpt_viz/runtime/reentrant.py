@@ -202,7 +202,7 @@ class ReentrantCheckpointHandle:
         for item in self.replay_inputs:
             if item.requires_grad:
                 item.grad = None
-        captured = _captured_leaves(values, self.replay_inputs) if bus.enabled else None
+        captured = self._captured(values) if bus.enabled else None
         before = [(p.grad, p.grad._version if p.grad is not None else -1) for p in captured] if captured else None
         torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
         if captured:
@@ -212,6 +212,14 @@ class ReentrantCheckpointHandle:
                 for p, (old, version) in zip(captured, before)
             ]
         return tuple(item.grad if item.requires_grad else None for item in self.replay_inputs)
+
+    def _captured(self, values: tuple) -> list[torch.Tensor]:
+        """Parameters the replay reaches without an input edge: a module's own, else found by a graph walk."""
+        owner = self.function if isinstance(self.function, torch.nn.Module) else getattr(self.function, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            inputs = {id(t) for t in self.replay_inputs}
+            return [p for p in owner.parameters() if p.requires_grad and id(p) not in inputs]
+        return _captured_leaves(values, self.replay_inputs)
 
     # ------------------------------------------------------------ transitions
 
