@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+from ckpt_viz import trace_io
 from ckpt_viz.events import Event
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace, run_meta
 
@@ -47,8 +48,12 @@ _LIFE = (
 _SITES = [f"train.py:{n}" for n in (41, 57, 58, 90)] + [None]
 
 
-def build_trace(n_events: int, seed: int = 0) -> Trace:
-    """A trace of exactly `n_events` events, deterministic for a seed."""
+def build_trace(n_events: int, seed: int = 0, memory_every: int = 16) -> Trace:
+    """A trace of exactly `n_events` events, deterministic for a seed.
+
+    A memory sample follows every `memory_every`-th event (`record(memory=True)`
+    samples after every event: pass 1 for that; 0 for none).
+    """
     rng = random.Random(seed)
     events: list[Event] = []
     memory: list[MemorySample] = []
@@ -70,11 +75,13 @@ def build_trace(n_events: int, seed: int = 0) -> Trace:
                     session_id=session if phase in ("dx", "dw") else None, tags=tags,
                     site=_SITES[seq % len(_SITES)], thread_id=thread_id, data=dict(data),
                 ))
-                if kind == "memory_sampled":
+                if memory_every and seq % memory_every == memory_every - 1:
+                    activations = rng.randrange(1 << 20, 1 << 24)
                     memory.append(MemorySample(seq=seq, t_ns=t_ns, device_allocated=None, bytes_by_category={
-                        "parameters": 4 << 20, "gradients": 4 << 20, "activations": rng.randrange(1 << 20, 1 << 24),
+                        "parameters": 4 << 20, "gradients": 4 << 20, "activations": activations,
                         "checkpoint_inputs": 1 << 18, "replay_activations": rng.randrange(0, 1 << 22),
-                        "excluded_outputs": 1 << 16, "other": 0}))
+                        "excluded_outputs": 1 << 16, "other": 0},
+                        by_stage={str(tags["stage"]): {"activations": activations}}))
             handle += 1
         microbatch += 1
     graphs = [_graph(seq) for seq in range(0, n_events, max(1, n_events // 5))]
@@ -97,6 +104,7 @@ def _graph(seq: int) -> GraphSnapshot:
 def _median_time(fn, repeats: int) -> tuple[float, object]:
     times, result = [], None
     for _ in range(repeats):
+        result = None  # free the last result outside the timed region
         start = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - start)
@@ -107,13 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000, help="events in the trace (default 1,000,000)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the median is shown")
+    parser.add_argument("--memory-every", type=int, default=16,
+                        help="one memory sample per this many events (1: every event, as record(memory=True); 0: none)")
+    parser.add_argument("--json", choices=("auto", "stdlib"), default="auto",
+                        help="auto: orjson when installed, else the stdlib json; stdlib: never orjson")
     args = parser.parse_args(argv)
+    if args.json == "stdlib":
+        trace_io._orjson = None  # the module's optional accelerator; None means stdlib json only
+    backend = "orjson " + trace_io._orjson.__version__ if trace_io._orjson is not None else "stdlib json"
 
     start = time.perf_counter()
-    trace = build_trace(args.events)
+    trace = build_trace(args.events, memory_every=args.memory_every)
     print(f"built {len(trace.events):,} events, {len(trace.memory):,} memory samples, "
           f"{len(trace.graphs)} graphs in {time.perf_counter() - start:.1f} s (not timed below)")
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, target {TARGET_S:.1f} s per save and per load\n")
+    print(f"python {sys.version.split()[0]}, {backend}, {os.cpu_count()} CPUs, "
+          f"target {TARGET_S:.1f} s per save and per load\n")
 
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as folder:

@@ -314,7 +314,8 @@ def _microbatches(spec: ModelSpec, microbatches: int) -> tuple:
         raise CkptVizError(f"{_API}: cannot split a batch of {size} into {microbatches} equal micro-batches "
                            f"(input shape {tuple(batch.shape)}).\nTip: pick microbatches dividing {size}, "
                            f"e.g. {', '.join(str(d) for d in range(1, size + 1) if size % d == 0)}.")
-    return tuple(t.detach() for t in batch.split(size // microbatches, dim=0))
+    # Each micro-batch gets its own storage, as a data loader would give it (and memory is then per micro-batch).
+    return tuple(t.detach().clone() for t in batch.split(size // microbatches, dim=0))
 
 
 def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int = 2, seed: int = 0,

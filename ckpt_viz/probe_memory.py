@@ -10,13 +10,18 @@ NOTE [ Memory categories ]
      ground-truth tracker).
   2. A storage's category is the first that applies, in this order:
      parameters (storage of a known nn.Parameter), gradients (storage of a known
-     parameter's .grad, read at sample time), then the strongest hint it received:
+     parameter's .grad, read at sample time), then the strongest *live hold* on it:
      checkpoint_inputs > excluded_outputs > replay_activations > activations,
      and otherwise other (model inputs and outputs, the loss, grads in flight).
-  3. Hints: a tensor saved for backward outside any checkpoint is an activation;
-     inside `memtags.category(...)` it takes that category; the runtime tags the
-     recomputed tensors of a non-reentrant frame and excluded-region outputs itself.
-  4. Storages that existed before the probe started are registered from the
+  3. Holds have lifetimes. The global saved-tensor hook wraps every tensor autograd
+     saves in a small object that lives exactly as long as the saved variable, so
+     a hold ends when the graph frees it; the category is the one open in
+     `memtags.category(...)` at pack time, else "activations". The runtime adds
+     holds tied to its own objects (`memtags.hold(owner, tensor, category)`): a
+     non-reentrant frame's recomputed tensors, excluded-region outputs.
+  4. In a pipeline, bytes count for the stage of their strongest live hold (the
+     stage tag open when the hold began), else the stage that allocated them.
+  5. Storages that existed before the probe started are registered from the
      parameters and tensors given to it, and from any tensor an op reads.
 """
 from __future__ import annotations
@@ -39,13 +44,29 @@ _RANK = {"checkpoint_inputs": 4, "excluded_outputs": 3, "replay_activations": 2,
 
 
 class _Storage:
-    __slots__ = ("nbytes", "hint", "stage", "device")
+    __slots__ = ("nbytes", "holds", "stage", "device")
 
     def __init__(self, nbytes: int, stage: Any, device: str) -> None:
         self.nbytes = nbytes
-        self.hint: str | None = None
+        self.holds: dict[tuple[str, Any], int] = {}  # (category, stage) -> live holds
         self.stage = stage
         self.device = device
+
+    def strongest(self) -> tuple[str, Any] | None:
+        best = None
+        for (category, stage), count in self.holds.items():
+            if count > 0 and (best is None or _RANK[category] > _RANK[best[0]]):
+                best = (category, stage)
+        return best
+
+
+class _Saved:
+    """What the global saved-tensor hook stores: the tensor, plus a lifetime for its hold."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
 
 
 class _Tracker(TorchDispatchMode):
@@ -63,6 +84,10 @@ class _Tracker(TorchDispatchMode):
             if isinstance(value, torch.Tensor):
                 probe.register(value)
         return out
+
+
+def _unpack(saved: _Saved) -> torch.Tensor:
+    return saved.tensor
 
 
 class MemoryProbe:
@@ -119,15 +144,24 @@ class MemoryProbe:
         self._param_storages.add(id(param.untyped_storage()))
         self.register(param)
 
-    def hint(self, tensor: torch.Tensor, category: str) -> None:
-        """Record that `tensor`'s storage is held for `category` (the strongest hint wins)."""
+    def hold(self, owner: Any, tensor: torch.Tensor, category: str) -> None:
+        """Count `tensor`'s storage as held for `category` until `owner` is garbage-collected."""
         record = self.register(tensor)
-        if record is not None and _RANK.get(category, 0) > _RANK.get(record.hint or "", 0):
-            record.hint = category
+        if record is None or category not in _RANK:
+            return
+        key = (category, bus.current_tags().get("stage"))
+        with self._lock:
+            record.holds[key] = record.holds.get(key, 0) + 1
+        weakref.finalize(owner, self._release, record, key)
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.hint(tensor, memtags.current() or "activations")
-        return tensor.detach() if tensor.grad_fn is not None else tensor
+    def _release(self, record: _Storage, key: tuple[str, Any]) -> None:
+        with self._lock:
+            record.holds[key] -= 1
+
+    def _pack(self, tensor: torch.Tensor) -> _Saved:
+        saved = _Saved(tensor.detach() if tensor.grad_fn is not None else tensor)
+        self.hold(saved, tensor, memtags.current() or "activations")
+        return saved
 
     # ------------------------------------------------------------ reading
 
@@ -139,16 +173,20 @@ class MemoryProbe:
         with self._lock:
             items = list(self._live.items())
         for key, record in items:
+            stage = record.stage
             if key in self._param_storages:
                 category = "parameters"
             elif key in grads:
                 category = "gradients"
             else:
-                category = record.hint or "other"
+                best = record.strongest()
+                category = "other" if best is None else best[0]
+                if best is not None and best[1] is not None:
+                    stage = best[1]
             totals[category] += record.nbytes
-            if record.stage is not None:
-                stage = by_stage.setdefault(str(record.stage), dict.fromkeys(CATEGORIES, 0))
-                stage[category] += record.nbytes
+            if stage is not None:
+                row = by_stage.setdefault(str(stage), dict.fromkeys(CATEGORIES, 0))
+                row[category] += record.nbytes
         device = torch.cuda.memory_allocated() if self.cuda else None
         return totals, by_stage, device
 
@@ -169,9 +207,9 @@ class MemoryProbe:
             self.register(t)
         self._mode = _Tracker(self)
         self._mode.__enter__()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda x: x)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
-        memtags.install(self.hint)
+        memtags.install(self.hold)
         return self
 
     def __exit__(self, *exc: Any) -> None:

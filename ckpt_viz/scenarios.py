@@ -14,6 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ckpt_viz import __name__ as _pkg
+from ckpt_viz import bus
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.recording import record
 from ckpt_viz.runtime import (
@@ -39,8 +40,17 @@ def _check_mode(mode: str) -> None:
 
 
 @contextlib.contextmanager
-def checkpointed(model: torch.nn.Module, names: tuple[str, ...], *, use_reentrant: bool) -> Iterator[None]:
-    """Checkpoint the named submodules of `model` while the block runs (their forward is wrapped)."""
+def checkpointed(model: torch.nn.Module, names: tuple[str, ...], *, use_reentrant: bool | None,
+                 markers: bool = False) -> Iterator[None]:
+    """Checkpoint the named submodules of `model` while the block runs (their forward is wrapped).
+
+    Args:
+        use_reentrant: True or False picks the checkpoint kind; None runs them unchanged
+            (the "none" mode), which is still useful with `markers`.
+        markers: emit a `memory_sampled` event after each submodule's forward and when
+            the gradient of its output is computed, so every mode (even "none") has
+            comparable points on its memory timeline.
+    """
     patched: list[torch.nn.Module] = []
     try:
         for name in names:
@@ -53,8 +63,14 @@ def checkpointed(model: torch.nn.Module, names: tuple[str, ...], *, use_reentran
                 ) from None
             original = sub.forward
 
-            def forward(*args: Any, __original: Callable = original, **kwargs: Any) -> Any:
-                return checkpoint(__original, *args, use_reentrant=use_reentrant, **kwargs)
+            def forward(*args: Any, __original: Callable = original, __name: str = name, **kwargs: Any) -> Any:
+                if use_reentrant is None:
+                    out = __original(*args, **kwargs)
+                else:
+                    out = checkpoint(__original, *args, use_reentrant=use_reentrant, **kwargs)
+                if markers:
+                    _mark(out, __name)
+                return out
 
             sub.forward = forward  # instance attribute shadows the class method
             patched.append(sub)
@@ -62,6 +78,23 @@ def checkpointed(model: torch.nn.Module, names: tuple[str, ...], *, use_reentran
     finally:
         for sub in patched:
             del sub.forward
+
+
+def _mark(out: Any, name: str) -> None:
+    """Memory sampling points: after `name`'s forward, and when its output's gradient arrives."""
+    bus.emit("memory_sampled", capture_site=False, data={"at": f"{name} forward"})
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            def on_grad(grad: torch.Tensor, _name: str = name) -> None:
+                bus.emit("memory_sampled", capture_site=False, data={"at": f"{_name} backward"})
+
+            t.register_hook(on_grad)
+            break
+
+
+def _milestone(enabled: bool, label: str) -> None:
+    if enabled:
+        bus.emit("memory_sampled", capture_site=False, data={"at": label})
 
 
 def _inputs_requiring_grad(inputs: tuple) -> tuple:
@@ -110,20 +143,24 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
         p.grad = None
     torch.manual_seed(seed)
     with record(memory=memory, graphs=graphs, model=model, tensors=inputs) as rec:
-        if mode == "none":
-            spec.loss(model(*inputs)).backward()
-        elif mode in ("reentrant", "nonreentrant"):
-            with checkpointed(model, spec.checkpoint, use_reentrant=mode == "reentrant"):
+        if mode in ("none", "reentrant", "nonreentrant"):
+            kind = None if mode == "none" else mode == "reentrant"
+            with checkpointed(model, spec.checkpoint, use_reentrant=kind, markers=memory):
                 loss = spec.loss(model(*inputs))
+            _milestone(memory, "loss")
             loss.backward()
         else:
             reentrant = mode == "split-reentrant"
             collect = reentrant_checkpoint_scope(lambda: params) if reentrant else recompute_handle_collector_ctx()
-            with checkpointed(model, spec.checkpoint, use_reentrant=reentrant), collect as handles:
+            with checkpointed(model, spec.checkpoint, use_reentrant=reentrant, markers=memory), collect as handles:
                 loss = spec.loss(model(*inputs))
+            _milestone(memory, "loss")
             acts = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
             session = None if reentrant else ("step", 0)
             backward_input(loss, None, acts, handles=handles, session_id=session)
+            _milestone(memory, "after DX")
             backward_weight(loss, None, params, handles=handles, session_id=session)
+        del loss
+        _milestone(memory, "end")
     rec.trace.meta.update(_meta(spec, mode))
     return rec.trace

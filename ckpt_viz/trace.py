@@ -4,47 +4,45 @@ Owns the trace data types and the queries renderers ask of them. Standard librar
 only, so the app can open a saved trace without torch. The file format (JSON, gzip,
 validation) lives in `ckpt_viz.trace_io`; `Trace.save` and `Trace.load` call it.
 
-NOTE [ Events stored as columns ]
-  1. A recorded trace keeps `events` as a plain list: the recorder appends to it.
-  2. A loaded trace keeps `events` as an `EventColumns`: one list per Event field,
-     with kind, mode, phase, site, thread_id and tags stored as indexes into small
-     tables. Building a frozen Event costs about 2 us on a slow CPU, so building a
-     million of them would make opening a big file take seconds; the columns build
-     an Event only when one is read.
-  3. `EventColumns` is a full mutable sequence that compares equal to the list it
-     stands for. Each read builds a fresh Event (equal, not identical, to the last
-     one). The first write (append, extend, assignment, deletion) turns it into a
-     plain list for good.
+NOTE [ Rows stored as columns ]
+  1. A recorded trace keeps `events` and `memory` as plain lists: the recorder appends.
+  2. A loaded trace keeps them as `EventColumns` and `MemoryColumns`: one list per
+     field. For events, kind, mode, phase, site and thread_id are stored together
+     as an index into a small table of distinct "contexts", and tags as an index
+     into a table of distinct tag dicts. Building a frozen dataclass costs about
+     2 us on a slow CPU, so building a million of them would make opening a big
+     file take seconds; the columns build a row object only when it is read.
+  3. Both are full mutable sequences that compare equal to the lists they stand
+     for. Each read builds a fresh object (equal, not identical, to the last one).
+     The first write (append, extend, assignment, deletion) turns the columns into
+     a plain list for good.
   4. The Trace queries (kinds, count, of_kind, for_handle, handle_ids) read the
-     columns directly, so they stay fast on a loaded million-event trace.
+     event columns directly, so they stay fast on a loaded million-event trace.
 """
 from __future__ import annotations
 
+import itertools
 import sys
+from collections import Counter
 from collections.abc import MutableSequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from os import PathLike
 from typing import Any, Iterable, Iterator, Literal, overload
 
 from ckpt_viz.events import Event
 
 __all__ = [
-    "EVENT_FIELDS",
-    "INTERNED_FIELDS",
+    "CONTEXT_FIELDS",
     "MEMORY_CATEGORIES",
     "NODE_KINDS",
     "EventColumns",
     "GraphSnapshot",
+    "MemoryColumns",
     "MemorySample",
     "Trace",
     "run_meta",
 ]
-
-# The Event fields in constructor order, and the ones stored as indexes into a table.
-EVENT_FIELDS: tuple[str, ...] = (
-    "seq", "t_ns", "kind", "handle_id", "mode", "phase", "session_id", "tags", "site", "thread_id", "data",
-)
-INTERNED_FIELDS: tuple[str, ...] = ("kind", "mode", "phase", "site", "thread_id", "tags")
 
 MEMORY_CATEGORIES: tuple[str, ...] = (
     "parameters",
@@ -56,6 +54,8 @@ MEMORY_CATEGORIES: tuple[str, ...] = (
     "other",
 )
 NODE_KINDS: tuple[str, ...] = ("backward", "leaf", "checkpoint", "trigger", "input")
+# The Event fields an EventColumns stores together, as one index into tables["context"].
+CONTEXT_FIELDS: tuple[str, ...] = ("kind", "mode", "phase", "site", "thread_id")
 
 NodeKind = Literal["backward", "leaf", "checkpoint", "trigger", "input"]
 
@@ -70,12 +70,15 @@ class MemorySample:
         bytes_by_category: bytes per category in `MEMORY_CATEGORIES`; a category
             that was not measured is absent.
         device_allocated: the allocator's own total (e.g. `torch.cuda.memory_allocated()`), or None.
+        by_stage: pipeline stage (as a string) -> bytes by category, for tensors
+            made under `tag(stage=...)`; empty outside pipelines.
     """
 
     seq: int
     t_ns: int
     bytes_by_category: dict[str, int] = field(default_factory=dict)
     device_allocated: int | None = None
+    by_stage: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def total_nbytes(self) -> int:
@@ -104,85 +107,58 @@ class GraphSnapshot:
     edges: list[list[Any]] = field(default_factory=list)
 
 
-class EventColumns(MutableSequence):
-    """A sequence of events stored one list per field; builds each Event when read.
-
-    See NOTE [ Events stored as columns ]. `columns` maps every name in
-    `EVENT_FIELDS` to a list of one value per event; for the names in
-    `INTERNED_FIELDS` the value is an index into `tables[name]`.
-    """
+class _LazyRows(MutableSequence):
+    """Rows kept as columns; see NOTE [ Rows stored as columns ], rule 3."""
 
     __slots__ = ("columns", "tables", "_list")
     __hash__ = None  # type: ignore[assignment]  # mutable, like list
 
-    def __init__(self, columns: dict[str, list[Any]], tables: dict[str, list[Any]]) -> None:
+    def __init__(self, columns: dict[str, Any], tables: dict[str, Any] | None = None) -> None:
         self.columns = columns
-        self.tables = tables
-        self._list: list[Event] | None = None
+        self.tables = tables if tables is not None else {}
+        self._list: list[Any] | None = None
 
-    @classmethod
-    def from_events(cls, events: Iterable[Event]) -> "EventColumns":
-        """Split events into columns (the inverse of iterating)."""
-        events = events if isinstance(events, list) else list(events)
-        columns: dict[str, list[Any]] = {}
-        tables: dict[str, list[Any]] = {}
-        for name in EVENT_FIELDS:
-            values = _column(events, name)
-            if name == "tags":
-                columns[name], tables[name] = _intern_by_identity(values)
-            elif name in INTERNED_FIELDS:
-                columns[name], tables[name] = _intern(values)
-            else:
-                columns[name] = values
-        return cls(columns, tables)
+    def _count(self) -> int:
+        return len(self.columns["seq"])
+
+    def _row(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def _iter_rows(self) -> Iterator[Any]:
+        raise NotImplementedError
 
     @property
     def materialized(self) -> bool:
         """True once a write turned the columns into a plain list."""
         return self._list is not None
 
-    def _materialize(self) -> list[Event]:
+    def _materialize(self) -> list[Any]:
         if self._list is None:
-            self._list = list(self._iter_columns())
+            self._list = list(self._iter_rows())
             self.columns, self.tables = {}, {}
         return self._list
 
-    def _iter_columns(self) -> Iterator[Event]:
-        cols, tables = self.columns, self.tables
-        fields = [
-            map(tables[name].__getitem__, cols[name]) if name in INTERNED_FIELDS else cols[name]
-            for name in EVENT_FIELDS
-        ]
-        return map(Event, *fields)
-
-    def _row(self, i: int) -> Event:
-        cols, tables = self.columns, self.tables
-        return Event(*(
-            tables[name][cols[name][i]] if name in INTERNED_FIELDS else cols[name][i] for name in EVENT_FIELDS
-        ))
+    def _rows(self, rows: Iterable[int]) -> list[Any]:
+        return [self._row(i) for i in rows]
 
     def __len__(self) -> int:
-        if self._list is not None:
-            return len(self._list)
-        return len(self.columns["seq"])
+        return len(self._list) if self._list is not None else self._count()
 
     @overload
-    def __getitem__(self, index: int) -> Event: ...
+    def __getitem__(self, index: int) -> Any: ...
     @overload
-    def __getitem__(self, index: slice) -> list[Event]: ...
+    def __getitem__(self, index: slice) -> list[Any]: ...
 
-    def __getitem__(self, index: int | slice) -> Event | list[Event]:
+    def __getitem__(self, index: int | slice) -> Any:
         if self._list is not None:
             return self._list[index]
-        rows = range(len(self))
+        rows = range(self._count())
         if isinstance(index, slice):
-            return [self._row(i) for i in rows[index]]
+            return self._rows(rows[index])
         return self._row(rows[index])
 
-    def __iter__(self) -> Iterator[Event]:
-        if self._list is not None:
-            return iter(self._list)
-        return self._iter_columns()
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._list) if self._list is not None else self._iter_rows()
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self._materialize()[index] = value
@@ -190,53 +166,174 @@ class EventColumns(MutableSequence):
     def __delitem__(self, index: Any) -> None:
         del self._materialize()[index]
 
-    def insert(self, index: int, value: Event) -> None:
+    def insert(self, index: int, value: Any) -> None:
         self._materialize().insert(index, value)
 
-    def append(self, value: Event) -> None:
+    def append(self, value: Any) -> None:
         self._materialize().append(value)
 
-    def extend(self, values: Iterable[Event]) -> None:
+    def extend(self, values: Iterable[Any]) -> None:
         self._materialize().extend(values)
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (list, tuple, EventColumns)):
+        if not isinstance(other, (list, _LazyRows)):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
+    def __add__(self, other: Iterable[Any]) -> list[Any]:
+        return [*self, *other]
+
+    def __radd__(self, other: Iterable[Any]) -> list[Any]:
+        return [*other, *self]
+
+    def copy(self) -> list[Any]:
+        """A plain list of the rows, like `list.copy`."""
+        return list(self)
+
     def __repr__(self) -> str:
         state = "list" if self._list is not None else "columns"
-        return f"EventColumns({len(self)} events, {state})"
-
-    # -- column queries used by Trace (only while not materialized) --
-
-    def _kind_ids(self, kinds: Iterable[str]) -> set[int]:
-        wanted = set(kinds)
-        return {i for i, kind in enumerate(self.tables["kind"]) if kind in wanted}
-
-    def _rows(self, rows: Iterable[int]) -> list[Event]:
-        return [self._row(i) for i in rows]
+        return f"{type(self).__name__}({len(self)} rows, {state})"
 
 
-def _column(events: list[Event], name: str) -> list[Any]:
-    getter = getattr(Event, name).__get__  # the slot descriptor: faster than getattr per event
-    return [getter(e) for e in events]
+class EventColumns(_LazyRows):
+    """Events stored one list per field; builds each `Event` when it is read.
+
+    `columns` holds one value per event for "seq" (a list, or a range when
+    consecutive), "t_ns", "handle_id", "session_id" and "data", and two indexes:
+    "context" into `tables["context"]` (rows of `CONTEXT_FIELDS`) and "tags" into
+    `tables["tags"]`. See NOTE [ Rows stored as columns ].
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> "EventColumns":
+        """Split events into columns (the inverse of iterating)."""
+        events = events if isinstance(events, list) else list(events)
+        context, context_table = _intern(list(map(_CONTEXT_OF, events)))
+        tags, tags_table = _intern_by_identity([e.tags for e in events])
+        columns = {
+            "seq": _as_range([e.seq for e in events]),
+            "t_ns": [e.t_ns for e in events],
+            "context": context,
+            "handle_id": [e.handle_id for e in events],
+            "session_id": [e.session_id for e in events],
+            "tags": tags,
+            "data": [e.data for e in events],
+        }
+        return cls(columns, {"context": context_table, "tags": tags_table})
+
+    def _context_columns(self) -> list[list[Any]]:
+        rows = self.tables["context"]
+        return [list(c) for c in zip(*rows)] if rows else [[] for _ in CONTEXT_FIELDS]
+
+    def _context_ids(self, field_index: int, wanted: set[Any]) -> set[int]:
+        return {i for i, row in enumerate(self.tables["context"]) if row[field_index] in wanted}
+
+    def _iter_rows(self) -> Iterator[Event]:
+        c = self.columns
+        kinds, modes, phases, sites, threads = (t.__getitem__ for t in self._context_columns())
+        ctx = c["context"]
+        return map(Event, c["seq"], c["t_ns"], map(kinds, ctx), c["handle_id"], map(modes, ctx), map(phases, ctx),
+                   c["session_id"], map(self.tables["tags"].__getitem__, c["tags"]), map(sites, ctx),
+                   map(threads, ctx), c["data"])
+
+    def _row(self, i: int) -> Event:
+        c = self.columns
+        kind, mode, phase, site, thread_id = self.tables["context"][c["context"][i]]
+        return Event(c["seq"][i], c["t_ns"][i], kind, c["handle_id"][i], mode, phase, c["session_id"][i],
+                     self.tables["tags"][c["tags"][i]], site, thread_id, c["data"][i])
+
+
+class MemoryColumns(_LazyRows):
+    """Memory samples stored one list per field; builds each `MemorySample` when it is read.
+
+    `columns` holds "seq" (a list or a range), "t_ns", "device_allocated",
+    "by_stage" (one dict per sample, or None when every sample's is empty) and
+    "bytes_by_category": category -> one value per sample (None: not measured).
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[MemorySample]) -> "MemoryColumns":
+        """Split samples into columns (the inverse of iterating)."""
+        samples = samples if isinstance(samples, list) else list(samples)
+        readings = [s.bytes_by_category for s in samples]
+        key_orders = set(map(tuple, readings))
+        if len(key_orders) == 1:  # the usual case: every sample measured the same categories, in one order
+            by_category = dict(zip(next(iter(key_orders)), map(list, zip(*map(dict.values, readings)))))
+        else:
+            categories = dict.fromkeys(c for r in readings for c in r)
+            by_category = {c: [r.get(c) for r in readings] for c in categories}
+        stages = [s.by_stage for s in samples]
+        return cls({
+            "seq": _as_range([s.seq for s in samples]),
+            "t_ns": [s.t_ns for s in samples],
+            "device_allocated": [s.device_allocated for s in samples],
+            "by_stage": stages if any(stages) else None,
+            "bytes_by_category": by_category,
+        })
+
+    def _readings(self, rows: Iterable[int]) -> Iterator[dict[str, int]]:
+        by_category = self.columns["bytes_by_category"]
+        names = list(by_category)
+        values = zip(*(map(col.__getitem__, rows) for col in by_category.values())) if names else (
+            () for _ in rows)
+        if any(None in col for col in by_category.values()):
+            return ({n: v for n, v in zip(names, row) if v is not None} for row in values)
+        return map(dict, map(zip, itertools.repeat(names), values))
+
+    def _samples(self, rows: range | list[int]) -> Iterator[MemorySample]:
+        c = self.columns
+        stages = c["by_stage"]
+        return map(_memory_sample, map(c["seq"].__getitem__, rows), map(c["t_ns"].__getitem__, rows),
+                   self._readings(rows), map(c["device_allocated"].__getitem__, rows),
+                   map(stages.__getitem__, rows) if stages is not None else (None for _ in rows))
+
+    def _iter_rows(self) -> Iterator[MemorySample]:
+        return self._samples(range(self._count()))
+
+    def _row(self, i: int) -> MemorySample:
+        return next(self._samples([i]))
+
+    def _rows(self, rows: Iterable[int]) -> list[MemorySample]:
+        return list(self._samples(list(rows)))
+
+
+def _memory_sample(seq: int, t_ns: int, reading: dict[str, int], allocated: int | None,
+                   stages: dict[str, dict[str, int]] | None) -> MemorySample:
+    return MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=reading, device_allocated=allocated,
+                        by_stage=stages if stages is not None else {})
+
+
+_CONTEXT_OF = attrgetter(*CONTEXT_FIELDS)
+
+
+def _as_range(seq: list[int]) -> list[int] | range:
+    # Sequence numbers are usually consecutive; a range stores them in O(1).
+    if seq and type(seq[0]) is int and seq == list(range(seq[0], seq[0] + len(seq))):
+        return range(seq[0], seq[0] + len(seq))
+    return seq
 
 
 def _intern(values: list[Any]) -> tuple[list[int], list[Any]]:
-    table = list(dict.fromkeys(values))
-    index = {value: i for i, value in enumerate(table)}
-    return list(map(index.__getitem__, values)), table
+    # One hashing pass: setdefault stores each new value's first position, then a
+    # cheap pass over small ints turns positions into dense table indexes.
+    first: dict[Any, int] = {}
+    positions = list(map(first.setdefault, values, itertools.count()))
+    dense = {position: i for i, position in enumerate(first.values())}
+    return list(map(dense.__getitem__, positions)), list(first)
 
 
 def _intern_by_identity(values: list[Any]) -> tuple[list[int], list[Any]]:
     # Tags are dicts (unhashable); the bus hands the same object to every event
-    # emitted inside one tag() block, so identity finds the repeats.
+    # emitted inside one tag() block, so identity finds the repeats. All of them
+    # are alive here, so equal ids mean the same object.
     ids = list(map(id, values))
-    first = dict(zip(reversed(ids), reversed(values)))
-    order = list(dict.fromkeys(ids))
-    index = {key: i for i, key in enumerate(order)}
-    return list(map(index.__getitem__, ids)), [first[key] for key in order]
+    by_id = dict(zip(ids, values))
+    index = {key: i for i, key in enumerate(by_id)}
+    return list(map(index.__getitem__, ids)), list(by_id.values())
 
 
 def _columns_of(events: Any) -> EventColumns | None:
@@ -251,7 +348,7 @@ class Trace:
 
     Attributes:
         events: every event in emission order (a list, or an `EventColumns` after `load`).
-        memory: memory readings by category, in order.
+        memory: memory readings by category, in order (a list, or a `MemoryColumns` after `load`).
         graphs: autograd graph snapshots, in order.
         meta: facts about the run: model, mode, schedule, versions, schema_version (see `run_meta`).
     """
@@ -272,15 +369,15 @@ class Trace:
         """The kind of every event, in order."""
         cols = _columns_of(self.events)
         if cols is not None:
-            return list(map(cols.tables["kind"].__getitem__, cols.columns["kind"]))
+            return list(map(cols._context_columns()[0].__getitem__, cols.columns["context"]))
         return [e.kind for e in self.events]
 
     def of_kind(self, *kinds: str) -> list[Event]:
         """The events of the given kinds, in order."""
         cols = _columns_of(self.events)
         if cols is not None:
-            ids = cols._kind_ids(kinds)
-            return cols._rows(i for i, k in enumerate(cols.columns["kind"]) if k in ids)
+            ids = cols._context_ids(0, set(kinds))
+            return cols._rows(i for i, c in enumerate(cols.columns["context"]) if c in ids)
         wanted = set(kinds)
         return [e for e in self.events if e.kind in wanted]
 
@@ -288,8 +385,8 @@ class Trace:
         """How many events of `kind` the trace holds."""
         cols = _columns_of(self.events)
         if cols is not None:
-            column = cols.columns["kind"]
-            return sum(column.count(i) for i in cols._kind_ids((kind,)))
+            per_context = Counter(cols.columns["context"])
+            return sum(per_context[i] for i in cols._context_ids(0, {kind}))
         return sum(1 for e in self.events if e.kind == kind)
 
     def for_handle(self, handle_id: int) -> list[Event]:
@@ -316,7 +413,24 @@ class Trace:
     def extend(self, events: Iterable[Event]) -> None:
         self.events.extend(events)
 
-    # -- files (see ckpt_viz.trace_io) --
+    # -- files and documents (see ckpt_viz.trace_io) --
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of this trace (what `save` writes); it shares lists with the trace."""
+        from ckpt_viz import trace_io
+
+        return trace_io.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> "Trace":
+        """Validate a document from `to_dict` (or `json.load` of a trace file) and build the trace.
+
+        Raises:
+            TraceError: it is not a trace, is too new, or has a missing or ill-typed field.
+        """
+        from ckpt_viz import trace_io
+
+        return trace_io.from_dict(doc)
 
     def save(self, path: str | PathLike[str]) -> None:
         """Write the trace as JSON (gzip when `path` ends with ".gz"), atomically.

@@ -126,7 +126,7 @@ class _DeferredInput:
 
 
 class _NonReentrantEntry:
-    __slots__ = ("output", "bindings", "output_count", "rng_after", "call_index")
+    __slots__ = ("output", "bindings", "output_count", "rng_after", "call_index", "__weakref__")
 
     def __init__(self, output: Any, bindings: list, output_count: int, rng_after: Any, call_index: int) -> None:
         self.output = output
@@ -157,12 +157,21 @@ def _with_boundaries(out: Any) -> Any:
                            for v in leaves], spec)
 
 
+class _Kept:
+    """A tensor an excluded region keeps for its backward (its lifetime is the saved variable's)."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 def _deferred_pack(x: torch.Tensor) -> Any:
     handle = getattr(x, _INPUT_ATTR, None)
     if isinstance(handle, _DeferredInput):
         handle.used = True
         return handle
-    return x.detach()
+    return _Kept(x.detach())
 
 
 def _deferred_unpack(saved: Any) -> torch.Tensor:
@@ -173,7 +182,7 @@ def _deferred_unpack(saved: Any) -> torch.Tensor:
                 "Tip: backward reached the region before its checkpoint replayed; report the trace if you did not "
                 "call the region's backward by hand.")
         return saved.value
-    return saved
+    return saved.tensor
 
 
 # ---------------------------------------------------------------- reentrant mode
@@ -183,7 +192,7 @@ class _Tape:
 
     __slots__ = ("outputs", "local_inputs", "input_leaves", "chain", "save_output", "output_count",
                  "rng_after", "call_index", "replay_values", "released", "wrapper_id", "chain_outputs",
-                 "structure")
+                 "structure", "__weakref__")
 
     def __init__(self) -> None:
         self.outputs: tuple | None = None
@@ -335,10 +344,10 @@ class CheckpointExcludeWrapper(torch.nn.Module):
 
         def pack(x: torch.Tensor) -> Any:
             packed = _deferred_pack(x)
-            if not isinstance(packed, _DeferredInput):
-                saved_nbytes[0] += packed.numel() * packed.element_size()
+            if isinstance(packed, _Kept):
+                saved_nbytes[0] += packed.tensor.numel() * packed.tensor.element_size()
                 if memtags.enabled:
-                    memtags.tag(packed, "excluded_outputs")
+                    memtags.hold(packed, packed.tensor, "excluded_outputs")
             return packed
 
         try:
@@ -358,13 +367,14 @@ class CheckpointExcludeWrapper(torch.nn.Module):
         out_leaves = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
         for value in out_leaves:
             setattr(value, _SOURCE_ATTR, state.invocation_id)
-            if memtags.enabled and self.save_output:
-                memtags.tag(value, "excluded_outputs")
         call_index = self._calls
         self._calls += 1
         rng_after = _rng_state() if state.preserve_rng_state else None
-        cache.save(self.exclude_id, _NonReentrantEntry(out if self.save_output else None, used, len(out_leaves),
-                                                       rng_after, call_index))
+        entry = _NonReentrantEntry(out if self.save_output else None, used, len(out_leaves), rng_after, call_index)
+        if memtags.enabled and self.save_output:
+            for value in out_leaves:
+                memtags.hold(entry, value, "excluded_outputs")
+        cache.save(self.exclude_id, entry)
         if bus.enabled:
             self._emit("exclude_saved", None, call_index=call_index, checkpoint_mode="nonreentrant",
                        save_output=self.save_output, output_tensor_count=len(out_leaves),
@@ -441,7 +451,7 @@ class CheckpointExcludeWrapper(torch.nn.Module):
         tape.outputs = tuple(tensors)
         if memtags.enabled and self.save_output:
             for value in tensors:
-                memtags.tag(value, "excluded_outputs")
+                memtags.hold(tape, value, "excluded_outputs")
         tape.structure = ([None if isinstance(v, torch.Tensor) else v for v in out_leaves], out_spec)
         tape.rng_after = _rng_state() if frame.preserve_rng_state else None
         tape.call_index = self._calls

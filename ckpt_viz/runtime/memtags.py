@@ -14,22 +14,22 @@ import contextlib
 import contextvars
 from typing import Any, Callable, Iterator
 
-__all__ = ["CATEGORIES", "NULL", "category", "current", "enabled", "install", "tag"]
+__all__ = ["CATEGORIES", "NULL", "category", "current", "enabled", "hold", "install"]
 
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "activations", "checkpoint_inputs",
                                "replay_activations", "excluded_outputs", "other")
 
 enabled: bool = False
 NULL = contextlib.nullcontext()  # reusable; for `with (category(x) if enabled else NULL):`
-_tagger: Callable[[Any, str], None] | None = None
+_holder: Callable[[Any, Any, str], None] | None = None
 _CATEGORY: contextvars.ContextVar[str | None] = contextvars.ContextVar("ckpt_viz_mem_category", default=None)
 
 
-def install(tagger: Callable[[Any, str], None] | None) -> None:
-    """Attach (or, with None, detach) the probe's tag callback."""
-    global enabled, _tagger
-    _tagger = tagger
-    enabled = tagger is not None
+def install(holder: Callable[[Any, Any, str], None] | None) -> None:
+    """Attach (or, with None, detach) the probe's `hold(owner, tensor, category)` callback."""
+    global enabled, _holder
+    _holder = holder
+    enabled = holder is not None
 
 
 @contextlib.contextmanager
@@ -47,7 +47,7 @@ def current() -> str | None:
     return _CATEGORY.get()
 
 
-def tag(tensor: Any, name: str) -> None:
-    """Say that `tensor`'s storage is held for `name`."""
-    if _tagger is not None:
-        _tagger(tensor, name)
+def hold(owner: Any, tensor: Any, name: str) -> None:
+    """Say that `tensor`'s storage is held for `name` for as long as `owner` lives."""
+    if _holder is not None:
+        _holder(owner, tensor, name)

@@ -188,7 +188,7 @@ class NonReentrantFrame:
             holder.handles[key] = handle
             self.recomputed.setdefault(key, weakref.WeakKeyDictionary())[handle] = x
             if memtags.enabled:
-                memtags.tag(x, "replay_activations")
+                memtags.hold(handle, x, "replay_activations")
         if self.early_stop and self.recomp_counter[key] == len(self.weak_holders):
             raise _StopRecomputation
         return x
