@@ -189,7 +189,7 @@ def _raised(what: str, exc: BaseException, user_file: str | None, tip: str) -> M
     """An error for an exception raised by user code, located at the user's innermost frame."""
     frame = user_frame(exc.__traceback__, user_file)
     if frame is None:
-        return _fail(f"{what} raised {_exc_text(exc)}", tip, file=user_file, exc=exc)
+        return _fail(f"{what} raised {_exc_text(exc)}.", tip, file=user_file, exc=exc)
     code = frame.line or linecache.getline(frame.filename, frame.lineno or 0).strip()
     return _fail(f"{what} raised {_exc_text(exc)} (line {frame.lineno} of {Path(frame.filename).name}, "
                  f"in {frame.name}).", tip, file=frame.filename, line=frame.lineno, code=code, exc=exc)
@@ -202,7 +202,9 @@ def _syntax_error(exc: SyntaxError, user_file: str | None) -> ModelLoadError:
     file = exc.filename or user_file
     line = exc.lineno
     where = f" at line {line}" if line is not None else ""
-    return _fail(f"{Path(file).name if file else 'the model file'} has a syntax error{where}: {exc.msg}.",
+    msg = (exc.msg or "invalid syntax").rstrip()
+    msg += "" if msg.endswith((".", "?", "!")) else "."
+    return _fail(f"{Path(file).name if file else 'the model file'} has a syntax error{where}: {msg}",
                  f"fix that line; `python -m py_compile {file}` shows the same error.",
                  file=file, line=line, code=(exc.text or "").strip(), exc=exc)
 
@@ -283,7 +285,8 @@ def _describe(value: Any) -> str:
         return f"a tuple of {len(value)} item{'s' if len(value) != 1 else ''}"
     if value is None:
         return "None"
-    return f"a {type(value).__module__}.{type(value).__qualname__}".replace("a builtins.", "a ")
+    name = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 @dataclass(slots=True)
