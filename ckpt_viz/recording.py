@@ -6,8 +6,10 @@ saved trace never needs torch.
 
 NOTE [ What a recording captures ]
   1. Events: every event emitted while the block is open, in order.
-  2. memory=True: one `MemorySample` right after every event: live bytes by
-     category (see NOTE [ Memory categories ] in probe_memory.py).
+  2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
+     probe_memory.py) read right after every event; a `MemorySample` is stored
+     when the reading differs from the previous one, so the memory at any event
+     is that of the last sample at or before it (a step function).
   3. graphs=True: a `GraphSnapshot` of the roots of every top-level
      `torch.autograd.backward` / `torch.autograd.grad` call made in the block
      (`Tensor.backward` and the split helpers included), taken just before the
@@ -40,13 +42,17 @@ class Recording:
         self._probe: Any = None
         self._names: dict[int, str] = {}
         self._restore: list[tuple[Any, str, Any]] = []
+        self._last_reading: Any = None
 
     def _on_event(self, event: Event) -> None:
         self.trace.events.append(event)
         if self._probe is not None:
-            totals, by_stage, device = self._probe.sample()
-            self.trace.memory.append(MemorySample(seq=event.seq, t_ns=event.t_ns, bytes_by_category=totals,
-                                                  device_allocated=device, by_stage=by_stage))
+            reading = self._probe.sample()
+            if reading != self._last_reading:  # memory is a step function: store only the steps
+                self._last_reading = reading
+                totals, by_stage, device = reading
+                self.trace.memory.append(MemorySample(seq=event.seq, t_ns=event.t_ns, bytes_by_category=totals,
+                                                      device_allocated=device, by_stage=by_stage))
 
     # ------------------------------------------------------------ graphs
 

@@ -26,9 +26,9 @@ import sys
 from collections import Counter
 from collections.abc import MutableSequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, eq
 from os import PathLike
-from typing import Any, Iterable, Iterator, Literal, overload
+from typing import Any, Iterable, Iterator, overload
 
 from ckpt_viz.events import Event
 
@@ -56,8 +56,6 @@ MEMORY_CATEGORIES: tuple[str, ...] = (
 NODE_KINDS: tuple[str, ...] = ("backward", "leaf", "checkpoint", "trigger", "input")
 # The Event fields an EventColumns stores together, as one index into tables["context"].
 CONTEXT_FIELDS: tuple[str, ...] = ("kind", "mode", "phase", "site", "thread_id")
-
-NodeKind = Literal["backward", "leaf", "checkpoint", "trigger", "input"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,8 +208,9 @@ class EventColumns(_LazyRows):
     def from_events(cls, events: Iterable[Event]) -> "EventColumns":
         """Split events into columns (the inverse of iterating)."""
         events = events if isinstance(events, list) else list(events)
-        context, context_table = _intern(list(map(_CONTEXT_OF, events)))
-        tags, tags_table = _intern_by_identity([e.tags for e in events])
+        context, context_table = _intern(map(_CONTEXT_OF, events))
+        tags, first_of_tags = _intern(map(id, map(_TAGS_OF, events)), keep_positions=True)
+        tags_table = [events[i].tags for i in first_of_tags]
         columns = {
             "seq": _as_range([e.seq for e in events]),
             "t_ns": [e.t_ns for e in events],
@@ -308,32 +307,31 @@ def _memory_sample(seq: int, t_ns: int, reading: dict[str, int], allocated: int 
 
 
 _CONTEXT_OF = attrgetter(*CONTEXT_FIELDS)
+# Tags are dicts (unhashable); the bus hands the same object to every event emitted
+# inside one tag() block, so id() finds the repeats (all are alive while we look).
+_TAGS_OF = attrgetter("tags")
 
 
 def _as_range(seq: list[int]) -> list[int] | range:
     # Sequence numbers are usually consecutive; a range stores them in O(1).
-    if seq and type(seq[0]) is int and seq == list(range(seq[0], seq[0] + len(seq))):
+    if seq and type(seq[0]) is int and all(map(eq, seq, itertools.count(seq[0]))):
         return range(seq[0], seq[0] + len(seq))
     return seq
 
 
-def _intern(values: list[Any]) -> tuple[list[int], list[Any]]:
-    # One hashing pass: setdefault stores each new value's first position, then a
-    # cheap pass over small ints turns positions into dense table indexes.
+def _intern(values: Iterable[Any], keep_positions: bool = False) -> tuple[list[int], list[Any]]:
+    """(index of each value in the table, the table of distinct values in first-seen order).
+
+    One hashing pass: setdefault stores each new value's first position, then a
+    cheap pass over small ints turns positions into dense table indexes. `values`
+    is streamed, so no list of a million temporary keys is built. With
+    keep_positions the table holds first positions instead of values (for keys
+    such as id(tags) that stand for an object).
+    """
     first: dict[Any, int] = {}
     positions = list(map(first.setdefault, values, itertools.count()))
     dense = {position: i for i, position in enumerate(first.values())}
-    return list(map(dense.__getitem__, positions)), list(first)
-
-
-def _intern_by_identity(values: list[Any]) -> tuple[list[int], list[Any]]:
-    # Tags are dicts (unhashable); the bus hands the same object to every event
-    # emitted inside one tag() block, so identity finds the repeats. All of them
-    # are alive here, so equal ids mean the same object.
-    ids = list(map(id, values))
-    by_id = dict(zip(ids, values))
-    index = {key: i for i, key in enumerate(by_id)}
-    return list(map(index.__getitem__, ids)), list(by_id.values())
+    return list(map(dense.__getitem__, positions)), list(first.values() if keep_positions else first)
 
 
 def _columns_of(events: Any) -> EventColumns | None:

@@ -6,7 +6,8 @@ installed, as a pure speed-up); never pickle: a trace file is plain JSON that
 
 NOTE [ Trace file format, schema 1 ]
   One JSON object. Events and memory samples are stored as columns, so that a
-  million-event trace saves and loads in about a second or two (see
+  million-event trace saves and loads in under 2 s each with orjson on a slow
+  2-core machine (the stdlib json alone loads as fast but saves in about 3 s; see
   benchmarks/bench_trace_io.py):
     {"format": "ckpt_viz.trace", "schema_version": 1,
      "meta":   {"model": ..., "mode": ..., "schedule": ..., "versions": {...}, "schema_version": 1},
@@ -28,7 +29,9 @@ NOTE [ Trace file format, schema 1 ]
      differences (small numbers keep the file small); by_stage null means every
      sample's by_stage is empty.
   4. JSON has no tuples, no NaN and only string keys: a tuple comes back as a list,
-     NaN and infinities are written as null, and int dict keys come back as strings.
+     NaN and infinities are written as null, and int dict keys come back as strings
+     (with or without orjson). An integer beyond 64 bits inside `data` comes back as
+     a float when orjson reads the file.
 
 NOTE [ Atomic save ]
   1. The whole file is encoded in memory first; a value that is not JSON fails
@@ -334,7 +337,8 @@ def load(path: str | PathLike[str]) -> Trace:
     name = os.fspath(path)
 
     def fail(what: str, tip: str = _TIP_REWRITE) -> NoReturn:
-        raise TraceError(f"ckpt_viz.Trace.load: cannot read '{name}': {what}.\nTip: {tip}.")
+        # `from None`: the message already says what the parser or gzip said.
+        raise TraceError(f"ckpt_viz.Trace.load: cannot read '{name}': {what}.\nTip: {tip}.") from None
 
     try:
         with open(name, "rb") as f:
@@ -542,8 +546,8 @@ def _check_memory(memory: dict[str, Any], built_here: bool) -> None:
         _get(by_category, category, list, "a list", "memory.bytes_by_category.")
         _check_length(column, count, f"memory.bytes_by_category.{category}", "memory.count")
         where = f"memory[{{}}].bytes_by_category.{category}"
-        _check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
-        measured = column if None not in column else [v for v in column if v is not None]
+        types = _check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
+        measured = column if _NONE not in types else [v for v in column if v is not None]
         if measured and min(measured) < 0:
             i = next(i for i, v in enumerate(column) if v is not None and v < 0)
             raise _Invalid(f"{where.format(i)} is {column[i]}, expected 0 or more bytes")
@@ -607,7 +611,7 @@ def _check_graphs(graphs: list[Any]) -> None:
             if type(edge) not in (list, tuple) or len(edge) != 2:
                 raise _Invalid(f"{at}.edges[{e}] is {_show(edge)}, expected a [src, dst] pair")
             for end in edge:
-                if end not in ids:
+                if type(end) not in (int, str) or end not in ids:
                     raise _Invalid(f"{at}.edges[{e}] refers to node {end!r}, which is not in {at}.nodes")
 
 
@@ -648,9 +652,11 @@ def _check_length(column: list[Any], count: int, name: str, count_name: str) -> 
         raise _Invalid(f"field '{name}' has {len(column)} values but {count_name} is {count}")
 
 
-def _check_types(column: list[Any], allowed: set[type], where: str, expected: str) -> None:
-    if set(map(type, column)) <= allowed:
-        return
+def _check_types(column: list[Any], allowed: set[type], where: str, expected: str) -> set[type]:
+    """The set of types in `column`; raise _Invalid naming the first value of a type not allowed."""
+    types = set(map(type, column))
+    if types <= allowed:
+        return types
     i = next(i for i, v in enumerate(column) if type(v) not in allowed)
     raise _Invalid(f"{where.format(i)} is {_show(column[i])}, expected {expected}")
 

@@ -6,6 +6,8 @@ tensors held as checkpoint inputs, in units of one micro-batch.
 """
 from __future__ import annotations
 
+import bisect
+
 import pytest
 
 from ckpt_viz.pipeline import run_pipeline
@@ -24,8 +26,9 @@ def _spec(stages: int) -> ModelSpec:
 
 def _held_microbatches(schedule: str, stages: int, microbatches: int) -> float:
     trace = run_pipeline(_spec(stages), schedule=schedule, microbatches=microbatches, memory=True)
-    assert len(trace.memory) == len(trace.events)
-    held = [s.by_stage.get("0", {}).get("checkpoint_inputs", 0) for s in trace.memory]
+    seqs = [s.seq for s in trace.memory]
+    readings = [trace.memory[bisect.bisect_right(seqs, e.seq) - 1] for e in trace.events]  # steps -> every event
+    held = [s.by_stage.get("0", {}).get("checkpoint_inputs", 0) for s in readings]
     # Right when stage 0 starts micro-batch 1, it holds exactly micro-batch 0's checkpointed block inputs.
     second = next(i for i, e in enumerate(trace.events) if e.tags.get("stage") == 0 and e.tags.get("microbatch") == 1)
     unit = held[second]

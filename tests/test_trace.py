@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ckpt_viz import TraceError, trace_io
 from ckpt_viz.events import EVENT_KINDS, Event
@@ -456,6 +458,49 @@ def test_bad_field_in_gzip_file_is_reported_the_same(tmp_path: Path, backend: st
     doc["events"]["columns"]["handle_id"][3] = "h3"
     (tmp_path / "t.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
     _expect_load_error(tmp_path / "t.json.gz", "events[3].handle_id is 'h3'")
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into a JSON document (keys and list indexes), parents before children."""
+    found = [prefix]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node[:3]):  # the first few rows of each column are enough
+            found += _paths(value, (*prefix, i))
+    return found
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-3, 2**40) | st.floats(allow_nan=False)
+                           | st.text(max_size=4),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                      max_size=3), max_leaves=5)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_single_edit_loads_or_raises_trace_error(tmp_path: Path, data: st.DataObject) -> None:
+    # Whatever one edit does to a valid file, load either raises TraceError or gives a trace whose
+    # events and memory samples can all be read: validation leaves no hole for a crash later.
+    doc = json.loads(json.dumps(make_trace(12).to_dict()))
+    path = data.draw(st.sampled_from(_paths(doc)[1:]))
+    node: Any = doc
+    for part in path[:-1]:
+        node = node[part]
+    if data.draw(st.booleans()) and isinstance(node, dict):
+        del node[path[-1]]
+    else:
+        node[path[-1]] = data.draw(JSON_VALUES)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    try:
+        loaded = Trace.load(tmp_path / "t.json")
+    except TraceError as err:
+        assert str(err).startswith("ckpt_viz.Trace.load: cannot read ") and "\nTip: " in str(err)
+        return
+    assert len(list(loaded.events)) == doc["events"]["count"]
+    assert len(list(loaded.memory)) == doc["memory"]["count"]
+    loaded.kinds(), loaded.handle_ids(), loaded.count("error")
 
 
 # ---------------------------------------------------------------- no pickle, no torch
