@@ -211,14 +211,14 @@ class EventColumns(_LazyRows):
         context, context_table = _intern(map(_CONTEXT_OF, events))
         tags, first_of_tags = _intern(map(id, map(_TAGS_OF, events)), keep_positions=True)
         tags_table = [events[i].tags for i in first_of_tags]
-        columns = {
-            "seq": _as_range([e.seq for e in events]),
-            "t_ns": [e.t_ns for e in events],
+        columns = {  # map(attrgetter) is the fastest field extraction CPython offers for 1M slots objects
+            "seq": _as_range(list(map(_SEQ_OF, events))),
+            "t_ns": list(map(_T_NS_OF, events)),
             "context": context,
-            "handle_id": [e.handle_id for e in events],
-            "session_id": [e.session_id for e in events],
+            "handle_id": list(map(_HANDLE_OF, events)),
+            "session_id": list(map(_SESSION_OF, events)),
             "tags": tags,
-            "data": [e.data for e in events],
+            "data": list(map(_DATA_OF, events)),
         }
         return cls(columns, {"context": context_table, "tags": tags_table})
 
@@ -310,6 +310,11 @@ _CONTEXT_OF = attrgetter(*CONTEXT_FIELDS)
 # Tags are dicts (unhashable); the bus hands the same object to every event emitted
 # inside one tag() block, so id() finds the repeats (all are alive while we look).
 _TAGS_OF = attrgetter("tags")
+_SEQ_OF = attrgetter("seq")
+_T_NS_OF = attrgetter("t_ns")
+_HANDLE_OF = attrgetter("handle_id")
+_SESSION_OF = attrgetter("session_id")
+_DATA_OF = attrgetter("data")
 
 
 def _as_range(seq: list[int]) -> list[int] | range:
