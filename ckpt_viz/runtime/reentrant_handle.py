@@ -1,0 +1,358 @@
+"""`ReentrantCheckpointHandle`: one reentrant checkpoint invocation and its state machine.
+
+Owns the handle (spec 1.5 and 2): replay, phase, release with its reason, session
+binding, the routing of gradients by phase, and the handle ids (spec D2). The autograd
+Function that drives it from the engine lives in `runtime/reentrant.py`. See NOTE
+[ Handle lifetime ] and NOTE [ Split routing ] there. Imports torch; never the UI.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterator, Sequence
+
+import torch
+from torch.utils._pytree import tree_unflatten
+
+from ckpt_viz import bus
+from ckpt_viz.errors import (
+    CheckpointError,
+    CheckpointUsageError,
+    GraphReleasedError,
+    HandleReleasedError,
+)
+from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime import session as _session
+from ckpt_viz.runtime.state import ExecutionState
+
+__all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "meta", "new_handle_id",
+           "qualname"]
+
+_CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
+_HANDLE_IDS = itertools.count()
+_API = "ckpt_viz.checkpoint"
+
+
+def new_handle_id() -> int:
+    """Next handle id, shared by reentrant handles and non-reentrant frames (spec D2)."""
+    return next(_HANDLE_IDS)
+
+
+def current_frame() -> "ReentrantCheckpointHandle | None":
+    """The reentrant handle whose function is running (original forward or replay), or None."""
+    return _CURRENT_FRAME.get()
+
+
+@contextlib.contextmanager
+def execution_frame(frame: "ReentrantCheckpointHandle") -> Iterator[None]:
+    token = _CURRENT_FRAME.set(frame)
+    try:
+        yield
+    finally:
+        _CURRENT_FRAME.reset(token)
+
+
+@dataclass(frozen=True)
+class InputSlot:
+    """Index of a tensor among the Function's positional tensor inputs."""
+
+    index: int
+
+
+def meta(t: torch.Tensor) -> dict[str, Any]:
+    return {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+            "device": str(t.device), "requires_grad": bool(t.requires_grad),
+            "nbytes": t.numel() * t.element_size()}
+
+
+def qualname(function: Callable) -> str:
+    return getattr(function, "__qualname__", None) or type(function).__name__
+
+
+class ReentrantCheckpointHandle:
+    """One reentrant checkpoint invocation: its replay, its phase and its release.
+
+    A handle from `reentrant_checkpoint_scope` is *split*: set its phase to "dx"
+    before the DX pass and to "dw" before the DW pass, and include its
+    `backward_trigger` in DW's `inputs` (see NOTE [ Split routing ]). The
+    helpers `backward_input` / `backward_weight` do both.
+
+    Attributes (the seed's public state, plus ids):
+        handle_id: sequential id (`h3`), never `id()`.
+        phase: "ordinary", "dx" or "dw".
+        split: True inside `reentrant_checkpoint_scope`.
+        released: terminal state; `release_reason` says why.
+        replay_outputs: the retained replay (None before replay and after release).
+        backward_trigger: the zero-element leaf DW must target (split only).
+        retain_graph: mirrors the bound session's `retain_on_unpack`.
+    """
+
+    _is_checkpoint_handle = True
+    mode = "reentrant"
+
+    def __init__(self, function: Callable, template: list, spec: Any, params: tuple | None,
+                 preserve_rng_state: bool, context_fn: Callable) -> None:
+        self.handle_id = new_handle_id()
+        self.function = function
+        self.template = template
+        self.spec = spec
+        self.params = params
+        self.split = params is not None
+        self.preserve_rng_state = preserve_rng_state
+        self.context_fn = context_fn
+        self.exclude_cache: Any = None  # set by ckpt_viz.runtime.exclude when a region records
+        self.entries: list = []
+        self.replaying = False
+        self.phase = "ordinary"
+        self.replay_outputs: Any = None
+        self.replay_inputs: tuple = ()
+        self.state: ExecutionState | None = None
+        self.context_ref: Callable[[], Any] | None = None
+        self.input_count = 0
+        self.param_input_mask: tuple[bool, ...] = ()
+        self.backward_trigger: torch.Tensor | None = None
+        self.released = False
+        self.retain_graph = False
+        self.active_session: _session.SessionActivation | None = None
+        self.session_id: Hashable | None = None
+        self.output_spec: Any = None
+        self.output_template: tuple = ()
+        self.excluded_output_mask: dict[int, tuple[Any, bool]] = {}
+        self.recording_exclude = False
+        self.site: str | None = None
+        self.release_reason: str | None = None
+        self.release_seq: int | None = None
+        self.release_site: str | None = None
+        self.node_collected = False
+        self.collected_seq: int | None = None
+        self.replay_count = 0
+        self._backward_site: str | None = None
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else ("replayed" if self.replay_outputs is not None else "recorded")
+        return f"<ReentrantCheckpointHandle h{self.handle_id} {state} phase={self.phase}>"
+
+    # ------------------------------------------------------------ events
+
+    def _emit(self, kind: str, capture_site: bool = True, **data: Any) -> Any:
+        # Inside one engine callback every event has the same user line: walk the stack once (see backward).
+        return bus.emit(kind, handle_id=self.handle_id, mode="reentrant", phase=self.phase,
+                        session_id=self.session_id, site=self._backward_site, capture_site=capture_site, data=data)
+
+    # ------------------------------------------------------------ running the function
+
+    def _call(self, tensors: Sequence[torch.Tensor]) -> Any:
+        if self.spec is None:  # fast path: positional tensors only
+            args, kwargs = tuple(tensors), {}
+        else:
+            leaves = [tensors[item.index] if isinstance(item, InputSlot) else item for item in self.template]
+            args, kwargs = tree_unflatten(leaves, self.spec)
+        with execution_frame(self):
+            return self.function(*args, **kwargs)
+
+    def _gradients(self, values: tuple, grads: tuple) -> tuple:
+        """Route gradients by phase; see NOTE [ Split routing ]."""
+        if self.split and self.phase == "dx":
+            targets = [item for item, is_param in zip(self.replay_inputs, self.param_input_mask)
+                       if item.requires_grad and not is_param]
+            if not targets:
+                return (None,) * self.input_count
+            calculated = iter(torch.autograd.grad(values, targets, grads, retain_graph=True, allow_unused=True))
+            return tuple(next(calculated) if item.requires_grad and not is_param else None
+                         for item, is_param in zip(self.replay_inputs, self.param_input_mask))
+        for item in self.replay_inputs:
+            if item.requires_grad:
+                item.grad = None
+        captured = self._captured(values) if bus.enabled else None
+        before = [(p.grad, p.grad._version if p.grad is not None else -1) for p in captured] if captured else None
+        torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
+        if captured:
+            self._captured_report = [
+                {"shape": list(p.shape), "name": getattr(p, "_ckpt_viz_name", None),
+                 "accumulated": p.grad is not None and (p.grad is not old or p.grad._version != version)}
+                for p, (old, version) in zip(captured, before)
+            ]
+        return tuple(item.grad if item.requires_grad else None for item in self.replay_inputs)
+
+    def _captured(self, values: tuple) -> list[torch.Tensor]:
+        """Parameters the replay reaches without an input edge: a module's own, else found by a graph walk."""
+        owner = self.function if isinstance(self.function, torch.nn.Module) else getattr(self.function, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            inputs = {id(t) for t in self.replay_inputs}
+            return [p for p in owner.parameters() if p.requires_grad and id(p) not in inputs]
+        return _captured_leaves(values, self.replay_inputs)
+
+    # ------------------------------------------------------------ transitions
+
+    def recompute(self) -> None:
+        """Replay the function once and keep its graph (see NOTE [ Handle lifetime ], rule 2).
+
+        Raises:
+            HandleReleasedError: "Cannot replay a released reentrant checkpoint" (E7).
+            GraphReleasedError: "output graph was released before replay" (E8).
+        """
+        in_backward = torch._C._current_graph_task_id() != -1
+        api = f"{_API} (backward)" if in_backward else "ckpt_viz.recompute_handle"
+        if self.released:
+            if bus.enabled:
+                self._emit("replay_refused", reason="released", last_release_reason=self.release_reason,
+                           last_release_seq=self.release_seq)
+            raise HandleReleasedError(api, "Cannot replay a released reentrant checkpoint", self.handle_id,
+                                      self.release_reason, self.release_seq, self.release_site)
+        if self.replay_outputs is not None:
+            return
+        ctx = self.context_ref() if self.context_ref is not None else None
+        if ctx is None:
+            if bus.enabled:
+                self._emit("replay_refused", reason="node_collected", collected_seq=self.collected_seq)
+            raise GraphReleasedError(api, self.handle_id, self.collected_seq)
+        inputs = ctx.saved_tensors
+        self.replay_inputs = tuple(
+            t.detach().requires_grad_(t.requires_grad) if (t.is_floating_point() or t.is_complex()) else t.detach()
+            for t in inputs
+        )
+        self.replay_count += 1
+        if bus.enabled:
+            self._emit("replay_started", trigger="backward" if in_backward else "prefire",
+                       retain_graph=self.retain_graph, replay_index=self.replay_count)
+        self.replaying = True
+        try:
+            def replay() -> None:
+                self.replay_outputs = self._call(self.replay_inputs)
+
+            with torch.enable_grad(), (memtags.category("replay_activations") if memtags.enabled else memtags.NULL):
+                self.state.recompute_fn(replay, {})
+        except BaseException as exc:
+            self.replay_outputs = None
+            if bus.enabled:
+                self._emit("replay_failed", type=type(exc).__name__, message=str(exc))
+            raise
+        finally:
+            self.replaying = False
+        if bus.enabled:
+            self._emit("replay_finished", trigger="backward" if in_backward else "prefire")
+
+    def set_phase(self, phase: str) -> None:
+        """Select how the engine's next visit routes gradients: "dx" or "dw".
+
+        Raises:
+            CheckpointUsageError: the handle is not split, or the phase is not dx/dw (E5).
+            HandleReleasedError: the handle was released (E6).
+        """
+        if not self.split or phase not in {"dx", "dw"}:
+            why = "it was created outside reentrant_checkpoint_scope" if not self.split else f"got {phase!r}"
+            raise fail(CheckpointUsageError(
+                f"ckpt_viz.ReentrantCheckpointHandle.set_phase: Split reentrant handles require phase='dx' or "
+                f"phase='dw' (handle h{self.handle_id}: {why}).\nTip: only handles from reentrant_checkpoint_scope "
+                "take a phase; ordinary handles route by themselves."), "set_phase", self)
+        if self.released:
+            raise fail(HandleReleasedError(
+                "ckpt_viz.ReentrantCheckpointHandle.set_phase", "Cannot set phase on a released reentrant checkpoint",
+                self.handle_id, self.release_reason, self.release_seq, self.release_site), "set_phase", self)
+        old, self.phase = self.phase, phase
+        if bus.enabled:
+            self._emit("phase_set", old=old, new=phase)
+
+    def release(self) -> None:
+        """Release the replay graph and excluded-region tapes now (reason `explicit_release`)."""
+        self._release("explicit_release")
+
+    def _release(self, reason: str) -> None:
+        if self.released:
+            return
+        entries = len(self.entries)
+        cache = self.exclude_cache
+        cache_size = len(cache) if cache is not None else 0
+        if cache is not None:
+            cache.clear()
+        for entry in self.entries:
+            entry.release()
+        self.entries.clear()
+        self.excluded_output_mask.clear()
+        was_replayed = self.replay_outputs is not None
+        self.replay_outputs = None
+        self.replay_inputs = ()
+        self.released = True
+        self.release_reason = reason
+        if bus.enabled:
+            event = self._emit("released", reason=reason, was_replayed=was_replayed,
+                               entries_released=entries, exclude_cache_size=cache_size)
+            if event is not None:
+                self.release_seq, self.release_site = event.seq, event.site
+
+    def bind_session(self, session_id: Hashable) -> None:
+        """Register this handle under `session_id` for activation and clearing; does not replay.
+
+        Raises:
+            CheckpointUsageError: another session id is active (E10).
+            CheckpointError: the handle is bound to another session (E11).
+        """
+        api = "ckpt_viz.ReentrantCheckpointHandle.bind_session"
+        _session.validate_session_id(session_id, api)
+        activation = _session.current_activation()
+        if activation is not None and activation.session_id != session_id:
+            raise fail(CheckpointUsageError(
+                f"{api}: Active session does not match the reentrant handle session (active {activation.session_id!r}, "
+                f"binding h{self.handle_id} to {session_id!r}).\nTip: bind inside the session with the same id, or "
+                "outside any session."), "bind_session", self)
+        if self.active_session is not None and self.active_session.session_id != session_id:
+            raise fail(CheckpointError(
+                f"{api}: Concurrent reentrant recompute sessions on one frame are unsupported (h{self.handle_id} is "
+                f"bound to {self.active_session.session_id!r}, binding {session_id!r}).\nTip: one session per "
+                "micro-batch; leave the first session before binding another."), "bind_session", self)
+        _session.register(self, session_id)
+
+    # ------------------------------------------------------------ session protocol
+
+    def _bind_activation(self, activation: _session.SessionActivation | None) -> None:
+        self.active_session = activation
+        self.retain_graph = bool(activation and activation.retain_on_unpack)
+        if activation is not None:
+            self.session_id = activation.session_id
+
+    def _session_cleared(self, session_id: Hashable) -> None:
+        self.session_id = session_id
+        self._release("session_cleared")
+
+    def _prefire(self) -> None:
+        try:
+            self.recompute()
+        except BaseException as exc:
+            raise fail(exc, "recompute_handle", self)
+
+    def _on_node_collected(self) -> None:
+        self.node_collected = True
+        if bus.enabled:
+            event = self._emit("node_collected", capture_site=False,
+                               was_replayed=self.replay_count > 0, released=self.released)
+            if event is not None:
+                self.collected_seq = event.seq
+
+
+def fail(exc: BaseException, where: str, handle: ReentrantCheckpointHandle | None = None) -> BaseException:
+    """Emit an `error` event for an exception leaving a public API; return it for `raise`."""
+    if bus.enabled:
+        bus.emit("error", handle_id=handle.handle_id if handle else None, mode="reentrant" if handle else None,
+                 phase=handle.phase if handle else None, session_id=handle.session_id if handle else None,
+                 data={"where": where, "type": type(exc).__name__, "message": str(exc)})
+    return exc
+
+
+def _captured_leaves(values: tuple, replay_inputs: tuple) -> list[torch.Tensor]:
+    """Leaf tensors the replay graph reaches that are not replay inputs (captured parameters)."""
+    inputs = {id(t) for t in replay_inputs}
+    seen: set[int] = set()
+    found: list[torch.Tensor] = []
+    stack = [v.grad_fn for v in values if v.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None and id(variable) not in inputs:
+            found.append(variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
