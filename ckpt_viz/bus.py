@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from ckpt_viz.events import Event
 
-__all__ = ["Subscriber", "call_site", "current_tags", "emit", "enabled", "subscribe", "tag"]
+__all__ = ["Subscriber", "call_site", "current_tags", "emit", "emit_error", "enabled", "subscribe", "tag"]
 
 
 class Subscriber(Protocol):
@@ -103,6 +103,18 @@ def emit(
         for fn in subscribers:
             fn(event)
     return event
+
+
+def emit_error(exc: BaseException, where: str, **fields: Any) -> Event | None:
+    """Emit the `error` event for `exc` once: an exception that already has one is not reported again."""
+    if getattr(exc, "_ckpt_viz_reported", False):
+        return None
+    try:
+        exc._ckpt_viz_reported = True  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type without a __dict__
+        pass
+    data = {"where": where, "type": type(exc).__name__, "message": str(exc), **fields.pop("data", {})}
+    return emit("error", data=data, **fields)
 
 
 def _json_session_id(session_id: Any) -> Any:

@@ -10,7 +10,9 @@ NOTE [ What a recording captures ]
      probe_memory.py) read right after every event; a `MemorySample` is stored
      when the reading differs from the previous one, so the memory at any event
      is that of the last sample at or before it (a step function).
-  3. graphs=True: a `GraphSnapshot` of the roots of every top-level
+  3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call
+     become `error` events even when the caller catches them (R13 needs that).
+  4. graphs=True: a `GraphSnapshot` of the roots of every top-level
      `torch.autograd.backward` / `torch.autograd.grad` call made in the block
      (`Tensor.backward` and the split helpers included), taken just before the
      call runs, plus any `rec.snapshot(tensors, label)` the user asks for.
@@ -43,6 +45,7 @@ class Recording:
         self._names: dict[int, str] = {}
         self._restore: list[tuple[Any, str, Any]] = []
         self._last_reading: Any = None
+        self._named: list[Any] = []
 
     def _on_event(self, event: Event) -> None:
         self.trace.events.append(event)
@@ -64,16 +67,23 @@ class Recording:
         self.trace.graphs.append(capture_graph(roots, label=label, seq=seq, names=self._names))
 
     def _patch_autograd(self) -> None:
+        """Watch top-level backward passes: snapshot them (graphs=True) and record PyTorch's own errors."""
         import torch
 
         recording = self
 
         def wrap(name: str, original: Any) -> Any:
             def patched(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-                if torch._C._current_graph_task_id() == -1:  # top level, not an inner replay backward
+                if torch._C._current_graph_task_id() != -1:  # an inner backward (a replay): not the user's pass
+                    return original(tensors, *args, **kwargs)
+                if recording.graphs:
                     count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
                     recording.snapshot(tensors, f"before {name} #{count + 1}")
-                return original(tensors, *args, **kwargs)
+                try:
+                    return original(tensors, *args, **kwargs)
+                except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
+                    bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph")})
+                    raise
 
             patched.__wrapped__ = original
             return patched
@@ -90,6 +100,9 @@ class Recording:
             raise RuntimeError("ckpt_viz.record: this recording is already open.\nTip: use a new record() block.")
         if self.model is not None:
             self._names = {id(p): n for n, p in self.model.named_parameters()}
+            for name, param in self.model.named_parameters():  # routing events name captured parameters
+                param._ckpt_viz_name = name
+                self._named.append(param)
         if self.memory:
             from ckpt_viz.probe_memory import MemoryProbe
 
@@ -97,22 +110,24 @@ class Recording:
             buffers = list(self.model.buffers()) if self.model is not None else []
             self._probe = MemoryProbe(params=params, tensors=[*buffers, *_tensors_in(self._tensors)])
             self._probe.__enter__()
-        if self.graphs:
-            self._patch_autograd()
+        self._patch_autograd()
         self._unsubscribe = bus.subscribe(self._on_event)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            if exc is not None:
-                bus.emit("error", data={"where": "record", "type": exc_type.__name__, "message": str(exc)})
+            if exc is not None:  # once: an error the runtime or an autograd call already reported is not repeated
+                bus.emit_error(exc, "record")
         finally:
             self._unsubscribe()
             self._unsubscribe = None
             for owner, name, original in reversed(self._restore):
                 setattr(owner, name, original)
             self._restore.clear()
+            for param in self._named:
+                del param._ckpt_viz_name
+            self._named.clear()
             if self._probe is not None:
                 self._probe.__exit__(exc_type, exc, tb)
                 self._probe = None

@@ -306,10 +306,25 @@ def test_torch_error_inside_record_block_is_recorded(quiet_gc) -> None:
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         with ckpt_viz.record() as rec:
             torch.autograd.backward(loss, inputs=[w, handles[0].backward_trigger])
-    assert rec.trace.kinds() == ["error"]
+    assert rec.trace.kinds() == ["error"]  # reported once, by the autograd call it left
     error = rec.trace.events[0]
-    assert error.data["where"] == "record" and error.data["type"] == "RuntimeError"
+    assert error.data["where"] == "autograd.backward" and error.data["type"] == "RuntimeError"
     assert "Trying to backward through the graph a second time" in error.data["message"]
+
+
+def test_torch_error_caught_inside_record_block_is_still_recorded(quiet_gc) -> None:
+    x, w = _leaf(2, 3), _leaf(3, 3)
+    with reentrant_checkpoint_scope([w]) as handles:
+        out = checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+    loss = (out * out).sum()
+    handles[0].set_phase("dx")
+    torch.autograd.grad(loss, [x])  # no retain_graph=True: spec R13
+    handles[0].set_phase("dw")
+    with ckpt_viz.record() as rec:
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            torch.autograd.backward(loss, inputs=[w, handles[0].backward_trigger])
+    assert [(e.kind, e.data["where"]) for e in rec.trace.events] == [("error", "autograd.backward")]
+    assert rec.trace.events[0].data["retain_graph"] is None
     handles[0].release()
 
 

@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ckpt_viz"
 UI = {"streamlit", "plotly", "altair", "graphviz", "matplotlib"}
-TORCH_FREE = ["events.py", "bus.py", "errors.py", "trace.py", "trace_io.py", "diagnose.py", "render"]
+TORCH_FREE = ["events.py", "bus.py", "errors.py", "trace.py", "trace_io.py", "trace_schema.py", "trace_document.py",
+              "model_source.py", "diagnose.py", "render"]
 CHART_LIBRARIES = {"altair", "graphviz"}  # what a renderer may use to build a figure
 # Imported by the app to open saved traces: torch only inside functions (memory and graph capture).
 TORCH_AT_CALL_TIME = ["recording.py"]

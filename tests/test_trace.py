@@ -506,7 +506,7 @@ def test_any_single_edit_loads_or_raises_trace_error(tmp_path: Path, data: st.Da
 # ---------------------------------------------------------------- no pickle, no torch
 
 def test_trace_modules_never_import_pickle_or_torch() -> None:
-    for name in ("trace.py", "trace_io.py"):
+    for name in ("trace.py", "trace_io.py", "trace_schema.py", "trace_document.py"):
         tree = ast.parse((ROOT / "ckpt_viz" / name).read_text())
         imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                     for alias in node.names}

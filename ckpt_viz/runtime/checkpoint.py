@@ -25,7 +25,7 @@ _DETERMINISM = ("default", "none")
 def _bad(message: str) -> CheckpointUsageError:
     exc = CheckpointUsageError(f"{_API}: {message}")
     if bus.enabled:
-        bus.emit("error", data={"where": "checkpoint", "type": type(exc).__name__, "message": str(exc)})
+        bus.emit_error(exc, "checkpoint")
     return exc
 
 

@@ -220,9 +220,8 @@ class NonReentrantFrame:
         except BaseException as exc:
             if bus.enabled:
                 self._emit("replay_failed", type=type(exc).__name__, message=str(exc))
-                bus.emit("error", handle_id=self.handle_id, mode="nonreentrant", session_id=self.session_id,
-                         data={"where": "backward" if in_backward else "recompute_handle",
-                               "type": type(exc).__name__, "message": str(exc)})
+                bus.emit_error(exc, "backward" if in_backward else "recompute_handle", handle_id=self.handle_id,
+                               mode="nonreentrant", session_id=self.session_id)
             raise
         finally:
             if token is not None:
@@ -368,6 +367,6 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
 
 def _error(exc: BaseException, frame: NonReentrantFrame | None = None) -> BaseException:
     if bus.enabled:
-        bus.emit("error", handle_id=frame.handle_id if frame else None, mode="nonreentrant" if frame else None,
-                 data={"where": "checkpoint", "type": type(exc).__name__, "message": str(exc)})
+        bus.emit_error(exc, "checkpoint", handle_id=frame.handle_id if frame else None,
+                       mode="nonreentrant" if frame else None)
     return exc

@@ -334,9 +334,9 @@ class ReentrantCheckpointHandle:
 def fail(exc: BaseException, where: str, handle: ReentrantCheckpointHandle | None = None) -> BaseException:
     """Emit an `error` event for an exception leaving a public API; return it for `raise`."""
     if bus.enabled:
-        bus.emit("error", handle_id=handle.handle_id if handle else None, mode="reentrant" if handle else None,
-                 phase=handle.phase if handle else None, session_id=handle.session_id if handle else None,
-                 data={"where": where, "type": type(exc).__name__, "message": str(exc)})
+        bus.emit_error(exc, where, handle_id=handle.handle_id if handle else None,
+                       mode="reentrant" if handle else None, phase=handle.phase if handle else None,
+                       session_id=handle.session_id if handle else None)
     return exc
 
 

@@ -101,7 +101,7 @@ def validate_session_id(session_id: Any, api: str) -> None:
 
 def emit_error(exc: BaseException, where: str, **data: Any) -> BaseException:
     if bus.enabled:
-        bus.emit("error", data={"where": where, "type": type(exc).__name__, "message": str(exc), **data})
+        bus.emit_error(exc, where, data=data)
     return exc
 
 
@@ -125,6 +125,7 @@ def register(member: Any, session_id: Hashable) -> None:
     """Register `member` under `session_id`; bind the current activation if it has that id."""
     with _LOCK:
         _REGISTRY.setdefault(session_id, weakref.WeakSet()).add(member)
+        member.session_id = session_id  # later events name the session even before it is activated
         activation = _SESSION.get()
         if activation is not None and activation.session_id == session_id:
             _bind(member, activation)

@@ -1,0 +1,300 @@
+"""`diagnose`: why was a handle's replay refused, or why did it leak? Read from the trace alone.
+
+Owns the mapping from recorded facts to the causes R1..R15 of spec §4.2 (the codes
+of `ckpt_viz.events.DIAGNOSIS_CODES`). Pure and standard library only: it never
+imports torch, the runtime or a UI, so the app can diagnose a saved trace.
+
+NOTE [ Reading a cause from the trace ]
+  1. The symptom: the handle's first `replay_refused`, or an `error` of type
+     HandleReleasedError / GraphReleasedError about it (E6 on set_phase has no
+     replay_refused). A refusal for reason "node_collected" is R10; its "release"
+     is the `node_collected` event.
+  2. Otherwise the handle's `released` event names the cause by its reason:
+     dw_complete R1, ordinary_backward_complete R2/R3/R4/R14 (rule 3),
+     backward_exception R5 (after a PhaseNotSetError) or R6, forward_exception R7,
+     session_cleared R8, explicit_release R9. A refusal that came from a prefire
+     (a `prefired` event between the release and the refusal) after an ordinary or
+     DW release is R15.
+  3. An ordinary release is read against the session open at its seq: none bound
+     and a retaining session open -> R3; bound to another id while a retaining
+     session was open -> R14; bound, but the session was left or not retaining
+     -> R4; no session involved -> R2.
+  4. Without a symptom: a backward_exception or forward_exception release is still
+     R5/R6/R7; an E10 error on bind_session is R14; a split handle set to "dw" that
+     DW never entered and nothing released is a leak: R13 when a torch error
+     "backward through the graph a second time" followed (DX ran without
+     retain_graph), else R12 (DW's inputs lacked the trigger).
+  5. `site` is the user's file:line of the releasing action (the release event's
+     site). Without one: R10 None (dropping outputs emits nothing), R12 the
+     `set_phase("dw")` call, R13 the DX call, R14 by E10 the bind_session call.
+  6. Known blind spot: a binding made before the recording started is invisible,
+     so R14 then reads as R3.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ckpt_viz.events import DIAGNOSIS_CODES, Event
+from ckpt_viz.trace import Trace
+
+__all__ = ["Diagnosis", "FIXES", "diagnose", "diagnose_all"]
+
+FIXES: dict[str, str] = {
+    "ok": "Nothing to fix.",
+    "released_by_dw": "Run DX (backward_input) before DW (backward_weight), and run DW once per micro-batch.",
+    "released_by_ordinary_backward": "Bind the handle with recompute_handle(h, sid) before the first backward and run "
+                                     "both backwards inside recompute_session_ctx(sid, retain_on_unpack=True).",
+    "session_never_bound": "Register the handle first: recompute_handle(h, sid) or h.bind_session(sid), then enter "
+                           "recompute_session_ctx(sid, retain_on_unpack=True).",
+    "session_not_retaining": "Run every consumer inside recompute_session_ctx(sid, retain_on_unpack=True) and leave "
+                             "it only after the last one.",
+    "phase_not_set": "Set the phase of every scoped handle before each pass (h.set_phase('dx'/'dw')), or use "
+                     "backward_input / backward_weight, which do it.",
+    "released_after_backward_error": "Fix the error raised inside the backward (see the error event); a handle "
+                                     "released by it cannot replay again.",
+    "released_after_forward_error": "Fix the error in the checkpointed forward; a handle from a failed forward "
+                                    "cannot be used.",
+    "session_cleared_early": "Clear a session only after its last consumer (DW) ran, and use one session id per "
+                             "micro-batch.",
+    "released_explicitly": "Do not use a handle after release(): drop it from the schedule when you cancel.",
+    "outputs_dropped_before_replay": "Keep the checkpoint's outputs (or the loss built from them) alive until the "
+                                     "handle has replayed.",
+    "outer_saved_tensors_freed": "Replay the handle before the outer graph frees its saved inputs.",
+    "trigger_missing_in_dw": "Pass every handle's backward_trigger in DW's inputs, or use backward_weight(..., "
+                             "handles=...); then release() the leaked handle.",
+    "dx_without_retain_graph": "Run DX with retain_graph=True (backward_input does), then release() the leaked "
+                               "handles.",
+    "session_mismatch": "Use one session id for recompute_handle / bind_session and recompute_session_ctx.",
+    "prefire_after_release": "Prefire a micro-batch only before its first backward; skip handles already released.",
+}
+
+_REFUSAL_ERRORS = {"HandleReleasedError", "GraphReleasedError"}
+_BY_REASON = {
+    "dw_complete": "released_by_dw",
+    "ordinary_backward_complete": "released_by_ordinary_backward",
+    "backward_exception": "released_after_backward_error",
+    "forward_exception": "released_after_forward_error",
+    "session_cleared": "session_cleared_early",
+    "explicit_release": "released_explicitly",
+}
+_SECOND_BACKWARD = "backward through the graph a second time"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis:
+    """What went wrong with one handle, and the one next step.
+
+    Attributes:
+        code: a key of `ckpt_viz.events.DIAGNOSIS_CODES`, or "ok".
+        cause: the R-number text of that code ("" when ok).
+        summary: one sentence with the events and lines involved.
+        release_event: the `released` event (R10: the `node_collected` event), or None.
+        refused_event: the `replay_refused` event, or the error that reported the refusal, or None.
+        site: the user's file:line of the releasing action (see NOTE rule 5).
+        fix: one next step.
+        handle_id: the handle diagnosed.
+        error_event: the error behind the problem (E9, the failed replay, torch's error,
+            E10), else the error that reported the refusal, or None.
+    """
+
+    code: str
+    cause: str
+    summary: str
+    release_event: Event | None = None
+    refused_event: Event | None = None
+    site: str | None = None
+    fix: str = ""
+    handle_id: int | None = None
+    error_event: Event | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "ok"
+
+    @property
+    def reason(self) -> str | None:
+        """The release reason, "node_collected" for R10, or None."""
+        if self.release_event is None:
+            return None
+        if self.release_event.kind == "node_collected":
+            return "node_collected"
+        return self.release_event.data.get("reason")
+
+
+class _Facts:
+    """One pass over the trace: events per handle, session activations, errors."""
+
+    def __init__(self, events: Iterable[Event]) -> None:
+        self.by_handle: dict[int, list[Event]] = {}
+        self.activations: list[dict[str, Any]] = []
+        self.errors: list[Event] = []
+        open_by_sid: dict[Any, dict[str, Any]] = {}
+        for e in events:
+            if e.handle_id is not None:
+                self.by_handle.setdefault(e.handle_id, []).append(e)
+            if e.kind == "error":
+                self.errors.append(e)
+            elif e.kind == "session_activated":
+                act = {"start": e.seq, "end": None, "sid": e.session_id,
+                       "retain": bool(e.data.get("retain_on_unpack")), "handles": list(e.data.get("handles", ()))}
+                self.activations.append(act)
+                open_by_sid[e.session_id] = act
+            elif e.kind == "session_deactivated" and e.session_id in open_by_sid:
+                open_by_sid.pop(e.session_id)["end"] = e.seq
+
+    def active_at(self, seq: int) -> dict[str, Any] | None:
+        found = None
+        for act in self.activations:
+            if act["start"] < seq and (act["end"] is None or act["end"] > seq):
+                found = act
+        return found
+
+
+def _first(events: Iterable[Event], test: Any) -> Event | None:
+    return next((e for e in events if test(e)), None)
+
+
+def _where(event: Event | None) -> str:
+    return f" ({event.site})" if event is not None and event.site else ""
+
+
+def _refusal(refused: Event) -> str:
+    what = f"{refused.data.get('where')}" if refused.kind == "error" else "the replay"
+    return f"{what} at event #{refused.seq}{_where(refused)} was refused"
+
+
+def _make(code: str, h: int, summary: str, *, release: Event | None = None, refused: Event | None = None,
+          site: str | None = None, error: Event | None = None) -> Diagnosis:
+    return Diagnosis(code=code, cause=DIAGNOSIS_CODES.get(code, ""), summary=summary, release_event=release,
+                     refused_event=refused, site=site, fix=FIXES[code], handle_id=h, error_event=error)
+
+
+def _ordinary_code(f: _Facts, events: list[Event], release: Event) -> tuple[str, str]:
+    """See NOTE [ Reading a cause from the trace ], rule 3; returns (code, detail)."""
+    bound = {e.session_id for e in events if e.kind in ("session_bound", "prefired") and e.seq < release.seq}
+    active = f.active_at(release.seq)
+    retaining = active is not None and active["retain"]
+    if not bound:
+        if retaining:
+            return "session_never_bound", (f"inside session {active['sid']!r} (retain_on_unpack=True), which never "
+                                           "had the handle bound")
+        return "released_by_ordinary_backward", "by an ordinary backward outside any retaining session"
+    names = ", ".join(repr(s) for s in sorted(bound, key=repr))
+    if retaining and active["sid"] not in bound:
+        return "session_mismatch", f"inside session {active['sid']!r} while the handle is bound to {names}"
+    if active is None:
+        return "session_not_retaining", f"outside its session {names} (the session was left before this backward)"
+    return "session_not_retaining", f"inside session {active['sid']!r} with retain_on_unpack=False"
+
+
+def _from_release(f: _Facts, h: int, events: list[Event], release: Event, refused: Event | None,
+                  refusal_error: Event | None) -> Diagnosis:
+    reason = release.data.get("reason")
+    code = _BY_REASON.get(reason, "released_explicitly")
+    head = f"h{h} was released at event #{release.seq}{_where(release)} with reason {reason}"
+    error = refusal_error
+    detail = ""
+    prefired = refused is not None and any(
+        e.kind == "prefired" and release.seq < e.seq <= refused.seq for e in events)
+    if prefired and reason in ("ordinary_backward_complete", "dw_complete"):
+        code = "prefire_after_release"
+        detail = ", before the prefire"
+    elif reason == "ordinary_backward_complete":
+        code, detail = _ordinary_code(f, events, release)
+        detail = f", {detail}"
+    elif reason == "backward_exception":
+        cause = _first(reversed([e for e in events if e.seq <= release.seq]), lambda e: e.kind == "error")
+        error = cause or error
+        if cause is not None and cause.data.get("type") == "PhaseNotSetError":
+            code, detail = "phase_not_set", ": the backward reached it while its phase was still 'ordinary'"
+        elif cause is not None:
+            detail = f": {cause.data.get('type')} in the backward"
+    elif reason == "forward_exception":
+        failed = _first(events, lambda e: e.kind == "forward_failed")
+        error = _first(events, lambda e: e.kind == "error" and e.seq > release.seq) or error
+        if failed is not None:
+            detail = f": the forward raised {failed.data.get('type')}"
+    tail = "." if refused is None else f"; {_refusal(refused)}."
+    return _make(code, h, head + detail + tail, release=release, refused=refused, site=release.site, error=error)
+
+
+def _leak(f: _Facts, h: int, events: list[Event]) -> Diagnosis | None:
+    """A split handle set to DW that DW never entered and nothing released (R12 / R13)."""
+    if any(e.kind == "released" for e in events):
+        return None
+    dw = [e for e in events if e.kind == "phase_set" and e.data.get("new") == "dw"]
+    if not dw:
+        return None
+    mark = dw[-1]
+    if any(e.kind == "backward_entered" and e.seq > mark.seq for e in events):
+        return None
+    torch_error = _first(f.errors, lambda e: e.seq > mark.seq and _SECOND_BACKWARD in str(e.data.get("message")))
+    if torch_error is not None:
+        dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.seq < mark.seq]
+        site = dx[-1].site if dx else mark.site
+        return _make("dx_without_retain_graph", h,
+                     f"h{h} was never released: DW failed at event #{torch_error.seq} with \"Trying to backward "
+                     f"through the graph a second time\" because DX{_where(dx[-1] if dx else None)} ran without "
+                     "retain_graph=True.", site=site, error=torch_error)
+    return _make("trigger_missing_in_dw", h,
+                 f"h{h} was set to phase dw at event #{mark.seq}{_where(mark)} but DW never reached it and it was "
+                 "never released: DW's inputs lacked its backward_trigger.", site=mark.site)
+
+
+def _diagnose(f: _Facts, h: int) -> Diagnosis:
+    events = f.by_handle.get(h, [])
+    release = _first(events, lambda e: e.kind == "released")
+    refused = _first(events, lambda e: e.kind == "replay_refused" or (
+        e.kind == "error" and e.data.get("type") in _REFUSAL_ERRORS))
+    refusal_error = None
+    if refused is not None:
+        refusal_error = refused if refused.kind == "error" else _first(
+            events, lambda e: e.kind == "error" and e.seq > refused.seq)
+        collected_refusal = (refused.data.get("reason") == "node_collected"
+                             or refused.data.get("type") == "GraphReleasedError")
+        if collected_refusal:
+            collected = _first(events, lambda e: e.kind == "node_collected")
+            when = f" at event #{collected.seq}" if collected is not None else ""
+            return _make("outputs_dropped_before_replay", h,
+                         f"h{h}'s autograd node was garbage-collected{when} before any replay (every output was "
+                         f"dropped); {_refusal(refused)}.",
+                         release=collected, refused=refused, site=collected.site if collected else None,
+                         error=refusal_error)
+        if release is None:  # released before the recording started: the refusal still names the reason
+            reason = refused.data.get("last_release_reason")
+            code = _BY_REASON.get(reason, "released_explicitly")
+            return _make(code, h, f"h{h} was released before the recording (reason {reason}); "
+                                  f"{_refusal(refused)}.", refused=refused, error=refusal_error)
+        return _from_release(f, h, events, release, refused, refusal_error)
+    if release is not None and release.data.get("reason") in ("backward_exception", "forward_exception"):
+        return _from_release(f, h, events, release, None, None)
+    mismatch = _first(events, lambda e: e.kind == "error" and e.data.get("where") == "bind_session"
+                      and "Active session does not match" in str(e.data.get("message")))
+    if mismatch is not None:
+        return _make("session_mismatch", h, f"h{h} could not be bound at event #{mismatch.seq}{_where(mismatch)}: "
+                                            "another session id was active.", site=mismatch.site, error=mismatch)
+    leak = _leak(f, h, events)
+    if leak is not None:
+        return leak
+    state = f"released ({release.data.get('reason')})" if release is not None else "never refused a replay"
+    return _make("ok", h, f"h{h}: no problem found; {state}.", release=release,
+                 site=release.site if release is not None else None)
+
+
+def diagnose(trace: Trace, handle_id: int) -> Diagnosis:
+    """Name the cause of a refused replay or a leak of `handle_id` (see NOTE [ Reading a cause from the trace ]).
+
+    Returns:
+        A `Diagnosis`; code "ok" when the handle shows no problem.
+    """
+    merged = {e.seq: e for e in trace.of_kind("session_activated", "session_deactivated", "error")}
+    merged.update((e.seq, e) for e in trace.for_handle(handle_id))
+    return _diagnose(_Facts(merged[seq] for seq in sorted(merged)), handle_id)
+
+
+def diagnose_all(trace: Trace) -> list[Diagnosis]:
+    """A diagnosis for every handle with a problem (refused replay, error release, leak after DW), in order."""
+    facts = _Facts(trace.events)
+    found = (_diagnose(facts, h) for h in facts.by_handle)
+    return [d for d in found if not d.ok]

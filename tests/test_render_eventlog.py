@@ -1,0 +1,61 @@
+"""filter_events / event_rows on hand-built traces (and a loaded one)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from traces import nonreentrant_trace, refused_trace, split_trace
+
+from ckpt_viz.render.eventlog import event_rows, filter_events
+from ckpt_viz.trace import Trace
+
+
+def _seqs(events: list) -> list[int]:
+    return [e.seq for e in events]
+
+
+def test_no_filter_keeps_everything() -> None:
+    trace = split_trace()
+    assert filter_events(trace) == list(trace.events)
+
+
+def test_each_filter_alone() -> None:
+    trace = split_trace()
+    assert _seqs(filter_events(trace, kinds={"released"})) == [20, 23]
+    assert _seqs(filter_events(trace, handles=[1], kinds=["replay_started", "released"])) == [9, 20]
+    assert _seqs(filter_events(trace, phases={"dw"})) == [16, 17, 18, 19, 20, 21, 22, 23, 24, 25]
+    assert _seqs(filter_events(trace, start=10, stop=13)) == [10, 11, 12]
+    assert _seqs(filter_events(trace, text="DW_COMPLETE")) == [20, 23]  # case-insensitive
+    assert _seqs(filter_events(trace, text="train.py:22")) == [16, 17]  # the site is searched too
+    assert _seqs(filter_events(trace, text="microbatch=1", kinds={"handle_created"})) == [3]
+
+
+def test_filters_combine_and_can_match_nothing() -> None:
+    trace = split_trace()
+    assert _seqs(filter_events(trace, handles={0}, phases={"dx"}, start=0, stop=14)) == [6, 12, 13]
+    assert filter_events(trace, kinds={"released"}, handles={7}) == []
+    assert filter_events(trace, start=30) == []
+    assert _seqs(filter_events(nonreentrant_trace(), handles={0}, kinds={"session_cleared"})) == []  # no handle
+
+
+def test_loaded_trace_filters_through_its_columns(tmp_path: Path) -> None:
+    trace = refused_trace()
+    trace.save(tmp_path / "t.json")
+    loaded = Trace.load(tmp_path / "t.json")
+    picked = filter_events(loaded, kinds={"replay_refused", "error"})
+    assert picked == [trace.events[9], trace.events[10]]
+    assert not loaded.events.materialized
+
+
+def test_rows_are_flat_strings_for_a_table() -> None:
+    trace = split_trace()
+    rows = event_rows([trace.events[0], trace.events[19]])
+    assert rows[0] == {"seq": 0, "kind": "handle_created", "handle": "h0", "phase": "ordinary", "session": "",
+                       "tags": "stage=0 microbatch=0", "site": "model.py:10",
+                       "details": "function=Block.forward  split=True  collector=scope  input_count=1"}
+    assert rows[1]["details"] == (
+        "targets=[]  explicit_params=[]  discarded_activations=[0]  "
+        "captured=[{name:blocks.1.weight,shape:[4,4],accumulated:True},{name:None,shape:[4],accumulated:False}]")
+    session_row = event_rows([nonreentrant_trace().events[15]])[0]
+    assert session_row["handle"] == "" and session_row["session"] == "s" and session_row["phase"] == ""
+    long = event_rows([refused_trace().events[10]])[0]["details"]
+    assert "message=ckpt_viz.checkpoint (backward): Cannot replay a released reentrant checkpoint h0" in long

@@ -1,0 +1,161 @@
+"""render_graph / render_torchviz_view: DOT text of hand-built snapshots (clusters, labels, colours, collapse).
+
+The DOT is checked as text and then laid out by Graphviz (`dot -Tsvg` through the
+graphviz package) to prove it is valid.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import graphviz
+import pytest
+from traces import block_snapshot
+
+from ckpt_viz.render.graph import (
+    EDGE_COLOURS,
+    GRAPH_LEGEND,
+    NODE_COLOURS,
+    STATE_COLOURS,
+    render_graph,
+    render_torchviz_view,
+)
+from ckpt_viz.trace import GraphSnapshot
+
+
+def _svg(dot: str) -> str:
+    return graphviz.Source(dot).pipe(format="svg", encoding="utf-8")
+
+
+def _node_lines(dot: str) -> list[str]:
+    return [line.strip() for line in dot.splitlines() if re.match(r"\s*(n\d+|block\d+) \[", line)]
+
+
+def _cluster(dot: str, h: int) -> str:
+    start = dot.index(f"subgraph cluster_h{h} {{")
+    return dot[start:dot.index("  }", start)]
+
+
+def test_regions_become_clusters_labelled_with_their_state() -> None:
+    dot = render_graph(block_snapshot(2, replay=True), states={0: "replayed", 1: "released"})
+    assert "subgraph cluster_h0 {" in dot and "subgraph cluster_h1 {" in dot
+    h0, h1 = _cluster(dot, 0), _cluster(dot, 1)
+    assert 'label="h0 · replayed"' in h0 and f'fillcolor="{STATE_COLOURS["replayed"]}"' in h0
+    assert 'label="h1 · released"' in h1 and 'style="filled,dashed"' in h1
+    # Inside h0: its checkpoint node and its retained replay; its trigger and dummy input stay outside.
+    assert 'label="_CheckpointBackward\\nh0 · dx"' in h0
+    assert 'label="blocks.0.weight\\n(4, 4)"' in h0 and "AddmmBackward0" in h0
+    assert "trigger h0" not in h0 and "trigger h0" in dot
+    assert "<svg" in _svg(dot)
+
+
+def test_without_states_the_checkpoint_flags_give_the_state() -> None:
+    assert 'label="h0 · recorded"' in render_graph(block_snapshot(1))
+    assert 'label="h0 · replayed"' in render_graph(block_snapshot(1, replay=True))
+    assert 'label="h0 · released"' in render_graph(block_snapshot(1, replay=True, released=True))
+
+
+def test_node_kinds_are_told_apart_by_shape_and_colour() -> None:
+    dot = render_graph(block_snapshot(1, replay=True))
+    lines = {line.split(" [")[0]: line for line in _node_lines(dot)}
+    by_label = {re.search(r'label="([^"]*)"', line).group(1): line for line in lines.values()}
+    assert f'shape="box", fillcolor="{NODE_COLOURS["backward"]}"' in by_label["SumBackward0"]
+    assert f'fillcolor="{NODE_COLOURS["leaf"]}"' in by_label["head.weight\\n(4, 4)"]
+    assert 'shape="ellipse"' in by_label["input\\n(2, 4)"]
+    assert 'shape="ellipse"' in by_label["dummy\\n(0)"]  # the zero-size input of the checkpoint
+    assert f'shape="diamond", fillcolor="{NODE_COLOURS["trigger"]}"' in by_label["trigger h0"]
+    assert f'shape="box3d", fillcolor="{NODE_COLOURS["checkpoint"]}"' in by_label["_CheckpointBackward\\nh0 · dx"]
+
+
+def test_edges_are_coloured_by_the_pass_that_reaches_them() -> None:
+    dot = render_graph(block_snapshot(1, replay=True))
+    # Node indexes: 0 SumBackward0, 1 head.weight, 2 input, 3 checkpoint h0, 4 dummy, 5 trigger, 6.. replay.
+    edges = dict(re.findall(r"(n\d+ -> n\d+) \[color=\"(#[0-9a-f]+)\"", dot))
+    assert edges["n0 -> n3"] == EDGE_COLOURS["both"]  # loss -> checkpoint: both passes
+    assert edges["n3 -> n2"] == EDGE_COLOURS["dx"]  # checkpoint -> input: DX only
+    assert edges["n3 -> n5"] == EDGE_COLOURS["dw"]  # checkpoint -> trigger: DW only
+    assert edges["n0 -> n1"] == EDGE_COLOURS["dw"]  # loss -> head.weight
+    assert edges["n3 -> n6"] == EDGE_COLOURS["none"]  # into the retained replay: neither outer pass
+
+
+def test_legend_is_the_docstring_and_names_every_colour_role() -> None:
+    assert GRAPH_LEGEND in "\n".join(line.strip() for line in render_graph.__doc__.splitlines())
+    for word in ("Grey box", "Blue box", "Green oval", "Orange diamond", "Yellow 3-D box", "DX", "DW", "purple",
+                 "released", "Block xN"):
+        assert word in GRAPH_LEGEND
+
+
+def test_twelve_identical_blocks_collapse_to_one_node() -> None:
+    snapshot = block_snapshot(12, replay=True)
+    full = render_graph(snapshot, collapse=False)
+    collapsed = render_graph(snapshot, collapse_above=10)
+    assert len(_node_lines(full)) == 3 + 12 * 6
+    assert full.count("subgraph cluster_h") == 12
+    block = [line for line in _node_lines(collapsed) if line.startswith("block0 ")]
+    assert len(block) == 1 and "Block x12" in block[0] and "h0 – h11 · replayed" in block[0]
+    # What remains: the loss, the head weight, the model input and the block.
+    assert len(_node_lines(collapsed)) == 4
+    assert "cluster_h" not in collapsed
+    assert re.search(r"n0 -> block0 \[color=\"" + EDGE_COLOURS["both"], collapsed)
+    assert re.search(r"block0 -> n2 \[color=\"" + EDGE_COLOURS["dx"], collapsed)
+    assert "<svg" in _svg(collapsed)
+
+
+def test_small_graphs_and_collapse_false_stay_expanded() -> None:
+    snapshot = block_snapshot(12, replay=True)  # 75 nodes: under the default threshold of 100
+    assert "block0" not in render_graph(snapshot)
+    assert "block0" not in render_graph(block_snapshot(40, replay=True), collapse=False)
+    assert "Block x40" in render_graph(block_snapshot(40, replay=True))
+
+
+def test_different_states_break_a_run_of_blocks() -> None:
+    states = {h: "released" if h >= 8 else "replayed" for h in range(12)}
+    dot = render_graph(block_snapshot(12, replay=True), states=states, collapse_above=10)
+    labels = re.findall(r'label="(Block x\d+\\nh\d+ – h\d+ · \w+)', dot)
+    assert labels == ["Block x8\\nh0 – h7 · replayed", "Block x4\\nh8 – h11 · released"]
+    # A run shorter than min_repeat stays as clusters.
+    states[5] = "replaying"
+    dot = render_graph(block_snapshot(12, replay=True), states=states, collapse_above=10, min_repeat=3)
+    assert "subgraph cluster_h5 {" in dot and "Block x5\\nh0 – h4" in dot and "Block x2\\nh6 – h7" not in dot
+
+
+def test_thousands_of_nodes_render_quickly_and_collapse() -> None:
+    snapshot = block_snapshot(850, replay=True)  # 5,103 nodes
+    assert len(snapshot.nodes) > 5000
+    start = time.perf_counter()
+    full = render_graph(snapshot, collapse=False)
+    collapsed = render_graph(snapshot)
+    took = time.perf_counter() - start
+    assert took < 5.0, f"two renders of 5,000 nodes took {took:.2f} s"
+    assert len(_node_lines(full)) == len(snapshot.nodes)
+    assert len(_node_lines(collapsed)) == 4 and "Block x850" in collapsed
+    assert "<svg" in _svg(collapsed)
+
+
+def test_non_string_and_odd_names_are_quoted() -> None:
+    snapshot = GraphSnapshot(seq=0, label='say "hi"', nodes=[
+        {"id": "a", "name": 'Weird"Backward\\', "kind": "backward", "handle_id": None, "dx_reached": False,
+         "dw_reached": False, "shape": None},
+        {"id": "b", "name": "x", "kind": "leaf", "handle_id": None, "dx_reached": False, "dw_reached": False,
+         "shape": [3]},
+    ], edges=[["a", "b"], ["a", "missing"]])
+    dot = render_graph(snapshot)
+    assert 'label="Weird\\"Backward\\\\"' in dot and 'label="say \\"hi\\""' in dot
+    assert "<svg" in _svg(dot)
+
+
+def test_torchviz_view_is_plain() -> None:
+    dot = render_torchviz_view(block_snapshot(2, replay=True))
+    assert "cluster" not in dot and "#2171b5" not in dot
+    assert "blocks.0.weight" not in dot  # the retained replay is not part of the autograd graph
+    assert 'label="_CheckpointBackward", fillcolor="lightgrey"' in dot
+    assert 'label="head.weight\\n (4, 4)", fillcolor="lightblue"' in dot
+    assert len(re.findall(r"n\d+ \[", dot)) == 3 + 2 * 3
+    # torchviz direction: an edge from the input's node to the node that uses it.
+    assert "n3 -> n0;" in dot
+    assert "<svg" in _svg(dot)
+
+
+@pytest.mark.parametrize("rankdir", ["TB", "LR"])
+def test_rankdir_is_passed_through(rankdir: str) -> None:
+    assert f'rankdir="{rankdir}"' in render_graph(block_snapshot(1), rankdir=rankdir)

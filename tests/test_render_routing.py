@@ -1,0 +1,100 @@
+"""routing_at / render_routing on hand-built traces: pass boundaries, state as of the cursor, DOT edges."""
+from __future__ import annotations
+
+import re
+
+import graphviz
+from traces import Builder, refused_trace, split_trace
+
+from ckpt_viz.render.graph import EDGE_COLOURS
+from ckpt_viz.render.routing import backward_passes, render_routing, routing_at
+
+
+def _svg(dot: str) -> str:
+    return graphviz.Source(dot).pipe(format="svg", encoding="utf-8")
+
+
+def test_passes_of_the_split_trace() -> None:
+    passes = backward_passes(split_trace())
+    assert [(p["start_seq"], p["end_seq"], p["phase"], p["site"]) for p in passes] == [
+        (8, 15, "dx", "train.py:21"), (18, 23, "dw", "train.py:23")]
+
+
+def test_cursor_inside_dx_shows_the_handles_routed_so_far() -> None:
+    r = routing_at(split_trace(), 12)
+    assert (r["phase"], r["start_seq"], r["end_seq"], r["complete"]) == ("dx", 8, 12, False)
+    assert r["handles"] == [1, 0] and r["handles_replayed"] == [1]
+    assert r["targets"] == {1: [0]} and r["explicit_params"] == {1: []}
+    assert r["released"] == [] and r["stage"] is None
+
+
+def test_cursor_after_a_pass_shows_the_whole_last_pass() -> None:
+    r = routing_at(split_trace(), 16)  # phase_set dw: no pass contains it, DX was the last one
+    assert r["phase"] == "dx" and r["complete"] is True
+    assert r["handles_replayed"] == [1, 0] and r["targets"] == {1: [0], 0: [0]}
+
+
+def test_dw_pass_routes_captured_parameters_and_releases() -> None:
+    r = routing_at(split_trace(), None)
+    assert r["phase"] == "dw" and (r["start_seq"], r["end_seq"]) == (18, 23)
+    assert r["handles_replayed"] == []  # replayed in DX already
+    assert r["targets"] == {1: [], 0: []} and r["discarded"] == {1: [0], 0: [0]}
+    assert r["captured"] == {1: ["blocks.1.weight"], 0: ["blocks.0.weight"]}
+    assert r["captured_missed"] == {1: ["tensor(4,)"], 0: ["tensor(4,)"]}
+    assert r["released"] == [1, 0] and r["release_reasons"] == {1: "dw_complete", 0: "dw_complete"}
+
+
+def test_before_any_pass_everything_is_empty() -> None:
+    r = routing_at(split_trace(), 5)
+    assert r["phase"] is None and r["handles"] == [] and r["targets"] == {}
+    dot = render_routing(split_trace(), 5)
+    assert 'label="no backward pass yet"' in dot and 'label="no checkpoint reached"' in dot
+    assert "<svg" in _svg(dot)
+
+
+def test_a_second_backward_at_another_line_is_a_new_pass_with_the_refusal() -> None:
+    trace = refused_trace()
+    assert [(p["start_seq"], p["end_seq"]) for p in backward_passes(trace)] == [(3, 7), (8, 10)]
+    r = routing_at(trace, None)
+    assert r["refused"] == [0] and r["handles"] == [0] and r["handles_replayed"] == []
+    assert routing_at(trace, 7)["released"] == [0]
+
+
+def test_same_site_splits_on_tags_and_on_a_handle_entering_twice() -> None:
+    b = Builder()
+    for mb in (0, 1):
+        for h in (2 * mb, 2 * mb + 1):
+            b.ev("backward_entered", h, phase="dx", site="pipe.py:1", tags={"stage": 0, "microbatch": mb})
+            b.ev("grads_routed", h, phase="dx", site="pipe.py:1", tags={"stage": 0, "microbatch": mb}, targets=[0])
+    b.ev("memory_sampled")  # neutral
+    for _ in range(2):  # a loop calling backward twice on one line
+        b.ev("backward_entered", 9, phase="ordinary", site="loop.py:4")
+        b.ev("grads_routed", 9, phase="ordinary", site="loop.py:4", targets=[0])
+    passes = backward_passes(b.trace())
+    assert [(p["start_seq"], p["end_seq"], p["group"]) for p in passes] == [
+        (0, 3, (0, 0)), (4, 7, (0, 1)), (9, 10, (None, None)), (11, 12, (None, None))]
+    assert routing_at(b.trace(), 6)["microbatch"] == 1
+
+
+def test_dot_colours_dx_and_dw_routes() -> None:
+    dot = render_routing(split_trace(), 15)
+    assert f'h1 -> h1_in0 [color="{EDGE_COLOURS["dx"]}", label="dX"' in dot
+    assert 'label="h1\\nreplayed here"' in dot
+    assert "DX pass (input grads) · events 8–15 · train.py:21" in dot
+    dw = render_routing(split_trace(), None)
+    assert f'h1 -> h1_cap0 [color="{EDGE_COLOURS["dw"]}", style="dashed", label=".grad"' in dw
+    assert f'h1 -> h1_in0 [color="{EDGE_COLOURS["none"]}", style="dashed", label="dropped"' in dw
+    assert 'label="h1\\nreleased (dw_complete)"' in dw and 'label="tensor(4,) (no grad)"' in dw
+    assert "<svg" in _svg(dot) and "<svg" in _svg(dw)
+
+
+def test_explicit_parameter_inputs_get_dw_edges() -> None:
+    b = Builder()
+    b.ev("backward_entered", 0, phase="dw", site="t.py:1")
+    b.ev("grads_routed", 0, phase="dw", site="t.py:1", targets=[1], explicit_params=[1],
+         discarded_activations=[0])
+    b.ev("released", 0, phase="dw", site="t.py:1", reason="dw_complete")
+    dot = render_routing(b.trace(), None)
+    assert re.search(r'h0_in1 \[label="param 1", shape="box", fillcolor="#[0-9a-f]+"\]', dot)
+    assert f'h0 -> h0_in1 [color="{EDGE_COLOURS["dw"]}", label="dW"' in dot
+    assert "<svg" in _svg(dot)
