@@ -1,8 +1,9 @@
 """`Trace`: what a recorded run leaves behind: events, memory samples, graph snapshots and meta.
 
 Owns the trace data types and the queries renderers ask of them. Standard library
-only, so the app can open a saved trace without torch. The file format (JSON, gzip,
-validation) lives in `ckpt_viz.trace_io`; `Trace.save` and `Trace.load` call it.
+only, so the app can open a saved trace without torch. The file format lives in
+`ckpt_viz.trace_io` (bytes, gzip, atomic writes), `ckpt_viz.trace_document` (Trace <->
+document) and `ckpt_viz.trace_schema` (validation); `Trace.save` and `Trace.load` call them.
 
 NOTE [ Rows stored as columns ]
   1. A recorded trace keeps `events` and `memory` as plain lists: the recorder appends.
