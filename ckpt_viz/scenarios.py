@@ -7,6 +7,7 @@ a run. Imports torch; never the UI.
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
 from typing import Any, Callable, Iterator, Literal
 
@@ -109,6 +110,7 @@ def _meta(spec: ModelSpec, mode: str) -> dict[str, Any]:
             "versions": {"torch": torch.__version__, "python": platform.python_version(), "ckpt_viz": _version()}}
 
 
+@functools.lru_cache(maxsize=1)
 def _version() -> str:
     try:
         from importlib.metadata import version
