@@ -1,0 +1,17 @@
+"""ckpt_viz app: `streamlit run app` (from the repository root). Routes to the pages in app/views/."""
+import streamlit as st
+
+import widgets
+
+st.set_page_config(page_title="ckpt_viz", page_icon=":material/replay:", layout="wide")
+pg = st.navigation({
+    "Run": [st.Page("views/overview.py", title="Overview", icon=":material/home:", default=True)],
+    "Explore": [st.Page("views/graph.py", title="Autograd graph", icon=":material/account_tree:"),
+                st.Page("views/memory.py", title="Memory", icon=":material/memory:"),
+                st.Page("views/handles.py", title="Handles", icon=":material/bug_report:"),
+                st.Page("views/routing.py", title="Routing (DX/DW)", icon=":material/alt_route:"),
+                st.Page("views/events.py", title="Events", icon=":material/list:")],
+    "Compare": [st.Page("views/compare.py", title="Compare modes", icon=":material/compare:")],
+})
+widgets.source_sidebar()  # drawn here, not in a page, so the choice survives page changes
+pg.run()

@@ -1,0 +1,48 @@
+"""The event log around the cursor: filter it, read it as a table or as plain text."""
+import bisect
+
+import pandas as pd
+import streamlit as st
+
+import widgets
+from ckpt_viz import EVENT_KINDS
+from ckpt_viz.render.eventlog import event_rows, filter_events
+from ckpt_viz.render.text import render_text
+
+run = widgets.current()
+st.title("Events")
+seq = widgets.cursor_bar(run)
+
+a, b, c, d = st.columns([3, 2, 2, 2])
+kinds = a.multiselect("Kinds", EVENT_KINDS, key="ev_kinds")
+phases = b.multiselect("Phases", ("ordinary", "dx", "dw"), key="ev_phases")
+handles_text = c.text_input("Handles", key="ev_handles", placeholder="e.g. 0, 3")
+text = d.text_input("Search", key="ev_text", placeholder="text in any field")
+rows_each_side = st.slider("Rows either side of the cursor", 5, 200, 10, key="ev_rows")
+try:
+    handles = tuple(int(h.strip().lstrip("h")) for h in handles_text.split(",") if h.strip())
+except ValueError:
+    st.error(f"Handles: expected ids separated by commas, like 0, 3 (got {handles_text!r}).")
+    st.stop()
+
+if kinds or phases or handles or text:
+    matches = run.cached(lambda trace, k, p, h, t: filter_events(trace, kinds=k or None, phases=p or None,
+                                                                handles=h or None, text=t or None),
+                         tuple(kinds), tuple(phases), handles, text)
+    i = bisect.bisect_left([e.seq for e in matches], seq) if len(matches) < 50_000 else \
+        bisect.bisect_left(matches, seq, key=lambda e: e.seq)
+    shown = matches[max(0, i - rows_each_side): i + rows_each_side + 1]
+    st.caption(f"{len(matches):,} matching events; showing {len(shown)} around seq {seq}.")
+else:
+    p = run.index.position(seq)
+    shown = run.trace.events[max(0, p - rows_each_side): p + rows_each_side + 1]
+    st.caption(f"{len(run.trace):,} events; showing {len(shown)} around seq {seq} (the cursor row is marked ▶).")
+
+table, plain = st.tabs(["Table", "Plain text"])
+with table:
+    rows = pd.DataFrame([{"": "▶" if r["seq"] == seq else "", **r} for r in event_rows(shown)])
+    marked = rows.style.apply(lambda row: ["background-color: #fde3d3" if row[""] else ""] * len(row), axis=1)
+    st.dataframe(marked, hide_index=True, width="stretch", height=min(38 + 35 * len(rows), 1500))
+with plain:
+    site = st.toggle("Show file:line", key="ev_site")
+    st.code(render_text(shown, site=site), language=None)

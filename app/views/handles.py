@@ -1,0 +1,58 @@
+"""Handle lifecycles, and the debugger: why was this handle released before it could replay?"""
+import streamlit as st
+
+import widgets
+from ckpt_viz.diagnose import diagnose, diagnose_all
+from ckpt_viz.render.eventlog import filter_events
+from ckpt_viz.render.swimlane import render_lifecycles
+from ckpt_viz.render.text import format_event
+
+run = widgets.current()
+st.title("Handles")
+seq = widgets.cursor_bar(run)
+handles = run.index.handles
+if not handles:
+    st.info("This trace has no checkpoint handles (mode 'none', or nothing was checkpointed).")
+    st.stop()
+
+st.subheader("Lifecycles" + (" around the cursor" if len(run.trace) > 1_201 else ""))
+widgets.show_chart(render_lifecycles, widgets.window(run, seq, radius=600), cursor=seq)
+
+st.subheader("Why was this handle released before replay?")
+if len(run.trace) <= 200_000 or st.button("Diagnose every handle", help=f"Reads all {len(run.trace):,} events once"):
+    problems = run.cached(diagnose_all)
+    if problems:
+        st.dataframe([{"handle": f"h{d.handle_id}", "diagnosis": d.code, "summary": d.summary} for d in problems],
+                     hide_index=True, width="stretch")
+    first = problems[0].handle_id if problems else handles[0]
+else:  # a big trace: start from the first refused replay, found from the kind column alone
+    refused = run.cached(lambda trace: [e.handle_id for e in filter_events(trace, kinds=("replay_refused",))][:1])
+    first = refused[0] if refused else handles[0]
+if len(handles) <= 5_000:
+    handle = st.selectbox("Handle", handles, index=handles.index(first), key="debug_handle",
+                          format_func=lambda h: f"h{h} · {run.index.handle_state(h, seq)} at seq {seq}")
+else:
+    handle = int(st.number_input("Handle id", min(handles), max(handles), first, key="debug_handle_id"))
+d = run.cached(diagnose, handle)
+(st.success if d.ok else st.error)(f"**h{handle}: {d.code}**. {d.summary}")
+if not d.ok:
+    st.markdown(f"**Cause:** {d.cause}")
+for title, event in (("Released by", d.release_event), ("Replay refused at", d.refused_event),
+                     ("Error", d.error_event)):
+    if event is not None:
+        st.markdown(f"**{title}** (seq {event.seq}):")
+        st.code(format_event(event, site=True), language=None)
+if d.site:
+    st.markdown(f"**Line of code:** `{d.site}`")
+    line = widgets.source_line(d.site)
+    if line:
+        st.code(line, language="python")
+if not d.ok:
+    st.info(f"**Fix:** {d.fix}")
+
+st.subheader(f"Handle states at seq {seq}")
+states = run.index.handle_states(seq) if len(handles) <= 2_000 else None
+shown = handles if states is not None else sorted(
+    {e.handle_id for e in widgets.window(run, seq, 200).events if e.handle_id is not None})
+st.dataframe([{"handle": f"h{h}", "state": states[h] if states else run.index.handle_state(h, seq)} for h in shown],
+             hide_index=True, width="stretch", height=min(38 + 35 * len(shown), 400))

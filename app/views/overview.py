@@ -1,0 +1,54 @@
+"""Overview: what ran, what happened to its handles, where memory peaked, and what went wrong."""
+from collections import Counter
+
+import streamlit as st
+
+import widgets
+from ckpt_viz.diagnose import diagnose_all
+from ckpt_viz.render.memory import format_bytes, memory_peak, render_memory
+
+run = widgets.current()
+meta = run.trace.meta
+st.title("Overview")
+st.caption(f"**{run.config.label}** · {meta.get('description') or meta.get('model', '')}")
+seq = widgets.cursor_bar(run)
+
+kinds = run.cached(lambda trace: Counter(trace.kinds()))
+peak = run.cached(memory_peak)
+cols = st.columns(6)
+cols[0].metric("Events", f"{len(run.trace):,}")
+cols[1].metric("Handles", f"{len(run.index.handles):,}")
+cols[2].metric("Replays", f"{kinds['replay_started']:,}")
+cols[3].metric("Refused replays", f"{kinds['replay_refused']:,}")
+cols[4].metric("Released", f"{kinds['released']:,}")
+cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not sampled",
+               help=f"at seq {peak['seq']}: " + ", ".join(f"{c} {format_bytes(b)}" for c, b in peak["top"])
+               if peak else None)
+
+st.subheader("Memory over the run")
+if len(run.trace.memory):
+    widgets.show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, max_points=300)
+else:
+    st.info("This trace has no memory samples.")
+
+left, right = st.columns(2, gap="large")
+with left:
+    st.subheader("Handles at the cursor")
+    states = Counter(run.index.handle_states(seq).values())
+    st.dataframe([{"state": s, "handles": n} for s, n in states.most_common()], hide_index=True, width="stretch")
+with right:
+    st.subheader("Problems")
+    big = len(run.trace) > 200_000  # diagnosing reads every event: on request only for a big trace
+    problems = None
+    if not big or st.button("Diagnose every handle", help=f"Reads all {len(run.trace):,} events once"):
+        problems = run.cached(diagnose_all)
+    elif kinds["replay_refused"] or kinds["error"]:
+        st.warning(f"{kinds['replay_refused']:,} refused replays and {kinds['error']:,} errors in this run.")
+    if problems:
+        for d in problems[:5]:
+            st.warning(f"**h{d.handle_id} · {d.code}**: {d.summary}")
+        st.page_link("views/handles.py", label="Debug these handles", icon=":material/bug_report:")
+    elif problems is not None:
+        st.success("No problem found: no refused replay, and every handle was released.")
+    st.caption("Downloads")
+    widgets.download_trace_buttons(run)

@@ -1,0 +1,100 @@
+"""How fast does the app open a big saved trace, and how fast does the time cursor move?
+
+Writes a synthetic trace file (default 1,000,000 events, built as in
+bench_trace_io.py), then drives the real app (`app/streamlit_app.py`) headless with
+Streamlit's AppTest, which runs the same script code as a server session does:
+
+1. first page: a fresh session opens the file (Trace.load + TraceIndex + the
+   Overview page drawn); target 5 s;
+2. cursor moves on every page (a step button, then a slider jump across the run);
+   target 1 s each. The first visit of a page (which computes its once-per-trace
+   data) is reported too, not held to the 1 s target.
+
+    python benchmarks/bench_app.py                 # 1,000,000 events
+    python benchmarks/bench_app.py --events 20000  # quick
+
+Prints one line per measurement and PASS/FAIL; exits 1 when a target is missed, 2 when a
+page shows an error.
+Browser time (drawing the figures) is not included: see tests/test_browser.py for the real server.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_trace_io import build_trace  # noqa: E402
+
+FIRST_PAGE_S = 5.0
+CURSOR_S = 1.0
+PAGES = ("views/overview.py", "views/graph.py", "views/memory.py", "views/handles.py", "views/routing.py",
+         "views/events.py", "views/compare.py")
+
+
+def _timed(label: str, fn, target: float | None, results: list) -> None:
+    start = time.perf_counter()
+    at = fn()
+    elapsed = time.perf_counter() - start
+    problems = [e.value for e in at.exception] + [e.value for e in at.error]
+    if not at.title:
+        problems.append("no page title: the page was not drawn")
+    ok = not problems and (target is None or elapsed <= target)
+    results.append((label, elapsed, target, ok, bool(problems)))
+    verdict = "PASS" if ok else "FAIL"
+    shown = f"{elapsed:6.2f} s" + (f"  (target {target:.0f} s)" if target else "  (reported)")
+    print(f"{label:<44} {shown:<24} {verdict if target or problems else ''}", flush=True)
+    for problem in problems:
+        print(f"    error on the page: {str(problem)[:300]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--gzip", action="store_true", help="write .json.gz instead of .json")
+    args = parser.parse_args(argv)
+
+    from streamlit.testing.v1 import AppTest
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / ("bench_trace.json.gz" if args.gzip else "bench_trace.json")
+        start = time.perf_counter()
+        trace = build_trace(args.events)
+        trace.save(path)
+        print(f"wrote {len(trace.events):,} events, {len(trace.memory):,} memory samples, {len(trace.graphs)} graphs "
+              f"to {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - start:.1f} s "
+              f"(not timed); {os.cpu_count()} CPUs\n")
+        del trace
+
+        os.chdir(ROOT)
+        at = AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=300)
+        at.session_state["src_kind"] = "Saved trace"
+        at.session_state["src_trace_how"] = "Path"
+        at.session_state["src_trace_path"] = str(path)
+        results: list = []
+        _timed("first page (load + index + Overview)", at.run, FIRST_PAGE_S, results)
+        if at.exception or at.error:
+            return 2
+        n = args.events
+        for page in PAGES:
+            name = page.split("/")[1].removesuffix(".py")
+            _timed(f"{name}: first visit", lambda: at.switch_page(page).run(), None, results)
+            _timed(f"{name}: cursor -1 (step button)", lambda: at.button(key="cursor_prev").click().run(),
+                   CURSOR_S, results)
+            target = n // 3 if at.slider(key="cursor_slider").value > n // 2 else 2 * n // 3
+            _timed(f"{name}: cursor jump (slider to {target:,})",
+                   lambda: at.slider(key="cursor_slider").set_value(target).run(), CURSOR_S, results)
+
+    broken = [label for label, *_, problem in results if problem]
+    failed = [label for label, _, _, ok, _ in results if not ok]
+    print("\nPASS: every target met" if not failed else f"\nFAIL: {', '.join(failed)}")
+    return 2 if broken else 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
