@@ -54,6 +54,8 @@ NOTE [ Loss and gradients ]
 """
 from __future__ import annotations
 
+import gc
+
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Sequence
@@ -351,10 +353,12 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
         p.grad = None
     torch.manual_seed(seed)
     pipeline = _Pipeline(spec, stages, batches)
+    gc.collect()  # handles of earlier runs die now: this run's ids start at h0
     with record(memory=memory, graphs=graphs, model=spec.model, tensors=spec.inputs) as rec:
         for action, _ in order:
             with tag(stage=action.stage, microbatch=action.microbatch, action=action.kind):
                 pipeline.run(action)
+        gc.collect()  # node_collected events of the freed graphs land in this trace, every time
     rec.trace.meta.update(run_meta(
         model=spec.name, mode="pipeline", schedule=name, source=spec.source, description=spec.description,
         checkpoint=list(spec.checkpoint), stages=list(spec.stages), microbatches=microbatches,

@@ -20,6 +20,8 @@ NOTE [ What a recording captures ]
 """
 from __future__ import annotations
 
+import functools
+import sys
 from types import TracebackType
 from typing import Any
 
@@ -72,32 +74,36 @@ class Recording:
 
         recording = self
 
-        def wrap(name: str, original: Any) -> Any:
-            def patched(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        def wrap(name: str, original: Any, roots_keyword: str) -> Any:
+            @functools.wraps(original)
+            def patched(*args: Any, **kwargs: Any) -> Any:
                 if torch._C._current_graph_task_id() != -1:  # an inner backward (a replay): not the user's pass
-                    return original(tensors, *args, **kwargs)
+                    return original(*args, **kwargs)
                 if recording.graphs:
                     count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
-                    recording.snapshot(tensors, f"before {name} #{count + 1}")
+                    roots = args[0] if args else kwargs.get(roots_keyword)
+                    recording.snapshot(roots, f"before {name} #{count + 1}")
                 try:
-                    return original(tensors, *args, **kwargs)
+                    return original(*args, **kwargs)
                 except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
                     bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph")})
                     raise
 
-            patched.__wrapped__ = original
             return patched
 
-        for name in ("backward", "grad"):
+        for name, roots_keyword in (("backward", "tensors"), ("grad", "outputs")):
             original = getattr(torch.autograd, name)
             self._restore.append((torch.autograd, name, original))
-            setattr(torch.autograd, name, wrap(f"autograd.{name}", original))
+            setattr(torch.autograd, name, wrap(f"autograd.{name}", original, roots_keyword))
 
     # ------------------------------------------------------------ lifetime
 
     def __enter__(self) -> "Recording":
         if self._unsubscribe is not None:
             raise RuntimeError("ckpt_viz.record: this recording is already open.\nTip: use a new record() block.")
+        handles = sys.modules.get("ckpt_viz.runtime.reentrant_handle")  # loaded only if checkpoints ran here
+        if handles is not None and not bus.enabled:
+            handles.restart_handle_ids()  # a run recorded twice gets the same ids (only when none is alive)
         if self.model is not None:
             self._names = {id(p): n for n, p in self.model.named_parameters()}
             for name, param in self.model.named_parameters():  # routing events name captured parameters

@@ -69,7 +69,7 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MEMORY_MB = 4096
-EXTRA_KEYS = ("seed", "microbatches", "schedule")
+EXTRA_KEYS = ("seed", "microbatches", "schedule", "memory", "graphs")
 _API = "ckpt_viz.record_in_subprocess"
 _TAIL_CHARS = 2000
 _STACK_GRACE_S = 0.5  # how long a timed-out child gets to print its stack before the kill
@@ -198,7 +198,8 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
         mode: one of `ckpt_viz.scenarios.MODES`.
         timeout_s: wall-clock limit for the whole child, Python and torch start-up included (a few seconds).
         memory_mb: address-space limit (RLIMIT_AS) of the child in MiB; None for no limit (needed for CUDA).
-        extra: keyword arguments of `run_scenario` (and of `load_model` for "seed"): seed, microbatches, schedule.
+        extra: keyword arguments of `run_scenario` (and of `load_model` for "seed"): seed, microbatches,
+            schedule, memory, graphs.
 
     Returns:
         The trace the child recorded, read back from JSON.

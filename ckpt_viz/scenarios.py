@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import platform
 from typing import Any, Callable, Iterator, Literal
 
@@ -144,6 +145,7 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
     for p in params:
         p.grad = None
     torch.manual_seed(seed)
+    gc.collect()  # handles of earlier runs die now: this run's ids start at h0 (see restart_handle_ids)
     with record(memory=memory, graphs=graphs, model=model, tensors=inputs) as rec:
         if mode in ("none", "reentrant", "nonreentrant"):
             kind = None if mode == "none" else mode == "reentrant"
@@ -162,7 +164,9 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
             backward_input(loss, None, acts, handles=handles, session_id=session)
             _milestone(memory, "after DX")
             backward_weight(loss, None, params, handles=handles, session_id=session)
+            del handles
         del loss
+        gc.collect()  # the run's graph is garbage now: its node_collected events land in this trace, every time
         _milestone(memory, "end")
     rec.trace.meta.update(_meta(spec, mode))
     return rec.trace

@@ -280,9 +280,18 @@ class MemoryColumns(_LazyRows):
         names = list(by_category)
         values = zip(*(map(col.__getitem__, rows) for col in by_category.values())) if names else (
             () for _ in rows)
-        if any(None in col for col in by_category.values()):
+        if self._has_gaps():
             return ({n: v for n, v in zip(names, row) if v is not None} for row in values)
         return map(dict, map(zip, itertools.repeat(names), values))
+
+    def _has_gaps(self) -> bool:
+        """Whether some category was not measured in some sample (computed once per column set)."""
+        columns = self.columns["bytes_by_category"]
+        cached = self.tables.get("_gaps")
+        if cached is None or cached[0] is not columns:
+            cached = (columns, any(None in col for col in columns.values()))
+            self.tables["_gaps"] = cached
+        return cached[1]
 
     def _samples(self, rows: range | list[int]) -> Iterator[MemorySample]:
         c = self.columns

@@ -47,12 +47,13 @@ def test_single_trace_chart_stacks_categories_with_cursor_and_peak() -> None:
     trace = split_trace()
     chart = render_memory({"run": trace}, cursor=12)
     spec = chart.to_dict()  # validates against the Vega-Lite schema
-    area, point, text, rule = chart.layer
+    area, point, rule = chart.layer
     assert area.mark.type == "area" and spec["layer"][0]["encoding"]["y"]["stack"] == "zero"
     assert area.data.values == memory_series(trace, max_points=len(area.data.values))
     assert point.data.values[0]["seq"] == 22 and point.data.values[0]["bytes"] == 4864
-    assert text.data.values[0]["label"] == (
-        "peak 4.8 KiB: parameters 2.0 KiB, gradients 2.0 KiB, replay_activations 512 B")
+    label = "peak 4.8 KiB: parameters 2.0 KiB, gradients 2.0 KiB, replay_activations 512 B"
+    assert point.data.values[0]["label"] == label  # tooltip of the peak point
+    assert spec["title"]["subtitle"] == [label]  # and the subtitle, clear of the legend
     assert rule.mark.type == "rule" and rule.data.values == [{"seq": 12}]
     assert spec["layer"][0]["mark"]["type"] == "area"
 

@@ -26,6 +26,8 @@ Example: split-reentrant mlp, h3: recorded (seq 12) -> replaying (23) -> replaye
 """
 from __future__ import annotations
 
+import gc
+
 import weakref
 from bisect import bisect_right
 from typing import Any, Callable
@@ -126,7 +128,7 @@ class TraceIndex:
     @classmethod
     def of(cls, trace: Trace) -> "TraceIndex":
         """The index of `trace`, built on first use and cached (see `derived`)."""
-        return derived(trace, "TraceIndex", cls)
+        return derived(trace, "TraceIndex", _build_without_gc)
 
     # -- building
 
@@ -252,3 +254,13 @@ class TraceIndex:
         hi = len(self.seqs) if stop is None else bisect_right(self.seqs, stop - 1)
         return range(lo, max(lo, hi))
 
+
+def _build_without_gc(trace: Trace) -> TraceIndex:
+    """Build an index with the cyclic collector paused: it makes millions of small objects, none cyclic."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return TraceIndex(trace)
+    finally:
+        if enabled:
+            gc.enable()

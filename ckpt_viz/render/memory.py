@@ -134,11 +134,11 @@ def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
         mark = alt.Data(values=[{"seq": peak["seq"], "bytes": peak["total"], "label": _peak_text(peak)}])
         layers.append(alt.Chart(mark).mark_point(color="black", filled=True, size=60).encode(
             x="seq:Q", y="bytes:Q", tooltip=["label:N"]))
-        layers.append(alt.Chart(mark).mark_text(align="left", dx=6, dy=-8, fontSize=11).encode(
-            x="seq:Q", y="bytes:Q", text="label:N"))
     if cursor is not None:
         layers.append(_rule([{"seq": cursor}], "seq"))
-    return alt.layer(*layers).properties(title=trace.meta.get("model", "memory"))
+    # The peak's contributors go in the subtitle: a label next to the point would run over the legend.
+    title = alt.TitleParams(trace.meta.get("model", "memory"), subtitle=[_peak_text(peak)] if peak else [])
+    return alt.layer(*layers).properties(title=title)
 
 
 def _rule(rows: list[dict], field: str) -> alt.Chart:
@@ -173,10 +173,9 @@ def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int) -> a
         marks = alt.Data(values=peaks)
         layers.append(alt.Chart(marks).mark_point(filled=True, size=60).encode(
             x="position:Q", y="bytes:Q", color=alt.Color("trace:N", sort=list(traces)), tooltip=["label:N"]))
-        layers.append(alt.Chart(marks).mark_text(align="left", dx=6, dy=-8, fontSize=11).encode(
-            x="position:Q", y="bytes:Q", text="label:N"))
     if cursor is not None:
         first = TraceIndex.of(next(iter(traces.values())))
         at = first.position(cursor) / max(len(first.seqs) - 1, 1)
         layers.append(_rule([{"position": at}], "position"))
-    return alt.layer(*layers).properties(title="total bytes, compared")
+    title = alt.TitleParams("total bytes, compared", subtitle=[p["label"] for p in peaks])
+    return alt.layer(*layers).properties(title=title)

@@ -181,7 +181,7 @@ def render_lifecycles(trace: Trace, *, cursor: int | None = None) -> alt.Chart:
     lanes = list(dict.fromkeys(r["lane"] for r in intervals))
     y = alt.Y("lane:N", sort=lanes, title=None)
     bars = alt.Chart(alt.Data(values=intervals)).mark_bar(height={"band": 0.7}).encode(
-        x=alt.X("start_seq:Q", title="event seq"),
+        x=alt.X("start_seq:Q", title="event seq", scale=alt.Scale(zero=False)),  # a window need not start at 0
         x2="end_seq:Q",
         y=y,
         color=alt.Color("state:N", scale=alt.Scale(domain=list(LIFECYCLE_STATES),
@@ -196,4 +196,4 @@ def render_lifecycles(trace: Trace, *, cursor: int | None = None) -> alt.Chart:
     if cursor is not None:
         layers.append(alt.Chart(alt.Data(values=[{"seq": cursor}])).mark_rule(color="#d62728", strokeWidth=2)
                       .encode(x="seq:Q"))
-    return alt.layer(*layers).properties(height=max(18 * len(lanes), 40), title="handle lifecycles")
+    return alt.layer(*layers).properties(height=max(24 * len(lanes), 48), title="handle lifecycles")

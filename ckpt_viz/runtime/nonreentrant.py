@@ -82,7 +82,7 @@ class NonReentrantFrame:
 
     def __init__(self, recompute_fn: Callable[..., Any], early_stop: bool,
                  metadata_fn: Callable[[torch.Tensor], Any] | None, function: Callable) -> None:
-        self.handle_id = new_handle_id()
+        self.handle_id = new_handle_id(self)
         self.function = function
         self.recompute_fn = recompute_fn
         self.early_stop = early_stop

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
@@ -28,16 +29,32 @@ from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.state import ExecutionState
 
 __all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "meta", "new_handle_id",
+           "restart_handle_ids",
            "qualname"]
 
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
 _HANDLE_IDS = itertools.count()
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every handle and frame still alive
 _API = "ckpt_viz.checkpoint"
 
 
-def new_handle_id() -> int:
+def new_handle_id(owner: Any = None) -> int:
     """Next handle id, shared by reentrant handles and non-reentrant frames (spec D2)."""
+    if owner is not None:
+        _LIVE.add(owner)
     return next(_HANDLE_IDS)
+
+
+def restart_handle_ids() -> bool:
+    """Number handles from h0 again, if no handle or frame is alive (so ids never collide); say if it did.
+
+    A new recording calls this, so that traces of the same run compare across runs.
+    """
+    global _HANDLE_IDS
+    if len(_LIVE):
+        return False
+    _HANDLE_IDS = itertools.count()
+    return True
 
 
 def current_frame() -> "ReentrantCheckpointHandle | None":
@@ -94,7 +111,7 @@ class ReentrantCheckpointHandle:
 
     def __init__(self, function: Callable, template: list, spec: Any, params: tuple | None,
                  preserve_rng_state: bool, context_fn: Callable) -> None:
-        self.handle_id = new_handle_id()
+        self.handle_id = new_handle_id(self)
         self.function = function
         self.template = template
         self.spec = spec
