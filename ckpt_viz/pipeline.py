@@ -54,7 +54,6 @@ NOTE [ Loss and gradients ]
 """
 from __future__ import annotations
 
-import gc
 
 from collections import deque
 from dataclasses import dataclass, field
@@ -67,7 +66,7 @@ from ckpt_viz.bus import tag
 from ckpt_viz.errors import CkptVizError, internal_assert
 from ckpt_viz.recording import record
 from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
-from ckpt_viz.scenarios import checkpointed
+from ckpt_viz.scenarios import checkpointed, fresh_handle_ids
 from ckpt_viz.trace import Trace, run_meta
 from ckpt_viz.zoo import ModelSpec
 
@@ -353,12 +352,11 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
         p.grad = None
     torch.manual_seed(seed)
     pipeline = _Pipeline(spec, stages, batches)
-    gc.collect()  # handles of earlier runs die now: this run's ids start at h0
+    fresh_handle_ids()
     with record(memory=memory, graphs=graphs, model=spec.model, tensors=spec.inputs) as rec:
         for action, _ in order:
             with tag(stage=action.stage, microbatch=action.microbatch, action=action.kind):
                 pipeline.run(action)
-        gc.collect()  # node_collected events of the freed graphs land in this trace, every time
     rec.trace.meta.update(run_meta(
         model=spec.name, mode="pipeline", schedule=name, source=spec.source, description=spec.description,
         checkpoint=list(spec.checkpoint), stages=list(spec.stages), microbatches=microbatches,

@@ -29,7 +29,7 @@ from ckpt_viz.runtime import (
 from ckpt_viz.trace import Trace
 from ckpt_viz.zoo import ModelSpec
 
-__all__ = ["MODES", "RunMode", "checkpointed", "run_scenario"]
+__all__ = ["MODES", "RunMode", "checkpointed", "fresh_handle_ids", "run_scenario"]
 
 RunMode = Literal["none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant", "pipeline"]
 MODES: tuple[str, ...] = ("none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant", "pipeline")
@@ -94,6 +94,14 @@ def _mark(out: Any, name: str) -> None:
             break
 
 
+def fresh_handle_ids() -> None:
+    """Number this run's handles from h0: if handles of an earlier run linger in reference cycles, collect them."""
+    from ckpt_viz.runtime.reentrant_handle import restart_handle_ids
+
+    if not restart_handle_ids():
+        gc.collect()  # costs ~0.1 s with torch loaded, so only when something is still alive
+
+
 def _milestone(enabled: bool, label: str) -> None:
     if enabled:
         bus.emit("memory_sampled", capture_site=False, data={"at": label})
@@ -145,7 +153,7 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
     for p in params:
         p.grad = None
     torch.manual_seed(seed)
-    gc.collect()  # handles of earlier runs die now: this run's ids start at h0 (see restart_handle_ids)
+    fresh_handle_ids()
     with record(memory=memory, graphs=graphs, model=model, tensors=inputs) as rec:
         if mode in ("none", "reentrant", "nonreentrant"):
             kind = None if mode == "none" else mode == "reentrant"
@@ -166,7 +174,6 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
             backward_weight(loss, None, params, handles=handles, session_id=session)
             del handles
         del loss
-        gc.collect()  # the run's graph is garbage now: its node_collected events land in this trace, every time
         _milestone(memory, "end")
     rec.trace.meta.update(_meta(spec, mode))
     return rec.trace
