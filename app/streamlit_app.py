@@ -1,7 +1,7 @@
 """ckpt_viz app: `streamlit run app` (from the repository root). Routes to the pages in app/views/."""
 import streamlit as st
 
-import widgets
+from source import source_sidebar
 
 st.set_page_config(page_title="ckpt_viz", page_icon=":material/replay:", layout="wide")
 pg = st.navigation({
@@ -13,5 +13,5 @@ pg = st.navigation({
                 st.Page("views/events.py", title="Events", icon=":material/list:")],
     "Compare": [st.Page("views/compare.py", title="Compare modes", icon=":material/compare:")],
 })
-widgets.source_sidebar()  # drawn here, not in a page, so the choice survives page changes
+source_sidebar()  # drawn here, not in a page, so the choice survives page changes (NOTE in cursor.py)
 pg.run()

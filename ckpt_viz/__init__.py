@@ -1,5 +1,15 @@
-"""ckpt_viz: see, step through and debug PyTorch activation checkpointing with split DX/DW backward."""
+"""ckpt_viz: see, step through and debug PyTorch activation checkpointing with split DX/DW backward.
+
+`import ckpt_viz` imports neither torch nor a chart library, so a saved trace opens without them.
+The names that run models (torch) or build charts (altair) load on first use: see `_LAZY`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ckpt_viz.bus import subscribe, tag
+from ckpt_viz.diagnose import Diagnosis, diagnose, diagnose_all
 from ckpt_viz.errors import (
     CheckpointError,
     CheckpointUsageError,
@@ -11,14 +21,52 @@ from ckpt_viz.errors import (
 )
 from ckpt_viz.events import EVENT_KINDS, RELEASE_REASONS, Event
 from ckpt_viz.recording import Recording, record
+from ckpt_viz.render.eventlog import event_rows, filter_events
+from ckpt_viz.render.graph import GRAPH_LEGEND, render_graph, render_torchviz_view
+from ckpt_viz.render.index import TraceIndex, event_column
+from ckpt_viz.render.perfetto import render_perfetto
+from ckpt_viz.render.routing import render_routing, routing_at
+from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.trace import Trace
 
+if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
+    from ckpt_viz.pipeline import SCHEDULES
+    from ckpt_viz.render.memory import format_bytes, memory_peak, render_memory
+    from ckpt_viz.render.swimlane import render_lifecycles
+    from ckpt_viz.sandbox import EXTRA_KEYS, record_in_subprocess
+    from ckpt_viz.scenarios import MODES, run_scenario
+    from ckpt_viz.zoo import BUILTIN_MODELS, DEFAULT_MODEL, build_builtin
+
+# name -> the module that defines it, imported on first access (PEP 562). These modules import torch or
+# altair, or (the sandbox) run as `python -m`, which warns when the package has already imported the module.
+_LAZY = {
+    "BUILTIN_MODELS": "ckpt_viz.zoo",
+    "DEFAULT_MODEL": "ckpt_viz.zoo",
+    "EXTRA_KEYS": "ckpt_viz.sandbox",
+    "MODES": "ckpt_viz.scenarios",
+    "SCHEDULES": "ckpt_viz.pipeline",
+    "build_builtin": "ckpt_viz.zoo",
+    "format_bytes": "ckpt_viz.render.memory",
+    "memory_peak": "ckpt_viz.render.memory",
+    "record_in_subprocess": "ckpt_viz.sandbox",
+    "render_lifecycles": "ckpt_viz.render.swimlane",
+    "render_memory": "ckpt_viz.render.memory",
+    "run_scenario": "ckpt_viz.scenarios",
+}
+
 __all__ = [
+    "BUILTIN_MODELS",
+    "DEFAULT_MODEL",
     "EVENT_KINDS",
+    "EXTRA_KEYS",
+    "GRAPH_LEGEND",
+    "MODES",
     "RELEASE_REASONS",
+    "SCHEDULES",
     "CheckpointError",
     "CheckpointUsageError",
     "CkptVizError",
+    "Diagnosis",
     "Event",
     "GraphReleasedError",
     "HandleReleasedError",
@@ -26,7 +74,39 @@ __all__ = [
     "Recording",
     "Trace",
     "TraceError",
+    "TraceIndex",
+    "build_builtin",
+    "diagnose",
+    "diagnose_all",
+    "event_column",
+    "event_rows",
+    "filter_events",
+    "format_bytes",
+    "format_event",
+    "memory_peak",
     "record",
+    "record_in_subprocess",
+    "render_graph",
+    "render_lifecycles",
+    "render_memory",
+    "render_perfetto",
+    "render_routing",
+    "render_text",
+    "render_torchviz_view",
+    "routing_at",
+    "run_scenario",
     "subscribe",
     "tag",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

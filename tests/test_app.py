@@ -69,9 +69,9 @@ def _handle_table(at: AppTest) -> dict[str, str]:
 
 def _shown_trace(at: AppTest) -> Trace:
     """The trace the app recorded or read for its current source (from its process-wide cache)."""
-    import widgets  # AppTest put app/ on sys.path
+    import runs  # AppTest put app/ on sys.path
 
-    return widgets.load_run(at.session_state["run_config"]).run.trace
+    return runs.load_run(at.session_state["run_config"]).run.trace
 
 
 def _same_recording(shown: Trace, expected: Trace) -> None:
@@ -287,35 +287,36 @@ def test_a_mode_the_model_cannot_run_shows_the_error() -> None:
 
 
 @pytest.fixture
-def widgets():
+def downloads():
     sys.path.insert(0, str(ROOT / "app"))
     try:
-        import widgets as module
+        import downloads as module
 
         yield module
     finally:
         sys.path.remove(str(ROOT / "app"))
 
 
-def test_download_builders_make_real_files(widgets, tmp_path: Path) -> None:
+def test_download_builders_make_real_files(downloads, tmp_path: Path) -> None:
     from ckpt_viz.render.graph import render_graph
     from ckpt_viz.render.memory import render_memory
+    from runs import Run, RunConfig  # on sys.path (the fixture), as downloads imports it
 
     trace = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
-    run = widgets.Run(widgets.RunConfig("builtin", "mlp"), trace, TraceIndex(trace))
+    run = Run(RunConfig("builtin", "mlp"), trace, TraceIndex(trace))
 
     saved = tmp_path / "down.json"
-    saved.write_bytes(widgets._trace_bytes(run))
+    saved.write_bytes(downloads._trace_bytes(run))
     assert Trace.load(saved).kinds() == trace.kinds()
 
-    perfetto = json.loads(widgets.perfetto_bytes(run))
+    perfetto = json.loads(downloads.perfetto_bytes(run))
     assert any(e.get("name", "").startswith("replay h") for e in perfetto["traceEvents"])
 
-    svg = widgets.svg_bytes(render_graph(trace.graphs[0]))
+    svg = downloads.svg_bytes(render_graph(trace.graphs[0]))
     first_handle = trace.handle_ids()[0]
     assert svg.lstrip().startswith(b"<?xml") and b"<svg" in svg and f"cluster_h{first_handle}".encode() in svg
 
-    png = widgets.png_bytes(render_memory({"mlp": trace}, cursor=10))
+    png = downloads.png_bytes(render_memory({"mlp": trace}, cursor=10))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
 
 

@@ -1,32 +1,35 @@
 """Compare modes: the same model with no checkpoint, non-reentrant, reentrant and split reentrant."""
 import streamlit as st
 
-import widgets
-from ckpt_viz.render.memory import memory_peak, render_memory
+from ckpt_viz import memory_peak, render_memory
+from cursor import cursor_bar
+from downloads import download_png_button
+from runs import current, runs_for_modes
+from show import show_chart
 
-run = widgets.current()
+run = current()
 st.title("Compare modes")
-seq = widgets.cursor_bar(run)
+seq = cursor_bar(run)
 if not run.config.runs_model:
     st.info("Compare modes runs one model in several modes: pick a built-in model or a model file in the sidebar "
             "(a saved trace holds one mode).")
     st.stop()
 
 modes = st.multiselect("Modes", ("none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant"),
-                       default=widgets.COMPARE_MODES, key="compare_modes")
+                       default=("none", "nonreentrant", "reentrant", "split-reentrant"), key="compare_modes")
 if not modes:
     st.info("Pick at least one mode.")
     st.stop()
-runs = widgets.runs_for_modes(run.config, modes)
+runs = runs_for_modes(run.config, modes)
 if not runs:
     st.stop()
 
 # The cursor at the same point of each run: its position in the picked run, as a fraction of the run.
 fraction = run.index.position(seq) / max(len(run.index.seqs) - 1, 1)
 first = next(iter(runs.values())).index
-chart = widgets.show_chart(render_memory, {m: r.trace for m, r in runs.items()},
-                           cursor=first.seq_at(round(fraction * (len(first.seqs) - 1))))
-widgets.download_png_button(chart, "compare_modes", key="dl_compare_png")
+chart = show_chart(render_memory, {m: r.trace for m, r in runs.items()},
+                   cursor=first.seq_at(round(fraction * (len(first.seqs) - 1))))
+download_png_button(chart, "compare_modes", key="dl_compare_png")
 
 rows, at_peaks = [], []
 for mode, r in runs.items():

@@ -4,14 +4,13 @@ import bisect
 import pandas as pd
 import streamlit as st
 
-import widgets
-from ckpt_viz import EVENT_KINDS
-from ckpt_viz.render.eventlog import event_rows, filter_events
-from ckpt_viz.render.text import render_text
+from ckpt_viz import EVENT_KINDS, event_rows, filter_events, render_text
+from cursor import cursor_bar
+from runs import current
 
-run = widgets.current()
+run = current()
 st.title("Events")
-seq = widgets.cursor_bar(run)
+seq = cursor_bar(run)
 
 a, b, c, d = st.columns([3, 2, 2, 2])
 kinds = a.multiselect("Kinds", EVENT_KINDS, key="ev_kinds")

@@ -1,12 +1,14 @@
 """Autograd graph at the cursor: checkpoint regions, their handle states, and what DX and DW reach."""
 import streamlit as st
 
-import widgets
-from ckpt_viz.render.graph import GRAPH_LEGEND, render_graph, render_torchviz_view
+from ckpt_viz import GRAPH_LEGEND, render_graph, render_torchviz_view
+from cursor import cursor_bar
+from downloads import download_svg_button
+from runs import current
 
-run = widgets.current()
+run = current()
 st.title("Autograd graph")
-seq = widgets.cursor_bar(run)
+seq = cursor_bar(run)
 snapshot = run.index.snapshot_at(seq)
 if snapshot is None:
     st.info("This trace has no graph snapshots (recorded without graphs=True).")
@@ -24,4 +26,4 @@ st.caption(f"Snapshot **{snapshot.label}** (taken at seq {snapshot.seq}; {len(sn
            f"handle states as of seq {seq}.")
 st.graphviz_chart(dot, width="stretch")
 st.caption(GRAPH_LEGEND.replace("\n", "  \n"))
-widgets.download_svg_button(dot, f"graph_seq{seq}", key="dl_graph_svg")
+download_svg_button(dot, f"graph_seq{seq}", key="dl_graph_svg")

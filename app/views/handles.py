@@ -1,22 +1,21 @@
 """Handle lifecycles, and the debugger: why was this handle released before it could replay?"""
 import streamlit as st
 
-import widgets
-from ckpt_viz.diagnose import diagnose, diagnose_all
-from ckpt_viz.render.eventlog import filter_events
-from ckpt_viz.render.swimlane import render_lifecycles
-from ckpt_viz.render.text import format_event
+from ckpt_viz import diagnose, diagnose_all, filter_events, format_event, render_lifecycles
+from cursor import cursor_bar, window
+from runs import current
+from show import show_chart, source_line
 
-run = widgets.current()
+run = current()
 st.title("Handles")
-seq = widgets.cursor_bar(run)
+seq = cursor_bar(run)
 handles = run.index.handles
 if not handles:
     st.info("This trace has no checkpoint handles (mode 'none', or nothing was checkpointed).")
     st.stop()
 
 st.subheader("Lifecycles" + (" around the cursor" if len(run.trace) > 1_201 else ""))
-widgets.show_chart(render_lifecycles, widgets.window(run, seq, radius=600), cursor=seq)
+show_chart(render_lifecycles, window(run, seq, radius=600), cursor=seq)
 
 st.subheader("Why was this handle released before replay?")
 if len(run.trace) <= 200_000 or st.button("Diagnose every handle", help=f"Reads all {len(run.trace):,} events once"):
@@ -44,7 +43,7 @@ for title, event in (("Released by", d.release_event), ("Replay refused at", d.r
         st.code(format_event(event, site=True), language=None)
 if d.site:
     st.markdown(f"**Line of code:** `{d.site}`")
-    line = widgets.source_line(d.site)
+    line = source_line(d.site)
     if line:
         st.code(line, language="python")
 if not d.ok:
@@ -53,6 +52,6 @@ if not d.ok:
 st.subheader(f"Handle states at seq {seq}")
 states = run.index.handle_states(seq) if len(handles) <= 2_000 else None
 shown = handles if states is not None else sorted(
-    {e.handle_id for e in widgets.window(run, seq, 200).events if e.handle_id is not None})
+    {e.handle_id for e in window(run, seq, 200).events if e.handle_id is not None})
 st.dataframe([{"handle": f"h{h}", "state": states[h] if states else run.index.handle_state(h, seq)} for h in shown],
              hide_index=True, width="stretch", height=min(38 + 35 * len(shown), 400))

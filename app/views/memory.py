@@ -1,18 +1,21 @@
 """Memory by category over the run, with the cursor and the peak marked."""
 import streamlit as st
 
-import widgets
-from ckpt_viz.render.memory import format_bytes, memory_peak, render_memory
+from ckpt_viz import format_bytes, memory_peak, render_memory
+from cursor import cursor_bar
+from downloads import download_png_button
+from runs import current
+from show import show_chart
 
-run = widgets.current()
+run = current()
 st.title("Memory")
-seq = widgets.cursor_bar(run)
+seq = cursor_bar(run)
 if not len(run.trace.memory):
     st.info("This trace has no memory samples (recorded without memory=True).")
     st.stop()
 
-chart = widgets.show_chart(render_memory, {run.config.label: run.trace}, cursor=seq)
-widgets.download_png_button(chart, f"memory_seq{seq}", key="dl_memory_png")
+chart = show_chart(render_memory, {run.config.label: run.trace}, cursor=seq)
+download_png_button(chart, f"memory_seq{seq}", key="dl_memory_png")
 
 sample, peak = run.index.memory_at(seq), run.cached(memory_peak)
 left, right = st.columns(2)

@@ -3,15 +3,17 @@ from collections import Counter
 
 import streamlit as st
 
-import widgets
-from ckpt_viz.diagnose import diagnose_all
-from ckpt_viz.render.memory import format_bytes, memory_peak, render_memory
+from ckpt_viz import diagnose_all, format_bytes, memory_peak, render_memory
+from cursor import cursor_bar
+from downloads import download_trace_buttons
+from runs import current
+from show import show_chart
 
-run = widgets.current()
+run = current()
 meta = run.trace.meta
 st.title("Overview")
 st.caption(f"**{run.config.label}** · {meta.get('description') or meta.get('model', '')}")
-seq = widgets.cursor_bar(run)
+seq = cursor_bar(run)
 
 kinds = run.cached(lambda trace: Counter(trace.kinds()))
 peak = run.cached(memory_peak)
@@ -27,7 +29,7 @@ cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not samp
 
 st.subheader("Memory over the run")
 if len(run.trace.memory):
-    widgets.show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, max_points=300)
+    show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, max_points=300)
 else:
     st.info("This trace has no memory samples.")
 
@@ -51,4 +53,4 @@ with right:
     elif problems is not None:
         st.success("No problem found: no refused replay, and every handle was released.")
     st.caption("Downloads")
-    widgets.download_trace_buttons(run)
+    download_trace_buttons(run)

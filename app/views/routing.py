@@ -1,14 +1,16 @@
 """DX/DW routing: in the backward pass at the cursor, which handles replayed and where their gradients went."""
 import streamlit as st
 
-import widgets
-from ckpt_viz.render.routing import render_routing, routing_at
+from ckpt_viz import render_routing, routing_at
+from cursor import cursor_bar
+from downloads import download_svg_button
+from runs import current
 
-run = widgets.current()
+run = current()
 st.title("Routing (DX/DW)")
 st.caption("dX (input grads) go upstream at once; dW (weight grads) run later. Each handle replays once per "
            "micro-batch: DX replays it, DW reuses the replay and then releases it.")
-seq = widgets.cursor_bar(run)
+seq = cursor_bar(run)
 routing = routing_at(run.trace, seq)  # per-pass data is computed once per trace, then bisected
 if routing["start_seq"] is None:
     st.info("No backward pass has started at this point of the run: move the cursor forward.")
@@ -24,7 +26,7 @@ cols[3].metric("Released by this pass", len(routing["released"]))
 cols[4].metric("Refused replays", len(routing["refused"]))
 dot = render_routing(run.trace, seq)
 st.graphviz_chart(dot)  # natural size: a stretched LR graph of a few handles is huge
-widgets.download_svg_button(dot, f"routing_seq{seq}", key="dl_routing_svg")
+download_svg_button(dot, f"routing_seq{seq}", key="dl_routing_svg")
 st.dataframe([{"handle": f"h{h}", "replayed here": h in routing["handles_replayed"],
                "dX targets (inputs)": str(routing["targets"].get(h, [])),
                "dW explicit params": str(routing["explicit_params"].get(h, [])),

@@ -1,0 +1,203 @@
+"""The run on show: `RunConfig` (what to show), the one cached loader, and `current()` for the pages.
+
+`load_run(config)` records or reads a run once and keeps its trace, its `TraceIndex` or its
+error. Pages call `current()`, then the cursor (cursor.py), then renderers. The sidebar that
+builds the `RunConfig` is in source.py. No torch at import: built-in models run through
+`ckpt_viz.run_scenario` and model files through `ckpt_viz.record_in_subprocess`, each
+imported on first use, so a saved trace opens without torch.
+
+NOTE [ Big traces ]
+  1. A loaded trace keeps its events as columns (ckpt_viz.trace, NOTE [ Rows stored as
+     columns ]). Nothing here loops over all events on a rerun: the loader builds the
+     `TraceIndex` once, `Run.cached` computes whole-trace figures once per trace, and
+     the per-cursor views of a big trace read `cursor.window(...)`: the events around
+     the cursor.
+  2. For a trace read from a file (or from the sandbox child), the loader pauses the
+     cyclic garbage collector while it builds, then freezes (gc.freeze) what it built.
+     A million-event trace holds a million `data` dicts, and every full collection
+     walks them all: that made building the TraceIndex 3-4 times slower (2.3 s ->
+     0.6 s measured) and added to every rerun. The trace's objects hold no reference
+     cycles, so reference counting still frees them when the cache drops the trace.
+     A built-in run is small, and its torch garbage must stay collectable: not frozen.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import streamlit as st
+
+from ckpt_viz import CkptVizError, Trace, TraceIndex, event_column
+
+DEFAULT_MODE = "split-reentrant"
+CONFIG = "run_config"  # the session key of the sidebar's RunConfig
+JUMP_KINDS = {"replay": "replay_started", "release": "released"}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to show: the cache key of `load_run`.
+
+    Attributes:
+        source: "builtin", "user" (a model file, run in a sandboxed child) or "trace" (a saved file).
+        target: the built-in model's name, the model reference "file.py:factory", or the trace file path.
+        mode, schedule, microbatches: how to run the model (not used for a saved trace).
+        stamp: (mtime_ns, size) of the file, so that an edited file is read or run again.
+        timeout_s, memory_mb: the sandbox's limits for a model file.
+    """
+
+    source: str
+    target: str
+    mode: str = DEFAULT_MODE
+    schedule: str = "1F1B"
+    microbatches: int = 2
+    stamp: tuple[int, int] = (0, 0)
+    timeout_s: float = 60.0
+    memory_mb: int = 4096
+
+    @property
+    def runs_model(self) -> bool:
+        return self.source != "trace"
+
+    def with_mode(self, mode: str) -> "RunConfig":
+        return replace(self, mode=mode)
+
+    @property
+    def label(self) -> str:
+        if self.source == "trace":
+            return Path(self.target).name
+        name = self.target if self.source == "builtin" else Path(self.target.rpartition(":")[0] or self.target).name
+        pipe = f" · {self.schedule} × {self.microbatches} mb" if self.mode == "pipeline" else ""
+        return f"{name} · {self.mode}{pipe}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A loaded run: the trace, its index, and where the jump buttons go."""
+
+    config: RunConfig
+    trace: Trace
+    index: TraceIndex
+    marks: dict[str, list[int]] = field(default_factory=dict)  # jump name -> event positions
+
+    def cached(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(self.trace, *args)`, computed once per trace (args must be hashable plain values)."""
+        code = getattr(fn, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+        return _derived(self.config, f"{fn.__module__}.{fn.__qualname__}@{where}", args, fn, self.trace)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    run: Run | None = None
+    error: BaseException | None = None
+
+
+# -- the loader --
+
+
+def _record(config: RunConfig) -> Trace:
+    extra = {"schedule": config.schedule, "microbatches": config.microbatches} if config.mode == "pipeline" else {}
+    if config.source == "builtin":
+        from ckpt_viz import build_builtin, run_scenario  # torch: first use
+
+        return run_scenario(build_builtin(config.target), config.mode, memory=True, graphs=True, **extra)
+    if config.source == "user":
+        from ckpt_viz import EXTRA_KEYS, record_in_subprocess
+
+        extra.update({k: True for k in ("memory", "graphs") if k in EXTRA_KEYS})  # when the sandbox takes them
+        return record_in_subprocess(config.target, config.mode, timeout_s=config.timeout_s,
+                                    memory_mb=config.memory_mb, extra=extra)
+    return Trace.load(config.target)
+
+
+def _marks(trace: Trace) -> dict[str, list[int]]:
+    kinds = event_column(trace, "kind")  # shared with the TraceIndex: read once
+    return {name: [i for i, k in enumerate(kinds) if k == kind] for name, kind in JUMP_KINDS.items()}
+
+
+@st.cache_resource(max_entries=16, show_spinner="Loading the run…")
+def load_run(config: RunConfig) -> Loaded:
+    """Record (or read) the run of `config` once; later calls return the same objects.
+
+    Failures are cached too, so a broken model file is not re-run on every rerun;
+    editing the file changes `config.stamp` and runs it again.
+    """
+    try:
+        # A file's trace may be huge (See NOTE [ Big traces ], rule 2); a built-in run is small and makes
+        # torch garbage that the collector must still see.
+        with _gc_paused() if config.source != "builtin" else contextlib.nullcontext():
+            trace = _record(config)
+            return Loaded(run=Run(config, trace, TraceIndex(trace), _marks(trace)))
+    except Exception as err:  # noqa: BLE001  shown on the page; the app keeps working
+        return Loaded(error=err)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()  # what was just built is long-lived: keep it out of every later collection
+        if enabled:
+            gc.enable()
+
+
+@st.cache_resource(max_entries=64, show_spinner="Computing…")
+def _derived(config: RunConfig, name: str, args: tuple, _fn: Callable[..., Any], _trace: Trace) -> Any:
+    return _fn(_trace, *args)
+
+
+# -- what the pages call --
+
+
+def show_error(err: BaseException) -> None:
+    """The error's message (written for users) and, folded, its traceback."""
+    st.error(str(err) or type(err).__name__)
+    text = getattr(err, "traceback", "") or (
+        "" if isinstance(err, CkptVizError) else "".join(traceback.format_exception(type(err), err, err.__traceback__)))
+    if text:
+        with st.expander("Traceback"):
+            st.code(text, language="text")
+    if st.button("Try again", key="retry"):
+        load_run.clear()
+        st.rerun()
+
+
+def _default_config() -> RunConfig:
+    from ckpt_viz import DEFAULT_MODEL  # torch: first use
+
+    return RunConfig("builtin", DEFAULT_MODEL)
+
+
+def current() -> Run:
+    """The run the sidebar picked; shows the problem and stops the page when there is none."""
+    config = st.session_state[CONFIG] if CONFIG in st.session_state else _default_config()
+    if config is None:
+        st.info("Pick a source in the sidebar: a built-in model, a model file, or a saved trace.")
+        st.stop()
+    loaded = load_run(config)
+    if loaded.error is not None:
+        show_error(loaded.error)
+        st.stop()
+    return loaded.run
+
+
+def runs_for_modes(config: RunConfig, modes: list[str]) -> dict[str, Run]:
+    """One run per mode of the same model; a mode that fails is reported and left out."""
+    runs = {}
+    for mode in modes:
+        loaded = load_run(config.with_mode(mode))
+        if loaded.error is not None:
+            st.warning(f"Mode {mode!r} failed: {loaded.error}")
+        elif not len(loaded.run.trace):
+            st.caption(f"Mode {mode!r} recorded no events (nothing to compare).")
+        else:
+            runs[mode] = loaded.run
+    return runs
