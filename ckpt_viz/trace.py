@@ -22,6 +22,7 @@ NOTE [ Rows stored as columns ]
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import sys
 from collections import Counter
@@ -337,16 +338,20 @@ def _as_range(seq: list[int]) -> list[int] | range:
 def _intern(values: Iterable[Any], keep_positions: bool = False) -> tuple[list[int], list[Any]]:
     """(index of each value in the table, the table of distinct values in first-seen order).
 
-    One hashing pass: setdefault stores each new value's first position, then a
-    cheap pass over small ints turns positions into dense table indexes. `values`
-    is streamed, so no list of a million temporary keys is built. With
+    One C-level pass: a defaultdict numbers each new value as it is first seen, so
+    `values` is streamed and no list of a million temporary keys is built. With
     keep_positions the table holds first positions instead of values (for keys
     such as id(tags) that stand for an object).
     """
-    first: dict[Any, int] = {}
-    positions = list(map(first.setdefault, values, itertools.count()))
-    dense = {position: i for i, position in enumerate(first.values())}
-    return list(map(dense.__getitem__, positions)), list(first.values() if keep_positions else first)
+    numbering: dict[Any, int] = collections.defaultdict(itertools.count().__next__)
+    indexes = list(map(numbering.__getitem__, values))
+    if not keep_positions:
+        return indexes, list(numbering)
+    positions, start = [], 0
+    for k in range(len(numbering)):  # first occurrences come in table order: one forward scan in total
+        start = indexes.index(k, start)
+        positions.append(start)
+    return indexes, positions
 
 
 def _columns_of(events: Any) -> EventColumns | None:
