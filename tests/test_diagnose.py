@@ -25,39 +25,20 @@ from ckpt_viz.runtime import (
     recompute_handle,
     recompute_handle_collector_ctx,
     recompute_session_ctx,
-    reentrant_checkpoint_scope,
 )
 from ckpt_viz.runtime.reentrant import current_frame
 from ckpt_viz.scenarios import run_scenario
 from ckpt_viz.trace import Trace
 from ckpt_viz.zoo import build_builtin
 
-E6 = "Cannot set phase on a released reentrant checkpoint"
-E7 = "Cannot replay a released reentrant checkpoint"
+from setups import E6, E7
+from setups import leaf as _leaf
+from setups import ordinary as _ordinary
+from setups import region as _region
+from setups import split as _split
 
 
-# ------------------------------------------------------------------ helpers (setups of test_reentrant_errors.py)
-
-def _leaf(*shape: int) -> torch.Tensor:
-    return torch.randn(*shape, requires_grad=True)
-
-
-def _region(w: torch.Tensor):
-    def region(x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x @ w)
-    return region
-
-
-def _ordinary(x: torch.Tensor, w: torch.Tensor):
-    with recompute_handle_collector_ctx() as handles:
-        out = checkpoint(_region(w), x, use_reentrant=True)
-    return handles[0], (out * out).sum()
-
-
-def _split(x: torch.Tensor, w: torch.Tensor):
-    with reentrant_checkpoint_scope([w]) as handles:
-        out = checkpoint(_region(w), x, use_reentrant=True)
-    return handles[0], (out * out).sum()
+# ------------------------------------------------------------------ helpers (shared setups live in tests/setups.py)
 
 
 def _next_line() -> int:

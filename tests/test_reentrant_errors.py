@@ -35,37 +35,14 @@ from ckpt_viz.runtime import (
 )
 from ckpt_viz.runtime.reentrant import current_frame
 
-E6 = "Cannot set phase on a released reentrant checkpoint"
-E7 = "Cannot replay a released reentrant checkpoint"
+from setups import E6, E7
+from setups import leaf as _leaf
+from setups import ordinary as _ordinary
+from setups import region as _region
+from setups import split as _split
 
 
 # ------------------------------------------------------------------ helpers
-
-def _leaf(*shape: int) -> torch.Tensor:
-    return torch.randn(*shape, requires_grad=True)
-
-
-def _region(w: torch.Tensor):
-    """A checkpointed function whose only parameter `w` is captured by closure."""
-    def region(x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x @ w)
-    return region
-
-
-def _ordinary(x: torch.Tensor, w: torch.Tensor):
-    """An unscoped reentrant checkpoint; returns (handle, loss). The loss keeps the graph alive."""
-    with recompute_handle_collector_ctx() as handles:
-        out = checkpoint(_region(w), x, use_reentrant=True)
-    # out * out saves `out`, so the outer graph holds saved tensors besides the checkpoint node.
-    return handles[0], (out * out).sum()
-
-
-def _split(x: torch.Tensor, w: torch.Tensor):
-    """A split (scoped) reentrant checkpoint with a closure-only parameter; returns (handle, loss)."""
-    with reentrant_checkpoint_scope([w]) as handles:
-        out = checkpoint(_region(w), x, use_reentrant=True)
-    assert len(handles) == 1
-    return handles[0], (out * out).sum()
 
 
 def _next_line() -> int:
