@@ -353,7 +353,7 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
     torch.manual_seed(seed)
     pipeline = _Pipeline(spec, stages, batches)
     fresh_handle_ids()
-    with record(memory=memory, graphs=graphs, model=spec.model, tensors=spec.inputs) as rec:
+    with record(memory=memory, graphs=graphs, model=spec.model, tensors=(spec.inputs, batches)) as rec:
         for action, _ in order:
             with tag(stage=action.stage, microbatch=action.microbatch, action=action.kind):
                 pipeline.run(action)

@@ -49,7 +49,7 @@ class GroundTruth(TorchDispatchMode):
         return sum(self.live.values())
 
 
-def _run_with_ground_truth(model_name: str, mode: str) -> tuple[Any, dict[int, int]]:
+def _run_with_ground_truth(model_name: str, mode: str, **options: Any) -> tuple[Any, dict[int, int]]:
     spec = build_builtin(model_name)
     existing = [*spec.model.parameters(), *spec.model.buffers(), *[t for t in spec.inputs if isinstance(t, torch.Tensor)]]
     truth = GroundTruth(existing)
@@ -61,14 +61,14 @@ def _run_with_ground_truth(model_name: str, mode: str) -> tuple[Any, dict[int, i
     with truth:
         unsubscribe = bus.subscribe(listen)
         try:
-            trace = run_scenario(spec, mode, memory=True)
+            trace = run_scenario(spec, mode, memory=True, **options)
         finally:
             unsubscribe()
     return trace, per_event
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("model_name", sorted(m for m in BUILTIN_MODELS if m != "pipeline"))
+@pytest.mark.parametrize("model_name", sorted(BUILTIN_MODELS))
 def test_categories_add_up_to_ground_truth_at_every_event(model_name: str, mode: str) -> None:
     trace, truth = _run_with_ground_truth(model_name, mode)
     assert trace.memory and len(trace.events) > 0
@@ -78,6 +78,30 @@ def test_categories_add_up_to_ground_truth_at_every_event(model_name: str, mode:
         got = sum(sample.bytes_by_category.values())
         assert abs(got - expected) <= 0.01 * expected, (
             f"{model_name}/{mode} event {event.seq}: categories sum to {got} B, ground truth {expected} B")
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B", "ZB-H1"])
+def test_pipeline_runs_add_up_to_ground_truth_at_every_event(schedule: str) -> None:
+    trace, truth = _run_with_ground_truth("pipeline", "pipeline", schedule=schedule, microbatches=4)
+    assert trace.meta["schedule"] == schedule
+    for event in trace.events:
+        sample = reading_at(trace, event.seq)
+        expected = truth[event.seq]
+        assert abs(sum(sample.bytes_by_category.values()) - expected) <= 0.01 * expected, (schedule, event.seq)
+        # per-stage bytes never exceed the total
+        assert sum(sum(row.values()) for row in sample.by_stage.values()) <= sum(sample.bytes_by_category.values())
+
+
+@pytest.mark.gpu
+def test_cuda_runs_record_the_allocator_figure() -> None:
+    """On CUDA every sample also carries torch.cuda.memory_allocated() (skipped without a GPU)."""
+    spec = build_builtin("mlp")
+    spec.model.cuda()
+    spec.inputs = tuple(t.cuda() for t in spec.inputs)
+    trace = run_scenario(spec, "split-reentrant", memory=True)
+    assert trace.memory and all(s.device_allocated is not None for s in trace.memory)
+    assert max(s.device_allocated for s in trace.memory) >= sum(
+        p.numel() * p.element_size() for p in spec.model.parameters())
 
 
 def reading_at(trace: Any, seq: int) -> Any:
