@@ -6,6 +6,8 @@ earlier tests' graphs first and pauses the cyclic collector, so no stray
 """
 from __future__ import annotations
 
+from typing import Any
+
 import gc
 import os
 import sys
@@ -295,17 +297,23 @@ def test_exception_inside_record_block_emits_error_where_record() -> None:
     assert bus.enabled is False  # the recorder detached even though the block raised
 
 
-def test_torch_error_inside_record_block_is_recorded(quiet_gc) -> None:
+def _dx_without_retain_graph() -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Spec R13: DX ran without retain_graph=True, so the DW that follows fails in the outer engine."""
     x, w = _leaf(2, 3), _leaf(3, 3)
     with reentrant_checkpoint_scope([w]) as handles:
         out = checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
     loss = (out * out).sum()
     handles[0].set_phase("dx")
-    torch.autograd.grad(loss, [x])  # no retain_graph=True: spec R13
+    torch.autograd.grad(loss, [x])  # no retain_graph=True
     handles[0].set_phase("dw")
+    return loss, w, handles[0]
+
+
+def test_torch_error_inside_record_block_is_recorded(quiet_gc) -> None:
+    loss, w, handle = _dx_without_retain_graph()
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         with ckpt_viz.record() as rec:
-            torch.autograd.backward(loss, inputs=[w, handles[0].backward_trigger])
+            torch.autograd.backward(loss, inputs=[w, handle.backward_trigger])
     assert rec.trace.kinds() == ["error"]  # reported once, by the autograd call it left
     error = rec.trace.events[0]
     assert error.data["where"] == "autograd.backward" and error.data["type"] == "RuntimeError"
@@ -313,19 +321,13 @@ def test_torch_error_inside_record_block_is_recorded(quiet_gc) -> None:
 
 
 def test_torch_error_caught_inside_record_block_is_still_recorded(quiet_gc) -> None:
-    x, w = _leaf(2, 3), _leaf(3, 3)
-    with reentrant_checkpoint_scope([w]) as handles:
-        out = checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
-    loss = (out * out).sum()
-    handles[0].set_phase("dx")
-    torch.autograd.grad(loss, [x])  # no retain_graph=True: spec R13
-    handles[0].set_phase("dw")
+    loss, w, handle = _dx_without_retain_graph()
     with ckpt_viz.record() as rec:
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-            torch.autograd.backward(loss, inputs=[w, handles[0].backward_trigger])
+            torch.autograd.backward(loss, inputs=[w, handle.backward_trigger])
     assert [(e.kind, e.data["where"]) for e in rec.trace.events] == [("error", "autograd.backward")]
     assert rec.trace.events[0].data["retain_graph"] is None
-    handles[0].release()
+    handle.release()
 
 
 def test_record_error_site_is_in_the_users_file() -> None:
