@@ -6,11 +6,10 @@ earlier tests' graphs first and pauses the cyclic collector, so no stray
 """
 from __future__ import annotations
 
-from typing import Any
-
 import gc
 import os
 import sys
+from typing import Any
 
 import pytest
 import torch
