@@ -70,23 +70,21 @@ def _record(args: argparse.Namespace) -> int:
     from ckpt_viz import bus
     from ckpt_viz.zoo import BUILTIN_MODELS, build_builtin
 
-    extra = {"schedule": args.schedule, "microbatches": args.microbatches, "seed": args.seed}
-    total = None
-    if args.mode == "pipeline":
-        from ckpt_viz.pipeline import make_schedule
-
-        stages = 2 if args.model in BUILTIN_MODELS else None
-        if stages:
-            total = sum(len(v) for v in make_schedule(args.schedule, stages, args.microbatches).values())
+    extra = {"schedule": args.schedule, "microbatches": args.microbatches, "seed": args.seed,
+             "memory": not args.no_memory, "graphs": not args.no_graphs}
     if args.model in BUILTIN_MODELS:
         from ckpt_viz.scenarios import run_scenario
 
+        spec = build_builtin(args.model, seed=args.seed)
+        total = None  # the bar shows a percentage when the number of actions is known: a pipeline run
+        if args.mode == "pipeline" and spec.stages:
+            from ckpt_viz.pipeline import make_schedule
+
+            total = sum(map(len, make_schedule(args.schedule, len(spec.stages), args.microbatches).values()))
         progress = _Progress(total)
         unsubscribe = bus.subscribe(progress)
         try:
-            trace = run_scenario(build_builtin(args.model, seed=args.seed), args.mode, memory=not args.no_memory,
-                                 graphs=not args.no_graphs, schedule=args.schedule, microbatches=args.microbatches,
-                                 seed=args.seed)
+            trace = run_scenario(spec, args.mode, **extra)
         finally:
             unsubscribe()
             progress.close()
@@ -162,15 +160,11 @@ def summarize(trace: Any) -> str:
             if nbytes:
                 lines.append(f"  {category:<20} {_fmt_bytes(nbytes):>12}")
     lines.append("events: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
-    try:
-        from ckpt_viz.diagnose import diagnose_all
-    except ImportError:  # the debugger is optional for `info`
-        diagnose_all = None
-    if diagnose_all is not None:
-        problems = diagnose_all(trace)
-        lines.append(f"problems: {len(problems)}" if problems else "problems: none")
-        for d in problems:
-            lines.append(f"  h{getattr(d, 'handle_id', '?')}: {d.code}: {d.summary}")
+    from ckpt_viz.diagnose import diagnose_all
+
+    problems = diagnose_all(trace)
+    lines.append(f"problems: {len(problems)}" if problems else "problems: none")
+    lines.extend(f"  h{d.handle_id}: {d.code}: {d.summary}" for d in problems)
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ def test_record_info_export_round_trip(tmp_path: Path, capsys: pytest.CaptureFix
     assert "replays per handle: 1 x4" in text
     assert "released: dw_complete 4" in text
     assert "peak memory" in text and "parameters" in text
+    assert "problems: none" in text
     perfetto = tmp_path / "p.json"
     assert main(["export", str(out), "--perfetto", str(perfetto)]) == 0
     doc = json.loads(perfetto.read_text())
@@ -45,6 +46,31 @@ def test_record_pipeline_shows_progress_on_request(tmp_path: Path, capfd: pytest
     err = capfd.readouterr().err
     assert "100%" in err and "[" + "#" * 30 + "]" in err
     assert Trace.load(out).meta["schedule"] == "ZB-H1"
+
+
+def test_record_without_memory_or_graphs(tmp_path: Path) -> None:
+    out = tmp_path / "bare.json"
+    assert main(["record", "closure", "--mode", "reentrant", "--no-memory", "--no-graphs", "-o", str(out)]) == 0
+    trace = Trace.load(out)
+    assert trace.memory == [] and trace.graphs == [] and trace.count("replay_started") == 3
+
+
+def test_summary_names_a_refused_replay_as_a_problem() -> None:
+    import torch
+
+    import ckpt_viz
+    from ckpt_viz.runtime import checkpoint
+
+    x = torch.randn(2, 3, requires_grad=True)
+    with ckpt_viz.record() as rec:
+        loss = checkpoint(torch.nn.Linear(3, 3), x, use_reentrant=True).sum()
+        loss.backward(retain_graph=True)
+        try:
+            loss.backward()
+        except RuntimeError:
+            pass
+    text = summarize(rec.trace)
+    assert "problems: 1" in text and "released_by_ordinary_backward" in text
 
 
 def test_summary_counts_replays_and_reasons() -> None:

@@ -16,7 +16,7 @@ import torch
 
 import ckpt_viz
 from ckpt_viz.runtime import backward_input, backward_weight, checkpoint, reentrant_checkpoint_scope
-from models import Stack, assert_grads_equal, grads, leaf, replays_per_handle, reset_grads
+from models import MODES, Stack, assert_grads_equal, grads, leaf, replays_per_handle, reset_grads
 
 BATCH = 3
 
@@ -233,8 +233,9 @@ def test_dropout_with_preserved_rng_state(split: bool) -> None:
     assert_grads_equal(grads(model.parameters()), want_p, [n for n, _ in model.named_parameters()])
 
 
-def test_dropout_without_preserved_rng_state_differs() -> None:
-    """Control: the equality above depends on the replay restoring the RNG state."""
+@pytest.mark.parametrize("mode", MODES)
+def test_dropout_without_preserved_rng_state_differs(mode: str) -> None:
+    """Control, for both kinds: the dropout equalities depend on the replay restoring the RNG state."""
     model = Stack.mlp([4, 8, 3], dropout=0.5)
     block = model.blocks[0]
     x, g = leaf((BATCH, 4), seed=1), leaf((BATCH, 8), seed=2, requires_grad=False)
@@ -244,7 +245,7 @@ def test_dropout_without_preserved_rng_state_differs() -> None:
     reset_grads(block.parameters())
 
     torch.manual_seed(123)
-    checkpoint(block, x, use_reentrant=True, preserve_rng_state=False).backward(g)
+    checkpoint(block, x, use_reentrant=mode == "reentrant", preserve_rng_state=False).backward(g)
 
     assert not torch.equal(block.weight.grad, want[0])
 
