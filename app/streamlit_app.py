@@ -1,7 +1,7 @@
 """ckpt_viz app: `streamlit run app` (from the repository root). Routes to the pages in app/views/."""
 import streamlit as st
 
-from source import source_sidebar
+from ui.source import source_sidebar
 
 st.set_page_config(page_title="ckpt_viz", page_icon=":material/replay:", layout="wide")
 pg = st.navigation({

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from ckpt_viz.scenarios import run_scenario
-from ckpt_viz.zoo import build_builtin
+from ckpt_viz.run.scenarios import run_scenario
+from ckpt_viz.run.zoo import build_builtin
 
 VARIANTS = {
     "no recorder": None,
@@ -41,7 +41,7 @@ def _step(model: str, mode: str, options: dict | None) -> tuple[float, int]:
 
 def _unrecorded(spec, mode: str) -> None:
     from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
-    from ckpt_viz.scenarios import checkpointed
+    from ckpt_viz.run.scenarios import checkpointed
 
     params = [p for p in spec.model.parameters()]
     x = spec.inputs[0].detach().requires_grad_(True)

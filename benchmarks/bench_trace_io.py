@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from ckpt_viz import trace_io
+from ckpt_viz.trace import io as trace_io
 from ckpt_viz.events import Event
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace, run_meta
 

@@ -63,7 +63,7 @@ class Recording:
 
     def snapshot(self, roots: Any, label: str) -> None:
         """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
-        from ckpt_viz.probe_graph import capture_graph
+        from ckpt_viz.probe.graph import capture_graph
 
         seq = self.trace.events[-1].seq if len(self.trace.events) else -1
         self.trace.graphs.append(capture_graph(roots, label=label, seq=seq, names=self._names))
@@ -110,7 +110,7 @@ class Recording:
                 param._ckpt_viz_name = name
                 self._named.append(param)
         if self.memory:
-            from ckpt_viz.probe_memory import MemoryProbe
+            from ckpt_viz.probe.memory import MemoryProbe
 
             params = list(self.model.parameters()) if self.model is not None else []
             buffers = list(self.model.buffers()) if self.model is not None else []

@@ -2,13 +2,13 @@
 
 Load it with either form (the second needs the repository root on sys.path):
 
-    from ckpt_viz.user_models import load_model
+    from ckpt_viz.usermodel.load import load_model
     spec = load_model("examples/user_model.py:make_model")
     spec = load_model("examples.user_model:make_model")
 
 or record it safely in a child process (time and memory limits):
 
-    from ckpt_viz.sandbox import record_in_subprocess
+    from ckpt_viz.usermodel.sandbox import record_in_subprocess
     trace = record_in_subprocess("examples/user_model.py:make_model", "split-reentrant")
 
 The factory takes no arguments and returns a dict (or just `(model, inputs)`):

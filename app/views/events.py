@@ -5,8 +5,8 @@ import pandas as pd
 import streamlit as st
 
 from ckpt_viz import EVENT_KINDS, event_rows, filter_events, render_text
-from cursor import cursor_bar
-from runs import current
+from ui.cursor import cursor_bar
+from ui.runs import current
 
 run = current()
 st.title("Events")

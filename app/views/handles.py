@@ -2,9 +2,9 @@
 import streamlit as st
 
 from ckpt_viz import diagnose, diagnose_all, filter_events, format_event, render_lifecycles
-from cursor import cursor_bar, window
-from runs import current
-from show import show_chart, source_line
+from ui.cursor import cursor_bar, window
+from ui.runs import current
+from ui.show import show_chart, source_line
 
 run = current()
 st.title("Handles")

@@ -2,10 +2,10 @@
 import streamlit as st
 
 from ckpt_viz import format_bytes, memory_peak, render_memory
-from cursor import cursor_bar
-from downloads import download_png_button
-from runs import current
-from show import show_chart
+from ui.cursor import cursor_bar
+from ui.downloads import download_png_button
+from ui.runs import current
+from ui.show import show_chart
 
 run = current()
 st.title("Memory")

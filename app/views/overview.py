@@ -4,10 +4,10 @@ from collections import Counter
 import streamlit as st
 
 from ckpt_viz import diagnose_all, format_bytes, memory_peak, render_memory
-from cursor import cursor_bar
-from downloads import download_trace_buttons
-from runs import current
-from show import show_chart
+from ui.cursor import cursor_bar
+from ui.downloads import download_trace_buttons
+from ui.runs import current
+from ui.show import show_chart
 
 run = current()
 meta = run.trace.meta

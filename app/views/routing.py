@@ -2,9 +2,9 @@
 import streamlit as st
 
 from ckpt_viz import render_routing, routing_at
-from cursor import cursor_bar
-from downloads import download_svg_button
-from runs import current
+from ui.cursor import cursor_bar
+from ui.downloads import download_svg_button
+from ui.runs import current
 
 run = current()
 st.title("Routing (DX/DW)")

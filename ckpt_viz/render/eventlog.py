@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Collection, Iterable
 
 from ckpt_viz.events import Event
-from ckpt_viz.render.index import TraceIndex, event_column
+from ckpt_viz.trace.index import TraceIndex, event_column
 from ckpt_viz.render.text import format_event
 from ckpt_viz.trace import Trace
 

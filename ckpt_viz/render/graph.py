@@ -1,6 +1,6 @@
 """Graph snapshots as Graphviz DOT: the annotated checkpoint view and the plain torchviz-style view.
 
-Pure functions of a `GraphSnapshot` (see `ckpt_viz.probe_graph` for what a snapshot
+Pure functions of a `GraphSnapshot` (see `ckpt_viz.probe.graph` for what a snapshot
 holds); they return DOT source text and never import torch, graphviz or a UI.
 
 NOTE [ Collapsing repeated blocks ]
@@ -130,7 +130,7 @@ def render_graph(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = 
     """Draw one autograd graph snapshot with its checkpoint regions as DOT source.
 
     Args:
-        snapshot: the graph (see `ckpt_viz.probe_graph.capture_graph`).
+        snapshot: the graph (see `ckpt_viz.probe.graph.capture_graph`).
         states: handle id -> state at the cursor (`TraceIndex.handle_states`); without it
             the state comes from the checkpoint node's own flags.
         collapse: collapse runs of identical regions (see NOTE [ Collapsing repeated blocks ]).

@@ -1,7 +1,7 @@
 """Memory over the run: rows by category, the peak and its top contributors, and the altair chart.
 
 Pure functions of `Trace.memory` (see NOTE [ Memory categories ] in
-ckpt_viz/probe_memory.py for what each category counts). They import altair for the
+ckpt_viz/probe/memory.py for what each category counts). They import altair for the
 chart and never torch or a UI runtime.
 
     one trace:     stacked areas of bytes by category over the event seq
@@ -14,7 +14,7 @@ from typing import Any
 
 import altair as alt
 
-from ckpt_viz.render.index import TraceIndex, derived
+from ckpt_viz.trace.index import TraceIndex, derived
 from ckpt_viz.trace import MEMORY_CATEGORIES, MemoryColumns, Trace
 
 __all__ = ["format_bytes", "memory_peak", "memory_series", "render_memory"]

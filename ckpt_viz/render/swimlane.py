@@ -22,7 +22,7 @@ from typing import Any
 
 import altair as alt
 
-from ckpt_viz.render.index import derived, event_column
+from ckpt_viz.trace.index import derived, event_column
 from ckpt_viz.trace import Trace
 
 __all__ = ["LIFECYCLE_COLOURS", "LIFECYCLE_STATES", "lane_label", "lifecycle_intervals", "render_lifecycles"]

@@ -1,0 +1,105 @@
+"""The source picker: the sidebar controls that build the `RunConfig` every page shows.
+
+Drawn once, by the entrypoint (See NOTE [ State that survives page changes ] in cursor.py,
+rule 1). A built-in model, a model file (by path or uploaded; run in the sandbox), or a saved
+trace. The model list, modes and schedules come from torch-side modules, imported only when a
+model source is drawn, so a saved trace opens without torch.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from ui.runs import CONFIG, DEFAULT_MODE, RunConfig
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SOURCES = ("Built-in model", "Model file (.py)", "Saved trace")
+_UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (info.st_mtime_ns, info.st_size)
+
+
+def _store_upload(upload: Any) -> Path:
+    """Write an uploaded file once to a temporary folder (named by its upload id); return its path."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", upload.name) or "upload"
+    path = _UPLOADS / re.sub(r"[^A-Za-z0-9_-]", "_", str(upload.file_id)) / safe
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(upload.getbuffer())
+    return path
+
+
+def _example_ref() -> str:
+    example = ROOT / "examples" / "user_model.py"
+    where = os.path.relpath(example) if not os.path.relpath(example).startswith("..") else str(example)
+    return f"{where}:make_model"
+
+
+def _model_file(sb: Any) -> RunConfig | None:
+    how = sb.radio("Model file", ("Path", "Upload"), horizontal=True, key="src_file_how")
+    if how == "Path":
+        ref = sb.text_input("Model reference", _example_ref(), key="src_ref",
+                            help="path/to/file.py:factory (a bare file.py means factory make_model)").strip()
+    else:
+        upload = sb.file_uploader("Model file (.py)", type=["py"], key="src_py")
+        factory = sb.text_input("Factory function", "make_model", key="src_factory").strip()
+        if upload is None:
+            return None
+        ref = f"{_store_upload(upload)}:{factory or 'make_model'}"
+    limits = sb.expander("Sandbox limits")
+    timeout_s = limits.number_input("Time limit (s)", 5, 600, 60, step=5, key="src_timeout")
+    memory_mb = limits.number_input("Memory limit (MB)", 1024, 262144, 4096, step=512, key="src_memory")
+    return RunConfig("user", ref, stamp=_stamp(ref.rpartition(":")[0] or ref), timeout_s=float(timeout_s),
+                     memory_mb=int(memory_mb))
+
+
+def _trace_file(sb: Any) -> RunConfig | None:
+    how = sb.radio("Trace file", ("Upload", "Path"), horizontal=True, key="src_trace_how")
+    if how == "Upload":
+        upload = sb.file_uploader("Trace (.json or .json.gz)", type=["json", "gz"], key="src_trace_upload")
+        path = str(_store_upload(upload)) if upload is not None else ""
+    else:
+        path = sb.text_input("Trace file path", "", key="src_trace_path", placeholder="runs/trace.json.gz").strip()
+    return RunConfig("trace", path, mode="", stamp=_stamp(path)) if path else None
+
+
+def source_sidebar() -> RunConfig | None:
+    """Draw the one source picker in the sidebar and store its `RunConfig` for the pages."""
+    sb = st.sidebar
+    sb.subheader("Source")
+    kind = sb.radio("Source", SOURCES, key="src_kind", label_visibility="collapsed")
+    if kind == SOURCES[0]:
+        from ckpt_viz import BUILTIN_MODELS, DEFAULT_MODEL  # torch: first use
+
+        names = list(BUILTIN_MODELS)
+        model = sb.selectbox("Built-in model", names, index=names.index(DEFAULT_MODEL), key="src_model",
+                             help="Small seeded models; each shows one thing about checkpointing.")
+        config: RunConfig | None = RunConfig("builtin", model)
+    elif kind == SOURCES[1]:
+        config = _model_file(sb)
+    else:
+        config = _trace_file(sb)
+    if kind != SOURCES[2]:
+        from ckpt_viz import MODES, SCHEDULES
+
+        mode = sb.selectbox("Mode", MODES, index=MODES.index(DEFAULT_MODE), key="src_mode",
+                            help="How the checkpointed blocks run; split-* runs DX and DW as two passes.")
+        if mode == "pipeline":
+            schedule = sb.selectbox("Schedule", SCHEDULES, index=SCHEDULES.index("1F1B"), key="src_schedule")
+            microbatches = sb.number_input("Micro-batches", 1, 16, 2, key="src_microbatches")
+            config = config and replace(config, schedule=schedule, microbatches=int(microbatches))
+        config = config and config.with_mode(mode)
+    st.session_state[CONFIG] = config
+    return config

@@ -1,0 +1,85 @@
+"""The `ckpt-viz` command line (also `python -m ckpt_viz`).
+
+    ckpt-viz record MODEL --mode split-reentrant -o trace.json   record a run (progress on stderr)
+    ckpt-viz info trace.json                                       handles, replays, peak memory, problems
+    ckpt-viz export trace.json --perfetto out.json                 Chrome trace format for Perfetto
+    ckpt-viz app                                                   start the Streamlit app
+    ckpt-viz demo                                                  print the events of a built-in run
+
+Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
+MODEL is a built-in name (see `ckpt-viz record --help`), `path/to/file.py:factory` or
+`package.module:factory`; user models run in a subprocess with a time and a memory limit.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from ckpt_viz.cli.app import app_command, app_path, demo_command
+from ckpt_viz.cli.info import export_command, info_command, summarize
+from ckpt_viz.cli.record import record_command
+
+__all__ = ["app_path", "build_parser", "main", "summarize"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ckpt_viz.run.scenarios import MODES
+    from ckpt_viz.run.zoo import BUILTIN_MODELS, DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(prog="ckpt-viz", description="See and debug PyTorch activation checkpointing.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rec = sub.add_parser("record", help="record a run of a model to a trace file",
+                         description=f"MODEL is a built-in ({', '.join(sorted(BUILTIN_MODELS))}), "
+                                     "path/to/file.py:factory or package.module:factory.")
+    rec.add_argument("model")
+    rec.add_argument("--mode", default="split-reentrant", choices=MODES)
+    rec.add_argument("-o", "--output", default="trace.json", help="trace file (.json or .json.gz)")
+    rec.add_argument("--schedule", default="1F1B", help="pipeline schedule: GPipe, 1F1B, ZB-H1")
+    rec.add_argument("--microbatches", type=int, default=4)
+    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--no-memory", action="store_true", help="skip memory sampling")
+    rec.add_argument("--no-graphs", action="store_true", help="skip graph snapshots")
+    rec.add_argument("--timeout", type=float, default=120.0, help="user models: seconds before the run is stopped")
+    rec.add_argument("--memory-mb", type=int, default=8192, help="user models: address-space limit in MiB")
+    rec.set_defaults(run=record_command)
+
+    info = sub.add_parser("info", help="summarize a trace file")
+    info.add_argument("trace")
+    info.set_defaults(run=info_command)
+
+    export = sub.add_parser("export", help="convert a trace file")
+    export.add_argument("trace")
+    export.add_argument("--perfetto", metavar="OUT", help="write Chrome trace-event JSON for Perfetto")
+    export.set_defaults(run=export_command)
+
+    app = sub.add_parser("app", help="start the Streamlit app")
+    app.add_argument("--address", default="127.0.0.1")
+    app.add_argument("--port", type=int, default=8501)
+    app.add_argument("streamlit_args", nargs=argparse.REMAINDER, help="passed to `streamlit run`")
+    app.set_defaults(run=app_command)
+
+    demo = sub.add_parser("demo", help="run a built-in model and print its events")
+    demo.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(BUILTIN_MODELS))
+    demo.add_argument("--mode", default="split-reentrant", choices=[m for m in MODES if m != "pipeline"])
+    demo.add_argument("--site", action="store_true", help="show the user's file:line of each event")
+    demo.set_defaults(run=demo_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # errors written for users: print them, not a traceback
+        from ckpt_viz.errors import CkptVizError
+
+        if isinstance(exc, CkptVizError):
+            print(str(exc), file=sys.stderr)
+            return 2
+        raise

@@ -1,0 +1,200 @@
+"""Built-in models: small, seeded, and each showing one thing about checkpointing.
+
+Owns the model zoo and the `ModelSpec` every scenario runs (built-in or user-supplied).
+Imports torch; never the UI.
+
+Each factory returns a `ModelSpec`: the model, its inputs, a loss, the names of the
+submodules to checkpoint, and (for the pipeline model) how it splits into stages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ckpt_viz.runtime import checkpoint_exclude_wrapper
+
+__all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "ModelSpec", "build_builtin"]
+
+
+def sum_of_squares(output: Any) -> torch.Tensor:
+    """Default loss: the sum of squares of every floating tensor in the output."""
+    from torch.utils._pytree import tree_flatten
+
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return sum((t.float() ** 2).sum() for t in tensors)
+
+
+@dataclass
+class ModelSpec:
+    """What a scenario needs to run a model.
+
+    Attributes:
+        name: shown in the app and stored in the trace's meta.
+        model: the module.
+        inputs: positional arguments of `model(...)`.
+        loss: a function of the model's output returning a scalar.
+        checkpoint: qualified names of the submodules to checkpoint.
+        stages: for pipeline scenarios, the qualified names of the stage modules in order.
+        description: one line for people.
+    """
+
+    name: str
+    model: nn.Module
+    inputs: tuple
+    loss: Callable[[Any], torch.Tensor] = sum_of_squares
+    checkpoint: tuple[str, ...] = ()
+    stages: tuple[str, ...] = ()
+    description: str = ""
+    source: str = "builtin"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, width: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.fc2(torch.tanh(self.fc1(x))))
+
+
+class Stack(nn.Module):
+    """`blocks` applied in order, then a head."""
+
+    def __init__(self, blocks: list[nn.Module], width: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True, dropout=0.0)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class ClosureBlock(nn.Module):
+    """Its parameters live outside the function it checkpoints: the function captures them in a closure."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(width, width) / width ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(width))
+        weight, bias = self.weight, self.bias
+
+        def body(x: torch.Tensor) -> torch.Tensor:
+            return x + torch.sin(x @ weight.t() + bias)
+
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class ExcludedNormBlock(nn.Module):
+    """A block whose LayerNorm is an excluded region: kept from the forward, never recomputed."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, width)
+        self.norm = checkpoint_exclude_wrapper(nn.LayerNorm(width))
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.norm(self.fc1(x))))
+
+
+class PipelineModel(nn.Module):
+    """Stages, each a stack of MLP blocks; `stages` are the pipeline's units."""
+
+    def __init__(self, width: int, n_stages: int, blocks_per_stage: int) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(
+            nn.Sequential(*(MLPBlock(width, 2 * width) for _ in range(blocks_per_stage))) for _ in range(n_stages)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+
+def _mlp() -> ModelSpec:
+    model = Stack([MLPBlock(16, 32) for _ in range(4)], 16)
+    return ModelSpec("mlp", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(4)),
+                     description="4 residual MLP blocks, each checkpointed")
+
+
+def _transformer() -> ModelSpec:
+    model = Stack([TransformerBlock(32, 4) for _ in range(3)], 32)
+    return ModelSpec("transformer", model, (torch.randn(2, 8, 32),),
+                     checkpoint=tuple(f"blocks.{i}" for i in range(3)),
+                     description="3 pre-norm transformer blocks (attention + MLP), each checkpointed")
+
+
+def _dropout() -> ModelSpec:
+    model = Stack([MLPBlock(16, 32, dropout=0.25) for _ in range(3)], 16)
+    return ModelSpec("dropout", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
+                     description="3 MLP blocks with dropout: the replay must reuse the forward's RNG state")
+
+
+def _closure() -> ModelSpec:
+    model = Stack([ClosureBlock(16) for _ in range(3)], 16)
+    return ModelSpec("closure", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
+                     description="3 blocks whose checkpointed function captures its parameters in a closure "
+                                 "(DW reaches them only through the backward trigger)")
+
+
+def _excluded() -> ModelSpec:
+    model = Stack([ExcludedNormBlock(16) for _ in range(3)], 16)
+    return ModelSpec("excluded", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
+                     description="3 blocks with an excluded LayerNorm: its output is kept, never recomputed")
+
+
+def _pipeline() -> ModelSpec:
+    model = PipelineModel(16, n_stages=2, blocks_per_stage=2)
+    return ModelSpec("pipeline", model, (torch.randn(8, 16),),
+                     checkpoint=tuple(f"stages.{s}.{b}" for s in range(2) for b in range(2)),
+                     stages=("stages.0", "stages.1"),
+                     description="2 pipeline stages of 2 checkpointed MLP blocks each")
+
+
+BUILTIN_MODELS: dict[str, Callable[[], ModelSpec]] = {
+    "mlp": _mlp,
+    "transformer": _transformer,
+    "dropout": _dropout,
+    "closure": _closure,
+    "excluded": _excluded,
+    "pipeline": _pipeline,
+}
+DEFAULT_MODEL = "mlp"
+
+
+def build_builtin(name: str, seed: int = 0) -> ModelSpec:
+    """Build a built-in model with a fixed seed."""
+    if name not in BUILTIN_MODELS:
+        from ckpt_viz.errors import CkptVizError
+
+        raise CkptVizError(f"ckpt_viz.run.zoo: unknown built-in model {name!r}; expected one of "
+                           f"{', '.join(sorted(BUILTIN_MODELS))}.\nTip: or pass path/to/file.py:factory.")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return BUILTIN_MODELS[name]()

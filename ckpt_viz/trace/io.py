@@ -1,0 +1,327 @@
+"""Trace files: `save` and `load` a `Trace` as JSON, gzip-compressed when the name ends in ".gz".
+
+Owns the bytes: JSON encoding and parsing, gzip, the atomic write, and the
+`save`/`load`/`to_dict`/`from_dict` entry points with their `TraceError` messages.
+The document inside a file is `ckpt_viz.trace.schema` (layout and validation) and
+`ckpt_viz.trace.document` (Trace <-> document). Standard library only (orjson is used
+when installed, as a pure speed-up); never torch, and never pickle: a trace file is
+plain JSON that `json.load` reads.
+
+NOTE [ Atomic save ]
+  1. The whole file is encoded in memory first; a value that is not JSON fails
+     there, before anything touches the disk.
+  2. The bytes go to a temporary file in the target's folder, which is flushed,
+     fsync-ed and then renamed over the target with os.replace (atomic on POSIX
+     and Windows). A crash leaves either the old file or the new one, never half
+     of one; a failure removes the temporary file.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import gzip
+import json
+import math
+import os
+import stat
+import tempfile
+import zlib
+from os import PathLike
+from typing import Any, Callable, Iterator, NoReturn
+
+from ckpt_viz.errors import TraceError
+from ckpt_viz.trace.model import Trace
+from ckpt_viz.trace.document import from_document, to_document
+from ckpt_viz.trace.schema import (
+    FORMAT,
+    SCHEMA_VERSION,
+    TIP_REWRITE,
+    TIP_TRUNCATED,
+    InvalidDocument,
+    check_document,
+    show,
+)
+
+try:  # optional speed-up; the files are the same standard JSON with or without it
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+__all__ = ["FORMAT", "SCHEMA_VERSION", "from_dict", "load", "package_version", "save", "to_dict"]
+
+GZIP_LEVEL = 1  # traces are repetitive: level 1 is several times faster than 9 and nearly as small
+
+_NONE = type(None)
+# Make orjson refuse what the stdlib json refuses, so that the stdlib decides those cases.
+_ORJSON_STRICT = (
+    _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_DATETIME | _orjson.OPT_PASSTHROUGH_SUBCLASS
+    if _orjson is not None else 0
+)
+
+
+# ---------------------------------------------------------------- save
+
+def save(trace: Trace, path: str | PathLike[str]) -> None:
+    """Write `trace` to `path` as JSON (gzip if the name ends with ".gz"), atomically.
+
+    See NOTE [ Atomic save ].
+
+    Raises:
+        TraceError: the trace holds a value a trace file cannot; nothing is written.
+        OSError: the folder is missing or not writable; an existing file is untouched.
+    """
+    name = os.fspath(path)
+    with _gc_paused():
+        try:
+            doc = to_document(trace)
+            check_document(doc, built_here=True)
+            payload = _encode(doc)
+        except InvalidDocument as bad:
+            raise TraceError(
+                f"ckpt_viz.Trace.save: cannot save to '{name}': {bad.what}.\nTip: {bad.save_tip}.") from None
+    if name.endswith(".gz"):
+        payload = gzip.compress(payload, compresslevel=GZIP_LEVEL, mtime=0)
+    _write_atomically(name, payload)
+
+
+def to_dict(trace: Trace) -> dict[str, Any]:
+    """The JSON document of `trace`; it shares lists with `trace`.
+
+    See NOTE [ Trace file format, schema 1 ] in `ckpt_viz.trace.schema`.
+
+    Raises:
+        TraceError: the trace holds something that is not an Event or MemorySample, or a bad t_ns or data.
+    """
+    try:
+        return to_document(trace)
+    except InvalidDocument as bad:
+        raise TraceError(
+            f"ckpt_viz.Trace.to_dict: cannot convert the trace: {bad.what}.\nTip: {bad.save_tip}.") from None
+
+
+def _encode(doc: dict[str, Any]) -> bytes:
+    # orjson when installed (several times faster); whatever it refuses goes to the
+    # stdlib, which decides. Both write standard JSON; non-finite floats become null.
+    if _orjson is not None:
+        with contextlib.suppress(TypeError):  # orjson.JSONEncodeError is a TypeError
+            return _orjson.dumps(doc, option=_ORJSON_STRICT)
+    try:
+        try:
+            text = _stdlib_dumps(doc)
+        except ValueError:  # NaN or infinity somewhere: standard JSON has no such numbers
+            text = _stdlib_dumps(_finite(doc))
+    except (TypeError, ValueError, RecursionError) as err:
+        tip = ("keep event data, tags, meta and graph nodes to str, int, float, bool, None, "
+               "lists and dicts with str keys; convert other values (dtypes, devices, tensors) with str()")
+        raise InvalidDocument(f"{_locate_unencodable(doc)} cannot be written as JSON ({err})", tip, tip) from None
+    return text.encode("ascii")
+
+
+def _stdlib_dumps(doc: Any) -> str:
+    return json.dumps(doc, ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":"))
+
+
+def _finite(value: Any) -> Any:
+    # Only on the rare path: a copy of `value` with NaN and infinities replaced by None.
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _locate_unencodable(doc: dict[str, Any]) -> str:
+    # Only on the error path: the first value json.dumps refuses, found by walking down.
+    def bad(value: Any) -> bool:
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError, RecursionError):
+            return True
+        return False
+
+    def walk(value: Any, where: str) -> str:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if bad(item) or not isinstance(key, (str, int, float, bool, _NONE)):
+                    return walk(item, f"{where}.{key}" if where else str(key))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if bad(item):
+                    return walk(item, f"{where}[{i}]")
+        return f"{where} ({show(value)})"
+
+    for part in ("events", "memory"):
+        for name, column in doc[part]["columns"].items():
+            if bad(column):
+                i = next(i for i, v in enumerate(column) if bad(v))
+                return walk(column[i], f"{part}[{i}].{name}")
+    if bad(doc["events"]["tables"]):
+        return walk(doc["events"]["tables"], "the tags of an event")
+    return walk({k: v for k, v in doc.items() if k not in ("events", "memory")}, "")
+
+
+def _write_atomically(name: str, payload: bytes) -> None:
+    folder = os.path.dirname(os.path.abspath(name))
+    mode = _file_mode(name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_folder(folder)
+
+
+def _file_mode(name: str) -> int:
+    try:
+        return stat.S_IMODE(os.stat(name).st_mode)
+    except OSError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _fsync_folder(folder: str) -> None:
+    # Makes the rename itself durable on POSIX; not possible (or needed) everywhere.
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------- load
+
+def load(path: str | PathLike[str]) -> Trace:
+    """Read a trace file written by `save`; gzip is detected from the content.
+
+    Raises:
+        TraceError: the file is missing, empty, truncated, not JSON, not a trace,
+            written by a newer ckpt_viz, or has a missing or ill-typed field.
+    """
+    name = os.fspath(path)
+
+    def fail(what: str, tip: str = TIP_REWRITE) -> NoReturn:
+        # `from None`: the message already says what the parser or gzip said.
+        raise TraceError(f"ckpt_viz.Trace.load: cannot read '{name}': {what}.\nTip: {tip}.") from None
+
+    try:
+        with open(name, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        fail("no such file", "check the path; ckpt_viz.Trace.save(path) writes a trace file")
+    except IsADirectoryError:
+        fail("it is a folder, not a file", "pass the path of a trace file inside it")
+    with _gc_paused():
+        return from_document(_parse(raw, fail))
+
+
+def from_dict(doc: Any) -> Trace:
+    """Validate a trace document (as `to_dict` returns or `json.load` reads) and build the Trace.
+
+    Raises:
+        TraceError: the document is not a trace, is too new, or has a missing or ill-typed field.
+    """
+    try:
+        check_document(doc)
+    except InvalidDocument as bad:
+        raise TraceError(f"ckpt_viz.Trace.from_dict: cannot read the trace: {bad.what}.\nTip: {bad.tip}.") from None
+    return from_document(doc)
+
+
+def _parse(raw: bytes, fail: Callable[..., NoReturn]) -> dict[str, Any]:
+    if not raw:
+        fail("the file is empty (0 bytes)", "the save that wrote it did not finish; record the run again")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            fail("the gzip data is truncated (the file ends before the end of the compressed stream)",
+                 TIP_TRUNCATED)
+        except (OSError, zlib.error) as err:
+            fail(f"it is not a valid gzip file, or it is corrupt ({err})", TIP_REWRITE)
+        if not raw:
+            fail("the file is empty (a gzip file holding 0 bytes)", "record the run again")
+    if raw[:1] == b"\x80":
+        fail("it looks like a Python pickle, not JSON; ckpt_viz never unpickles files",
+             "trace files are JSON; write one with ckpt_viz.Trace.save(path)")
+    if _orjson is not None:
+        doc = _fast_document(raw)
+        if doc is not None:
+            return doc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        fail(f"it is not valid JSON: not UTF-8 text (byte {err.start})", TIP_REWRITE)
+    if not text.strip():
+        fail("the file is empty (only whitespace)", "the save that wrote it did not finish; record the run again")
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as err:
+        if _ends_early(text, err):
+            fail(f"the JSON is truncated: it ends early ({err.msg} at line {err.lineno}, column {err.colno})",
+                 TIP_TRUNCATED)
+        fail(f"it is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})", TIP_REWRITE)
+    except (ValueError, RecursionError) as err:
+        fail(f"it is not valid JSON ({err})", TIP_REWRITE)
+    try:
+        check_document(doc)
+    except InvalidDocument as bad:
+        fail(bad.what, bad.tip)
+    return doc
+
+
+def _ends_early(text: str, err: json.JSONDecodeError) -> bool:
+    # The parser failed at the end of the text, or on a token the end cut off
+    # (`"abc`, `tru`, `nul`, `-`, `1.`): the file is a cut-off prefix, not garbage.
+    tail = text[err.pos:].rstrip()
+    return (not tail or err.msg.startswith("Unterminated string")
+            or (len(tail) < 5 and any(word.startswith(tail) for word in ("true", "false", "null")))
+            or (len(tail) < 32 and tail.strip("0123456789.eE+-") == ""))
+
+
+def _fast_document(raw: bytes) -> dict[str, Any] | None:
+    # orjson's parse if it parses and validates; otherwise None, and the stdlib
+    # path parses again and explains what is wrong.
+    try:
+        doc = _orjson.loads(raw)
+        check_document(doc)
+    except (ValueError, InvalidDocument):  # orjson.JSONDecodeError is a ValueError
+        return None
+    return doc
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not standard JSON")
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    # A big trace means a million small dicts and lists; pausing the cyclic GC
+    # avoids repeated full collections over them (about 3x faster). Nothing made here is cyclic.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def package_version() -> str:
+    """The installed ckpt_viz version, or "unknown" when running from a source tree."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("ckpt_viz")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,319 @@
+"""The trace document: what a valid one holds, checked field by field.
+
+Owns the layout of a trace file (the NOTE below, `FORMAT`, `SCHEMA_VERSION`) and its
+validation: `check_document` raises `InvalidDocument` naming the first bad field.
+Works on plain dicts and lists only: standard library, no json, no files, and never
+torch. Turning a `Trace` into a document and back is `ckpt_viz.trace.document`;
+bytes, gzip and files are `ckpt_viz.trace.io`. The names here are shared by those
+two modules, not part of the package API.
+
+NOTE [ Trace file format, schema 1 ]
+  One JSON object. Events and memory samples are stored as columns, so that a
+  million-event trace saves and loads in under 2 s each with orjson on a slow
+  2-core machine (the stdlib json alone loads as fast but saves in about 3 s; see
+  benchmarks/bench_trace_io.py):
+    {"format": "ckpt_viz.trace", "schema_version": 1,
+     "meta":   {"model": ..., "mode": ..., "schedule": ..., "versions": {...}, "schema_version": 1},
+     "events": {"count": N, "context_fields": ["kind", "mode", "phase", "site", "thread_id"],
+                "tables":  {"context": [["tensor_packed", "nonreentrant", null, "train.py:12", 1403], ...],
+                            "tags": [{}, {"stage": 0, "microbatch": 3}, ...]},
+                "columns": {"seq": {"start": 0} or [N ints], "t_ns_delta": [N ints],
+                            "context": [N indexes into tables.context], "handle_id": [int or null],
+                            "session_id": [JSON scalar], "tags": [N indexes into tables.tags],
+                            "data": [N objects]}},
+     "memory": {"count": M,
+                "columns": {"seq": {"start": 0} or [M ints], "t_ns_delta": [M ints],
+                            "device_allocated": [int or null], "by_stage": null or [M objects]},
+                "bytes_by_category": {"activations": [M ints, or null where not measured], ...}},
+     "graphs": [{"seq": 12, "label": "after forward", "nodes": [{...}], "edges": [[src, dst], ...]}]}
+  1. "format" and "schema_version" come first, so `head -c 60 trace.json` identifies a file.
+  2. A reader accepts every schema_version up to its own and refuses newer ones.
+  3. seq {"start": s} means s, s+1, ...; t_ns_delta holds the first t_ns, then the
+     differences (small numbers keep the file small); by_stage null means every
+     sample's by_stage is empty.
+  4. JSON has no tuples, no NaN and only string keys: a tuple comes back as a list,
+     NaN and infinities are written as null, and int dict keys come back as strings
+     (with or without orjson). An integer beyond 64 bits inside `data` comes back as
+     a float when orjson reads the file.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
+from ckpt_viz.trace.model import CONTEXT_FIELDS, MEMORY_CATEGORIES, NODE_KINDS
+
+__all__ = [
+    "CONTEXT_TYPES",
+    "FORMAT",
+    "SCHEMA_VERSION",
+    "TIP_REWRITE",
+    "TIP_SAVE",
+    "TIP_TRUNCATED",
+    "InvalidDocument",
+    "check_document",
+    "check_types",
+    "show",
+]
+
+FORMAT = "ckpt_viz.trace"
+SCHEMA_VERSION = 1
+
+_NONE = type(None)
+
+TIP_REWRITE = (
+    "the file was not written by ckpt_viz.Trace.save, or was edited; record the run again, "
+    "or restore the file from a copy"
+)
+TIP_TRUNCATED = (
+    "the file was cut short (an interrupted copy or download, or a full disk); copy it again or record "
+    "the run again. Trace.save itself writes atomically, so a file it finished is never cut short"
+)
+TIP_SAVE = (
+    "a hand-built trace or a runtime hook put a wrong value there; events use the names and types of "
+    "ckpt_viz.events (EVENT_KINDS, MODES, PHASES), memory samples the categories in "
+    "ckpt_viz.trace.MEMORY_CATEGORIES"
+)
+
+
+class InvalidDocument(Exception):
+    """One thing wrong with a trace document: `what` happened; `tip` (reading) or `save_tip` says what to do."""
+
+    def __init__(self, what: str, tip: str = TIP_REWRITE, save_tip: str = TIP_SAVE) -> None:
+        super().__init__(what)
+        self.what = what
+        self.tip = tip
+        self.save_tip = save_tip
+
+
+# ---------------------------------------------------------------- validation
+# Checks run over whole columns (the set of types, min and max); only when one
+# fails is the column scanned again to name the first bad row.
+
+def check_document(doc: Any, built_here: bool = False) -> None:
+    """Raise InvalidDocument for the first problem. built_here: made by to_dict, so its indexes are right."""
+    if not isinstance(doc, dict):
+        raise InvalidDocument(f"it is not a ckpt_viz trace: the top level is {show(doc)}, not a JSON object")
+    marker = doc.get("format")
+    if marker != FORMAT:
+        found = "has no \"format\" field" if "format" not in doc else f"has \"format\": {show(marker)}"
+        raise InvalidDocument(f"it is not a ckpt_viz trace: it {found} (a trace has \"format\": \"{FORMAT}\")",
+                       "open a file written by ckpt_viz.Trace.save; other JSON files are not traces")
+    version = _get(doc, "schema_version", int, "an integer")
+    if version > SCHEMA_VERSION:
+        raise InvalidDocument(
+            f"it was written by a newer ckpt_viz (schema_version {version}; this ckpt_viz reads up to "
+            f"{SCHEMA_VERSION})",
+            "upgrade ckpt_viz (pip install -U ckpt_viz), or record the run again with this version",
+        )
+    if version < 1:
+        raise InvalidDocument(f"field 'schema_version' is {version}, expected 1 to {SCHEMA_VERSION}")
+    _get(doc, "meta", dict, "an object")
+    _check_events(_get(doc, "events", dict, "an object"), built_here)
+    _check_memory(_get(doc, "memory", dict, "an object"), built_here)
+    _check_graphs(_get(doc, "graphs", list, "a list"))
+
+
+_EVENT_COLUMNS = ("seq", "t_ns_delta", "context", "handle_id", "session_id", "tags", "data")
+CONTEXT_TYPES = {"kind": ({str}, "a string"), "mode": ({str, _NONE}, "a string or null"),
+                  "phase": ({str, _NONE}, "a string or null"), "site": ({str, _NONE}, "a string or null"),
+                  "thread_id": ({int}, "an integer")}
+_KNOWN = {"kind": EVENT_KINDS, "mode": (*MODES, None), "phase": (*PHASES, None)}
+
+
+def _check_events(events: dict[str, Any], built_here: bool) -> None:
+    count = _count(events, "events")
+    fields = _get(events, "context_fields", list, "a list", "events.")
+    if fields != list(CONTEXT_FIELDS):
+        raise InvalidDocument(f"field 'events.context_fields' is {fields!r}, expected {list(CONTEXT_FIELDS)!r}")
+    tables = _get(events, "tables", dict, "an object", "events.")
+    contexts = _get(tables, "context", list, "a list", "events.tables.")
+    tags = _get(tables, "tags", list, "a list", "events.tables.")
+    check_types(tags, {dict}, "events.tables.tags[{}]", "an object")
+    columns = _columns(events, "events", _EVENT_COLUMNS, count)
+    _check_seq(columns["seq"], "events")
+    if not built_here:  # to_dict already checked these, or built them right
+        check_types(columns["t_ns_delta"], {int}, "events[{}].t_ns (stored as t_ns_delta)", "an integer")
+        check_types(columns["data"], {dict}, "events[{}].data", "an object")
+        _check_indexes(columns["tags"], len(tags), "tags")
+        _check_indexes(columns["context"], len(contexts), "context")
+    check_types(columns["handle_id"], {int, _NONE}, "events[{}].handle_id", "an integer or null")
+    check_types(columns["session_id"], {str, int, float, bool, _NONE}, "events[{}].session_id",
+                 "a string, number, boolean or null")
+    for entry, row in enumerate(contexts):
+        _check_context(row, entry, columns["context"])
+
+
+def _check_context(row: Any, entry: int, column: list[int]) -> None:
+    def where(name: str) -> str:
+        # Name the first event that uses this row; the table entry if none does.
+        try:
+            return f"events[{column.index(entry)}].{name}"
+        except ValueError:
+            return f"events.tables.context[{entry}] ({name})"
+
+    if type(row) not in (list, tuple) or len(row) != len(CONTEXT_FIELDS):
+        raise InvalidDocument(f"events.tables.context[{entry}] is {show(row)}, expected a list of "
+                       f"{len(CONTEXT_FIELDS)} values ({', '.join(CONTEXT_FIELDS)})")
+    for name, value in zip(CONTEXT_FIELDS, row):
+        types, expected = CONTEXT_TYPES[name]
+        if type(value) not in types:
+            raise InvalidDocument(f"{where(name)} is {show(value)}, expected {expected}")
+        known = _KNOWN.get(name)
+        if known is not None and value not in known:
+            label = "event kind" if name == "kind" else name
+            tip = ("this file may come from a newer ckpt_viz that has more event kinds; upgrade ckpt_viz"
+                   if name == "kind" else TIP_REWRITE)
+            raise InvalidDocument(f"{where(name)} is {show(value)}, an unknown {label} "
+                           f"(known: {', '.join(str(k) for k in known)})", tip)
+
+
+def _check_memory(memory: dict[str, Any], built_here: bool) -> None:
+    count = _count(memory, "memory")
+    columns = _columns(memory, "memory", ("seq", "t_ns_delta", "device_allocated"), count)
+    _check_seq(columns["seq"], "memory")
+    if not built_here:  # to_dict checked t_ns before taking differences
+        check_types(columns["t_ns_delta"], {int}, "memory[{}].t_ns (stored as t_ns_delta)", "an integer")
+    check_types(columns["device_allocated"], {int, _NONE}, "memory[{}].device_allocated", "an integer or null")
+    by_category = _get(memory, "bytes_by_category", dict, "an object", "memory.")
+    for category, column in by_category.items():
+        if category not in MEMORY_CATEGORIES:
+            raise InvalidDocument(f"memory.bytes_by_category has an unknown category {show(category)} "
+                           f"(known: {', '.join(MEMORY_CATEGORIES)})")
+        _get(by_category, category, list, "a list", "memory.bytes_by_category.")
+        _check_length(column, count, f"memory.bytes_by_category.{category}", "memory.count")
+        where = f"memory[{{}}].bytes_by_category.{category}"
+        types = check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
+        measured = column if _NONE not in types else [v for v in column if v is not None]
+        if measured and min(measured) < 0:
+            i = next(i for i, v in enumerate(column) if v is not None and v < 0)
+            raise InvalidDocument(f"{where.format(i)} is {column[i]}, expected 0 or more bytes")
+    stages = _get(columns, "by_stage", (list, _NONE), "null or a list", "memory.columns.")
+    if stages is not None:
+        _check_length(stages, count, "memory.columns.by_stage", "memory.count")
+        check_types(stages, {dict}, "memory[{}].by_stage", "an object")
+        _check_by_stage(stages)
+
+
+def _check_by_stage(stages: list[dict[str, Any]]) -> None:
+    # Vectorized over all samples; the slow scan below runs only to name a bad one.
+    readings = [r for per_stage in stages for r in per_stage.values()]
+    values = [v for r in readings for v in r.values()] if set(map(type, readings)) <= {dict} else None
+    if (values is not None and set(map(type, values)) <= {int} and (not values or min(values) >= 0)
+            and set().union(*readings) <= set(MEMORY_CATEGORIES)):
+        return
+    for i, per_stage in enumerate(stages):
+        for stage, reading in per_stage.items():
+            where = f"memory[{i}].by_stage[{stage!r}]"
+            if type(reading) is not dict:
+                raise InvalidDocument(f"{where} is {show(reading)}, expected an object of bytes by category")
+            for category, nbytes in reading.items():
+                if category not in MEMORY_CATEGORIES or type(nbytes) is not int or nbytes < 0:
+                    raise InvalidDocument(f"{where} has {category!r}: {show(nbytes)}, expected a category of "
+                                   f"{', '.join(MEMORY_CATEGORIES)} with 0 or more bytes")
+
+
+_NODE_FIELDS = (("id", {int, str}, "an integer or string"), ("name", {str}, "a string"),
+                ("kind", {str}, "a string"), ("handle_id", {int, _NONE}, "an integer or null"),
+                ("dx_reached", {bool}, "true or false"), ("dw_reached", {bool}, "true or false"),
+                ("shape", {list, tuple, _NONE}, "a list of integers or null"))
+
+
+def _check_graphs(graphs: list[Any]) -> None:
+    for g, graph in enumerate(graphs):
+        at = f"graphs[{g}]"
+        if type(graph) is not dict:
+            raise InvalidDocument(f"{at} is {show(graph)}, expected an object")
+        _get(graph, "seq", int, "an integer", f"{at}.")
+        _get(graph, "label", str, "a string", f"{at}.")
+        nodes = _get(graph, "nodes", list, "a list", f"{at}.")
+        edges = _get(graph, "edges", (list, tuple), "a list of [src, dst] pairs", f"{at}.")
+        ids = set()
+        for n, node in enumerate(nodes):
+            where = f"{at}.nodes[{n}]"
+            if type(node) is not dict:
+                raise InvalidDocument(f"{where} is {show(node)}, expected an object")
+            for key, types, expected in _NODE_FIELDS:
+                if key not in node:
+                    raise InvalidDocument(f"field '{where}.{key}' is missing")
+                if type(node[key]) not in types:
+                    raise InvalidDocument(f"{where}.{key} is {show(node[key])}, expected {expected}")
+            if node["kind"] not in NODE_KINDS:
+                raise InvalidDocument(f"{where}.kind is {show(node['kind'])}, an unknown node kind "
+                               f"(known: {', '.join(NODE_KINDS)})")
+            if node["shape"] is not None and not all(type(d) is int for d in node["shape"]):
+                raise InvalidDocument(f"{where}.shape is {show(node['shape'])}, expected a list of integers or null")
+            ids.add(node["id"])
+        for e, edge in enumerate(edges):
+            if type(edge) not in (list, tuple) or len(edge) != 2:
+                raise InvalidDocument(f"{at}.edges[{e}] is {show(edge)}, expected a [src, dst] pair")
+            for end in edge:
+                if type(end) not in (int, str) or end not in ids:
+                    raise InvalidDocument(f"{at}.edges[{e}] refers to node {end!r}, which is not in {at}.nodes")
+
+
+def _get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], expected: str, prefix: str = "") -> Any:
+    if key not in obj:
+        raise InvalidDocument(f"field '{prefix}{key}' is missing")
+    value = obj[key]
+    if type(value) not in (kind if isinstance(kind, tuple) else (kind,)):  # exact: a bool is not an integer
+        raise InvalidDocument(f"field '{prefix}{key}' is {show(value)}, expected {expected}")
+    return value
+
+
+def _count(part: dict[str, Any], name: str) -> int:
+    count = _get(part, "count", int, "an integer", f"{name}.")
+    if count < 0:
+        raise InvalidDocument(f"field '{name}.count' is {count}, expected 0 or more")
+    return count
+
+
+def _columns(part: dict[str, Any], name: str, required: tuple[str, ...], count: int) -> dict[str, Any]:
+    columns = _get(part, "columns", dict, "an object", f"{name}.")
+    for key in required:
+        column = _get(columns, key, (list, dict) if key == "seq" else list, "a list", f"{name}.columns.")
+        if type(column) is list:
+            _check_length(column, count, f"{name}.columns.{key}", f"{name}.count")
+    return columns
+
+
+def _check_seq(seq: Any, name: str) -> None:
+    if type(seq) is dict:
+        _get(seq, "start", int, "an integer", f"{name}.columns.seq.")
+    else:
+        check_types(seq, {int}, f"{name}[{{}}].seq", "an integer")
+
+
+def _check_length(column: list[Any], count: int, name: str, count_name: str) -> None:
+    if len(column) != count:
+        raise InvalidDocument(f"field '{name}' has {len(column)} values but {count_name} is {count}")
+
+
+def check_types(column: list[Any], allowed: set[type], where: str, expected: str) -> set[type]:
+    """The set of types in `column`; raise InvalidDocument naming the first value of a type not allowed."""
+    types = set(map(type, column))
+    if types <= allowed:
+        return types
+    i = next(i for i, v in enumerate(column) if type(v) not in allowed)
+    raise InvalidDocument(f"{where.format(i)} is {show(column[i])}, expected {expected}")
+
+
+def _check_indexes(column: list[Any], size: int, name: str) -> None:
+    check_types(column, {int}, f"events[{{}}].{name}", f"an index into events.tables.{name}")
+    if column and (min(column) < 0 or max(column) >= size):
+        i = next(i for i, v in enumerate(column) if not 0 <= v < size)
+        raise InvalidDocument(f"events[{i}].{name} is {column[i]}, but events.tables.{name} has {size} entries")
+
+
+def show(value: Any) -> str:
+    names = {dict: "an object", list: "a list", tuple: "a tuple", str: "a string", int: "an integer",
+             float: "a number", bool: "a boolean"}
+    if value is None:
+        return "null"
+    kind = names.get(type(value), f"a {type(value).__name__}")
+    if type(value) in (dict, list, tuple):
+        return kind
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({kind})"

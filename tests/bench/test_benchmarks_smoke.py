@@ -1,0 +1,52 @@
+"""Smoke test: `benchmarks/bench_runtime.py --quick` runs, prints every row and writes valid JSON.
+
+No timing assertions: speed is measured by the benchmark itself, not by tests. What is
+asserted are facts that do not depend on the machine: every row is printed, every case
+reproduces the un-checkpointed gradients (the script exits non-zero otherwise), and
+the split helpers replay each region exactly once (spec D6).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_runtime.py"
+
+ROWS = (
+    "torch_reentrant",
+    "ours_reentrant",
+    "ours_reentrant+record",
+    "torch_nonreentrant",
+    "ours_nonreentrant",
+    "ours_nonreentrant+record",
+    "torch_split_nonreentrant",
+    "ours_split_nonreentrant",
+    "ours_split_reentrant",
+)
+
+
+def test_bench_runtime_quick(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out_json)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+    lines = proc.stdout.splitlines()
+    timing_rows = {line.split()[0] for line in lines if line.split()}
+    for name in ROWS:
+        assert name in timing_rows, f"row {name!r} missing from:\n{proc.stdout}"
+    assert "gradients: every case matches the un-checkpointed model" in proc.stdout
+
+    results = json.loads(out_json.read_text())
+    assert [row["name"] for row in results["rows"]] == list(ROWS)
+    replays = {item["name"]: item for item in results["replays"]}
+    for name in ("ours_split_nonreentrant", "ours_split_reentrant"):
+        item = replays[name]
+        assert item["replays_per_block"] == [1] * results["config"]["blocks"], item
+        assert item["recorder_replays_per_handle"] == item["replays_per_block"], item
+        assert item["passed"] is True, item
+    for name in ("ours_reentrant", "ours_nonreentrant"):
+        assert replays[name]["agree"] is True, replays[name]

@@ -1,0 +1,26 @@
+"""The renderers and `diagnose` open saved traces without torch: nothing they import loads it."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+MODULES = ["ckpt_viz.trace.index", "ckpt_viz.render.graph", "ckpt_viz.render.memory", "ckpt_viz.render.swimlane",
+           "ckpt_viz.render.routing", "ckpt_viz.render.eventlog", "ckpt_viz.render.text", "ckpt_viz.diagnose"]
+
+
+def test_diagnose_imports_only_the_standard_library_and_the_vocabulary() -> None:
+    tree = ast.parse((ROOT / "ckpt_viz" / "diagnose.py").read_text())
+    found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    found |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert found == {"__future__", "dataclasses", "typing", "ckpt_viz.events", "ckpt_viz.trace"}
+
+
+def test_importing_every_renderer_loads_neither_torch_nor_a_ui() -> None:
+    code = (f"import sys\nfor m in {MODULES!r}: __import__(m)\n"
+            "print(sorted(m for m in ('torch', 'streamlit', 'graphviz', 'numpy', 'ckpt_viz.runtime') "
+            "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert result.stdout.strip() == "[]", result.stderr

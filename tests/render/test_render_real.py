@@ -1,0 +1,165 @@
+"""Every renderer on real recorded traces (torch runs here): sensible states, charts, graphs and routing.
+
+Split-reentrant mlp: after DX every handle is "replayed", after DW "released". A
+12-block recording collapses to one "Block x12" node. Renderer output is checked
+against the trace itself (counts, seqs), and the DOT is laid out by Graphviz.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import graphviz
+import pytest
+import torch
+
+from ckpt_viz.diagnose import diagnose_all
+from ckpt_viz.render.eventlog import event_rows, filter_events
+from ckpt_viz.render.graph import render_graph, render_torchviz_view
+from ckpt_viz.trace.index import TraceIndex
+from ckpt_viz.render.memory import memory_peak, memory_series, render_memory
+from ckpt_viz.render.routing import backward_passes, render_routing, routing_at
+from ckpt_viz.render.swimlane import lifecycle_intervals, render_lifecycles
+from ckpt_viz.render.text import render_text
+from ckpt_viz.run.scenarios import run_scenario
+from ckpt_viz.trace import Trace
+from ckpt_viz.run.zoo import MLPBlock, ModelSpec, Stack, build_builtin
+
+
+def _svg(dot: str) -> str:
+    return graphviz.Source(dot).pipe(format="svg", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def split() -> Trace:
+    return run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
+
+
+def _last(trace: Trace, kind: str, phase: str) -> int:
+    return [e.seq for e in trace.events if e.kind == kind and e.phase == phase][-1]
+
+
+def test_states_after_dx_are_replayed_and_after_dw_released(split: Trace) -> None:
+    index = TraceIndex.of(split)
+    handles = split.handle_ids()
+    assert index.handles == handles and len(handles) == 4
+    first_phase = [e.seq for e in split.events if e.kind == "phase_set"][0]
+    assert set(index.handle_states(first_phase).values()) == {"recorded"}
+    assert set(index.handle_states(_last(split, "grads_routed", "dx")).values()) == {"replayed"}
+    assert set(index.handle_states(None).values()) == {"released"}
+    assert index.memory_at(None) == split.memory[-1]
+
+
+def test_graph_snapshots_render_with_their_regions(split: Trace) -> None:
+    index = TraceIndex.of(split)
+    assert [g.label for g in split.graphs] == ["before autograd.grad #1", "before autograd.backward #2"]
+    for snapshot in split.graphs:
+        states = index.handle_states(snapshot.seq)
+        dot = render_graph(snapshot, states=states)
+        for h in split.handle_ids():
+            assert f"subgraph cluster_h{h} {{" in dot
+            assert f'label="h{h} · {states[h]}"' in dot
+        assert "<svg" in _svg(dot) and "<svg" in _svg(render_torchviz_view(snapshot))
+    dw_states = index.handle_states(split.graphs[1].seq)
+    assert set(dw_states.values()) == {"replayed"}  # DW snapshot: every replay retained by DX
+    # The retained replays are drawn inside their regions: each holds its block's fc1.weight.
+    dot = render_graph(split.graphs[1], states=dw_states, collapse=False)
+    for block, h in enumerate(sorted(split.handle_ids())):
+        cluster = dot[dot.index(f"subgraph cluster_h{h} {{"):]
+        assert f"blocks.{block}.fc1.weight" in cluster[:cluster.index("  }")]
+
+
+def test_memory_series_and_peak_match_the_samples(split: Trace) -> None:
+    peak = memory_peak(split)
+    totals = [s.total_nbytes for s in split.memory]
+    assert peak["total"] == max(totals) and peak["seq"] == split.memory[totals.index(max(totals))].seq
+    assert sum(b for _, b in peak["top"]) <= peak["total"] and len(peak["top"]) <= 3
+    rows = memory_series(split)
+    assert {r["seq"] for r in rows} == {s.seq for s in split.memory}
+    assert {r["category"] for r in rows} >= {"parameters", "gradients", "checkpoint_inputs"}
+    chart = render_memory({"split": split}, cursor=_last(split, "grads_routed", "dx"))
+    chart.to_dict()
+
+
+def test_compare_memory_of_two_modes(split: Trace) -> None:
+    plain = run_scenario(build_builtin("mlp"), "none", memory=True)
+    chart = render_memory({"split-reentrant": split, "none": plain}, cursor=10)
+    chart.to_dict()
+    rows = chart.layer[0].data.values
+    assert {r["trace"] for r in rows} == {"split-reentrant", "none"}
+    assert all(0.0 <= r["position"] <= 1.0 for r in rows)
+
+
+def test_lifecycles_end_released_by_dw(split: Trace) -> None:
+    rows = lifecycle_intervals(split)
+    for h in split.handle_ids():
+        states = [r["state"] for r in rows if r["kind"] == "interval" and r["handle_id"] == h]
+        assert states == ["recorded", "phase_dx", "replayed", "retained", "released"]
+        assert [r["reason"] for r in rows if r["handle_id"] == h and r["state"] == "released"] == ["dw_complete"]
+    assert not [r for r in rows if r["kind"] == "refused"]
+    render_lifecycles(split, cursor=20).to_dict()
+
+
+def test_routing_of_dx_then_dw(split: Trace) -> None:
+    passes = backward_passes(split)
+    assert [p["phase"] for p in passes] == ["dx", "dw"]
+    dx = routing_at(split, _last(split, "grads_routed", "dx"))
+    handles = split.handle_ids()
+    assert sorted(dx["handles_replayed"]) == sorted(handles)
+    assert dx["targets"] == {h: [0] for h in reversed(handles)}
+    dw = routing_at(split, None)
+    assert sorted(dw["released"]) == sorted(handles) and dw["handles_replayed"] == []
+    # Each MLPBlock's four parameters are captured (module attributes) and accumulated in DW.
+    assert all(len(dw["captured"][h]) == 4 for h in handles)
+    assert "<svg" in _svg(render_routing(split, None)) and "<svg" in _svg(render_routing(split, 0))
+
+
+def test_event_log_text_and_diagnosis(split: Trace) -> None:
+    released = filter_events(split, kinds={"released"})
+    assert len(released) == 4 and {e.data["reason"] for e in released} == {"dw_complete"}
+    assert len(event_rows(split.events)) == len(split.events)
+    assert len(render_text(split.events).splitlines()) == len(split.events) + 1
+    assert diagnose_all(split) == []
+
+
+def test_a_loaded_trace_renders_the_same(split: Trace, tmp_path: Path) -> None:
+    split.save(tmp_path / "split.json.gz")
+    loaded = Trace.load(tmp_path / "split.json.gz")
+    a, b = TraceIndex.of(split), TraceIndex.of(loaded)
+    assert all(a.handle_states(s) == b.handle_states(s) for s in a.seqs[::5])
+    assert lifecycle_intervals(loaded) == lifecycle_intervals(split)
+    assert routing_at(loaded, None) == routing_at(split, None)
+    assert memory_series(loaded) == memory_series(split)
+    assert render_graph(loaded.graphs[1]) == render_graph(split.graphs[1])
+
+
+@pytest.mark.parametrize("mode", ["nonreentrant", "split-nonreentrant", "pipeline"])
+def test_other_modes_render(mode: str) -> None:
+    model = "pipeline" if mode == "pipeline" else "mlp"
+    trace = run_scenario(build_builtin(model), mode, memory=True, graphs=True)
+    index = TraceIndex.of(trace)
+    assert set(index.handle_states(None).values()) == {"released"}
+    for snapshot in trace.graphs:
+        assert "<svg" in _svg(render_graph(snapshot, states=index.handle_states(snapshot.seq)))
+    render_memory({mode: trace}).to_dict()
+    render_lifecycles(trace).to_dict()
+    assert "<svg" in _svg(render_routing(trace, None))
+    if mode == "pipeline":
+        lanes = {r["lane"] for r in lifecycle_intervals(trace)}
+        assert any("stage 1 · mb 1" in lane for lane in lanes)
+        assert routing_at(trace, None)["stage"] == 0
+
+
+def test_a_recorded_twelve_block_model_collapses_to_one_block() -> None:
+    torch.manual_seed(0)
+    model = Stack([MLPBlock(8, 16) for _ in range(12)], 8)
+    spec = ModelSpec("mlp12", model, (torch.randn(4, 8),), checkpoint=tuple(f"blocks.{i}" for i in range(12)))
+    trace = run_scenario(spec, "split-reentrant", graphs=True)
+    snapshot = trace.graphs[1]  # before DW: every replay retained
+    states = TraceIndex.of(trace).handle_states(snapshot.seq)
+    full = render_graph(snapshot, states=states, collapse=False)
+    collapsed = render_graph(snapshot, states=states)
+    assert len(snapshot.nodes) > 100
+    assert full.count("subgraph cluster_h") == 12
+    assert "Block x12" in collapsed and "cluster_h" not in collapsed
+    assert collapsed.count(" [label=") < full.count(" [label=") // 10
+    assert "<svg" in _svg(collapsed)
