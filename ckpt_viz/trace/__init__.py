@@ -2,23 +2,17 @@
 
 Standard library only: opening, validating and indexing a saved trace never needs torch.
 
-  model      Trace, MemorySample, GraphSnapshot and their column storage
+  types      MemorySample, GraphSnapshot and the vocabularies they use
+  columns    EventColumns, MemoryColumns: a loaded trace's rows stored as columns
+  model      Trace (the queries, save/load) and run_meta
   schema     the file layout and its validation
-  document   Trace <-> plain JSON document
+  document   trace parts <-> plain JSON document
   io         bytes, gzip, atomic writes, validated loads
   index      TraceIndex: per-seq lookups for views on one cursor
 """
-from ckpt_viz.trace.model import (
-    CONTEXT_FIELDS,
-    MEMORY_CATEGORIES,
-    NODE_KINDS,
-    EventColumns,
-    GraphSnapshot,
-    MemoryColumns,
-    MemorySample,
-    Trace,
-    run_meta,
-)
+from ckpt_viz.trace.columns import EventColumns, MemoryColumns
+from ckpt_viz.trace.model import Trace, run_meta
+from ckpt_viz.trace.types import CONTEXT_FIELDS, MEMORY_CATEGORIES, NODE_KINDS, GraphSnapshot, MemorySample
 
 __all__ = [
     "CONTEXT_FIELDS",

@@ -1,11 +1,12 @@
-"""Trace <-> document: a `Trace` as the JSON-ready dict of a trace file, and back.
+"""Trace parts <-> document: a trace as the JSON-ready dict of a trace file, and back.
 
 Owns the conversion in both directions: columns out of `EventColumns` and
 `MemoryColumns`, t_ns as differences, seq as a range when it counts up by one (see
 NOTE [ Trace file format, schema 1 ] in `ckpt_viz.trace.schema`). `to_document`
 checks what the document needs of each event and sample; `from_document` trusts a
 document that `ckpt_viz.trace.schema.check_document` has passed. Standard library
-only; never imports torch, json or anything that touches files (`ckpt_viz.trace.io`).
+only; never imports torch, json, anything that touches files (`ckpt_viz.trace.io`),
+or the `Trace` class: it reads a trace's parts and returns them as a dict.
 """
 from __future__ import annotations
 
@@ -15,20 +16,14 @@ from collections.abc import Hashable
 from typing import Any, Mapping
 
 from ckpt_viz.events import Event
-from ckpt_viz.trace.model import (
-    CONTEXT_FIELDS,
-    EventColumns,
-    GraphSnapshot,
-    MemoryColumns,
-    MemorySample,
-    Trace,
-)
+from ckpt_viz.trace.columns import EventColumns, MemoryColumns
 from ckpt_viz.trace.schema import CONTEXT_TYPES, FORMAT, SCHEMA_VERSION, InvalidDocument, check_types, show
+from ckpt_viz.trace.types import CONTEXT_FIELDS, GraphSnapshot, MemorySample, TraceParts
 
 __all__ = ["from_document", "to_document"]
 
 
-def to_document(trace: Trace) -> dict[str, Any]:
+def to_document(trace: TraceParts) -> dict[str, Any]:
     """The document of `trace`; it shares lists with `trace`.
 
     Raises:
@@ -105,8 +100,8 @@ def _plain_dict(value: Any) -> Any:
     return value
 
 
-def from_document(doc: dict[str, Any]) -> Trace:
-    """The Trace a checked document describes (columns stay columns until read)."""
+def from_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """The parts (keyword arguments of `Trace`) a checked document describes; columns stay columns until read."""
     events, memory = doc["events"], doc["memory"]
     event_columns = dict(events["columns"])
     event_columns["seq"] = _seq_in(event_columns["seq"], events["count"])
@@ -117,8 +112,8 @@ def from_document(doc: dict[str, Any]) -> Trace:
     memory_columns["bytes_by_category"] = memory["bytes_by_category"]
     graphs = [GraphSnapshot(seq=g["seq"], label=g["label"], nodes=g["nodes"], edges=g["edges"])
               for g in doc["graphs"]]
-    return Trace(events=EventColumns(event_columns, events["tables"]), memory=MemoryColumns(memory_columns),
-                 graphs=graphs, meta=doc["meta"])
+    return {"events": EventColumns(event_columns, events["tables"]), "memory": MemoryColumns(memory_columns),
+            "graphs": graphs, "meta": doc["meta"]}
 
 
 def _seq_in(seq: Any, count: int) -> Any:

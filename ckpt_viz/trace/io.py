@@ -1,11 +1,13 @@
 """Trace files: `save` and `load` a `Trace` as JSON, gzip-compressed when the name ends in ".gz".
 
-Owns the bytes: JSON encoding and parsing, gzip, the atomic write, and the
-`save`/`load`/`to_dict`/`from_dict` entry points with their `TraceError` messages.
-The document inside a file is `ckpt_viz.trace.schema` (layout and validation) and
-`ckpt_viz.trace.document` (Trace <-> document). Standard library only (orjson is used
-when installed, as a pure speed-up); never torch, and never pickle: a trace file is
-plain JSON that `json.load` reads.
+Owns the bytes: JSON encoding and parsing, gzip, the atomic write, and the entry
+points behind `Trace.save`/`load`/`to_dict`/`from_dict` with their `TraceError`
+messages. The document inside a file is `ckpt_viz.trace.schema` (layout and
+validation) and `ckpt_viz.trace.document` (parts <-> document). Works on a trace's
+parts (`ckpt_viz.trace.types.TraceParts`) and never imports the `Trace` class:
+`load_parts` returns the keyword arguments of `Trace`. Standard library only
+(orjson is used when installed, as a pure speed-up); never torch, and never pickle:
+a trace file is plain JSON that `json.load` reads.
 
 NOTE [ Atomic save ]
   1. The whole file is encoded in memory first; a value that is not JSON fails
@@ -30,7 +32,6 @@ from os import PathLike
 from typing import Any, Callable, Iterator, NoReturn
 
 from ckpt_viz.errors import TraceError
-from ckpt_viz.trace.model import Trace
 from ckpt_viz.trace.document import from_document, to_document
 from ckpt_viz.trace.schema import (
     FORMAT,
@@ -41,13 +42,14 @@ from ckpt_viz.trace.schema import (
     check_document,
     show,
 )
+from ckpt_viz.trace.types import TraceParts
 
 try:  # optional speed-up; the files are the same standard JSON with or without it
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "from_dict", "load", "package_version", "save", "to_dict"]
+__all__ = ["FORMAT", "SCHEMA_VERSION", "load_parts", "package_version", "parts_from_dict", "save", "to_dict"]
 
 GZIP_LEVEL = 1  # traces are repetitive: level 1 is several times faster than 9 and nearly as small
 
@@ -61,7 +63,7 @@ _ORJSON_STRICT = (
 
 # ---------------------------------------------------------------- save
 
-def save(trace: Trace, path: str | PathLike[str]) -> None:
+def save(trace: TraceParts, path: str | PathLike[str]) -> None:
     """Write `trace` to `path` as JSON (gzip if the name ends with ".gz"), atomically.
 
     See NOTE [ Atomic save ].
@@ -84,7 +86,7 @@ def save(trace: Trace, path: str | PathLike[str]) -> None:
     _write_atomically(name, payload)
 
 
-def to_dict(trace: Trace) -> dict[str, Any]:
+def to_dict(trace: TraceParts) -> dict[str, Any]:
     """The JSON document of `trace`; it shares lists with `trace`.
 
     See NOTE [ Trace file format, schema 1 ] in `ckpt_viz.trace.schema`.
@@ -201,8 +203,8 @@ def _fsync_folder(folder: str) -> None:
 
 # ---------------------------------------------------------------- load
 
-def load(path: str | PathLike[str]) -> Trace:
-    """Read a trace file written by `save`; gzip is detected from the content.
+def load_parts(path: str | PathLike[str]) -> dict[str, Any]:
+    """Read a trace file written by `save` into the keyword arguments of `Trace`; gzip is detected from the content.
 
     Raises:
         TraceError: the file is missing, empty, truncated, not JSON, not a trace,
@@ -225,8 +227,8 @@ def load(path: str | PathLike[str]) -> Trace:
         return from_document(_parse(raw, fail))
 
 
-def from_dict(doc: Any) -> Trace:
-    """Validate a trace document (as `to_dict` returns or `json.load` reads) and build the Trace.
+def parts_from_dict(doc: Any) -> dict[str, Any]:
+    """Validate a trace document (as `to_dict` returns or `json.load` reads): the keyword arguments of `Trace`.
 
     Raises:
         TraceError: the document is not a trace, is too new, or has a missing or ill-typed field.

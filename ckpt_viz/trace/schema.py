@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
-from ckpt_viz.trace.model import CONTEXT_FIELDS, MEMORY_CATEGORIES, NODE_KINDS
+from ckpt_viz.trace.types import CONTEXT_FIELDS, MEMORY_CATEGORIES, NODE_KINDS
 
 __all__ = [
     "CONTEXT_TYPES",
