@@ -1,0 +1,60 @@
+"""Per-trace derived data: `derived` computes a value once per trace, `event_column` reads one field of every event.
+
+Every view and the lifecycle read the trace through these two, so a cursor move never
+rescans it and a loaded trace is never turned into a million `Event` objects.
+Standard library only.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from ckpt_viz.trace.model import EventColumns, Trace
+
+__all__ = ["derived", "event_column"]
+
+_DERIVED: dict[int, tuple[Any, tuple[int, int, int], dict[str, Any]]] = {}
+
+
+def derived(trace: Trace, name: str, build: Callable[[Trace], Any]) -> Any:
+    """`build(trace)`, computed once per trace object and name.
+
+    The result is dropped when the trace is garbage-collected or grows (a recording
+    still appending). Renderers call this so a cursor move never rescans the trace.
+    A result must not refer to the trace itself, or the trace would never be collected.
+    """
+    key = id(trace)
+    stamp = (len(trace.events), len(trace.memory), len(trace.graphs))
+    entry = _DERIVED.get(key)
+    if entry is None or entry[0]() is not trace or entry[1] != stamp:
+        ref = weakref.ref(trace, lambda _ref, key=key, cache=_DERIVED: cache.pop(key, None))
+        entry = (ref, stamp, {})
+        _DERIVED[key] = entry
+    cache = entry[2]
+    if name not in cache:
+        cache[name] = build(trace)
+    return cache[name]
+
+
+_CONTEXT_FIELD = {"kind": 0, "mode": 1, "phase": 2, "site": 3, "thread_id": 4}
+
+
+def event_column(trace: Trace, name: str) -> list[Any]:
+    """One Event field for every event, as a list (read from the columns of a loaded trace).
+
+    Args:
+        name: an `Event` field: seq, kind, handle_id, mode, phase, session_id, tags, site, data.
+    """
+    return derived(trace, f"column:{name}", lambda t: _read_column(t.events, name))
+
+
+def _read_column(events: Any, name: str) -> list[Any]:
+    if isinstance(events, EventColumns) and not events.materialized:
+        cols = events.columns
+        if name in _CONTEXT_FIELD:
+            table = [row[_CONTEXT_FIELD[name]] for row in events.tables["context"]]
+            return list(map(table.__getitem__, cols["context"]))
+        if name == "tags":
+            return list(map(events.tables["tags"].__getitem__, cols["tags"]))
+        return list(cols[name])
+    return [getattr(e, name) for e in events]
