@@ -97,13 +97,19 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
                 edges.append([index, add(child, entry["handle_id"] if replay else None, replay)])
         return index
 
-    for root in _grad_fns(roots):
-        add(root, None, False)
-    # Triggers found after their leaf was visited (defensive: the checkpoint node comes first in practice).
-    for entry, obj in zip(nodes, keep_alive):
-        variable = getattr(obj, "variable", None) if entry["name"] == "AccumulateGrad" else None
-        if variable is not None and id(variable) in triggers:
-            entry.update(kind="trigger", handle_id=triggers[id(variable)], name="backward_trigger")
+    try:
+        for root in _grad_fns(roots):
+            add(root, None, False)
+        # Triggers found after their leaf was visited (defensive: the checkpoint node comes first in practice).
+        for entry, obj in zip(nodes, keep_alive):
+            variable = getattr(obj, "variable", None) if entry["name"] == "AccumulateGrad" else None
+            if variable is not None and id(variable) in triggers:
+                entry.update(kind="trigger", handle_id=triggers[id(variable)], name="backward_trigger")
+    finally:
+        # `add` refers to itself (a reference cycle that holds `keep_alive`): without this the graph's nodes
+        # would live until the garbage collector ran, so their node_collected events and freed bytes
+        # landed at a different point on every run.
+        keep_alive.clear()
     _mark_reached(nodes, edges)
     return GraphSnapshot(seq=seq, label=label, nodes=nodes, edges=edges)
 

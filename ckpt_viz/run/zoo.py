@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ckpt_viz.runtime import checkpoint_exclude_wrapper
+from ckpt_viz.runtime.exclude import CheckpointExcludeWrapper
 
 __all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "ModelSpec", "build_builtin"]
 
@@ -197,4 +198,18 @@ def build_builtin(name: str, seed: int = 0) -> ModelSpec:
                            f"{', '.join(sorted(BUILTIN_MODELS))}.\nTip: or pass path/to/file.py:factory.")
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return BUILTIN_MODELS[name]()
+        spec = BUILTIN_MODELS[name]()
+    _number_excluded_regions(spec.model)
+    return spec
+
+
+def _number_excluded_regions(model: nn.Module) -> None:
+    """Number the model's excluded regions 0, 1, ... in module order, so every build of a model has the same ids.
+
+    Wrappers take ids from a process-wide counter when built; a trace names them
+    (`wrapper_id`, the graph's `exclude`), so a model built twice would record two traces
+    that differ. The ids key caches inside one checkpoint, so unique within the model suffices.
+    """
+    wrappers = [m for m in model.modules() if isinstance(m, CheckpointExcludeWrapper)]
+    for number, wrapper in enumerate(wrappers):
+        wrapper.exclude_id = number
