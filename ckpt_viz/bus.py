@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from ckpt_viz.events import Event
 
-__all__ = ["Subscriber", "call_site", "current_tags", "emit", "emit_error", "enabled", "subscribe", "tag"]
+__all__ = ["Subscriber", "call_site", "current_tags", "emit", "emit_error", "enabled", "skip_frames_in", "subscribe",
+           "tag"]
 
 
 class Subscriber(Protocol):
@@ -113,7 +114,9 @@ def emit_error(exc: BaseException, where: str, **fields: Any) -> Event | None:
         exc._ckpt_viz_reported = True  # type: ignore[attr-defined]
     except AttributeError:  # an exception type without a __dict__
         pass
-    data = {"where": where, "type": type(exc).__name__, "message": str(exc), **fields.pop("data", {})}
+    code = getattr(exc, "code", None)  # a ckpt_viz error's code (see ckpt_viz.errors); data may set one
+    data = {"where": where, "type": type(exc).__name__, "message": str(exc),
+            "code": code if isinstance(code, str) else None, **fields.pop("data", {})}
     return emit("error", data=data, **fields)
 
 
@@ -148,9 +151,18 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SKIP_PREFIXES: list[str] = [_PACKAGE_DIR + "runtime" + os.sep, os.path.abspath(__file__),
                              _PACKAGE_DIR + "recording.py"]
 _skip_cache: dict[str, bool] = {}
+_library_dirs_added = False
+
+
+def skip_frames_in(path: str) -> None:
+    """Never report a line of `path` (a file, or a folder ending in os.sep) as the user's call site."""
+    _SKIP_PREFIXES.append(os.path.abspath(path) + (os.sep if path.endswith(os.sep) else ""))
+    _skip_cache.clear()
 
 
 def _library_dirs() -> None:
+    global _library_dirs_added
+    _library_dirs_added = True
     for name in ("torch", "contextlib", "threading", "functools"):
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None)
@@ -162,7 +174,7 @@ def _library_dirs() -> None:
 def _skipped(filename: str) -> bool:
     hit = _skip_cache.get(filename)
     if hit is None:
-        if len(_SKIP_PREFIXES) == 3:
+        if not _library_dirs_added:
             _library_dirs()
         path = os.path.abspath(filename)
         hit = filename.startswith("<") or any(path.startswith(p) for p in _SKIP_PREFIXES)
