@@ -1,0 +1,131 @@
+"""The same built-in run records the same trace: twice in one process, in a second process, and 8 at once.
+
+"The same" is every event's seq, kind, handle, mode, phase, session, tags, site and data, every
+memory sample (seq, bytes by category and stage) and every graph snapshot; only timestamps and
+thread ids may differ.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from ckpt_viz.run.scenarios import MODES, run_scenario
+from ckpt_viz.run.zoo import BUILTIN_MODELS, build_builtin
+
+# Every built-in model in every mode it runs in (the pipeline mode needs a model with stages).
+RUNS = [(model, mode) for model in BUILTIN_MODELS for mode in MODES
+        if mode != "pipeline" or build_builtin(model).stages]
+THREADS = 8
+
+
+def comparable(trace: Any) -> dict[str, Any]:
+    """The trace without timestamps and thread ids, as plain JSON values."""
+    events = [[e.seq, e.kind, e.handle_id, e.mode, e.phase, e.session_id, dict(e.tags), e.site, e.data]
+              for e in trace.events]
+    memory = [[m.seq, m.bytes_by_category, m.device_allocated, m.by_stage] for m in trace.memory]
+    graphs = [[g.seq, g.label, g.nodes, g.edges] for g in trace.graphs]
+    meta = {k: v for k, v in trace.meta.items() if k != "versions"}
+    return json.loads(json.dumps({"events": events, "memory": memory, "graphs": graphs, "meta": meta},
+                                 sort_keys=True, default=repr))
+
+
+def record_run(model: str, mode: str) -> dict[str, Any]:
+    return comparable(run_scenario(build_builtin(model), mode, memory=True, graphs=True))
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    for part in ("events", "memory", "graphs", "meta"):
+        if a[part] != b[part]:
+            if isinstance(a[part], dict):
+                return f"meta: {a[part]} != {b[part]}"
+            for i, (x, y) in enumerate(zip(a[part], b[part])):
+                if x != y:
+                    return f"{part}[{i}]: {x} != {y}"
+            return f"{part}: {len(a[part])} entries != {len(b[part])}"
+    return "none"
+
+
+@pytest.fixture
+def collector_extremes() -> Iterator[tuple[Any, Any]]:
+    """Two ways to run: the garbage collector running all the time, and not at all."""
+    enabled, thresholds = gc.isenabled(), gc.get_threshold()
+
+    def often() -> None:
+        gc.enable()
+        gc.set_threshold(1, 1, 1)
+
+    def never() -> None:
+        gc.disable()
+
+    try:
+        yield often, never
+    finally:
+        gc.set_threshold(*thresholds)
+        (gc.enable if enabled else gc.disable)()
+
+
+@pytest.mark.parametrize(("model", "mode"), RUNS)
+def test_recording_a_run_twice_in_one_process_gives_the_same_trace(model: str, mode: str,
+                                                                    collector_extremes: tuple[Any, Any]) -> None:
+    often, never = collector_extremes
+    often()  # garbage freed by the collector, not by reference counting, would land at other points
+    first = record_run(model, mode)
+    never()
+    second = record_run(model, mode)
+    assert first["events"], "the run recorded nothing"
+    assert first["memory"], "the run recorded no memory samples"
+    assert first == second, first_difference(first, second)
+
+
+@pytest.fixture(scope="module")
+def second_process() -> dict[str, Any]:
+    """Every run of `RUNS`, recorded in a fresh interpreter."""
+    out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=300,
+                         cwd=Path.cwd())
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize(("model", "mode"), RUNS)
+def test_a_run_records_the_same_trace_in_a_second_process(model: str, mode: str,
+                                                          second_process: dict[str, Any]) -> None:
+    here = record_run(model, mode)
+    there = second_process[f"{model} {mode}"]
+    assert here == there, first_difference(here, there)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_eight_concurrent_runs_on_threads_give_the_solo_traces(mode: str) -> None:
+    models = [model for model, m in RUNS if m == mode]
+    picks = [models[i % len(models)] for i in range(THREADS)]
+    solo = {model: record_run(model, mode) for model in set(picks)}
+    start = threading.Barrier(THREADS)
+    results: list[Any] = [None] * THREADS
+
+    def run(i: int) -> None:
+        try:
+            start.wait()
+            results[i] = record_run(picks[i], mode)
+        except BaseException as exc:  # noqa: BLE001  reported below, with the thread it came from
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a run did not finish"
+    for i, result in enumerate(results):
+        assert not isinstance(result, BaseException), f"thread {i} ({picks[i]} {mode}) raised {result!r}"
+        assert result == solo[picks[i]], f"thread {i} ({picks[i]} {mode}): {first_difference(solo[picks[i]], result)}"
+
+
+if __name__ == "__main__":  # the second process of `second_process`
+    print(json.dumps({f"{model} {mode}": record_run(model, mode) for model, mode in RUNS}))
