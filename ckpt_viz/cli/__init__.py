@@ -7,6 +7,7 @@
     ckpt-viz demo                                                  print the events of a built-in run
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
+Start-up imports no torch: `info` and `export` never load it; `record` and `demo` load it when they run.
 MODEL is a built-in name (see `ckpt-viz record --help`), `path/to/file.py:factory` or
 `package.module:factory`; user models run in a subprocess with a time and a memory limit.
 """
@@ -16,6 +17,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
 from ckpt_viz.cli.app import app_command, app_path, demo_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
 from ckpt_viz.cli.record import record_command
@@ -24,14 +26,12 @@ __all__ = ["app_path", "build_parser", "main", "summarize"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ckpt_viz.run.scenarios import MODES
-    from ckpt_viz.run.zoo import BUILTIN_MODELS, DEFAULT_MODEL
-
+    """The `ckpt-viz` parser; building it imports no torch (the names come from `ckpt_viz.catalog`)."""
     parser = argparse.ArgumentParser(prog="ckpt-viz", description="See and debug PyTorch activation checkpointing.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     rec = sub.add_parser("record", help="record a run of a model to a trace file",
-                         description=f"MODEL is a built-in ({', '.join(sorted(BUILTIN_MODELS))}), "
+                         description=f"MODEL is a built-in ({', '.join(sorted(BUILTIN_MODEL_NAMES))}), "
                                      "path/to/file.py:factory or package.module:factory.")
     rec.add_argument("model")
     rec.add_argument("--mode", default="split-reentrant", choices=MODES)
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.set_defaults(run=app_command)
 
     demo = sub.add_parser("demo", help="run a built-in model and print its events")
-    demo.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(BUILTIN_MODELS))
+    demo.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(BUILTIN_MODEL_NAMES))
     demo.add_argument("--mode", default="split-reentrant", choices=[m for m in MODES if m != "pipeline"])
     demo.add_argument("--site", action="store_true", help="show the user's file:line of each event")
     demo.set_defaults(run=demo_command)
