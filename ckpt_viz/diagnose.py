@@ -1,29 +1,34 @@
 """`diagnose`: why was a handle's replay refused, or why did it leak? Read from the trace alone.
 
-Owns the mapping from recorded facts to the causes R1..R15 of spec §4.2 (the codes
-of `ckpt_viz.events.DIAGNOSIS_CODES`). Pure and standard library only: it never
-imports torch, the runtime or a UI, so the app can diagnose a saved trace.
+Owns the mapping from recorded facts to the causes of spec §4.2 (the codes of
+`ckpt_viz.events.DIAGNOSIS_CODES`, which also give each cause, fix and release
+reason). It reads event kinds, release reasons and the codes that `error` events
+store (`data.code`, see `ckpt_viz.errors`), never message text. Pure and standard
+library only: it never imports torch, the runtime or a UI, so the app can diagnose
+a saved trace.
 
 NOTE [ Reading a cause from the trace ]
-  1. The symptom: the handle's first `replay_refused`, or an `error` of type
-     HandleReleasedError / GraphReleasedError about it (E6 on set_phase has no
-     replay_refused). A refusal for reason "node_collected" is R10; its "release"
-     is the `node_collected` event.
-  2. Otherwise the handle's `released` event names the cause by its reason:
-     dw_complete R1, ordinary_backward_complete R2/R3/R4/R14 (rule 3),
-     backward_exception R5 (after a PhaseNotSetError) or R6, forward_exception R7,
-     session_cleared R8, explicit_release R9. A refusal that came from a prefire
-     (a `prefired` event between the release and the refusal) after an ordinary or
-     DW release is R15.
+  1. The symptom: the handle's first `replay_refused`, or an `error` about it
+     whose code is a refusal's (E6/E7 carry the plain code of the release reason,
+     E8 outputs_dropped_before_replay; E6 on set_phase has no replay_refused). A
+     refusal for reason "node_collected", or with code
+     outputs_dropped_before_replay, is R10; its "release" is the `node_collected` event.
+  2. Otherwise the handle's `released` event names the cause by its reason, read
+     through `CODE_FOR_REASON`: dw_complete R1, ordinary_backward_complete R2 or
+     R3/R4/R14 (rule 3), backward_exception R6, or R5 after an error with code
+     phase_not_set, forward_exception R7, session_cleared R8, explicit_release R9.
+     A refusal that came from a prefire (a `prefired` event between the release
+     and the refusal) after an ordinary or DW release is R15.
   3. An ordinary release is read against the session open at its seq: none bound
      and a retaining session open -> R3; bound to another id while a retaining
      session was open -> R14; bound, but the session was left or not retaining
      -> R4; no session involved -> R2.
   4. Without a symptom: a backward_exception or forward_exception release is still
-     R5/R6/R7; an E10 error on bind_session is R14; a split handle set to "dw" that
-     DW never entered and nothing released is a leak: R13 when a torch error
-     "backward through the graph a second time" followed (DX ran without
-     retain_graph), else R12 (DW's inputs lacked the trigger).
+     R5/R6/R7; an error with code session_mismatch (E10 on bind_session) is R14; a
+     split handle set to "dw" that DW never entered and nothing released is a leak:
+     R13 when an error with code second_backward_through_graph followed (torch's
+     "backward through the graph a second time": DX ran without retain_graph),
+     else R12 (DW's inputs lacked the trigger).
   5. `site` is the user's file:line of the releasing action (the release event's
      site). Without one: R10 None (dropping outputs emits nothing), R12 the
      `set_phase("dw")` call, R13 the DX call, R14 by E10 the bind_session call.
@@ -35,50 +40,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ckpt_viz.events import DIAGNOSIS_CODES, Event
+from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES, Event
 from ckpt_viz.trace import Trace
 
-__all__ = ["Diagnosis", "FIXES", "diagnose", "diagnose_all"]
+__all__ = ["Diagnosis", "diagnose", "diagnose_all"]
 
-FIXES: dict[str, str] = {
-    "ok": "Nothing to fix.",
-    "released_by_dw": "Run DX (backward_input) before DW (backward_weight), and run DW once per micro-batch.",
-    "released_by_ordinary_backward": "Bind the handle with recompute_handle(h, sid) before the first backward and run "
-                                     "both backwards inside recompute_session_ctx(sid, retain_on_unpack=True).",
-    "session_never_bound": "Register the handle first: recompute_handle(h, sid) or h.bind_session(sid), then enter "
-                           "recompute_session_ctx(sid, retain_on_unpack=True).",
-    "session_not_retaining": "Run every consumer inside recompute_session_ctx(sid, retain_on_unpack=True) and leave "
-                             "it only after the last one.",
-    "phase_not_set": "Set the phase of every scoped handle before each pass (h.set_phase('dx'/'dw')), or use "
-                     "backward_input / backward_weight, which do it.",
-    "released_after_backward_error": "Fix the error raised inside the backward (see the error event); a handle "
-                                     "released by it cannot replay again.",
-    "released_after_forward_error": "Fix the error in the checkpointed forward; a handle from a failed forward "
-                                    "cannot be used.",
-    "session_cleared_early": "Clear a session only after its last consumer (DW) ran, and use one session id per "
-                             "micro-batch.",
-    "released_explicitly": "Do not use a handle after release(): drop it from the schedule when you cancel.",
-    "outputs_dropped_before_replay": "Keep the checkpoint's outputs (or the loss built from them) alive until the "
-                                     "handle has replayed.",
-    "outer_saved_tensors_freed": "Replay the handle before the outer graph frees its saved inputs.",
-    "trigger_missing_in_dw": "Pass every handle's backward_trigger in DW's inputs, or use backward_weight(..., "
-                             "handles=...); then release() the leaked handle.",
-    "dx_without_retain_graph": "Run DX with retain_graph=True (backward_input does), then release() the leaked "
-                               "handles.",
-    "session_mismatch": "Use one session id for recompute_handle / bind_session and recompute_session_ctx.",
-    "prefire_after_release": "Prefire a micro-batch only before its first backward; skip handles already released.",
-}
-
-_REFUSAL_ERRORS = {"HandleReleasedError", "GraphReleasedError"}
-_BY_REASON = {
-    "dw_complete": "released_by_dw",
-    "ordinary_backward_complete": "released_by_ordinary_backward",
-    "backward_exception": "released_after_backward_error",
-    "forward_exception": "released_after_forward_error",
-    "session_cleared": "session_cleared_early",
-    "explicit_release": "released_explicitly",
-}
-_SECOND_BACKWARD = "backward through the graph a second time"
+_OK_FIX = "Nothing to fix."
+# The codes a refusal error (E6/E7 HandleReleasedError, E8 GraphReleasedError) carries: the plain
+# code of the release reason, or these two.
+_REFUSAL_CODES = {*CODE_FOR_REASON.values(), "handle_released", "outputs_dropped_before_replay"}
+_SECOND_BACKWARD = "second_backward_through_graph"  # torch's E14, classified where record() caught it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,12 +58,12 @@ class Diagnosis:
 
     Attributes:
         code: a key of `ckpt_viz.events.DIAGNOSIS_CODES`, or "ok".
-        cause: the R-number text of that code ("" when ok).
+        cause: that code's cause in plain words ("" when ok).
         summary: one sentence with the events and lines involved.
         release_event: the `released` event (R10: the `node_collected` event), or None.
         refused_event: the `replay_refused` event, or the error that reported the refusal, or None.
         site: the user's file:line of the releasing action (see NOTE rule 5).
-        fix: one next step.
+        fix: one next step (the code's fix).
         handle_id: the handle diagnosed.
         error_event: the error behind the problem (E9, the failed replay, torch's error,
             E10), else the error that reported the refusal, or None.
@@ -151,6 +122,11 @@ class _Facts:
         return found
 
 
+def _code(event: Event) -> str | None:
+    """The code an `error` event stores (see ckpt_viz.errors); None for other events."""
+    return event.data.get("code") if event.kind == "error" else None
+
+
 def _first(events: Iterable[Event], test: Any) -> Event | None:
     return next((e for e in events if test(e)), None)
 
@@ -166,8 +142,10 @@ def _refusal(refused: Event) -> str:
 
 def _make(code: str, h: int, summary: str, *, release: Event | None = None, refused: Event | None = None,
           site: str | None = None, error: Event | None = None) -> Diagnosis:
-    return Diagnosis(code=code, cause=DIAGNOSIS_CODES.get(code, ""), summary=summary, release_event=release,
-                     refused_event=refused, site=site, fix=FIXES[code], handle_id=h, error_event=error)
+    entry = DIAGNOSIS_CODES.get(code)
+    return Diagnosis(code=code, cause=entry.cause if entry else "", summary=summary, release_event=release,
+                     refused_event=refused, site=site, fix=entry.fix if entry else _OK_FIX, handle_id=h,
+                     error_event=error)
 
 
 def _ordinary_code(f: _Facts, events: list[Event], release: Event) -> tuple[str, str]:
@@ -191,7 +169,7 @@ def _ordinary_code(f: _Facts, events: list[Event], release: Event) -> tuple[str,
 def _from_release(f: _Facts, h: int, events: list[Event], release: Event, refused: Event | None,
                   refusal_error: Event | None) -> Diagnosis:
     reason = release.data.get("reason")
-    code = _BY_REASON.get(reason, "released_explicitly")
+    code = CODE_FOR_REASON.get(reason, "released_explicitly")
     head = f"h{h} was released at event #{release.seq}{_where(release)} with reason {reason}"
     error = refusal_error
     detail = ""
@@ -206,7 +184,7 @@ def _from_release(f: _Facts, h: int, events: list[Event], release: Event, refuse
     elif reason == "backward_exception":
         cause = _first(reversed([e for e in events if e.seq <= release.seq]), lambda e: e.kind == "error")
         error = cause or error
-        if cause is not None and cause.data.get("type") == "PhaseNotSetError":
+        if cause is not None and _code(cause) == "phase_not_set":
             code, detail = "phase_not_set", ": the backward reached it while its phase was still 'ordinary'"
         elif cause is not None:
             detail = f": {cause.data.get('type')} in the backward"
@@ -229,7 +207,7 @@ def _leak(f: _Facts, h: int, events: list[Event]) -> Diagnosis | None:
     mark = dw[-1]
     if any(e.kind == "backward_entered" and e.seq > mark.seq for e in events):
         return None
-    torch_error = _first(f.errors, lambda e: e.seq > mark.seq and _SECOND_BACKWARD in str(e.data.get("message")))
+    torch_error = _first(f.errors, lambda e: e.seq > mark.seq and _code(e) == _SECOND_BACKWARD)
     if torch_error is not None:
         dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.seq < mark.seq]
         site = dx[-1].site if dx else mark.site
@@ -246,13 +224,13 @@ def _diagnose(f: _Facts, h: int) -> Diagnosis:
     events = f.by_handle.get(h, [])
     release = _first(events, lambda e: e.kind == "released")
     refused = _first(events, lambda e: e.kind == "replay_refused" or (
-        e.kind == "error" and e.data.get("type") in _REFUSAL_ERRORS))
+        e.kind == "error" and _code(e) in _REFUSAL_CODES))
     refusal_error = None
     if refused is not None:
         refusal_error = refused if refused.kind == "error" else _first(
             events, lambda e: e.kind == "error" and e.seq > refused.seq)
         collected_refusal = (refused.data.get("reason") == "node_collected"
-                             or refused.data.get("type") == "GraphReleasedError")
+                             or _code(refused) == "outputs_dropped_before_replay")
         if collected_refusal:
             collected = _first(events, lambda e: e.kind == "node_collected")
             when = f" at event #{collected.seq}" if collected is not None else ""
@@ -263,14 +241,14 @@ def _diagnose(f: _Facts, h: int) -> Diagnosis:
                          error=refusal_error)
         if release is None:  # released before the recording started: the refusal still names the reason
             reason = refused.data.get("last_release_reason")
-            code = _BY_REASON.get(reason, "released_explicitly")
+            carried = _code(refused)
+            code = CODE_FOR_REASON.get(reason) or (carried if carried in DIAGNOSIS_CODES else "released_explicitly")
             return _make(code, h, f"h{h} was released before the recording (reason {reason}); "
                                   f"{_refusal(refused)}.", refused=refused, error=refusal_error)
         return _from_release(f, h, events, release, refused, refusal_error)
     if release is not None and release.data.get("reason") in ("backward_exception", "forward_exception"):
         return _from_release(f, h, events, release, None, None)
-    mismatch = _first(events, lambda e: e.kind == "error" and e.data.get("where") == "bind_session"
-                      and "Active session does not match" in str(e.data.get("message")))
+    mismatch = _first(events, lambda e: e.kind == "error" and _code(e) == "session_mismatch")
     if mismatch is not None:
         return _make("session_mismatch", h, f"h{h} could not be bound at event #{mismatch.seq}{_where(mismatch)}: "
                                             "another session id was active.", site=mismatch.site, error=mismatch)

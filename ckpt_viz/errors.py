@@ -1,71 +1,114 @@
-"""Every error ckpt_viz raises on purpose.
+"""Every error ckpt_viz raises on purpose, each with a `code`.
 
-    CkptVizError
-    ├── CheckpointError (RuntimeError)        the runtime refused or failed a transition
-    │   ├── HandleReleasedError                 E6/E7: phase set on, or replay of, a released handle
-    │   ├── GraphReleasedError                  E8: the autograd node died before the first replay
-    │   └── PhaseNotSetError                    E9: a split handle was reached in phase "ordinary"
-    ├── CheckpointUsageError (ValueError)     bad arguments or an unsupported nesting
-    └── TraceError (ValueError)               a trace file that is wrong, truncated or too new
+    class (base)                          code                            raised when
+    CkptVizError (Exception)              ckpt_viz_error                  a run, CLI or app API was misused
+    ├── CheckpointError (RuntimeError)    checkpoint_failed               the runtime refused or failed a transition
+    │   ├── HandleReleasedError           the release reason's code       E6/E7: set_phase on, or replay of, a
+    │   │                                   (handle_released if unknown)    released handle
+    │   ├── GraphReleasedError            outputs_dropped_before_replay   E8: the node died before the 1st replay
+    │   ├── PhaseNotSetError              phase_not_set                   E9: split handle reached in "ordinary"
+    │   └── ExcludedRegionError           excluded_region_failed          an excluded region could not replay:
+    │                                       exclude_cache_empty             no stored output for this call
+    │                                       exclude_input_changed           the replay passed other inputs
+    │                                       exclude_input_not_ready         an input read before the replay
+    │                                       exclude_graph_released          its retained graph was released
+    ├── CheckpointUsageError (ValueError) checkpoint_usage                bad arguments or an unsupported nesting
+    │   └── SessionMismatchError          session_mismatch                E10: bind_session under another id
+    ├── RecordingError (RuntimeError)     recording_already_open          a record() block entered twice
+    ├── TraceError (ValueError)           trace_invalid                   a trace file wrong, truncated or too new
+    └── ModelLoadError                    model_load_failed               a user model failed to load or its checks
+        └── SandboxError                  sandbox_failed                  the child running a user model failed
+            ├── SandboxTimeoutError       sandbox_timeout                 it ran past its time limit
+            ├── SandboxMemoryError        sandbox_out_of_memory           it ran out of memory under its limit
+            ├── SandboxRunError           sandbox_run_failed              the model loaded but the run raised
+            └── SandboxCrashError         sandbox_crashed                 it died or left no trace or report
+
+PyTorch's own errors have no code; the one that a diagnosis needs (E14, "Trying to
+backward through the graph a second time", code `second_backward_through_graph`) is
+classified once, where `record()` captures it (`error_code`).
+
+`code` is a diagnosis code of `ckpt_viz.events.DIAGNOSIS_CODES` where the error is
+the symptom of one of its causes (then its tip is that table's tip), else the error
+code above. A raise site may pass a more precise `code=`. The `error` event of an
+error stores its code in `data.code`, so `ckpt_viz.diagnose` reads codes, never text.
+A `HandleReleasedError` takes the plain code of its release reason
+(`ckpt_viz.events.CODE_FOR_REASON`); the diagnosis refines it from the trace.
 
 Messages follow one shape (spec D7): they start with the API name, say what
 happened with the numbers and the handle id, keep PyTorch's key phrase so that a
-search still finds it, and end with one next step. Standard library only.
+search still finds it, and end with one next step ("Tip: ..."). Standard library only.
 """
 from __future__ import annotations
+
+from typing import Any, Hashable
+
+from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES
 
 __all__ = [
     "CheckpointError",
     "CheckpointUsageError",
     "CkptVizError",
+    "ExcludedRegionError",
     "GraphReleasedError",
     "HandleReleasedError",
+    "ModelLoadError",
     "PhaseNotSetError",
+    "RecordingError",
+    "SandboxCrashError",
+    "SandboxError",
+    "SandboxMemoryError",
+    "SandboxRunError",
+    "SandboxTimeoutError",
+    "SessionMismatchError",
     "TraceError",
+    "error_code",
     "internal_assert",
-]
+    "tip_for",
+    ]
 
 
 class CkptVizError(Exception):
-    """Base of every error ckpt_viz raises on purpose."""
+    """Base of every error ckpt_viz raises on purpose.
+
+    Attributes:
+        code: a diagnosis code, or this class's error code (see the module docstring).
+    """
+
+    code: str = "ckpt_viz_error"
+
+    def __init__(self, *args: object, code: str | None = None) -> None:
+        super().__init__(*args)
+        if code is not None:
+            self.code = code
 
 
 class CheckpointError(CkptVizError, RuntimeError):
     """The checkpoint runtime refused or failed a transition."""
 
+    code = "checkpoint_failed"
+
 
 class CheckpointUsageError(CkptVizError, ValueError):
     """A checkpoint API was called with bad arguments or in an unsupported nesting."""
+
+    code = "checkpoint_usage"
+
+
+class RecordingError(CkptVizError, RuntimeError):
+    """A `record()` block was used in a way it does not support."""
+
+    code = "recording_already_open"
 
 
 class TraceError(CkptVizError, ValueError):
     """A trace could not be read or validated."""
 
+    code = "trace_invalid"
 
-_RELEASE_TIPS = {
-    "dw_complete": "run DX before DW; DW releases every handle it reaches (diagnosis released_by_dw).",
-    "ordinary_backward_complete": (
-        "to back-propagate through it twice, prefire it with recompute_handle(handle, sid) and run both "
-        "backwards inside recompute_session_ctx(sid, retain_on_unpack=True) "
-        "(diagnosis released_by_ordinary_backward)."
-    ),
-    "session_cleared": (
-        "call clear_recompute_session(sid) only after the last consumer (DW) ran, and use one session "
-        "id per micro-batch (diagnosis session_cleared_early)."
-    ),
-    "explicit_release": (
-        "release() was called on it (cancellation); build a new micro-batch instead of reusing its handles "
-        "(diagnosis released_explicitly)."
-    ),
-    "backward_exception": (
-        "fix the first error raised in that backward; a failing backward releases handles that are not "
-        "retained (diagnosis released_after_backward_error)."
-    ),
-    "forward_exception": (
-        "the checkpointed forward raised, so the handle never became usable; fix that error first "
-        "(diagnosis released_after_forward_error)."
-    ),
-}
+
+def tip_for(code: str) -> str:
+    """The "Tip: ..." text of a diagnosis code, naming the code so that the docs can be found."""
+    return f"{DIAGNOSIS_CODES[code].tip} (diagnosis {code})"
 
 
 def _released_by(reason: str | None, seq: int | None, site: str | None) -> str:
@@ -82,40 +125,136 @@ def _released_by(reason: str | None, seq: int | None, site: str | None) -> str:
 class HandleReleasedError(CheckpointError):
     """E6/E7: a released reentrant handle was asked to replay or change phase."""
 
+    code = "handle_released"
+
     def __init__(self, api: str, phrase: str, handle_id: int, reason: str | None,
                  seq: int | None = None, site: str | None = None) -> None:
         self.handle_id = handle_id
         self.reason = reason
-        tip = _RELEASE_TIPS.get(reason or "", "do not use a handle after it was released.")
-        super().__init__(
-            f"{api}: {phrase} (handle h{handle_id}).{_released_by(reason, seq, site)}\nTip: {tip}"
-        )
+        code = CODE_FOR_REASON.get(reason or "")
+        tip = tip_for(code) if code is not None else "do not use a handle after it was released."
+        super().__init__(f"{api}: {phrase} (handle h{handle_id}).{_released_by(reason, seq, site)}\nTip: {tip}",
+                         code=code)
 
 
 class GraphReleasedError(CheckpointError):
     """E8: the checkpoint's autograd node was collected before its first replay."""
+
+    code = "outputs_dropped_before_replay"
 
     def __init__(self, api: str, handle_id: int, collected_seq: int | None = None) -> None:
         self.handle_id = handle_id
         seen = f" The node was collected at event #{collected_seq}." if collected_seq is not None else ""
         super().__init__(
             f"{api}: Reentrant checkpoint output graph was released before replay (handle h{handle_id}).{seen}\n"
-            "Tip: every output of the checkpoint and everything computed from it was dropped; keep the loss "
-            "(or the stage output) alive until the handle has replayed (diagnosis outputs_dropped_before_replay)."
+            f"Tip: {tip_for(self.code)}"
         )
 
 
 class PhaseNotSetError(CheckpointError):
     """E9: the engine reached a split handle whose phase is still "ordinary"."""
 
+    code = "phase_not_set"
+
     def __init__(self, handle_id: int) -> None:
         self.handle_id = handle_id
         super().__init__(
             f"ckpt_viz.checkpoint (backward): Set dx or dw phase on reentrant handles before split backward "
             f"(handle h{handle_id} is split because it was created in reentrant_checkpoint_scope, and its phase is "
-            "'ordinary').\nTip: call handle.set_phase('dx') before the DX pass and set_phase('dw') before the DW "
-            "pass, or use ckpt_viz.runtime.backward_input / backward_weight, which do it for you."
+            f"'ordinary').\nTip: {tip_for(self.code)}"
         )
+
+
+class ExcludedRegionError(CheckpointError):
+    """A checkpoint-excluded region could not serve its replay (raise sites pass a precise `code`)."""
+
+    code = "excluded_region_failed"
+
+
+class SessionMismatchError(CheckpointUsageError):
+    """E10: `bind_session(sid)` while a session with another id is active."""
+
+    code = "session_mismatch"
+
+    def __init__(self, api: str, handle_id: int, active: Hashable, wanted: Hashable) -> None:
+        self.handle_id = handle_id
+        super().__init__(
+            f"{api}: Active session does not match the reentrant handle session (active {active!r}, binding "
+            f"h{handle_id} to {wanted!r}).\nTip: {tip_for(self.code)}"
+        )
+
+
+class ModelLoadError(CkptVizError):
+    """A user model could not be loaded, or failed its checks.
+
+    Attributes:
+        file: the file at fault, when known.
+        line: the line at fault in `file`, when known.
+        traceback: the text of the underlying traceback ("" when there is none), for the app to show.
+    """
+
+    code = "model_load_failed"
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 traceback: str = "") -> None:
+        super().__init__(message)
+        self.file = file
+        self.line = line
+        self.traceback = traceback
+
+
+class SandboxError(ModelLoadError):
+    """The child running a user model failed (a `ModelLoadError`, so one except clause catches all).
+
+    Attributes (besides file, line and traceback):
+        pid: the child's process id.
+        returncode: its exit status (negative: killed by that signal), or None if it was killed on timeout.
+        output: the tail of its stdout and stderr.
+    """
+
+    code = "sandbox_failed"
+
+    def __init__(self, message: str, *, pid: int | None = None, returncode: int | None = None,
+                 output: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.pid = pid
+        self.returncode = returncode
+        self.output = output
+
+
+class SandboxTimeoutError(SandboxError):
+    """The child did not finish within the time limit; its process group was killed."""
+
+    code = "sandbox_timeout"
+
+
+class SandboxMemoryError(SandboxError):
+    """The child ran out of memory under its limit."""
+
+    code = "sandbox_out_of_memory"
+
+
+class SandboxRunError(SandboxError):
+    """The model loaded but raised while the scenario ran."""
+
+    code = "sandbox_run_failed"
+
+
+class SandboxCrashError(SandboxError):
+    """The child died (signal, os._exit, abort) or left no usable trace or report."""
+
+    code = "sandbox_crashed"
+
+
+_TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph"}
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The code of `exc`: a ckpt_viz error's `code`, else that of PyTorch's key phrase in it (torch has no codes)."""
+    if isinstance(exc, CkptVizError):
+        return exc.code
+    text = str(exc)
+    return next((code for phrase, code in _TORCH_PHRASES.items() if phrase in text), None)
 
 
 def internal_assert(condition: bool, what: str) -> None:

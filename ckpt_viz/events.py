@@ -1,7 +1,9 @@
 """The trace vocabulary: one `Event` record per runtime transition.
 
 Owns the event record and the fixed names of spec section 7 (event kinds, release
-reasons, modes, phases). Standard library only: the app and the renderers read
+reasons, modes, phases), and the one table keyed by diagnosis code (`DIAGNOSIS_CODES`:
+cause, fix, tip and the release reasons each code follows from), which errors and
+`ckpt_viz.diagnose` both read. Standard library only: the app and the renderers read
 events without importing torch.
 
 Every event is a plain fact in the past tense. Its fields are ints, strs, None,
@@ -13,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 __all__ = [
+    "CODE_FOR_REASON",
     "DIAGNOSIS_CODES",
+    "DiagnosisCode",
     "EVENT_KINDS",
     "Event",
     "MODES",
@@ -66,23 +70,121 @@ RELEASE_REASONS: tuple[str, ...] = (
     "explicit_release",
 )
 
-# Diagnosis code -> cause (spec section 4.2, R1..R15).
-DIAGNOSIS_CODES: dict[str, str] = {
-    "released_by_dw": "R1: DW already ran (DX after DW, or a second DW)",
-    "released_by_ordinary_backward": "R2: an earlier ordinary backward consumed the handle",
-    "session_never_bound": "R3: a retaining session was open but the handle was never registered in it",
-    "session_not_retaining": "R4: the session was left, or made non-retaining, before the later consumer",
-    "phase_not_set": "R5: a split handle was reached with phase 'ordinary'",
-    "released_after_backward_error": "R6: an exception in backward released the handle",
-    "released_after_forward_error": "R7: the checkpointed forward failed and released the handle",
-    "session_cleared_early": "R8: the session was cleared before its last consumer ran",
-    "released_explicitly": "R9: release() was called (cancellation)",
-    "outputs_dropped_before_replay": "R10: every output was dropped before the first replay",
-    "outer_saved_tensors_freed": "R11: the outer saved inputs were freed before the first replay",
-    "trigger_missing_in_dw": "R12: DW skipped the handle; it was never released",
-    "dx_without_retain_graph": "R13: DX ran without retain_graph=True; DW failed and handles leaked",
-    "session_mismatch": "R14: the handle is bound to another session id",
-    "prefire_after_release": "R15: prefire after an ordinary or DW backward released the handle",
+# ---------------------------------------------------------------- diagnosis codes
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiagnosisCode:
+    """One cause of a refused replay or a leak: the only table keyed by diagnosis code.
+
+    Attributes:
+        code: the name `ckpt_viz.diagnose` reports and errors carry as `.code`.
+        spec_id: the cause's id in spec section 4.2 ("R1"...), for docs and tests only; never shown to users.
+        cause: what happened, in plain words.
+        fix: the next step `Diagnosis.fix` gives.
+        tip: the "Tip: ..." of the ckpt_viz error that carries this code, or None where no error of
+            ckpt_viz carries it (the cause is found only by reading the trace).
+        reasons: the release reasons (`released` event, `data.reason`) the cause follows from; empty
+            when it is not a release (a collected node, a leak, a refused binding).
+        plain: this code is what a release with its reason means when the trace says nothing more
+            (`CODE_FOR_REASON`); the other codes of that reason need more evidence.
+    """
+
+    code: str
+    spec_id: str
+    cause: str
+    fix: str
+    tip: str | None = None
+    reasons: tuple[str, ...] = ()
+    plain: bool = False
+
+
+_ORDINARY = ("ordinary_backward_complete",)
+
+DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
+    DiagnosisCode(
+        code="released_by_dw", spec_id="R1", reasons=("dw_complete",), plain=True,
+        cause="DW already ran for this handle (DX after DW, or a second DW); DW releases every handle it reaches.",
+        fix="Run DX (backward_input) before DW (backward_weight), and run DW once per micro-batch.",
+        tip="run DX before DW; DW releases every handle it reaches."),
+    DiagnosisCode(
+        code="released_by_ordinary_backward", spec_id="R2", reasons=_ORDINARY, plain=True,
+        cause="An earlier ordinary backward consumed the handle; retain_graph=True on that backward does not keep it.",
+        fix="Bind the handle with recompute_handle(h, sid) before the first backward and run both backwards inside "
+            "recompute_session_ctx(sid, retain_on_unpack=True).",
+        tip="to back-propagate through it twice, prefire it with recompute_handle(handle, sid) and run both "
+            "backwards inside recompute_session_ctx(sid, retain_on_unpack=True)."),
+    DiagnosisCode(
+        code="session_never_bound", spec_id="R3", reasons=_ORDINARY,
+        cause="A retaining session was open, but the handle was never registered in it.",
+        fix="Register the handle first: recompute_handle(h, sid) or h.bind_session(sid), then enter "
+            "recompute_session_ctx(sid, retain_on_unpack=True)."),
+    DiagnosisCode(
+        code="session_not_retaining", spec_id="R4", reasons=_ORDINARY,
+        cause="The handle's session was left, or made non-retaining, before a later consumer ran.",
+        fix="Run every consumer inside recompute_session_ctx(sid, retain_on_unpack=True) and leave it only after "
+            "the last one."),
+    DiagnosisCode(
+        code="phase_not_set", spec_id="R5", reasons=("backward_exception",),
+        cause="A backward reached a split handle while its phase was still 'ordinary'.",
+        fix="Set the phase of every scoped handle before each pass (h.set_phase('dx'/'dw')), or use "
+            "backward_input / backward_weight, which do it.",
+        tip="call handle.set_phase('dx') before the DX pass and set_phase('dw') before the DW pass, or use "
+            "ckpt_viz.runtime.backward_input / backward_weight, which do it for you."),
+    DiagnosisCode(
+        code="released_after_backward_error", spec_id="R6", reasons=("backward_exception",), plain=True,
+        cause="An exception inside a backward released the handle.",
+        fix="Fix the error raised inside the backward (see the error event); a handle released by it cannot "
+            "replay again.",
+        tip="fix the first error raised in that backward; a failing backward releases handles that are not "
+            "retained."),
+    DiagnosisCode(
+        code="released_after_forward_error", spec_id="R7", reasons=("forward_exception",), plain=True,
+        cause="The checkpointed forward raised, so the handle was released before it could be used.",
+        fix="Fix the error in the checkpointed forward; a handle from a failed forward cannot be used.",
+        tip="the checkpointed forward raised, so the handle never became usable; fix that error first."),
+    DiagnosisCode(
+        code="session_cleared_early", spec_id="R8", reasons=("session_cleared",), plain=True,
+        cause="The handle's session was cleared before its last consumer ran.",
+        fix="Clear a session only after its last consumer (DW) ran, and use one session id per micro-batch.",
+        tip="call clear_recompute_session(sid) only after the last consumer (DW) ran, and use one session id per "
+            "micro-batch."),
+    DiagnosisCode(
+        code="released_explicitly", spec_id="R9", reasons=("explicit_release",), plain=True,
+        cause="release() was called on the handle (a cancellation), and it was used afterwards.",
+        fix="Do not use a handle after release(): drop it from the schedule when you cancel.",
+        tip="release() was called on it (cancellation); build a new micro-batch instead of reusing its handles."),
+    DiagnosisCode(
+        code="outputs_dropped_before_replay", spec_id="R10",
+        cause="Every output of the checkpoint was dropped before its first replay, so its autograd node was "
+              "garbage-collected.",
+        fix="Keep the checkpoint's outputs (or the loss built from them) alive until the handle has replayed.",
+        tip="every output of the checkpoint and everything computed from it was dropped; keep the loss (or the "
+            "stage output) alive until the handle has replayed."),
+    DiagnosisCode(
+        code="trigger_missing_in_dw", spec_id="R12",
+        cause="DW's inputs lacked the handle's backward trigger: DW skipped it, so it was never released and its "
+              "captured parameters got no gradient.",
+        fix="Pass every handle's backward_trigger in DW's inputs, or use backward_weight(..., handles=...); then "
+            "release() the leaked handle."),
+    DiagnosisCode(
+        code="dx_without_retain_graph", spec_id="R13",
+        cause="DX ran without retain_graph=True, so DW failed with PyTorch's \"backward through the graph a second "
+              "time\" and the handles it should have released leaked.",
+        fix="Run DX with retain_graph=True (backward_input does), then release() the leaked handles."),
+    DiagnosisCode(
+        code="session_mismatch", spec_id="R14", reasons=_ORDINARY,
+        cause="The handle is bound to one session id and was used, or bound, under another.",
+        fix="Use one session id for recompute_handle / bind_session and recompute_session_ctx.",
+        tip="bind inside the session with the same id, or outside any session."),
+    DiagnosisCode(
+        code="prefire_after_release", spec_id="R15", reasons=("ordinary_backward_complete", "dw_complete"),
+        cause="A prefire came after an ordinary or DW backward had already released the handle.",
+        fix="Prefire a micro-batch only before its first backward; skip handles already released."),
+)}
+
+# The plain reading of each release reason (see DiagnosisCode.plain).
+CODE_FOR_REASON: dict[str, str] = {
+    reason: d.code for d in DIAGNOSIS_CODES.values() if d.plain for reason in d.reasons
 }
 
 

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from ckpt_viz import bus
+from ckpt_viz.errors import RecordingError, error_code
 from ckpt_viz.events import Event
 from ckpt_viz.trace import MemorySample, Trace
 
@@ -86,7 +87,8 @@ class Recording:
                 try:
                     return original(*args, **kwargs)
                 except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
-                    bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph")})
+                    bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph"),
+                                                    "code": error_code(exc)})
                     raise
 
             return patched
@@ -100,7 +102,7 @@ class Recording:
 
     def __enter__(self) -> "Recording":
         if self._unsubscribe is not None:
-            raise RuntimeError("ckpt_viz.record: this recording is already open.\nTip: use a new record() block.")
+            raise RecordingError("ckpt_viz.record: this recording is already open.\nTip: use a new record() block.")
         handles = sys.modules.get("ckpt_viz.runtime.reentrant_handle")  # loaded only if checkpoints ran here
         if handles is not None and not bus.enabled:
             handles.restart_handle_ids()  # a run recorded twice gets the same ids (only when none is alive)

@@ -119,7 +119,8 @@ def refused_trace() -> Trace:
     b.ev("replay_refused", 0, site="train.py:9", reason="released", last_release_reason="ordinary_backward_complete",
          last_release_seq=7, **kw)
     b.ev("error", 0, site="train.py:9", where="backward", type="HandleReleasedError",
-         message="ckpt_viz.checkpoint (backward): Cannot replay a released reentrant checkpoint h0", **kw)
+         message="ckpt_viz.checkpoint (backward): Cannot replay a released reentrant checkpoint h0",
+         code="released_by_ordinary_backward", **kw)
     return b.trace(model="hand-built", mode="reentrant")
 
 

@@ -12,6 +12,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
+from ckpt_viz.errors import ExcludedRegionError
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.exclude_common import (
     CACHE_KEY,
@@ -94,10 +95,10 @@ def _deferred_pack(x: torch.Tensor) -> Any:
 def _deferred_unpack(saved: Any) -> torch.Tensor:
     if isinstance(saved, _DeferredInput):
         if saved.value is None:
-            raise RuntimeError(
+            raise ExcludedRegionError(
                 "ckpt_viz.checkpoint_exclude_wrapper: Checkpoint-excluded input was requested before recomputation.\n"
                 "Tip: backward reached the region before its checkpoint replayed; report the trace if you did not "
-                "call the region's backward by hand.")
+                "call the region's backward by hand.", code="exclude_input_not_ready")
         return saved.value
     return saved.tensor
 
@@ -165,19 +166,20 @@ def replay_region(wrapper: Any, state: Any, args: tuple, kwargs: dict) -> Any:
     cache = state.get_resource(CACHE_KEY, ExcludeCache)
     entry = cache.pop(wrapper.exclude_id)
     if entry is None:
-        raise RuntimeError(
+        raise ExcludedRegionError(
             f"ckpt_viz.checkpoint_exclude_wrapper: No cached forward output is available for this checkpoint "
             f"exclusion wrapper ({wrapper._name}).\nTip: a non-reentrant region replays once per forward; run DX and "
-            "DW in one session (backward_input/backward_weight with session_id) so the checkpoint replays once.")
+            "DW in one session (backward_input/backward_weight with session_id) so the checkpoint replays once.",
+            code="exclude_cache_empty")
     leaves, _ = tensor_leaves(args, kwargs)
     for binding in entry.bindings:
         value = leaves[binding.leaf_index] if binding.leaf_index < len(leaves) else None
         if not isinstance(value, torch.Tensor):
-            raise RuntimeError(
+            raise ExcludedRegionError(
                 "ckpt_viz.checkpoint_exclude_wrapper: Checkpoint replay did not reproduce a tensor input required "
                 f"by a checkpoint-excluded region ({wrapper._name}, input {binding.leaf_index}, got "
                 f"{type(value).__name__}).\nTip: the checkpointed function must call the region with the same "
-                "arguments in its replay.")
+                "arguments in its replay.", code="exclude_input_changed")
         binding.value = value.detach()
     out = entry.output if wrapper.save_output else placeholders(entry.output_count)
     if entry.bindings:

@@ -14,7 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
-from ckpt_viz.errors import CheckpointUsageError
+from ckpt_viz.errors import CheckpointUsageError, ExcludedRegionError
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.exclude_common import (
     SOURCE_ATTR,
@@ -92,10 +92,10 @@ class _ExcludeBridge(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         frame, tape = ctx.frame, ctx.tape
         if tape.released or tape.outputs is None:
-            raise RuntimeError(
+            raise ExcludedRegionError(
                 f"ckpt_viz.checkpoint_exclude_wrapper: The retained reentrant checkpoint graph has already been "
                 f"released (region of handle h{frame.handle_id}).\nTip: run DX before DW; DW frees excluded-region "
-                "graphs unless a retaining session holds them.")
+                "graphs unless a retaining session holds them.", code="exclude_graph_released")
         pairs = [(o, g) for o, g in zip(tape.outputs, grads) if o.requires_grad and g is not None]
         local = tape.all_local_inputs()
         if not pairs:
@@ -188,19 +188,19 @@ def record_region(wrapper: Any, frame: Any, args: tuple, kwargs: dict) -> Any:
 def replay_region(wrapper: Any, frame: Any, args: tuple, kwargs: dict) -> Any:
     tape = frame.exclude_cache.pop(wrapper.exclude_id) if frame.exclude_cache is not None else None
     if tape is None:
-        raise RuntimeError(
+        raise ExcludedRegionError(
             f"ckpt_viz.checkpoint_exclude_wrapper: Checkpoint replay executed an unmatched checkpoint exclusion "
             f"wrapper call ({wrapper._name}, handle h{frame.handle_id}).\nTip: the replay must call each excluded "
-            "region as often as the forward did.")
+            "region as often as the forward did.", code="exclude_cache_empty")
     leaves, _ = tensor_leaves(args, kwargs)
     values = []
     for index in tape.input_leaves:
         value = leaves[index] if index < len(leaves) else None
         if not isinstance(value, torch.Tensor):
-            raise RuntimeError(
+            raise ExcludedRegionError(
                 f"ckpt_viz.checkpoint_exclude_wrapper: Checkpoint exclusion Tensor input count changed between "
                 f"original forward and replay ({wrapper._name}, input {index} is {type(value).__name__}).\n"
-                "Tip: call the region with the same arguments in forward and replay.")
+                "Tip: call the region with the same arguments in forward and replay.", code="exclude_input_changed")
         values.append(value)
     tape.replay_values = values
     outputs = _ExcludeBridge.apply(frame, tape, torch.empty(0, requires_grad=True), *tape.all_replay_values())

@@ -23,6 +23,7 @@ from ckpt_viz.errors import (
     CheckpointUsageError,
     GraphReleasedError,
     HandleReleasedError,
+    SessionMismatchError,
 )
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime import session as _session
@@ -303,17 +304,14 @@ class ReentrantCheckpointHandle:
         """Register this handle under `session_id` for activation and clearing; does not replay.
 
         Raises:
-            CheckpointUsageError: another session id is active (E10).
+            SessionMismatchError: another session id is active (E10).
             CheckpointError: the handle is bound to another session (E11).
         """
         api = "ckpt_viz.ReentrantCheckpointHandle.bind_session"
         _session.validate_session_id(session_id, api)
         activation = _session.current_activation()
         if activation is not None and activation.session_id != session_id:
-            raise fail(CheckpointUsageError(
-                f"{api}: Active session does not match the reentrant handle session (active {activation.session_id!r}, "
-                f"binding h{self.handle_id} to {session_id!r}).\nTip: bind inside the session with the same id, or "
-                "outside any session."), "bind_session", self)
+            raise fail(SessionMismatchError(api, self.handle_id, activation.session_id, session_id), "bind_session", self)
         if self.active_session is not None and self.active_session.session_id != session_id:
             raise fail(CheckpointError(
                 f"{api}: Concurrent reentrant recompute sessions on one frame are unsupported (h{self.handle_id} is "

@@ -52,7 +52,15 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
-from ckpt_viz.errors import CkptVizError, TraceError
+from ckpt_viz.errors import (  # the Sandbox* errors are re-exported: defined with the whole error tree
+    CkptVizError,
+    SandboxCrashError,
+    SandboxError,
+    SandboxMemoryError,
+    SandboxRunError,
+    SandboxTimeoutError,
+    TraceError,
+)
 from ckpt_viz.trace import Trace
 from ckpt_viz.usermodel.load import ModelLoadError, parse_ref, user_frame
 
@@ -77,39 +85,6 @@ _STACK_GRACE_S = 0.5  # how long a timed-out child gets to print its stack befor
 _MEMORY_MARKERS = ("can't allocate memory", "Cannot allocate memory", "std::bad_alloc", "out of memory",
                    "Memory allocation still failed")  # the last: OpenBLAS, when the limit is below torch's needs
 _LOG_MEMORY_MARKERS = ("MemoryError", *_MEMORY_MARKERS)
-
-
-class SandboxError(ModelLoadError):
-    """The child running a user model failed (a `ModelLoadError`, so one except clause catches all).
-
-    Attributes (besides file, line and traceback):
-        pid: the child's process id.
-        returncode: its exit status (negative: killed by that signal), or None if it was killed on timeout.
-        output: the tail of its stdout and stderr.
-    """
-
-    def __init__(self, message: str, *, pid: int | None = None, returncode: int | None = None,
-                 output: str = "", **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.pid = pid
-        self.returncode = returncode
-        self.output = output
-
-
-class SandboxTimeoutError(SandboxError):
-    """The child did not finish within the time limit; its process group was killed."""
-
-
-class SandboxMemoryError(SandboxError):
-    """The child ran out of memory under its limit."""
-
-
-class SandboxRunError(SandboxError):
-    """The model loaded but raised while the scenario ran."""
-
-
-class SandboxCrashError(SandboxError):
-    """The child died (signal, os._exit, abort) or left no usable trace or report."""
 
 
 # -- parent --

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Iterator
 
-from ckpt_viz.errors import CkptVizError
+from ckpt_viz.errors import ModelLoadError  # re-exported: defined with the whole error tree
 
 __all__ = [
     "DEFAULT_FACTORY",
@@ -42,23 +42,6 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _counter = itertools.count()
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
-
-
-class ModelLoadError(CkptVizError):
-    """A user model could not be loaded, or failed its checks.
-
-    Attributes:
-        file: the file at fault, when known.
-        line: the line at fault in `file`, when known.
-        traceback: the text of the underlying traceback ("" when there is none), for the app to show.
-    """
-
-    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
-                 traceback: str = "") -> None:
-        super().__init__(message)
-        self.file = file
-        self.line = line
-        self.traceback = traceback
 
 
 @dataclass(frozen=True, slots=True)

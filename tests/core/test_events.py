@@ -292,7 +292,7 @@ def test_exception_inside_record_block_emits_error_where_record() -> None:
             raise KeyError("user bug")
     assert rec.trace.kinds() == ["error"]
     (error,) = rec.trace.events
-    assert error.data == {"where": "record", "type": "KeyError", "message": "'user bug'"}
+    assert error.data == {"where": "record", "type": "KeyError", "message": "'user bug'", "code": None}
     assert bus.enabled is False  # the recorder detached even though the block raised
 
 

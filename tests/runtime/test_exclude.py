@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ckpt_viz
+from ckpt_viz.errors import ExcludedRegionError
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -315,3 +316,39 @@ def test_chain_cached_output_is_kept_reentrant() -> None:
 @pytest.mark.parametrize("a_saves_input", [False, True], ids=["plain", "boundary"])
 def test_chain_elided_output_is_freed_reentrant(a_saves_input: bool) -> None:
     assert _chain_output_alive("reentrant", save_output=False, a_saves_input=a_saves_input) is False
+
+
+# ------------------------------------------------------------------ errors: ExcludedRegionError with a code
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("change, code, phrase", [
+    ("extra_call", "exclude_cache_empty", r"(No cached forward output|unmatched checkpoint exclusion wrapper call)"),
+    ("non_tensor", "exclude_input_changed", r"(did not reproduce a tensor input|Tensor input count changed)"),
+], ids=["extra-call", "non-tensor-input"])
+def test_replay_that_differs_from_the_forward_raises_a_coded_error(mode: str, change: str, code: str,
+                                                                    phrase: str) -> None:
+    """The replay calls the region once more, or with a non-tensor input: an ExcludedRegionError with its code."""
+    w, x = leaf((4, 4), seed=1), leaf((BATCH, 4), seed=2)
+    excluded = checkpoint_exclude_wrapper(torch.sin)  # sin saves its input: the replay must provide it
+    replaying = [False]
+
+    def body(a: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(a @ w)
+        if replaying[0] and change == "non_tensor":
+            return torch.cos(excluded(1.0))
+        out = excluded(h)
+        if replaying[0] and change == "extra_call":
+            out = excluded(out)
+        return torch.cos(out)
+
+    with ckpt_viz.record() as rec:
+        y = checkpoint(body, x, use_reentrant=mode == "reentrant")
+        replaying[0] = True
+        with pytest.raises(ExcludedRegionError, match=phrase) as info:
+            y.sum().backward()
+    exc = info.value
+    assert isinstance(exc, RuntimeError) and exc.code == code
+    message = str(exc)
+    assert message.startswith("ckpt_viz.checkpoint_exclude_wrapper: ")
+    assert message.splitlines()[-1].startswith("Tip: ")
+    assert [e.data["code"] for e in rec.trace.of_kind("error")] == [code]

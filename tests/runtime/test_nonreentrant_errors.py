@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckpt_viz
-from ckpt_viz.errors import CheckpointError, CheckpointUsageError
+from ckpt_viz.errors import CheckpointError, CheckpointUsageError, CkptVizError, ExcludedRegionError
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -30,7 +30,8 @@ BATCH = 3
 
 
 def _check_message(exc: BaseException) -> None:
-    """Spec D7: the API name first and a closing Tip."""
+    """Spec D7: the API name first and a closing Tip; and the error carries a code."""
+    assert isinstance(exc, CkptVizError) and exc.code, repr(exc)
     message = str(exc)
     assert message.startswith("ckpt_viz."), message
     assert "Tip:" in message, message
@@ -87,7 +88,7 @@ class Flag:
     ({"context_fn": lambda: (contextlib.nullcontext(),)},
      r"context_fn must return a \(forward_context, recompute_context\) tuple"),
     ({"determinism_check": "all"}, r"determinism_check must be one of \['default', 'none'\]"),
-    ({"debug": True}, "debug=True is not supported"),
+    ({"debug": 1}, "debug must be bool"),
 ], ids=["early_stop=1", "early_stop=None", "rng=1", "rng=str", "context_fn=None", "context_fn=cm",
         "context_fn=1-tuple", "determinism", "debug"])
 def test_bad_arguments(flags: dict, phrase: str, use_reentrant: bool) -> None:
@@ -105,7 +106,7 @@ def test_bad_arguments(flags: dict, phrase: str, use_reentrant: bool) -> None:
     assert calls == [] and handles == [], "a rejected call runs nothing and collects nothing"
 
 
-@pytest.mark.parametrize("value", [1, 0, None, "False"])
+@pytest.mark.parametrize("value", [1, 0, "False"])  # None is the default: a warning, then True (test_dropin.py)
 def test_use_reentrant_must_be_bool(value: object) -> None:
     with pytest.raises(CheckpointUsageError, match="use_reentrant must be bool") as info:
         checkpoint(torch.sin, _x(), use_reentrant=value)
@@ -115,7 +116,7 @@ def test_use_reentrant_must_be_bool(value: object) -> None:
 
 def test_bad_argument_emits_an_error_event(recorder: ckpt_viz.Recording) -> None:
     with pytest.raises(CheckpointUsageError):
-        checkpoint(torch.sin, _x(), early_stop="yes")
+        checkpoint(torch.sin, _x(), use_reentrant=False, early_stop="yes")
     (error,) = recorder.trace.of_kind("error")
     assert "early_stop must be bool" in error.data["message"]
 
@@ -407,10 +408,11 @@ def test_exclude_without_session_dx_then_dw_has_no_cached_output() -> None:
         y = checkpoint(region, x, use_reentrant=False)
     g = torch.ones(BATCH, 5)
     backward_input(y, g, [x], handles=frames)
-    with pytest.raises(RuntimeError, match="No cached forward output is available for this checkpoint exclusion "
-                                           "wrapper") as info:
+    with pytest.raises(ExcludedRegionError, match="No cached forward output is available for this checkpoint "
+                                                  "exclusion wrapper") as info:
         backward_weight(y, g, [w], handles=frames)
     _check_message(info.value)
+    assert info.value.code == "exclude_cache_empty" and isinstance(info.value, RuntimeError)
     assert calls == [1], "the region still ran once only"
 
 
@@ -423,7 +425,8 @@ def test_exclude_replay_does_not_reproduce_a_tensor_input() -> None:
         return torch.cos(excluded(1.0 if flag.on else h))
 
     y = checkpoint(region, x, use_reentrant=False)
-    with flag.flipped(), pytest.raises(RuntimeError, match="Checkpoint replay did not reproduce a tensor input "
-                                                           "required by a checkpoint-excluded region") as info:
+    phrase = "Checkpoint replay did not reproduce a tensor input required by a checkpoint-excluded region"
+    with flag.flipped(), pytest.raises(ExcludedRegionError, match=phrase) as info:
         y.sum().backward()
     _check_message(info.value)
+    assert info.value.code == "exclude_input_changed"

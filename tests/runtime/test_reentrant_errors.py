@@ -19,10 +19,13 @@ import ckpt_viz
 from ckpt_viz.errors import (
     CheckpointError,
     CheckpointUsageError,
+    CkptVizError,
     GraphReleasedError,
     HandleReleasedError,
     PhaseNotSetError,
+    SessionMismatchError,
 )
+from ckpt_viz.events import CODE_FOR_REASON
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -59,10 +62,12 @@ def _released(rec: ckpt_viz.Recording, handle) -> list:
 
 
 def _error_event(rec: ckpt_viz.Recording, exc: BaseException):
-    """The `error` event that reported `exc` as it left the public API (the last one)."""
+    """The `error` event that reported `exc` as it left the public API (the last one); it stores the code."""
     matching = [e for e in rec.trace.of_kind("error") if e.data["message"] == str(exc)]
     assert matching, f"no error event for {exc!r}"
     assert matching[-1].data["type"] == type(exc).__name__
+    if isinstance(exc, CkptVizError):
+        assert matching[-1].data["code"] == exc.code
     return matching[-1]
 
 
@@ -73,6 +78,7 @@ def _assert_released_then_refused(rec: ckpt_viz.Recording, handle, reason: str, 
     assert [e.data["reason"] for e in released] == [reason]
     error = _error_event(rec, exc)
     assert released[0].seq < error.seq
+    assert exc.code == CODE_FOR_REASON[reason]  # E6/E7 carry the diagnosis code of the release reason
     assert handle.released is True and handle.release_reason == reason
     refusals = [e for e in rec.trace.for_handle(handle.handle_id) if e.kind == "replay_refused"]
     if refused:
@@ -89,7 +95,8 @@ def _assert_released_then_refused(rec: ckpt_viz.Recording, handle, reason: str, 
 
 
 def _assert_d7(exc: BaseException, api: str = "ckpt_viz.", handle=None) -> None:
-    """Spec D7: API name first, the handle named h<id>, and a last line that starts with Tip:."""
+    """Spec D7: API name first, the handle named h<id>, a last line that starts with Tip:; and a code."""
+    assert isinstance(exc, CkptVizError) and exc.code, repr(exc)
     message = str(exc)
     assert message.startswith(api), message
     if handle is not None:
@@ -232,7 +239,7 @@ def test_r5_forgotten_set_phase_raises_e9_and_releases() -> None:
             loss.backward(retain_graph=True)
         with pytest.raises(HandleReleasedError, match=E6) as e6:
             h.set_phase("dx")
-    assert isinstance(e9.value, RuntimeError)
+    assert isinstance(e9.value, RuntimeError) and e9.value.code == "phase_not_set"
     _assert_d7(e9.value, "ckpt_viz.checkpoint (backward):", h)
     assert _error_event(rec, e9.value).data["where"] == "backward"
     _assert_released_then_refused(rec, h, "backward_exception", e6.value, refused=False)
@@ -357,7 +364,7 @@ def test_r10_outputs_dropped_before_replay_is_e8_not_a_release() -> None:
     assert refused.data["reason"] == "node_collected"
     assert refused.data["collected_seq"] == collected.seq
     assert f"event #{collected.seq}" in str(info.value)
-    assert isinstance(info.value, RuntimeError)
+    assert isinstance(info.value, RuntimeError) and info.value.code == "outputs_dropped_before_replay"
     assert h.released is False and h.node_collected is True
     _assert_d7(info.value, "ckpt_viz.recompute_handle:", h)
     clear_recompute_session("r10")
@@ -374,7 +381,7 @@ def test_r10_live_downstream_keeps_the_node() -> None:
 
 
 def test_r11_not_reproducible_replay_is_cached_after_a_successful_pass() -> None:
-    """R11 (outer saved inputs freed before the first replay) has no known repro.
+    """R11 (outer saved inputs freed before the first replay) has no known repro, so it has no diagnosis code.
 
     This documents why: once an outer pass succeeded, the replay is cached and a later
     `recompute()` returns without touching the autograd node's saved tensors.
@@ -444,6 +451,8 @@ def test_r13_dx_without_outer_retain_graph_leaks_the_handle() -> None:
         h.set_phase("dw")
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             torch.autograd.backward(loss, inputs=[w, h.backward_trigger])
+    (error,) = rec.trace.of_kind("error")  # torch's own error, classified once where record() caught it
+    assert (error.data["where"], error.data["code"]) == ("autograd.backward", "second_backward_through_graph")
     assert _released(rec, h) == []
     assert h.released is False and h.replay_outputs is not None  # still REPLAYED, graph pinned
     assert w.grad is None
@@ -458,7 +467,8 @@ def test_r14_bind_inside_another_session_is_e10() -> None:
         with recompute_session_ctx("b"):
             with pytest.raises(ValueError, match="Active session does not match") as info:
                 h.bind_session("a")
-    assert isinstance(info.value, CheckpointUsageError)
+    assert isinstance(info.value, SessionMismatchError) and isinstance(info.value, CheckpointUsageError)
+    assert info.value.code == "session_mismatch"
     _assert_d7(info.value, "ckpt_viz.ReentrantCheckpointHandle.bind_session:", h)
     assert _error_event(rec, info.value).data["where"] == "bind_session"
     assert rec.trace.of_kind("session_bound") == []
