@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from traces import Builder, nonreentrant_trace, refused_trace, split_trace
 
-from ckpt_viz.render.swimlane import LIFECYCLE_STATES, lane_label, lifecycle_intervals, render_lifecycles
+from ckpt_viz.render.swimlane import LIFECYCLE_COLOURS, lane_label, lifecycle_intervals, render_lifecycles
+from ckpt_viz.trace.lifecycle import STATES, lifecycle
 
 
 def _bars(rows: list[dict], h: int) -> list[tuple]:
@@ -13,17 +14,19 @@ def _bars(rows: list[dict], h: int) -> list[tuple]:
 
 def test_split_trace_lanes() -> None:
     rows = lifecycle_intervals(split_trace())
-    assert _bars(rows, 0) == [("recorded", 0, 6, None), ("phase_dx", 6, 13, None), ("replayed", 13, 15, None),
-                              ("retained", 15, 23, None), ("released", 23, 26, "dw_complete")]
-    assert _bars(rows, 1) == [("recorded", 3, 7, None), ("phase_dx", 7, 9, None), ("replayed", 9, 11, None),
-                              ("retained", 11, 20, None), ("released", 20, 26, "dw_complete")]
+    assert _bars(rows, 0) == [("recorded", 0, 6, None), ("phase_dx", 6, 13, None), ("replaying", 13, 14, None),
+                              ("replayed", 14, 15, None), ("retained", 15, 23, None),
+                              ("released", 23, 26, "dw_complete")]
+    assert _bars(rows, 1) == [("recorded", 3, 7, None), ("phase_dx", 7, 9, None), ("replaying", 9, 10, None),
+                              ("replayed", 10, 11, None), ("retained", 11, 20, None),
+                              ("released", 20, 26, "dw_complete")]
     assert {r["lane"] for r in rows if r["handle_id"] == 1} == {"h1 · stage 0 · mb 1"}
-    assert {r["state"] for r in rows} <= set(LIFECYCLE_STATES)
+    assert {r["state"] for r in rows} <= set(STATES) - {"not_created"}
 
 
 def test_refused_replay_is_a_point_row_after_the_release() -> None:
     rows = lifecycle_intervals(refused_trace())
-    assert _bars(rows, 0) == [("recorded", 0, 4, None), ("replayed", 4, 7, None),
+    assert _bars(rows, 0) == [("recorded", 0, 4, None), ("replaying", 4, 5, None), ("replayed", 5, 7, None),
                               ("released", 7, 11, "ordinary_backward_complete")]
     assert [r for r in rows if r["kind"] == "refused"] == [
         {"kind": "refused", "handle_id": 0, "lane": "h0", "seq": 9, "reason": "released"}]
@@ -47,16 +50,16 @@ def test_phase_dw_before_any_replay_and_retained_ordinary_and_prefire() -> None:
     b.ev("backward_entered", 1, phase="ordinary")                  # 13
     rows = lifecycle_intervals(b.trace())
     assert _bars(rows, 0) == [("recorded", 0, 1, None), ("phase_dx", 1, 2, None), ("phase_dw", 2, 4, None),
-                              ("replayed", 4, 7, None), ("released", 7, 14, "dw_complete")]
-    assert _bars(rows, 1) == [("recorded", 8, 9, None), ("replayed", 9, 10, None), ("retained", 10, 14, None)]
+                              ("replaying", 4, 5, None), ("replayed", 5, 7, None), ("released", 7, 14, "dw_complete")]
+    assert _bars(rows, 1) == [("recorded", 8, 9, None), ("replaying", 9, 10, None), ("retained", 10, 14, None)]
 
 
 def test_nonreentrant_frames_are_released_by_consumption_or_session_clear() -> None:
     rows = lifecycle_intervals(nonreentrant_trace())
-    assert _bars(rows, 0) == [("recorded", 0, 6, None), ("replayed", 6, 8, None), ("retained", 8, 13, None),
-                              ("released", 13, 21, "consumed")]
-    assert _bars(rows, 1) == [("recorded", 16, 17, None), ("replayed", 17, 19, None), ("retained", 19, 20, None),
-                              ("released", 20, 21, "session_cleared")]
+    assert _bars(rows, 0) == [("recorded", 0, 6, None), ("replaying", 6, 7, None), ("replayed", 7, 8, None),
+                              ("retained", 8, 13, None), ("released", 13, 21, "consumed")]
+    assert _bars(rows, 1) == [("recorded", 16, 17, None), ("replaying", 17, 18, None), ("replayed", 18, 19, None),
+                              ("retained", 19, 20, None), ("released", 20, 21, "session_cleared")]
 
 
 def test_lanes_are_grouped_by_stage_then_microbatch() -> None:
@@ -81,10 +84,47 @@ def test_chart_layers_bars_refusals_and_cursor() -> None:
     assert crosses.data.values[0]["seq"] == 9
     assert rule.data.values == [{"seq": 8}]
     colour = spec["layer"][0]["encoding"]["color"]["scale"]
-    assert colour["domain"] == list(LIFECYCLE_STATES)
+    assert colour["domain"] == list(STATES)
+    assert colour["range"] == [LIFECYCLE_COLOURS[s] for s in STATES]
 
 
 def test_chart_without_refusals_or_cursor() -> None:
     chart = render_lifecycles(split_trace())
     assert len(chart.layer) == 1
     assert chart.to_dict()["layer"][0]["encoding"]["y"]["sort"] == ["h0 · stage 0 · mb 0", "h1 · stage 0 · mb 1"]
+
+
+def test_lanes_are_the_lifecycle_transitions_laid_end_to_end() -> None:
+    for trace in (split_trace(), refused_trace(), nonreentrant_trace()):
+        life = lifecycle(trace)
+        rows = lifecycle_intervals(trace)
+        for h in life.handle_ids:
+            bars = [r for r in rows if r["kind"] == "interval" and r["handle_id"] == h]
+            assert [(r["start_seq"], r["state"]) for r in bars] == [(t.seq, t.state) for t in life.transitions(h)]
+            assert all(a["end_seq"] == b["start_seq"] for a, b in zip(bars, bars[1:]))
+
+
+def test_a_window_keeps_the_handles_with_events_in_it_clipped_with_the_whole_trace_states() -> None:
+    trace = split_trace()
+    rows = lifecycle_intervals(trace, start=10, stop=16)
+    assert _bars(rows, 0) == [("phase_dx", 10, 13, None), ("replaying", 13, 14, None), ("replayed", 14, 15, None),
+                              ("retained", 15, 16, None)]
+    assert _bars(rows, 1) == [("replayed", 10, 11, None), ("retained", 11, 16, None)]
+    # Only h1 has an event in [8, 12): h0 waits in phase_dx without one, so its lane is left out.
+    assert {r["handle_id"] for r in lifecycle_intervals(trace, start=8, stop=12)} == {1}
+    refused = lifecycle_intervals(refused_trace(), start=8, stop=11)
+    assert [r for r in refused if r["kind"] == "refused"] == [
+        {"kind": "refused", "handle_id": 0, "lane": "h0", "seq": 9, "reason": "released"}]
+    assert _bars(refused, 0) == [("released", 8, 11, "ordinary_backward_complete")]
+    assert render_lifecycles(trace, cursor=12, start=10, stop=16).layer[0].data.values == [
+        r for r in rows if r["kind"] == "interval"]
+
+
+def test_a_handle_collected_before_any_replay_shows_collected_then_the_refusal() -> None:
+    b = Builder()
+    b.ev("handle_created", 0)                                   # 0
+    b.ev("node_collected", 0, was_replayed=False, released=False)  # 1 R10
+    b.ev("replay_refused", 0, reason="node_collected")           # 2
+    rows = lifecycle_intervals(b.trace())
+    assert _bars(rows, 0) == [("recorded", 0, 1, None), ("collected", 1, 3, None)]
+    assert [(r["seq"], r["reason"]) for r in rows if r["kind"] == "refused"] == [(2, "node_collected")]
