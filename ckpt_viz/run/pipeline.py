@@ -6,7 +6,8 @@ records its trace. Imports torch, the runtime and the run harness; never the
 scenarios module (which dispatches the "pipeline" mode here) nor the UI.
 
 NOTE [ Loss and gradients ]
-  1. The last stage's loss for micro-batch m is `spec.loss(output_m)`, not
+  1. The last stage's loss for micro-batch m is `spec.loss(output_m)` (or
+     `spec.loss(output_m, targets_m)`, the targets split with the inputs), not
      rescaled, so the pipeline's loss is the sum over micro-batches. For a loss
      that is a sum over the batch (the zoo's default `sum_of_squares`) that is
      the full-batch loss, and the accumulated `.grad` equal the unpipelined
@@ -30,6 +31,7 @@ from torch import nn
 from ckpt_viz.bus import tag
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.recording import record
+from ckpt_viz.run.batch import split_batch
 from ckpt_viz.run.harness import checkpointed, fresh_handle_ids
 from ckpt_viz.run.schedules import (  # re-exported: the executor's callers name schedules here too
     SCHEDULES,
@@ -82,13 +84,16 @@ class _Pipeline:
 
     def forward(self, s: int, m: int) -> None:
         slot, stage = self.slots[s][m], self.stages[s][1]
-        slot.input = self.batches[m] if s == 0 else self.slots[s - 1][m].output.detach().requires_grad_(True)
+        args, kwargs, targets = self.batches[m]  # stage 0 takes the micro-batch's inputs, keywords included
+        if s > 0:
+            slot.input = self.slots[s - 1][m].output.detach().requires_grad_(True)
+            args, kwargs = (slot.input,), {}
         with checkpointed(self.spec.model, self.names[s], use_reentrant=True), \
                 reentrant_checkpoint_scope(stage.parameters) as handles:
-            out = stage(slot.input)
+            out = stage(*args, **kwargs)
         slot.handles = handles
         if s == len(self.stages) - 1:  # See NOTE [ Loss and gradients ], rule 1.
-            out = self.spec.loss(out)
+            out = self.spec.loss_of(out, targets)
             self.losses.append(float(out.detach()))
         slot.output = out
 
@@ -110,6 +115,10 @@ class _Pipeline:
 
 
 def _stage_modules(spec: ModelSpec) -> list[tuple[str, nn.Module]]:
+    if not spec.stages and spec.source == "user":
+        raise CkptVizError(f"{_API}: the model file {spec.name!r} names no pipeline stages.\nTip: return a dict "
+                           "with 'stages': [qualified names of the stage submodules, in order] from the factory, "
+                           "e.g. 'stages': ['blocks.0', 'blocks.1'] for a model that is blocks.1(blocks.0(x)).")
     if not spec.stages:
         raise CkptVizError(f"{_API}: this model has no pipeline stages (model {spec.name!r}, ModelSpec.stages is "
                            "empty).\nTip: set ModelSpec.stages to the qualified names of the stage modules in order, "
@@ -127,18 +136,9 @@ def _stage_modules(spec: ModelSpec) -> list[tuple[str, nn.Module]]:
 
 
 def _microbatches(spec: ModelSpec, microbatches: int) -> tuple:
-    if len(spec.inputs) != 1 or not isinstance(spec.inputs[0], torch.Tensor):
-        raise CkptVizError(f"{_API}: a pipeline run takes exactly one input tensor, got {len(spec.inputs)} inputs "
-                           f"({', '.join(type(i).__name__ for i in spec.inputs)}).\n"
-                           "Tip: make ModelSpec.inputs a 1-tuple holding the batch tensor.")
-    batch = spec.inputs[0]
-    size = batch.shape[0] if batch.dim() else 0
-    if size % microbatches:
-        raise CkptVizError(f"{_API}: cannot split a batch of {size} into {microbatches} equal micro-batches "
-                           f"(input shape {tuple(batch.shape)}).\nTip: pick microbatches dividing {size}, "
-                           f"e.g. {', '.join(str(d) for d in range(1, size + 1) if size % d == 0)}.")
-    # Each micro-batch gets its own storage, as a data loader would give it (and memory is then per micro-batch).
-    return tuple(t.detach().clone() for t in batch.split(size // microbatches, dim=0))
+    """(args, kwargs, targets) per micro-batch, each its own copy; see NOTE [ Splitting a batch ] in batch.py."""
+    return tuple(split_batch(spec.inputs, spec.kwargs, spec.targets, microbatches, api=_API,
+                             roots=spec.extra.get("input_keys"), single=bool(spec.extra.get("single_input"))))
 
 
 def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int = 2, seed: int = 0,
@@ -154,7 +154,7 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
     Args:
         spec: a model whose `stages` name its stage submodules in order.
         schedule: "GPipe", "1F1B" or "ZB-H1" (case-insensitive).
-        microbatches: M; must divide the batch (dim 0 of `spec.inputs[0]`).
+        microbatches: M; must divide the batch (dim 0 of every batched tensor in the inputs and targets).
         seed: the RNG seed for the run (dropout).
         memory: sample memory by category (and by stage, from the tags) after every event.
         graphs: snapshot the autograd graph before every backward pass.
@@ -175,7 +175,8 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
     torch.manual_seed(seed)
     pipeline = _Pipeline(spec, stages, batches)
     fresh_handle_ids()
-    with record(memory=memory, graphs=graphs, model=spec.model, tensors=(spec.inputs, batches)) as rec:
+    with record(memory=memory, graphs=graphs, model=spec.model,
+                tensors=(spec.inputs, spec.kwargs, spec.targets, batches)) as rec:
         for action, _ in order:
             with tag(stage=action.stage, microbatch=action.microbatch, action=action.kind):
                 pipeline.run(action)

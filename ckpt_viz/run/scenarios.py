@@ -48,25 +48,26 @@ def _run_single(spec: ModelSpec, mode: str, *, seed: int, memory: bool, graphs: 
     """One forward, loss and backward of the whole model (every mode but "pipeline")."""
     model = spec.model
     inputs = inputs_requiring_grad(spec.inputs)
+    kwargs = dict(zip(spec.kwargs, inputs_requiring_grad(tuple(spec.kwargs.values()))))
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
     torch.manual_seed(seed)
     fresh_handle_ids()
-    with record(memory=memory, graphs=graphs, model=model, tensors=inputs) as rec:
+    with record(memory=memory, graphs=graphs, model=model, tensors=(inputs, kwargs, spec.targets)) as rec:
         if mode in ("none", "reentrant", "nonreentrant"):
             kind = None if mode == "none" else mode == "reentrant"
             with checkpointed(model, spec.checkpoint, use_reentrant=kind, markers=memory):
-                loss = spec.loss(model(*inputs))
+                loss = spec.loss_of(model(*inputs, **kwargs), spec.targets)
             milestone(memory, "loss")
             loss.backward()
         else:
             reentrant = mode == "split-reentrant"
             collect = reentrant_checkpoint_scope(lambda: params) if reentrant else recompute_handle_collector_ctx()
             with checkpointed(model, spec.checkpoint, use_reentrant=reentrant, markers=memory), collect as handles:
-                loss = spec.loss(model(*inputs))
+                loss = spec.loss_of(model(*inputs, **kwargs), spec.targets)
             milestone(memory, "loss")
-            acts = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            acts = [t for t in tree_flatten((inputs, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
             session = None if reentrant else RunSession("step")  # See NOTE [ Run-local session ids ] in harness.py.
             backward_input(loss, None, acts, handles=handles, session_id=session)
             milestone(memory, "after DX")

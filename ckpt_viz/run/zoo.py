@@ -36,10 +36,14 @@ class ModelSpec:
         name: shown in the app and stored in the trace's meta.
         model: the module.
         inputs: positional arguments of `model(...)`.
-        loss: a function of the model's output returning a scalar.
+        loss: a function of the model's output returning a scalar; `loss(output, targets)`
+            when `targets` is not None.
         checkpoint: qualified names of the submodules to checkpoint.
         stages: for pipeline scenarios, the qualified names of the stage modules in order.
         description: one line for people.
+        kwargs: keyword arguments of `model(...)`.
+        targets: what the loss compares the output with (a tensor or a pytree of them), or
+            None; the pipeline splits it into micro-batches with the inputs.
     """
 
     name: str
@@ -51,6 +55,12 @@ class ModelSpec:
     description: str = ""
     source: str = "builtin"
     extra: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    targets: Any = None
+
+    def loss_of(self, output: Any, targets: Any = None) -> torch.Tensor:
+        """The loss of `output`: `loss(output)`, or `loss(output, targets)` when there are targets."""
+        return self.loss(output) if targets is None else self.loss(output, targets)
 
 
 class MLPBlock(nn.Module):

@@ -14,14 +14,21 @@ NOTE [ Model file contract ]
   `path/to/file.py` means factory `make_model`. The factory takes no arguments and
   returns either
     (model, inputs)                                 or
-    {"model": ..., "inputs": ..., "loss": ..., "checkpoint": [...], "stages": [...]}
-  1. model: an nn.Module. inputs: one tensor, or a tuple of positional arguments.
+    {"model": ..., "inputs": ..., "targets": ..., "loss": ..., "checkpoint": [...], "stages": [...]}
+  1. model: an nn.Module. inputs: one tensor, a tuple of positional arguments, or a dict
+     of keyword arguments; or instead "args" (tensor or tuple) and/or "kwargs" (dict) for
+     both at once. Keywords must name parameters of model.forward; a Hugging Face model
+     takes its inputs by keyword (a second positional argument would land in its cache).
   2. loss (optional): a function of the model's output returning a one-element tensor;
-     default: the sum of squares of every floating tensor in the output.
+     default: the sum of squares of every floating tensor in the output. With "targets"
+     (a tensor or a pytree of them), the loss is called as loss(output, targets), and
+     pipeline mode splits the targets into micro-batches with the inputs.
   3. checkpoint (optional): qualified names from model.named_modules(); default: the
      children of the first non-empty nn.ModuleList or nn.Sequential in named_modules()
      order (the model itself counts, so an nn.Sequential model checkpoints "0", "1", ...).
-  4. stages (optional): qualified names of the stage modules, for mode "pipeline".
+  4. stages (optional): qualified names of the stage modules, for mode "pipeline". The
+     trial forward checks that they compose into the model (see NOTE [ Stages compose ]
+     in ckpt_viz.usermodel.inputs) and that every batched tensor shares one batch size.
   5. Any other key is refused, so a typo ("checkpiont") is not silently ignored.
   6. The factory runs under a fixed seed (like the built-in models); then one trial
      forward and loss run (RNG and buffers restored afterwards) to check that the output
@@ -40,6 +47,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
+from ckpt_viz.errors import CkptVizError
+from ckpt_viz.usermodel import hf
+from ckpt_viz.usermodel.inputs import (
+    StageCalls,
+    check_hf_positional,
+    check_keywords,
+    check_loss_takes_targets,
+    check_stages,
+    feed,
+)
 from ckpt_viz.usermodel.source import (
     DEFAULT_FACTORY,
     ModelLoadError,
@@ -65,7 +82,7 @@ __all__ = [
     "user_frame",
 ]
 
-ALLOWED_KEYS: tuple[str, ...] = ("model", "inputs", "loss", "checkpoint", "stages")
+ALLOWED_KEYS: tuple[str, ...] = ("model", "inputs", "args", "kwargs", "targets", "loss", "checkpoint", "stages")
 
 
 # -- the factory and what it returns --
@@ -141,7 +158,8 @@ def _unpack(result: Any, site: _Site) -> dict[str, Any]:
                             f"{', '.join(repr(k) for k in unknown)}; allowed keys: "
                             f"{', '.join(repr(k) for k in ALLOWED_KEYS)}.",
                             "rename or remove them ('model' and 'inputs' are required, the rest optional).")
-        missing = [k for k in ("model", "inputs") if k not in result]
+        missing = [k for k in ("model", "inputs") if k not in result
+                   and not (k == "inputs" and ("args" in result or "kwargs" in result))]
         if missing:
             raise site.fail(f"the factory {site.factory}() returned a dict without the required key(s) "
                             f"{', '.join(repr(k) for k in missing)}.", shape_tip)
@@ -183,29 +201,28 @@ def default_checkpoint(model: Any) -> tuple[str, ...]:
 
 
 def _validate(fields: dict[str, Any], site: _Site) -> dict[str, Any]:
-    import torch
     from torch import nn
 
     from ckpt_viz.run.zoo import sum_of_squares
 
-    model, inputs = fields["model"], fields["inputs"]
+    model = fields["model"]
     if not isinstance(model, nn.Module):
         tip = (f"return an instance, {model.__name__}(...), not the class." if isinstance(model, type)
                and issubclass(model, nn.Module) else "return your torch.nn.Module as 'model'.")
         raise site.fail(f"'model' is {_describe(model)}, not a torch.nn.Module.", tip)
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    elif isinstance(inputs, list):
-        raise site.fail("'inputs' is a list; a list is ambiguous (one list argument, or several arguments).",
-                        "return a tuple of the positional arguments: (x,) or (x, mask); for one list "
-                        "argument, ([t1, t2],).")
-    elif not isinstance(inputs, tuple):
-        raise site.fail(f"'inputs' is {_describe(inputs)}; expected a tensor or a tuple of positional arguments.",
-                        "return e.g. torch.randn(8, 16) or (x, mask).")
+    data = feed(fields, site.fail)
+    check_keywords(model, data, site.fail)
+    if hf.is_hf_model(model):
+        check_hf_positional(model, data, site.fail)
+    if data.targets is not None and "loss" not in fields:
+        raise site.fail("the factory returned 'targets' but no 'loss' to compare the output with them.",
+                        "add 'loss': a function (output, targets) -> scalar, e.g. lambda out, y: "
+                        "torch.nn.functional.cross_entropy(out, y).")
     loss = fields.get("loss", sum_of_squares)
     if not callable(loss):
         raise site.fail(f"'loss' is {_describe(loss)}, not a function.",
                         "pass a function of the model's output returning a scalar, e.g. lambda y: y.pow(2).mean().")
+    check_loss_takes_targets(loss, data.targets is not None, site.fail)
     if fields.get("checkpoint") is not None:
         checkpoint = _names(fields["checkpoint"], "checkpoint", model, site)
     else:
@@ -217,7 +234,22 @@ def _validate(fields: dict[str, Any], site: _Site) -> dict[str, Any]:
                             "by default.",
                             f"return a dict with 'checkpoint': [names of the submodules to checkpoint],{example}.")
     stages = _names(fields["stages"], "stages", model, site) if fields.get("stages") is not None else ()
-    return {"model": model, "inputs": inputs, "loss": loss, "checkpoint": checkpoint, "stages": stages}
+    if stages:
+        from ckpt_viz.run.batch import batch_rows
+
+        try:
+            batch_rows(data.args, data.kwargs, data.targets, api="pipeline", roots=data.roots, single=data.single)
+        except CkptVizError as exc:
+            what, _, tip = str(exc).partition("\nTip: ")
+            raise site.fail(what.removeprefix("pipeline: ") + " (needed to split it into micro-batches for 'stages')",
+                            tip) from None
+    hf_layers = [n for n in checkpoint if hf.is_hf_layer(model.get_submodule(n))]
+    if hf_layers and not model.training:
+        raise site.fail(f"'model' ({type(model).__name__}) is in eval mode, and Hugging Face checkpoints its layers "
+                        f"({hf_layers[0]!r}, ...) only in training mode.",
+                        "call model.train() before returning it; set the config's dropout probabilities to 0 "
+                        "for gradients without dropout noise.")
+    return {"model": model, "data": data, "loss": loss, "checkpoint": checkpoint, "stages": stages}
 
 
 def _trial_forward(fields: dict[str, Any], user_file: str | None) -> None:
@@ -225,12 +257,13 @@ def _trial_forward(fields: dict[str, Any], user_file: str | None) -> None:
     import torch
     from torch.utils._pytree import tree_flatten
 
-    model, loss_fn = fields["model"], fields["loss"]
+    model, loss_fn, data = fields["model"], fields["loss"], fields["data"]
     name = type(model).__name__
     saved = [(b, b.detach().clone()) for b in model.buffers()]
+    stage_calls = StageCalls(model, fields["stages"]) if fields["stages"] else None
     try:
         try:
-            output = model(*fields["inputs"])
+            output = model(*data.args, **data.kwargs)
         except (Exception, SystemExit) as exc:
             raise user_code_error(
                 f"the trial forward of {name}", exc, user_file,
@@ -244,8 +277,10 @@ def _trial_forward(fields: dict[str, Any], user_file: str | None) -> None:
             raise forward.fail(f"{name}.forward returned {_describe(output)}, with no floating-point tensor in it.",
                                "return the activations (a float tensor, or a tuple, list or dict holding one): "
                                "checkpointing needs an output to differentiate.")
+        if stage_calls is not None:
+            check_stages(stage_calls, data, output, _Site(user_file, "stages", None).fail)
         try:
-            loss = loss_fn(output)
+            loss = loss_fn(output) if data.targets is None else loss_fn(output, data.targets)
         except (Exception, SystemExit) as exc:
             raise user_code_error("the loss function", exc, user_file,
                                   "the loss is called with the model's output; fix that line.") from exc
@@ -257,6 +292,8 @@ def _trial_forward(fields: dict[str, Any], user_file: str | None) -> None:
                 f"the loss returned {what}; expected a floating-point tensor with one element.",
                 "reduce it, e.g. .sum() or .mean().")
     finally:
+        if stage_calls is not None:
+            stage_calls.remove()
         with torch.no_grad():
             for buffer, value in saved:
                 buffer.copy_(value)
@@ -299,6 +336,9 @@ def load_model(ref: str, *, seed: int = 0) -> ModelSpec:
             fields = _validate(_unpack(result, site), site)
             _trial_forward(fields, user_file)
     doc = (inspect.getdoc(factory) or "").strip().splitlines()
-    return ModelSpec(ref.strip(), fields["model"], fields["inputs"], fields["loss"], fields["checkpoint"],
+    data = fields["data"]
+    return ModelSpec(ref.strip(), fields["model"], data.args, fields["loss"], fields["checkpoint"],
                      fields["stages"], description=doc[0] if doc else "", source="user",
-                     extra={"ref": ref.strip(), "file": user_file, "factory": parsed.factory})
+                     extra={"ref": ref.strip(), "file": user_file, "factory": parsed.factory,
+                            "input_keys": data.roots, "single_input": data.single},
+                     kwargs=data.kwargs, targets=data.targets)

@@ -76,8 +76,8 @@ def test_wrong_return_type() -> None:
 
 def test_unknown_dict_key_lists_the_allowed_ones() -> None:
     err = _bad("unknown_key.py")
-    assert "unknown key(s) 'checkpiont'; allowed keys: 'model', 'inputs', 'loss', 'checkpoint', 'stages'." \
-        in str(err)
+    assert "unknown key(s) 'checkpiont'; allowed keys: 'model', 'inputs', 'args', 'kwargs', 'targets', 'loss', " \
+           "'checkpoint', 'stages'." in str(err)
 
 
 def test_no_tensor_output() -> None:
