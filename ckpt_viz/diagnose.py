@@ -2,8 +2,10 @@
 
 Owns the mapping from recorded facts to the causes of spec §4.2 (the codes of
 `ckpt_viz.events.DIAGNOSIS_CODES`, which also give each cause, fix and release
-reason). It reads event kinds, release reasons and the codes that `error` events
-store (`data.code`, see `ckpt_viz.errors`), never message text. Pure and standard
+reason). A handle's first release, its collection and its refused replays come from
+the one lifecycle (`ckpt_viz.trace.lifecycle`); the evidence beside them is read from
+event kinds, release reasons and the codes that `error` events store (`data.code`,
+see `ckpt_viz.errors`), never from message text. Pure and standard
 library only: it never imports torch, the runtime or a UI, so the app can diagnose
 a saved trace.
 
@@ -42,6 +44,7 @@ from typing import Any, Iterable
 
 from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES, Event
 from ckpt_viz.trace import Trace
+from ckpt_viz.trace.lifecycle import Transition, lifecycle
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_all"]
 
@@ -94,9 +97,11 @@ class Diagnosis:
 
 
 class _Facts:
-    """One pass over the trace: events per handle, session activations, errors."""
+    """Handle states from the one lifecycle (`ckpt_viz.trace.lifecycle`); one pass over the events for the
+    evidence beside them: events per handle, session activations, errors."""
 
-    def __init__(self, events: Iterable[Event]) -> None:
+    def __init__(self, trace: Trace, events: Iterable[Event]) -> None:
+        self.lifecycle = lifecycle(trace)
         self.by_handle: dict[int, list[Event]] = {}
         self.activations: list[dict[str, Any]] = []
         self.errors: list[Event] = []
@@ -113,6 +118,28 @@ class _Facts:
                 open_by_sid[e.session_id] = act
             elif e.kind == "session_deactivated" and e.session_id in open_by_sid:
                 open_by_sid.pop(e.session_id)["end"] = e.seq
+
+    def _event(self, h: int, transition: Transition | None) -> Event | None:
+        if transition is None:
+            return None
+        return _first(self.by_handle.get(h, ()), lambda e: e.seq == transition.seq and e.kind == transition.kind)
+
+    def release(self, h: int) -> Event | None:
+        """The `released` event of the handle's first release by the runtime (not a derived one), or None."""
+        return self._event(h, next((t for t in self.lifecycle.releases(h) if t.kind == "released"), None))
+
+    def collected(self, h: int) -> Event | None:
+        """The `node_collected` event that made the handle "collected" (before any replay), or None."""
+        return self._event(h, next((t for t in self.lifecycle.transitions(h) if t.state == "collected"), None))
+
+    def refusal(self, h: int) -> Event | None:
+        """The first refused replay: a `replay_refused` event, or an error that carries a refusal's code."""
+        marks = self.lifecycle.refusals(h)
+        refused = self._event(h, marks[0]) if marks else None
+        error = _first(self.by_handle.get(h, ()), lambda e: _code(e) in _REFUSAL_CODES)
+        if refused is None or (error is not None and error.seq < refused.seq):
+            return error
+        return refused
 
     def active_at(self, seq: int) -> dict[str, Any] | None:
         found = None
@@ -199,7 +226,7 @@ def _from_release(f: _Facts, h: int, events: list[Event], release: Event, refuse
 
 def _leak(f: _Facts, h: int, events: list[Event]) -> Diagnosis | None:
     """A split handle set to DW that DW never entered and nothing released (R12 / R13)."""
-    if any(e.kind == "released" for e in events):
+    if f.lifecycle.released(h) is not None:
         return None
     dw = [e for e in events if e.kind == "phase_set" and e.data.get("new") == "dw"]
     if not dw:
@@ -222,9 +249,8 @@ def _leak(f: _Facts, h: int, events: list[Event]) -> Diagnosis | None:
 
 def _diagnose(f: _Facts, h: int) -> Diagnosis:
     events = f.by_handle.get(h, [])
-    release = _first(events, lambda e: e.kind == "released")
-    refused = _first(events, lambda e: e.kind == "replay_refused" or (
-        e.kind == "error" and _code(e) in _REFUSAL_CODES))
+    release = f.release(h)
+    refused = f.refusal(h)
     refusal_error = None
     if refused is not None:
         refusal_error = refused if refused.kind == "error" else _first(
@@ -232,7 +258,7 @@ def _diagnose(f: _Facts, h: int) -> Diagnosis:
         collected_refusal = (refused.data.get("reason") == "node_collected"
                              or _code(refused) == "outputs_dropped_before_replay")
         if collected_refusal:
-            collected = _first(events, lambda e: e.kind == "node_collected")
+            collected = f.collected(h)
             when = f" at event #{collected.seq}" if collected is not None else ""
             return _make("outputs_dropped_before_replay", h,
                          f"h{h}'s autograd node was garbage-collected{when} before any replay (every output was "
@@ -268,11 +294,11 @@ def diagnose(trace: Trace, handle_id: int) -> Diagnosis:
     """
     merged = {e.seq: e for e in trace.of_kind("session_activated", "session_deactivated", "error")}
     merged.update((e.seq, e) for e in trace.for_handle(handle_id))
-    return _diagnose(_Facts(merged[seq] for seq in sorted(merged)), handle_id)
+    return _diagnose(_Facts(trace, (merged[seq] for seq in sorted(merged))), handle_id)
 
 
 def diagnose_all(trace: Trace) -> list[Diagnosis]:
     """A diagnosis for every handle with a problem (refused replay, error release, leak after DW), in order."""
-    facts = _Facts(trace.events)
+    facts = _Facts(trace, trace.events)
     found = (_diagnose(facts, h) for h in facts.by_handle)
     return [d for d in found if not d.ok]
