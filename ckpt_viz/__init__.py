@@ -27,6 +27,8 @@ from ckpt_viz.trace.index import TraceIndex, event_column
 from ckpt_viz.render.perfetto import render_perfetto
 from ckpt_viz.render.routing import render_routing, routing_at
 from ckpt_viz.render.text import format_event, render_text
+from ckpt_viz.run.obtain import RunRequest, obtain_trace
+from ckpt_viz.trace.cache import derived
 from ckpt_viz.trace import Trace
 
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
@@ -72,10 +74,12 @@ __all__ = [
     "HandleReleasedError",
     "PhaseNotSetError",
     "Recording",
+    "RunRequest",
     "Trace",
     "TraceError",
     "TraceIndex",
     "build_builtin",
+    "derived",
     "diagnose",
     "diagnose_all",
     "event_column",
@@ -84,6 +88,7 @@ __all__ = [
     "format_bytes",
     "format_event",
     "memory_peak",
+    "obtain_trace",
     "record",
     "record_in_subprocess",
     "render_graph",

@@ -1,10 +1,10 @@
 """The run on show: `RunConfig` (what to show), the one cached loader, and `current()` for the pages.
 
-`load_run(config)` records or reads a run once and keeps its trace, its `TraceIndex` or its
-error. Pages call `current()`, then the cursor (cursor.py), then renderers. The sidebar that
-builds the `RunConfig` is in source.py. No torch at import: built-in models run through
-`ckpt_viz.run_scenario` and model files through `ckpt_viz.record_in_subprocess`, each
-imported on first use, so a saved trace opens without torch.
+`load_run(config)` records or reads a run once, through `ckpt_viz.obtain_trace` (the same
+dispatch as `ckpt-viz record`), and keeps its trace, its `TraceIndex` or its error. Pages call
+`current()`, then the cursor (cursor.py), then renderers. The sidebar that builds the
+`RunConfig` is in source.py. No torch at import: `obtain_trace` loads it only for a built-in
+run, so a saved trace opens without torch.
 
 NOTE [ Big traces ]
   1. A loaded trace keeps its events as columns (ckpt_viz.trace, NOTE [ Rows stored as
@@ -12,6 +12,10 @@ NOTE [ Big traces ]
      `TraceIndex` once, `Run.cached` computes whole-trace figures once per trace, and
      the per-cursor views of a big trace read `cursor.window(...)`: the events around
      the cursor.
+  3. Every figure derived from a trace is cached by the trace object, never by the run's
+     settings (`Run.cached` goes through `ckpt_viz.derived`, as the renderers do). When
+     the loader's cache drops a source and it is recorded or read again, its figures are
+     computed again from the trace on show: the chart and the tables cannot disagree.
   2. For a trace read from a file (or from the sandbox child), the loader pauses the
      cyclic garbage collector while it builds, then freezes (gc.freeze) what it built.
      A million-event trace holds a million `data` dicts, and every full collection
@@ -31,7 +35,7 @@ from typing import Any, Callable, Iterator
 
 import streamlit as st
 
-from ckpt_viz import CkptVizError, Trace, TraceIndex, event_column
+from ckpt_viz import CkptVizError, RunRequest, Trace, TraceIndex, derived, event_column, obtain_trace
 
 DEFAULT_MODE = "split-reentrant"
 CONFIG = "run_config"  # the session key of the sidebar's RunConfig
@@ -67,6 +71,12 @@ class RunConfig:
         return replace(self, mode=mode)
 
     @property
+    def request(self) -> RunRequest:
+        """What `obtain_trace` runs or reads for this config (memory and graphs always on)."""
+        return RunRequest(self.source, self.target, mode=self.mode, schedule=self.schedule,
+                          microbatches=self.microbatches, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+
+    @property
     def label(self) -> str:
         if self.source == "trace":
             return Path(self.target).name
@@ -85,10 +95,14 @@ class Run:
     marks: dict[str, list[int]] = field(default_factory=dict)  # jump name -> event positions
 
     def cached(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(self.trace, *args)`, computed once per trace (args must be hashable plain values)."""
+        """`fn(self.trace, *args)`, computed once per trace object (See NOTE [ Big traces ], rule 3).
+
+        `args` must be plain values with a stable repr; the result must not refer to the trace.
+        """
         code = getattr(fn, "__code__", None)
         where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
-        return _derived(self.config, f"{fn.__module__}.{fn.__qualname__}@{where}", args, fn, self.trace)
+        name = f"app:{fn.__module__}.{fn.__qualname__}@{where}{args!r}"
+        return derived(self.trace, name, lambda trace: fn(trace, *args))
 
 
 @dataclass(frozen=True)
@@ -98,21 +112,6 @@ class Loaded:
 
 
 # -- the loader --
-
-
-def _record(config: RunConfig) -> Trace:
-    extra = {"schedule": config.schedule, "microbatches": config.microbatches} if config.mode == "pipeline" else {}
-    if config.source == "builtin":
-        from ckpt_viz import build_builtin, run_scenario  # torch: first use
-
-        return run_scenario(build_builtin(config.target), config.mode, memory=True, graphs=True, **extra)
-    if config.source == "user":
-        from ckpt_viz import EXTRA_KEYS, record_in_subprocess
-
-        extra.update({k: True for k in ("memory", "graphs") if k in EXTRA_KEYS})  # when the sandbox takes them
-        return record_in_subprocess(config.target, config.mode, timeout_s=config.timeout_s,
-                                    memory_mb=config.memory_mb, extra=extra)
-    return Trace.load(config.target)
 
 
 def _marks(trace: Trace) -> dict[str, list[int]]:
@@ -131,7 +130,7 @@ def load_run(config: RunConfig) -> Loaded:
         # A file's trace may be huge (See NOTE [ Big traces ], rule 2); a built-in run is small and makes
         # torch garbage that the collector must still see.
         with _gc_paused() if config.source != "builtin" else contextlib.nullcontext():
-            trace = _record(config)
+            trace = obtain_trace(config.request)
             return Loaded(run=Run(config, trace, TraceIndex(trace), _marks(trace)))
     except Exception as err:  # noqa: BLE001  shown on the page; the app keeps working
         return Loaded(error=err)
@@ -147,11 +146,6 @@ def _gc_paused() -> Iterator[None]:
         gc.freeze()  # what was just built is long-lived: keep it out of every later collection
         if enabled:
             gc.enable()
-
-
-@st.cache_resource(max_entries=64, show_spinner="Computing…")
-def _derived(config: RunConfig, name: str, args: tuple, _fn: Callable[..., Any], _trace: Trace) -> Any:
-    return _fn(_trace, *args)
 
 
 # -- what the pages call --

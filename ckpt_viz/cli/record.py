@@ -1,4 +1,4 @@
-"""`ckpt-viz record`: record a built-in run or a sandboxed model file, with progress on stderr."""
+"""`ckpt-viz record`: record a built-in run or a sandboxed model file (through `obtain_trace`), with progress on stderr."""
 from __future__ import annotations
 
 import argparse
@@ -53,30 +53,26 @@ class _Progress:
 
 
 def record_command(args: argparse.Namespace) -> int:
-    from ckpt_viz import bus
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
     from ckpt_viz.run.zoo import BUILTIN_MODELS, build_builtin
 
-    extra = {"schedule": args.schedule, "microbatches": args.microbatches, "seed": args.seed,
-             "memory": not args.no_memory, "graphs": not args.no_graphs}
-    if args.model in BUILTIN_MODELS:
-        from ckpt_viz.run.scenarios import run_scenario
-
-        spec = build_builtin(args.model, seed=args.seed)
+    builtin = args.model in BUILTIN_MODELS
+    request = RunRequest("builtin" if builtin else "user", args.model, mode=args.mode, schedule=args.schedule,
+                         microbatches=args.microbatches, seed=args.seed, memory=not args.no_memory,
+                         graphs=not args.no_graphs, timeout_s=args.timeout, memory_mb=args.memory_mb)
+    if builtin:
         total = None  # the bar shows a percentage when the number of actions is known: a pipeline run
-        if args.mode == "pipeline" and spec.stages:
-            from ckpt_viz.run.pipeline import make_schedule
+        stages = build_builtin(args.model, seed=args.seed).stages
+        if args.mode == "pipeline" and stages:
+            from ckpt_viz.run.schedules import make_schedule
 
-            total = sum(map(len, make_schedule(args.schedule, len(spec.stages), args.microbatches).values()))
+            total = sum(map(len, make_schedule(args.schedule, len(stages), args.microbatches).values()))
         progress = _Progress(total)
-        unsubscribe = bus.subscribe(progress)
         try:
-            trace = run_scenario(spec, args.mode, **extra)
+            trace = obtain_trace(request, listen=progress)
         finally:
-            unsubscribe()
             progress.close()
     else:
-        from ckpt_viz.usermodel.sandbox import record_in_subprocess
-
         stop = threading.Event()
         started = time.monotonic()
 
@@ -89,8 +85,7 @@ def record_command(args: argparse.Namespace) -> int:
         ticker = threading.Thread(target=tick, daemon=True)
         ticker.start()
         try:
-            trace = record_in_subprocess(args.model, args.mode, timeout_s=args.timeout, memory_mb=args.memory_mb,
-                                         extra=extra)
+            trace = obtain_trace(request)
         finally:
             stop.set()
             ticker.join()

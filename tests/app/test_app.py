@@ -333,3 +333,50 @@ def test_bench_app_runs_on_a_small_trace() -> None:
     assert "first page (load + index + Overview)" in proc.stdout
     assert proc.stdout.count("cursor -1 (step button)") == len(PAGES)
     assert "error on the page" not in proc.stdout
+
+
+# 6. Every figure comes from the trace on show, however many sources were opened before.
+
+
+def _memory_page_peaks(at: AppTest) -> tuple[str, str]:
+    """The Memory page's peak as the chart's subtitle says it, and as the table's metric says it."""
+    at.switch_page("views/memory.py").run()
+    assert not _errors(at), _errors(at)
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    subtitles = [s["title"]["subtitle"][0] for s in specs if isinstance(s.get("title"), dict)]
+    assert len(subtitles) == 1, specs
+    return subtitles[0], _metric(at, "Total at the peak")
+
+
+def test_chart_and_table_agree_after_more_than_16_sources(tmp_path: Path) -> None:
+    import os
+
+    from ckpt_viz import format_bytes, memory_peak
+
+    first = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
+    second = run_scenario(build_builtin("transformer"), "split-reentrant", memory=True, graphs=True)
+    first_peak, second_peak = (format_bytes(memory_peak(t)["total"]) for t in (first, second))
+    assert first_peak != second_peak
+    first.save(tmp_path / "first.json")
+    second.save(tmp_path / "second.json")
+    texts = [(tmp_path / name).read_bytes() for name in ("first.json", "second.json")]
+    size = max(map(len, texts))
+    texts = [t + b" " * (size - len(t)) for t in texts]  # same size: the source's settings cannot tell them apart
+    shown = tmp_path / "shown.json"
+    shown.write_bytes(texts[0])
+    stamp = os.stat(shown).st_mtime_ns
+
+    at = _app(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(shown))
+    subtitle, metric = _memory_page_peaks(at)
+    assert subtitle.startswith(f"peak {first_peak}:") and metric == first_peak
+    for i in range(16):  # the loader keeps 16 runs: `shown` is dropped and read again below
+        other = tmp_path / f"other{i}.json"
+        other.write_bytes(texts[0])
+        at.text_input(key="src_trace_path").set_value(str(other)).run()
+        assert not _errors(at), _errors(at)
+    shown.write_bytes(texts[1])
+    os.utime(shown, ns=(stamp, stamp))
+    at.text_input(key="src_trace_path").set_value(str(shown)).run()
+    subtitle, metric = _memory_page_peaks(at)
+    assert subtitle.startswith(f"peak {second_peak}:"), subtitle
+    assert metric == second_peak, f"the chart says {subtitle!r}, the table says {metric!r}"

@@ -1,0 +1,87 @@
+"""`obtain_trace(request)`: the one way to get a trace, used by `ckpt-viz record` and the app.
+
+Owns `RunRequest` (what to run or read, and how) and the dispatch over its three sources:
+a built-in model (recorded here), a model file (recorded in the sandboxed child) and a
+saved trace (read). No torch at import: a built-in run imports the scenarios on first
+use, so opening a saved trace never loads torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ckpt_viz import bus
+from ckpt_viz.errors import CkptVizError
+from ckpt_viz.trace import Trace
+
+__all__ = ["SOURCES", "RunRequest", "obtain_trace"]
+
+SOURCES: tuple[str, ...] = ("builtin", "user", "trace")
+_API = "ckpt_viz.obtain_trace"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What to run (or read) and how.
+
+    Attributes:
+        source: "builtin" (a model of `BUILTIN_MODELS`), "user" (a model file, run in a
+            sandboxed child) or "trace" (a saved trace file).
+        target: the built-in model's name, the model reference "file.py:factory", or the trace file path.
+        mode: one of `MODES` (not used for a saved trace).
+        schedule, microbatches: for mode "pipeline".
+        seed: the RNG seed of the run (and of the built-in model's weights).
+        memory, graphs: record memory samples and graph snapshots.
+        timeout_s, memory_mb: the sandbox's limits for a model file.
+    """
+
+    source: str
+    target: str
+    mode: str = "split-reentrant"
+    schedule: str = "1F1B"
+    microbatches: int = 2
+    seed: int = 0
+    memory: bool = True
+    graphs: bool = True
+    timeout_s: float = 60.0
+    memory_mb: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise CkptVizError(f"{_API}: unknown source {self.source!r}; expected one of "
+                               f"{', '.join(map(repr, SOURCES))}.\nTip: 'builtin' runs a model of BUILTIN_MODELS, "
+                               "'user' a model file, 'trace' reads a saved trace.")
+
+
+def obtain_trace(request: RunRequest, *, listen: Callable[[Any], None] | None = None) -> Trace:
+    """Record the run `request` describes, or read its saved trace.
+
+    Args:
+        request: what to run or read.
+        listen: called with every event while a built-in run records (a progress display).
+
+    Raises:
+        CkptVizError: an unknown model, mode or schedule; the sandbox's errors for a model
+            file; TraceError for a trace file that cannot be read.
+    """
+    if request.source == "trace":
+        return Trace.load(request.target)
+    if request.source == "user":
+        from ckpt_viz.usermodel.sandbox import EXTRA_KEYS, record_in_subprocess
+
+        extra = {"seed": request.seed, "microbatches": request.microbatches, "schedule": request.schedule,
+                 "memory": request.memory, "graphs": request.graphs}
+        return record_in_subprocess(request.target, request.mode, timeout_s=request.timeout_s,
+                                    memory_mb=request.memory_mb, extra={k: v for k, v in extra.items()
+                                                                        if k in EXTRA_KEYS})
+    from ckpt_viz.run.scenarios import run_scenario  # torch: first use
+    from ckpt_viz.run.zoo import build_builtin
+
+    spec = build_builtin(request.target, seed=request.seed)
+    unsubscribe = bus.subscribe(listen) if listen is not None else None
+    try:
+        return run_scenario(spec, request.mode, seed=request.seed, microbatches=request.microbatches,
+                            schedule=request.schedule, memory=request.memory, graphs=request.graphs)
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()
