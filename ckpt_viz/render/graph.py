@@ -43,22 +43,26 @@ NODE_COLOURS: dict[str, str] = {
 }
 _NODE_SHAPES: dict[str, str] = {"backward": "box", "leaf": "box", "input": "ellipse", "trigger": "diamond",
                                 "checkpoint": "box3d", "block": "folder"}
-STATE_COLOURS: dict[str, str] = {
+STATE_COLOURS: dict[str, str] = {  # one per `ckpt_viz.trace.lifecycle.STATES`, in its order
     "not_created": "#ffffff",
     "recorded": "#fff7bc",
+    "phase_dx": "#deebf7",
+    "phase_dw": "#fee6ce",
     "replaying": "#fdd0a2",
     "replayed": "#c7e9c0",
+    "retained": "#e5f5e0",
     "released": "#f0f0f0",
-    "node_collected": "#fcbba1",
+    "collected": "#fcbba1",
 }
-_DASHED_STATES = {"not_created", "released", "node_collected"}
+_DASHED_STATES = {"not_created", "released", "collected"}
 EDGE_COLOURS: dict[str, str] = {"dx": "#2171b5", "dw": "#e6550d", "both": "#756bb1", "none": "#bdbdbd"}
 
 GRAPH_LEGEND = "\n".join([
     "Grey box: backward node. Blue box: parameter (with its shape). Green oval: input tensor.",
     "Orange diamond: backward trigger of a split handle. Yellow 3-D box: checkpoint node.",
-    "Cluster h<id> · <state>: one checkpoint region; yellow recorded, orange replaying, green replayed,",
-    "grey dashed released, red dashed node_collected.",
+    "Cluster h<id> · <state>: one checkpoint region, in the states of the Handles page; yellow recorded,",
+    "light blue phase_dx, light orange phase_dw, orange replaying, green replayed, pale green retained,",
+    "grey dashed released, red dashed collected.",
     "Edges: blue reached by DX (input grads), orange reached by DW (weight grads), purple both, grey neither.",
     "Folder \"Block xN\": N identical regions drawn as one node.",
 ])
@@ -131,8 +135,9 @@ def render_graph(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = 
 
     Args:
         snapshot: the graph (see `ckpt_viz.probe.graph.capture_graph`).
-        states: handle id -> state at the cursor (`TraceIndex.handle_states`); without it
-            the state comes from the checkpoint node's own flags.
+        states: handle id -> state at the cursor (`Lifecycle.states_at`, one of
+            `ckpt_viz.trace.lifecycle.STATES`); without it the state comes from the
+            checkpoint node's own flags.
         collapse: collapse runs of identical regions (see NOTE [ Collapsing repeated blocks ]).
         rankdir: "TB" (loss at the top) or "LR".
         collapse_above: collapse only graphs with more nodes than this.

@@ -159,3 +159,14 @@ def test_torchviz_view_is_plain() -> None:
 @pytest.mark.parametrize("rankdir", ["TB", "LR"])
 def test_rankdir_is_passed_through(rankdir: str) -> None:
     assert f'rankdir="{rankdir}"' in render_graph(block_snapshot(1), rankdir=rankdir)
+
+
+def test_every_lifecycle_state_has_a_region_colour_and_the_legend_names_it() -> None:
+    from ckpt_viz.trace.lifecycle import STATES
+
+    assert tuple(STATE_COLOURS) == STATES
+    for state in STATES[1:]:
+        assert state in GRAPH_LEGEND
+    dot = render_graph(block_snapshot(2, replay=True), states={0: "retained", 1: "collected"})
+    assert f'fillcolor="{STATE_COLOURS["retained"]}"' in dot and 'label="h1 · collected"' in dot
+    assert 'style="filled,dashed"' in dot[dot.index("subgraph cluster_h1 {"):]
