@@ -495,3 +495,10 @@ def test_a_refusal_error_without_a_recorded_release_names_the_code_it_carries() 
          code="session_cleared_early")
     d = diagnose(b.trace(), 0)
     assert d.code == "session_cleared_early" and d.refused_event.seq == 1 and d.release_event is None
+
+
+def test_the_readme_lists_the_codes_of_the_table() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme.split("| code | cause |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", table, flags=re.MULTILINE)
+    assert rows == [(code, d.cause) for code, d in DIAGNOSIS_CODES.items()]
