@@ -1,7 +1,7 @@
 """The `ckpt-viz` command line (also `python -m ckpt_viz`).
 
     ckpt-viz record MODEL --mode split-reentrant -o trace.json   record a run (progress on stderr)
-    ckpt-viz info trace.json                                       handles, replays, peak memory, problems
+    ckpt-viz info trace.json [--at SEQ]                            handles, replays, states, peak memory, problems
     ckpt-viz export trace.json --perfetto out.json                 Chrome trace format for Perfetto
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="summarize a trace file")
     info.add_argument("trace")
+    info.add_argument("--at", type=int, metavar="SEQ", help="count the handle states at this event seq (default: end)")
     info.set_defaults(run=info_command)
 
     export = sub.add_parser("export", help="convert a trace file")

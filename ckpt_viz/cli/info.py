@@ -5,10 +5,14 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-__all__ = ["export_command", "info_command", "summarize"]
+from ckpt_viz.trace.cache import event_column
+from ckpt_viz.trace.lifecycle import STATE_MEANINGS, lifecycle
+
+__all__ = ["export_command", "handle_states_block", "info_command", "summarize"]
 
 
 def _fmt_bytes(n: float) -> str:
@@ -19,34 +23,40 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def summarize(trace: Any) -> str:
-    """The text `ckpt-viz info` prints: handles, replays, releases, peak memory by category, problems."""
+def handle_states_block(trace: Any, at: int | None = None) -> list[str]:
+    """The summary's "handle states" lines: how many handles are in each state at `at`, with its meaning."""
+    head = f"handle states at {'the end' if at is None else f'event {at}'}:"
+    return [head, *(f"  {state:<12} {n:>6}  {STATE_MEANINGS[state]}"
+                    for state, n in lifecycle(trace).counts_at(at).items())]
+
+
+def summarize(trace: Any, *, at: int | None = None) -> str:
+    """The text `ckpt-viz info` prints: handles, replays, releases, states, peak memory by category, problems.
+
+    Handle figures come from `ckpt_viz.trace.lifecycle`, as in the app: a non-reentrant frame
+    counts as released (reason consumed or session_cleared) though no `released` event names it.
+
+    Args:
+        at: the event seq of the "handle states" block (inclusive); None: the end of the trace.
+    """
     meta = trace.meta or {}
     lines = [f"model {meta.get('model', '?')}  mode {meta.get('mode', '?')}"
              + (f"  schedule {meta['schedule']}" if meta.get("schedule") else ""),
              f"{len(trace.events)} events, {len(trace.memory)} memory samples, {len(trace.graphs)} graph snapshots"]
-    created: dict[int, str] = {}
-    replays: dict[int, int] = {}
-    reasons: dict[int, str] = {}
-    kinds: dict[str, int] = {}
-    for e in trace.events:
-        kinds[e.kind] = kinds.get(e.kind, 0) + 1
-        if e.kind == "handle_created":
-            created[e.handle_id] = e.mode or "?"
-        elif e.kind == "replay_started":
-            replays[e.handle_id] = replays.get(e.handle_id, 0) + 1
-        elif e.kind == "released":
-            reasons[e.handle_id] = e.data.get("reason", "?")
-    lines.append(f"handles: {len(created)} "
-                 f"({', '.join(f'{m} {list(created.values()).count(m)}' for m in sorted(set(created.values())))})")
-    if created:
-        counts = sorted(set(replays.get(h, 0) for h in created))
-        lines.append(f"replays per handle: {', '.join(f'{c} x{[replays.get(h, 0) for h in created].count(c)}' for c in counts)}"
-                     f"  (total {sum(replays.values())})")
-        by_reason: dict[str, int] = {}
-        for h in created:
-            by_reason[reasons.get(h, "not released")] = by_reason.get(reasons.get(h, "not released"), 0) + 1
+    life = lifecycle(trace)
+    handles = life.handle_ids
+    modes = event_column(trace, "mode")
+    by_mode = Counter(modes[life.first_position(h)] or "?" for h in handles)
+    lines.append(f"handles: {len(handles)} ({', '.join(f'{m} {n}' for m, n in sorted(by_mode.items()))})")
+    if handles:
+        replays = Counter(life.replays(h) for h in handles)
+        lines.append(f"replays per handle: {', '.join(f'{c} x{n}' for c, n in sorted(replays.items()))}"
+                     f"  (total {sum(life.replays(h) for h in handles)})")
+        final = life.states_at(None)
+        by_reason = Counter(life.reason_at(h, None) or "?" if final[h] == "released" else "not released"
+                            for h in handles)
         lines.append("released: " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items())))
+        lines.extend(handle_states_block(trace, at))
     if trace.memory:
         peak = max(trace.memory, key=lambda s: sum(s.bytes_by_category.values()))
         total = sum(peak.bytes_by_category.values())
@@ -54,6 +64,7 @@ def summarize(trace: Any) -> str:
         for category, nbytes in sorted(peak.bytes_by_category.items(), key=lambda kv: -kv[1]):
             if nbytes:
                 lines.append(f"  {category:<20} {_fmt_bytes(nbytes):>12}")
+    kinds = Counter(event_column(trace, "kind"))
     lines.append("events: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
     from ckpt_viz.diagnose import diagnose_all
 
@@ -66,7 +77,7 @@ def summarize(trace: Any) -> str:
 def info_command(args: argparse.Namespace) -> int:
     from ckpt_viz.trace import Trace
 
-    print(summarize(Trace.load(args.trace)))
+    print(summarize(Trace.load(args.trace), at=getattr(args, "at", None)))
     return 0
 
 

@@ -80,6 +80,27 @@ def test_summary_counts_replays_and_reasons() -> None:
     text = summarize(run_scenario(build_builtin("mlp"), "reentrant"))
     assert "replays per handle: 1 x4  (total 4)" in text
     assert "released: ordinary_backward_complete 4" in text
+    assert "handle states at the end:\n  released          4  Its rebuilt activations are freed" in text
+
+
+def test_summary_counts_nonreentrant_frames_released_without_a_released_event(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ckpt_viz.run.scenarios import run_scenario
+    from ckpt_viz.run.zoo import build_builtin
+
+    trace = run_scenario(build_builtin("mlp"), "split-nonreentrant")
+    assert trace.count("released") == 0
+    text = summarize(trace)
+    assert "handles: 4 (nonreentrant 4)" in text and "released: consumed 4" in text
+    assert "handle states at the end:\n  released          4  " in text
+    # After DX's retaining session every frame keeps its recomputed tensors; --at counts them there.
+    dx_end = [e.seq for e in trace.events if e.kind == "session_deactivated"][0]
+    trace.save(tmp_path / "t.json")
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "t.json"), "--at", str(dx_end)]) == 0
+    out = capsys.readouterr().out
+    assert f"handle states at event {dx_end}:\n  retained          4  Re-run and kept after use" in out
+    assert "released: consumed 4" in out  # the release figures are the whole run's
 
 
 def test_errors_are_messages_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
