@@ -101,6 +101,16 @@ def test_a_run_records_the_same_trace_in_a_second_process(model: str, mode: str,
     assert here == there, first_difference(here, there)
 
 
+def test_a_split_nonreentrant_run_has_its_own_session_shown_by_a_local_name() -> None:
+    from ckpt_viz.run.harness import RunSession
+
+    one, other = RunSession("step"), RunSession("step")
+    assert one == one and one != other and len({one, other}) == 2  # two runs never share a session
+    trace = run_scenario(build_builtin("mlp"), "split-nonreentrant")
+    assert {e.session_id for e in trace.events if e.session_id is not None} == {"step"}
+    assert trace.count("session_activated") >= 1
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_eight_concurrent_runs_on_threads_give_the_solo_traces(mode: str) -> None:
     models = [model for model, m in RUNS if m == mode]
