@@ -1,17 +1,53 @@
-"""The event bus: where the runtime's facts go.
+"""The event bus: where the runtime's facts go, and which recordings they reach.
 
-Owns `subscribe`, `emit`, user tags and call-site capture. Standard library only;
-it never imports torch or any UI.
+Owns `subscribe`, `emit`, the recording scopes (channels), user tags and call-site
+capture. Standard library only; it never imports torch or any UI.
 
 NOTE [ Cost with nobody listening ]
   1. Every hook point in the runtime is written `if bus.enabled: bus.emit(...)`.
      `enabled` is a plain module attribute that is True only while at least one
-     subscriber is attached, so with nothing subscribed a hook point costs one
-     attribute read and a branch: no Event object, no string formatting, no
-     stack walk (spec D8).
-  2. Call sites (`file:line` of the user's code) are captured only inside
-     `emit`, that is, only while somebody listens.
-  3. A subscriber that raises propagates into the runtime; it is not swallowed.
+     subscriber is attached or one channel (a recording) is open anywhere in the
+     process, so with nobody listening a hook point costs one attribute read and a
+     branch: no Event object, no string formatting, no stack walk (spec D8).
+  2. While a recording is open on another thread but none here, a hook point does
+     reach `emit`, which finds no listener for this context and returns None before
+     building anything (a ContextVar read and the launch-context check of NOTE
+     [ Recording scopes ], rule 5).
+  3. Call sites (`file:line` of the user's code) are captured only inside `emit`,
+     that is, only while somebody listens here.
+  4. A subscriber that raises propagates into the runtime; it is not swallowed.
+
+NOTE [ Recording scopes ]
+  1. A *channel* is one scoped listener with its own seq counter (a recording owns
+     one). `open_channel(fn)` adds it to the scope of the current context, a
+     ContextVar holding the open channels innermost last; `Channel.close()` removes
+     exactly that channel again. Removal is by identity, never a ContextVar token
+     reset, so closing out of order, or with an exception escaping, leaves every
+     other channel as it was (the outer sees both, the inner its own events).
+  2. `emit` builds one Event per channel, numbered by that channel from seq 0, and
+     returns the innermost channel's Event (so a seq the runtime quotes back, such
+     as `last_release_seq`, is in the numbering of the innermost recording). Global
+     subscribers (`subscribe`) share one process-wide counter and see every event
+     of every context (the CLI's progress bar uses one).
+  3. Nested channels share the outermost one's `Scope.shared` dict: per-recording
+     state that must be the same for all of them (the runtime's handle numbering).
+  4. Threads do not inherit a scope: a `threading.Thread` starts with an empty
+     context (Python's default), so a thread started inside a recording reaches
+     it only when handed over explicitly: `scope = bus.current_scope()` on the
+     recording's thread, then `with bus.enter_scope(scope):` on the other thread
+     (`Recording.attach()` does both). Inheriting would make two app sessions on
+     Streamlit threads, or any helper thread, leak into each other's traces.
+  5. Autograd worker threads: on CUDA the engine runs backward nodes on device
+     threads whose context is not the caller's. The runtime installs
+     `set_launch_context(fn)`, where `fn` returns the context of the code that
+     launched the running backward (torch carries a copy of it to the worker with
+     the graph task); `context_value` (and so `current_scope`, the tags, the memory
+     holders) falls back to it when this context has no value of its own. The
+     runtime's nodes that run a nested backward run in a copy of that context
+     (`ckpt_viz.runtime.handover`), so the nested pass carries it on.
+  6. `emit(..., scope=s)` sends to `s` instead of this context's scope when `s`
+     has an open channel (a handle's `node_collected`, which garbage collection may
+     run on any thread, goes to the recordings that saw the handle created).
 """
 from __future__ import annotations
 
@@ -22,12 +58,13 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from ckpt_viz.events import Event
 
-__all__ = ["Subscriber", "call_site", "current_tags", "emit", "emit_error", "enabled", "skip_frames_in", "subscribe",
-           "tag"]
+__all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
+           "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context", "subscribe", "tag"]
 
 
 class Subscriber(Protocol):
@@ -37,37 +74,178 @@ class Subscriber(Protocol):
 enabled: bool = False  # See NOTE [ Cost with nobody listening ], rule 1.
 
 _subscribers: tuple[Subscriber, ...] = ()
+_open_channels = 0
 _lock = threading.RLock()
 _seq = itertools.count()
 _TAGS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("ckpt_viz_tags", default={})
+_MISSING: Any = object()
+
+
+def _update_enabled() -> None:
+    global enabled
+    enabled = bool(_subscribers) or _open_channels > 0
 
 
 def subscribe(fn: Subscriber) -> Callable[[], None]:
-    """Attach `fn(event)` to every event emitted from now on.
+    """Attach `fn(event)` to every event emitted from now on, in every context.
 
     Returns:
         A function that detaches `fn` again (calling it twice is harmless).
     """
-    global enabled, _subscribers, _seq
+    global _subscribers, _seq
     if not callable(fn):
         raise TypeError(f"ckpt_viz.subscribe: expected a callable taking one Event, got {fn!r}.")
     with _lock:
         if not _subscribers:
             _seq = itertools.count()  # a fresh listener sees seq 0, 1, 2, ...
         _subscribers = (*_subscribers, fn)
-        enabled = True
+        _update_enabled()
 
     def unsubscribe() -> None:
-        global enabled, _subscribers
+        global _subscribers
         with _lock:
             remaining = list(_subscribers)
             if fn in remaining:
                 remaining.remove(fn)
             _subscribers = tuple(remaining)
-            enabled = bool(_subscribers)
+            _update_enabled()
 
     return unsubscribe
 
+
+# ---------------------------------------------------------------- scopes
+
+class Channel:
+    """One scoped listener: its own seq from 0; see NOTE [ Recording scopes ]."""
+
+    __slots__ = ("fn", "names", "is_open", "_seq", "_lock", "__weakref__")
+
+    def __init__(self, fn: Subscriber, names: Mapping[int, str] | None) -> None:
+        self.fn: Subscriber | None = fn
+        self.names = names or {}
+        self.is_open = True
+        self._seq = 0
+        self._lock = threading.RLock()
+
+    def _deliver(self, fields: dict[str, Any]) -> Event | None:
+        with self._lock:  # seq order is delivery order, also when two threads emit into one channel
+            fn = self.fn
+            if fn is None:
+                return None
+            event = Event(seq=self._seq, **fields)
+            self._seq += 1
+            fn(event)
+            return event
+
+    def close(self) -> None:
+        """Stop receiving; remove this channel from the current context's scope (harmless twice)."""
+        global _open_channels
+        with _lock:
+            if not self.is_open:
+                return
+            self.is_open = False
+            self.fn = None  # a closed channel that a handle's scope still names keeps nothing alive
+            _open_channels -= 1
+            _update_enabled()
+        own = _SCOPE.get()
+        if own is not None and self in own.channels:
+            rest = tuple(c for c in own.channels if c is not self)
+            _SCOPE.set(Scope(channels=rest, shared=own.shared) if rest else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The channels code running here belongs to (innermost last), and the state they share."""
+
+    channels: tuple[Channel, ...] = ()
+    shared: dict[str, Any] = field(default_factory=dict)
+
+    def is_open(self) -> bool:
+        return any(c.is_open for c in self.channels)
+
+
+_EMPTY = Scope()
+_SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("ckpt_viz_scope", default=None)
+_launch_context: Callable[[], contextvars.Context | None] | None = None
+
+
+def set_launch_context(fn: Callable[[], contextvars.Context | None] | None) -> None:
+    """Install the reader of the context that launched the running backward; see NOTE [ Recording scopes ], rule 5."""
+    global _launch_context
+    _launch_context = fn
+
+
+def launch_context() -> contextvars.Context | None:
+    """The context of the code that launched the running backward, if the engine carries one here."""
+    reader = _launch_context
+    return reader() if reader is not None else None
+
+
+def context_value(var: contextvars.ContextVar[Any], default: Any = None) -> Any:
+    """`var`'s value in this context, else in the backward's launch context, else `default`."""
+    value = var.get(_MISSING)
+    if value is _MISSING or value is None:
+        launched = launch_context()
+        if launched is not None:
+            value = launched.get(var, value)
+    return default if value is _MISSING or value is None else value
+
+
+def current_scope() -> Scope:
+    """The recordings code running here belongs to (see NOTE [ Recording scopes ]); empty if none."""
+    own = _SCOPE.get()
+    if own is not None and own.is_open():
+        return own
+    launched = launch_context()
+    if launched is not None:
+        carried = launched.get(_SCOPE)
+        if carried is not None and carried.is_open():
+            return carried
+    return _EMPTY
+
+
+def open_channel(fn: Subscriber, *, names: Mapping[int, str] | None = None) -> Channel:
+    """Open a channel for `fn` in the current context, inside the channels already open here.
+
+    Args:
+        fn: called with each Event the code of this context emits, numbered from seq 0.
+        names: id(object) -> name (a recording's parameter names; see `name_of`).
+
+    Returns:
+        The channel; `close()` it when done.
+    """
+    global _open_channels
+    channel = Channel(fn, names)
+    base = current_scope()
+    channels = tuple(c for c in base.channels if c.is_open)
+    _SCOPE.set(Scope(channels=(*channels, channel), shared=base.shared if channels else {}))
+    with _lock:
+        _open_channels += 1
+        _update_enabled()
+    return channel
+
+
+@contextlib.contextmanager
+def enter_scope(scope: Scope) -> Iterator[Scope]:
+    """Make code in the block belong to `scope`'s recordings, e.g. on a thread handed a recording."""
+    token = _SCOPE.set(scope if scope.channels else None)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
+
+def name_of(obj: Any) -> str | None:
+    """The name the innermost recording of this context gives `obj` (a parameter's qualified name), or None."""
+    key = id(obj)
+    for channel in reversed(current_scope().channels):
+        name = channel.names.get(key)
+        if name is not None:
+            return name
+    return None
+
+
+# ---------------------------------------------------------------- emitting
 
 def emit(
     kind: str,
@@ -79,30 +257,34 @@ def emit(
     site: str | None = None,
     capture_site: bool = True,
     data: Mapping[str, Any] | None = None,
+    scope: Scope | None = None,
 ) -> Event | None:
-    """Build one Event and hand it to every subscriber; return it (None if nobody listens)."""
+    """Build the Event for every listener of this context and hand it over; see NOTE [ Recording scopes ].
+
+    Returns:
+        The innermost recording's Event (a global subscriber's if no recording
+        listens here), or None if nobody listens.
+    """
     subscribers = _subscribers
-    if not subscribers:
+    if scope is None or not scope.is_open():
+        scope = current_scope()
+    channels = scope.channels
+    if not subscribers and not channels:
         return None
     if site is None and capture_site:
         site = call_site()
-    with _lock:
-        seq = next(_seq)
-        event = Event(
-            seq=seq,
-            t_ns=time.monotonic_ns(),
-            kind=kind,
-            handle_id=handle_id,
-            mode=mode,
-            phase=phase,
-            session_id=_json_session_id(session_id),
-            tags=_TAGS.get(),
-            site=site,
-            thread_id=threading.get_ident(),
-            data=data or {},
-        )
-        for fn in subscribers:
-            fn(event)
+    fields = {"t_ns": time.monotonic_ns(), "kind": kind, "handle_id": handle_id, "mode": mode, "phase": phase,
+              "session_id": _json_session_id(session_id), "tags": context_value(_TAGS, {}), "site": site,
+              "thread_id": threading.get_ident(), "data": data or {}}
+    event = None
+    if subscribers:
+        with _lock:
+            event = Event(seq=next(_seq), **fields)
+            for fn in subscribers:
+                fn(event)
+    for channel in channels:
+        delivered = channel._deliver(fields)
+        event = delivered if delivered is not None else event
     return event
 
 
@@ -131,7 +313,7 @@ def _json_session_id(session_id: Any) -> Any:
 @contextlib.contextmanager
 def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
     """Tag every event emitted inside the block, e.g. `with tag(stage=0, microbatch=3):`."""
-    merged = {**_TAGS.get(), **tags}
+    merged = {**context_value(_TAGS, {}), **tags}
     token = _TAGS.set(merged)
     try:
         yield merged
@@ -140,8 +322,8 @@ def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
 
 
 def current_tags() -> Mapping[str, Any]:
-    """The tags open in this context."""
-    return _TAGS.get()
+    """The tags open in this context (on an autograd worker: those of the code that launched the backward)."""
+    return context_value(_TAGS, {})
 
 
 # ---------------------------------------------------------------- call sites

@@ -1,13 +1,13 @@
 """`record()`: capture what the runtime emits while a block runs, with memory and graphs on request.
 
-Owns the `Recording` context manager. It imports torch only when memory or graph
-capture is asked for (then through `probe_memory` / `probe_graph`), so opening a
-saved trace never needs torch.
+Owns the `Recording` context manager and the reference-counted autograd watch. It
+imports torch when a block opens (the watch; memory and graphs through
+`ckpt_viz.probe`), never at import, so opening a saved trace never needs torch.
 
 NOTE [ What a recording captures ]
   1. Events: every event emitted while the block is open, in order.
   2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
-     probe_memory.py) read right after every event; a `MemorySample` is stored
+     probe/memory.py) read right after every event; a `MemorySample` is stored
      when the reading differs from the previous one, so the memory at any event
      is that of the last sample at or before it (a step function).
   3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call
@@ -17,13 +17,29 @@ NOTE [ What a recording captures ]
      (`Tensor.backward` and the split helpers included), taken just before the
      call runs, plus any `rec.snapshot(tensors, label)` the user asks for.
      Snapshots never replay a checkpoint.
+  5. Scope: "in the block" means the code the block wraps: the context that
+     opened it (and the autograd work that code starts, also on the engine's
+     device threads), never another thread's code (NOTE [ Recording scopes ] in
+     bus.py). Recordings nest (the outer sees the inner's events too) and close in
+     any order. The `torch.autograd.backward` / `grad` watch is installed when the
+     first recording in the process opens and removed when the last one closes;
+     it acts only for the recordings of the calling context, so a closed
+     recording never snapshots again. Parameter names live in the recording (an
+     id -> name map beside its channel, read with `bus.name_of`), never on the
+     parameters. Each memory=True recording has its own probe; probes stack.
+  6. Hand-over: a thread started in the block does not inherit the recording.
+     `with rec.attach():` on that thread sends its events to `rec` (and to the
+     recordings `rec` is nested in), with handle ids from the same numbering.
+     Memory of that thread's own ops is not counted (the probe's dispatch mode is
+     per thread); samples are still taken at its events.
 """
 from __future__ import annotations
 
 import functools
-import sys
+import threading
+import weakref
 from types import TracebackType
-from typing import Any
+from typing import Any, ContextManager
 
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
@@ -33,8 +49,73 @@ from ckpt_viz.trace import MemorySample, Trace
 __all__ = ["Recording", "record"]
 
 
+_WATCH_LOCK = threading.Lock()
+_watchers = 0  # open recordings; the autograd watch is installed while this is > 0 (NOTE rule 5)
+_originals: dict[str, Any] = {}
+_BY_CHANNEL: "weakref.WeakKeyDictionary[bus.Channel, Recording]" = weakref.WeakKeyDictionary()
+
+
+def _open_here() -> list["Recording"]:
+    """The open recordings of the current context, outermost first."""
+    found = (_BY_CHANNEL.get(c) for c in bus.current_scope().channels if c.is_open)
+    return [r for r in found if r is not None]
+
+
+def _watched(name: str, original: Any, roots_keyword: str) -> Any:
+    """`torch.autograd.<name>` that snapshots and reports errors for the recordings of the calling context."""
+    import torch
+
+    @functools.wraps(original)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        recordings = _open_here() if bus.enabled else []
+        if not recordings or torch._C._current_graph_task_id() != -1:  # nobody here, or an inner (replay) pass
+            return original(*args, **kwargs)
+        for recording in recordings:
+            if recording.graphs:
+                count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
+                recording.snapshot(args[0] if args else kwargs.get(roots_keyword), f"before {name} #{count + 1}")
+        try:
+            return original(*args, **kwargs)
+        except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
+            bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph"), "code": error_code(exc)})
+            raise
+
+    watched._ckpt_viz_original = original  # type: ignore[attr-defined]
+    return watched
+
+
+def _watch_autograd() -> None:
+    global _watchers
+    import torch
+
+    import ckpt_viz.runtime.handover  # noqa: F401 (installs the engine hand-over: bus NOTE rule 5)
+
+    with _WATCH_LOCK:
+        if _watchers == 0:
+            for name, roots_keyword in (("backward", "tensors"), ("grad", "outputs")):
+                original = getattr(torch.autograd, name)
+                _originals[name] = original
+                setattr(torch.autograd, name, _watched(f"autograd.{name}", original, roots_keyword))
+        _watchers += 1
+
+
+def _unwatch_autograd() -> None:
+    global _watchers
+    import torch
+
+    with _WATCH_LOCK:
+        _watchers -= 1
+        if _watchers:
+            return
+        for name, original in _originals.items():
+            if getattr(getattr(torch.autograd, name), "_ckpt_viz_original", None) is original:
+                setattr(torch.autograd, name, original)
+            # else someone wrapped ours since: leave theirs; ours does nothing with no recording open
+        _originals.clear()
+
+
 class Recording:
-    """A context manager whose `.trace` holds what was emitted while it was open."""
+    """A context manager whose `.trace` holds what the code it wraps emitted while it was open."""
 
     def __init__(self, *, memory: bool = False, graphs: bool = False, model: Any = None,
                  tensors: Any = ()) -> None:
@@ -43,12 +124,12 @@ class Recording:
         self.graphs = graphs
         self.model = model
         self._tensors = tensors
-        self._unsubscribe: Any = None
+        self._channel: bus.Channel | None = None
+        self._scope: bus.Scope | None = None
+        self._watching = False
         self._probe: Any = None
         self._names: dict[int, str] = {}
-        self._restore: list[tuple[Any, str, Any]] = []
         self._last_reading: Any = None
-        self._named: list[Any] = []
 
     def _on_event(self, event: Event) -> None:
         self.trace.events.append(event)
@@ -60,8 +141,6 @@ class Recording:
                 self.trace.memory.append(MemorySample(seq=event.seq, t_ns=event.t_ns, bytes_by_category=totals,
                                                       device_allocated=device, by_stage=by_stage))
 
-    # ------------------------------------------------------------ graphs
-
     def snapshot(self, roots: Any, label: str) -> None:
         """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
         from ckpt_viz.probe.graph import capture_graph
@@ -69,57 +148,46 @@ class Recording:
         seq = self.trace.events[-1].seq if len(self.trace.events) else -1
         self.trace.graphs.append(capture_graph(roots, label=label, seq=seq, names=self._names))
 
-    def _patch_autograd(self) -> None:
-        """Watch top-level backward passes: snapshot them (graphs=True) and record PyTorch's own errors."""
-        import torch
+    def attach(self) -> ContextManager[bus.Scope]:
+        """Hand this open recording to another thread; see NOTE [ What a recording captures ], rule 6.
 
-        recording = self
-
-        def wrap(name: str, original: Any, roots_keyword: str) -> Any:
-            @functools.wraps(original)
-            def patched(*args: Any, **kwargs: Any) -> Any:
-                if torch._C._current_graph_task_id() != -1:  # an inner backward (a replay): not the user's pass
-                    return original(*args, **kwargs)
-                if recording.graphs:
-                    count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
-                    roots = args[0] if args else kwargs.get(roots_keyword)
-                    recording.snapshot(roots, f"before {name} #{count + 1}")
-                try:
-                    return original(*args, **kwargs)
-                except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
-                    bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph"),
-                                                    "code": error_code(exc)})
-                    raise
-
-            return patched
-
-        for name, roots_keyword in (("backward", "tensors"), ("grad", "outputs")):
-            original = getattr(torch.autograd, name)
-            self._restore.append((torch.autograd, name, original))
-            setattr(torch.autograd, name, wrap(f"autograd.{name}", original, roots_keyword))
+        Example:
+            def work():
+                with rec.attach():
+                    run_stage(x)          # its events reach `rec` (and the recordings around it)
+            with ckpt_viz.record() as rec:
+                t = threading.Thread(target=work); t.start(); t.join()
+        """
+        if self._channel is None or not self._channel.is_open or self._scope is None:
+            raise RecordingError("ckpt_viz.Recording.attach: this recording is not open.\n"
+                                 "Tip: call attach() while the record() block is running.")
+        return bus.enter_scope(self._scope)
 
     # ------------------------------------------------------------ lifetime
 
     def __enter__(self) -> "Recording":
-        if self._unsubscribe is not None:
-            raise RecordingError("ckpt_viz.record: this recording is already open.\nTip: use a new record() block.")
-        handles = sys.modules.get("ckpt_viz.runtime.reentrant_handle")  # loaded only if checkpoints ran here
-        if handles is not None and not bus.enabled:
-            handles.restart_handle_ids()  # a run recorded twice gets the same ids (only when none is alive)
-        if self.model is not None:
+        if self._channel is not None:
+            state = "open" if self._channel.is_open else "closed"
+            raise RecordingError(f"ckpt_viz.record: this recording is already {state} (a record() block runs "
+                                 "once).\nTip: use a new record() block.")
+        if self.model is not None:  # routing events name captured parameters (bus.name_of)
             self._names = {id(p): n for n, p in self.model.named_parameters()}
-            for name, param in self.model.named_parameters():  # routing events name captured parameters
-                param._ckpt_viz_name = name
-                self._named.append(param)
-        if self.memory:
-            from ckpt_viz.probe.memory import MemoryProbe
+        try:
+            if self.memory:
+                from ckpt_viz.probe.memory import MemoryProbe
 
-            params = list(self.model.parameters()) if self.model is not None else []
-            buffers = list(self.model.buffers()) if self.model is not None else []
-            self._probe = MemoryProbe(params=params, tensors=[*buffers, *_tensors_in(self._tensors)])
-            self._probe.__enter__()
-        self._patch_autograd()
-        self._unsubscribe = bus.subscribe(self._on_event)
+                params = list(self.model.parameters()) if self.model is not None else []
+                buffers = list(self.model.buffers()) if self.model is not None else []
+                self._probe = MemoryProbe(params=params, tensors=[*buffers, *_tensors_in(self._tensors)])
+                self._probe.__enter__()
+            _watch_autograd()
+            self._watching = True
+        except BaseException:
+            self._release(None, None, None)
+            raise
+        self._channel = bus.open_channel(self._on_event, names=self._names)
+        _BY_CHANNEL[self._channel] = self
+        self._scope = bus.current_scope()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -128,17 +196,19 @@ class Recording:
             if exc is not None:  # once: an error the runtime or an autograd call already reported is not repeated
                 bus.emit_error(exc, "record")
         finally:
-            self._unsubscribe()
-            self._unsubscribe = None
-            for owner, name, original in reversed(self._restore):
-                setattr(owner, name, original)
-            self._restore.clear()
-            for param in self._named:
-                del param._ckpt_viz_name
-            self._named.clear()
-            if self._probe is not None:
-                self._probe.__exit__(exc_type, exc, tb)
-                self._probe = None
+            if self._channel is not None:
+                self._channel.close()
+            self._release(exc_type, exc, tb)
+
+    def _release(self, *exc: Any) -> None:
+        try:
+            if self._watching:
+                self._watching = False
+                _unwatch_autograd()
+        finally:
+            probe, self._probe = self._probe, None
+            if probe is not None:
+                probe.__exit__(*exc)
 
 
 def _tensors_in(value: Any) -> list[Any]:

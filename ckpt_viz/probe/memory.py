@@ -23,9 +23,21 @@ NOTE [ Memory categories ]
      stage tag open when the hold began), else the stage that allocated them.
   5. Storages that existed before the probe started are registered from the
      parameters and tensors given to it, and from any tensor an op reads.
+  6. Probes stack. A context pushes one TorchDispatchMode and one saved-tensor
+     hook pair for all its probes (a `_Layer`) when its first probe opens, and pops
+     them when its last one closes, so nested probes each see every op and every
+     saved tensor, and closing them in any order pops torch's (LIFO) stacks once,
+     in order. Both stacks are thread-local (torch carries them to autograd worker
+     threads with the graph task), so a probe on another thread sees only its own
+     thread's ops; `memtags` holders are per context too.
+  7. No leak: a probe watches storages and owners through weakrefs it owns, whose
+     callbacks hold the probe only weakly (not `weakref.finalize`, whose registry
+     would keep every probe alive as long as a parameter lives). Closing the probe
+     drops its records, so a closed probe is freed with its recording.
 """
 from __future__ import annotations
 
+import contextvars
 import threading
 import weakref
 from typing import Any, Iterable
@@ -44,9 +56,10 @@ _RANK = {"checkpoint_inputs": 4, "excluded_outputs": 3, "replay_activations": 2,
 
 
 class _Storage:
-    __slots__ = ("nbytes", "holds", "stage", "device")
+    __slots__ = ("nbytes", "holds", "stage", "device", "ref")
 
     def __init__(self, nbytes: int, stage: Any, device: str) -> None:
+        self.ref: Any = None  # the weakref whose callback forgets this record
         self.nbytes = nbytes
         self.holds: dict[tuple[str, Any], int] = {}  # (category, stage) -> live holds
         self.stage = stage
@@ -70,24 +83,65 @@ class _Saved:
 
 
 class _Tracker(TorchDispatchMode):
-    def __init__(self, probe: "MemoryProbe") -> None:
+    """Registers every tensor an op reads or makes with each probe of its layer."""
+
+    def __init__(self, layer: "_Layer") -> None:
         super().__init__()
-        self.probe = probe
+        self.layer = layer
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        probe = self.probe
+        probes = self.layer.probes
         for value in tree_flatten((args, kwargs))[0]:
             if isinstance(value, torch.Tensor):
-                probe.register(value)
+                for probe in probes:
+                    probe.register(value)
         out = func(*args, **(kwargs or {}))
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
-                probe.register(value)
+                for probe in probes:
+                    probe.register(value)
         return out
 
 
 def _unpack(saved: _Saved) -> torch.Tensor:
     return saved.tensor
+
+
+class _Layer:
+    """The one dispatch mode and saved-tensor hook pair a context pushes for all its probes (NOTE rule 6)."""
+
+    def __init__(self) -> None:
+        self.probes: tuple[MemoryProbe, ...] = ()
+        self._mode = _Tracker(self)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def _pack(self, tensor: torch.Tensor) -> _Saved:
+        saved = _Saved(tensor.detach() if tensor.grad_fn is not None else tensor)
+        category = memtags.current() or "activations"
+        for probe in self.probes:
+            probe.hold(saved, tensor, category)
+        return saved
+
+    def push(self) -> None:
+        self._mode.__enter__()
+        try:
+            self._hooks.__enter__()
+        except BaseException:
+            self._mode.__exit__(None, None, None)
+            raise
+
+    def pop(self) -> None:
+        try:
+            self._hooks.__exit__(None, None, None)
+        finally:
+            self._mode.__exit__(None, None, None)
+
+
+_LAYER: contextvars.ContextVar[_Layer | None] = contextvars.ContextVar("ckpt_viz_memory_layer", default=None)
+
+
+class _StorageRef(weakref.ref):
+    __slots__ = ("key",)
 
 
 class MemoryProbe:
@@ -105,8 +159,23 @@ class MemoryProbe:
         self._param_ids: set[int] = set()
         self._param_storages: set[int] = set()
         self._pending = (list(params), list(tensors))
-        self._mode: _Tracker | None = None
-        self._hooks: Any = None
+        self._layer: _Layer | None = None
+        self._detach_holder: Any = None
+        me = weakref.ref(self)  # the callbacks below must not keep the probe alive (NOTE rule 7)
+
+        def storage_freed(ref: _StorageRef) -> None:
+            probe = me()
+            if probe is not None:
+                probe._forget(ref)
+
+        def owner_gone(ref: weakref.ref) -> None:
+            probe = me()
+            if probe is not None:
+                probe._release(ref)
+
+        self._storage_freed = storage_freed
+        self._owner_gone = owner_gone
+        self._holds: dict[int, tuple[weakref.ref, _Storage, tuple[str, Any]]] = {}  # id(ref) -> its hold
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
 
     # ------------------------------------------------------------ storages
@@ -124,16 +193,19 @@ class MemoryProbe:
                 record = self._live.get(key)
                 if record is None:
                     record = _Storage(storage.nbytes(), bus.current_tags().get("stage"), storage.device.type)
+                    ref = _StorageRef(storage, self._storage_freed)
+                    ref.key = key
+                    record.ref = ref
                     self._live[key] = record
-                    weakref.finalize(storage, self._forget, key, record)
         if isinstance(tensor, torch.nn.Parameter) and id(tensor) not in self._param_ids:
             self.add_param(tensor)
         return record
 
-    def _forget(self, key: int, record: _Storage) -> None:
+    def _forget(self, ref: _StorageRef) -> None:
         with self._lock:
-            if self._live.get(key) is record:
-                del self._live[key]
+            record = self._live.get(ref.key)
+            if record is not None and record.ref is ref:
+                del self._live[ref.key]
 
     def add_param(self, param: torch.Tensor) -> None:
         """Count `param`'s storage as "parameters" and its .grad as "gradients"."""
@@ -150,18 +222,17 @@ class MemoryProbe:
         if record is None or category not in _RANK:
             return
         key = (category, bus.current_tags().get("stage"))
+        ref = weakref.ref(owner, self._owner_gone)
         with self._lock:
             record.holds[key] = record.holds.get(key, 0) + 1
-        weakref.finalize(owner, self._release, record, key)
+            self._holds[id(ref)] = (ref, record, key)
 
-    def _release(self, record: _Storage, key: tuple[str, Any]) -> None:
+    def _release(self, ref: weakref.ref) -> None:
         with self._lock:
-            record.holds[key] -= 1
-
-    def _pack(self, tensor: torch.Tensor) -> _Saved:
-        saved = _Saved(tensor.detach() if tensor.grad_fn is not None else tensor)
-        self.hold(saved, tensor, memtags.current() or "activations")
-        return saved
+            found = self._holds.pop(id(ref), None)
+            if found is not None and found[0] is ref:
+                _, record, key = found
+                record.holds[key] -= 1
 
     # ------------------------------------------------------------ reading
 
@@ -205,16 +276,32 @@ class MemoryProbe:
                 self.register(p.grad)
         for t in tensors:
             self.register(t)
-        self._mode = _Tracker(self)
-        self._mode.__enter__()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-        self._hooks.__enter__()
-        memtags.install(self.hold)
+        layer = _LAYER.get()
+        if layer is None:
+            layer = _Layer()
+            layer.push()
+            _LAYER.set(layer)
+        layer.probes = (*layer.probes, self)
+        self._layer = layer
+        self._detach_holder = memtags.install(self.hold)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        memtags.install(None)
+        """Stop counting and drop every record, so nothing keeps the probe alive (NOTE rule 7)."""
+        layer, self._layer = self._layer, None
+        if self._detach_holder is not None:
+            self._detach_holder()
+            self._detach_holder = None
         try:
-            self._hooks.__exit__(*exc)
+            if layer is not None:
+                layer.probes = tuple(p for p in layer.probes if p is not self)
+                if not layer.probes:
+                    if _LAYER.get() is layer:
+                        _LAYER.set(None)
+                    layer.pop()
         finally:
-            self._mode.__exit__(*exc)
+            with self._lock:
+                self._live.clear()
+                self._holds.clear()
+            self._params.clear()
+            self._pending = ([], [])

@@ -1,8 +1,8 @@
 """Memory-category hints: where the runtime tells a memory probe what a tensor is held for.
 
-Owns a flag, a category context and a tag callback. The runtime calls these only
-while a probe is attached (`enabled`), so with no probe each hook point costs one flag
-check (spec D8). Imports nothing from torch; never the UI.
+Owns a flag, a category context and the probes' hold callbacks (per context). The
+runtime calls these only while a probe is attached (`enabled`), so with no probe each
+hook point costs one flag check (spec D8). Imports nothing from torch; never the UI.
 
 Categories (the memory view's vocabulary):
     parameters, gradients, activations, checkpoint_inputs, replay_activations,
@@ -14,22 +14,49 @@ import contextlib
 import contextvars
 from typing import Any, Callable, Iterator
 
+from ckpt_viz import bus
+
 __all__ = ["CATEGORIES", "NULL", "category", "current", "enabled", "hold", "install"]
 
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "activations", "checkpoint_inputs",
                                "replay_activations", "excluded_outputs", "other")
 
-enabled: bool = False
+enabled: bool = False  # a probe is attached somewhere in the process (the one cheap check at hook points)
 NULL = contextlib.nullcontext()  # reusable; for `with (category(x) if enabled else NULL):`
-_holder: Callable[[Any, Any, str], None] | None = None
+_HOLDERS: contextvars.ContextVar[tuple[Callable[[Any, Any, str], None], ...] | None] = contextvars.ContextVar(
+    "ckpt_viz_mem_holders", default=None)
+_attached: list[Callable[[Any, Any, str], None]] = []
 _CATEGORY: contextvars.ContextVar[str | None] = contextvars.ContextVar("ckpt_viz_mem_category", default=None)
 
 
-def install(holder: Callable[[Any, Any, str], None] | None) -> None:
-    """Attach (or, with None, detach) the probe's `hold(owner, tensor, category)` callback."""
-    global enabled, _holder
-    _holder = holder
-    enabled = holder is not None
+def install(holder: Callable[[Any, Any, str], None] | None) -> Callable[[], None]:
+    """Attach the probe's `hold(owner, tensor, category)` to this context; return its detach function.
+
+    Holders stack (nested probes each get every hold made in their context) and
+    detach in any order; on an autograd worker thread the holders of the code that
+    launched the backward apply (`bus.context_value`). `install(None)` detaches
+    every holder everywhere (test isolation).
+    """
+    global enabled
+    if holder is None:
+        _attached.clear()
+        _HOLDERS.set(None)
+        enabled = False
+        return lambda: None
+    _HOLDERS.set((*(_HOLDERS.get() or ()), holder))
+    _attached.append(holder)
+    enabled = True
+
+    def detach() -> None:
+        global enabled
+        mine = _HOLDERS.get() or ()
+        if holder in mine:
+            _HOLDERS.set(tuple(h for h in mine if h is not holder) or None)
+        if holder in _attached:
+            _attached.remove(holder)
+        enabled = bool(_attached)
+
+    return detach
 
 
 @contextlib.contextmanager
@@ -48,6 +75,6 @@ def current() -> str | None:
 
 
 def hold(owner: Any, tensor: Any, name: str) -> None:
-    """Say that `tensor`'s storage is held for `name` for as long as `owner` lives."""
-    if _holder is not None:
-        _holder(owner, tensor, name)
+    """Say that `tensor`'s storage is held for `name` for as long as `owner` lives (for this context's probes)."""
+    for holder in bus.context_value(_HOLDERS, ()):
+        holder(owner, tensor, name)

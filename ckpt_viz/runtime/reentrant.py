@@ -48,6 +48,7 @@ from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointUsageError, PhaseNotSetError
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime import session as _session
+from ckpt_viz.runtime.handover import carried
 from ckpt_viz.runtime.reentrant_handle import (
     InputSlot,
     ReentrantCheckpointHandle,
@@ -126,20 +127,23 @@ class _Checkpoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
-        frame = ctx.frame
-        if bus.enabled:
-            frame._backward_site = bus.call_site()
-            frame._emit("backward_entered", split=frame.split, retain_graph=frame.retain_graph,
-                        grad_count=len(grad_outputs), none_grads=sum(g is None for g in grad_outputs))
-        try:
-            return _run_backward(frame, grad_outputs)
-        except BaseException as exc:
-            fail(exc, "backward", frame)
-            if not frame.retain_graph:
-                frame._release("backward_exception")
-            raise
-        finally:
-            frame._backward_site = None
+        return carried(_backward, ctx.frame, grad_outputs)  # See NOTE [ Engine hand-over ], rule 3.
+
+
+def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
+    if bus.enabled:
+        frame._backward_site = bus.call_site()
+        frame._emit("backward_entered", split=frame.split, retain_graph=frame.retain_graph,
+                    grad_count=len(grad_outputs), none_grads=sum(g is None for g in grad_outputs))
+    try:
+        return _run_backward(frame, grad_outputs)
+    except BaseException as exc:
+        fail(exc, "backward", frame)
+        if not frame.retain_graph:
+            frame._release("backward_exception")
+        raise
+    finally:
+        frame._backward_site = None
 
 
 def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
@@ -27,6 +25,7 @@ from ckpt_viz.errors import (
 )
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime import session as _session
+from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.state import ExecutionState
 
 __all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "meta", "new_handle_id",
@@ -34,28 +33,7 @@ __all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution
            "qualname"]
 
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
-_HANDLE_IDS = itertools.count()
-_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every handle and frame still alive
 _API = "ckpt_viz.checkpoint"
-
-
-def new_handle_id(owner: Any = None) -> int:
-    """Next handle id, shared by reentrant handles and non-reentrant frames (spec D2)."""
-    if owner is not None:
-        _LIVE.add(owner)
-    return next(_HANDLE_IDS)
-
-
-def restart_handle_ids() -> bool:
-    """Number handles from h0 again, if no handle or frame is alive (so ids never collide); say if it did.
-
-    A new recording calls this, so that traces of the same run compare across runs.
-    """
-    global _HANDLE_IDS
-    if len(_LIVE):
-        return False
-    _HANDLE_IDS = itertools.count()
-    return True
 
 
 def current_frame() -> "ReentrantCheckpointHandle | None":
@@ -113,6 +91,7 @@ class ReentrantCheckpointHandle:
     def __init__(self, function: Callable, template: list, spec: Any, params: tuple | None,
                  preserve_rng_state: bool, context_fn: Callable) -> None:
         self.handle_id = new_handle_id(self)
+        self._home = bus.current_scope() if bus.enabled else None  # where node_collected goes (bus NOTE rule 6)
         self.function = function
         self.template = template
         self.spec = spec
@@ -188,7 +167,7 @@ class ReentrantCheckpointHandle:
         torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
         if captured:
             self._captured_report = [
-                {"shape": list(p.shape), "name": getattr(p, "_ckpt_viz_name", None),
+                {"shape": list(p.shape), "name": bus.name_of(p),
                  "accumulated": p.grad is not None and (p.grad is not old or p.grad._version != version)}
                 for p, (old, version) in zip(captured, before)
             ]
@@ -340,8 +319,9 @@ class ReentrantCheckpointHandle:
     def _on_node_collected(self) -> None:
         self.node_collected = True
         if bus.enabled:
-            event = self._emit("node_collected", capture_site=False,
-                               was_replayed=self.replay_count > 0, released=self.released)
+            event = bus.emit("node_collected", handle_id=self.handle_id, mode="reentrant", phase=self.phase,
+                             session_id=self.session_id, capture_site=False, scope=self._home,
+                             data={"was_replayed": self.replay_count > 0, "released": self.released})
             if event is not None:
                 self.collected_seq = event.seq
 

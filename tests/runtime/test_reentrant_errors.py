@@ -629,9 +629,14 @@ def test_e11_bind_session_while_bound_to_another_session() -> None:
     with ckpt_viz.record() as rec:
         with recompute_session_ctx("a"):
             assert h.active_session is not None and h.active_session.session_id == "a"
-            # A fresh context has no current activation (as on another thread), so E10 does not apply.
+            # A fresh context has no current activation (as on another thread), so E10 does not apply;
+            # it is handed the recording (a fresh context is not in it otherwise: bus NOTE [ Recording scopes ]).
+            def bind_elsewhere() -> None:
+                with rec.attach():
+                    h.bind_session("b")
+
             with pytest.raises(RuntimeError, match="Concurrent reentrant recompute sessions") as info:
-                contextvars.Context().run(h.bind_session, "b")
+                contextvars.Context().run(bind_elsewhere)
     assert isinstance(info.value, CheckpointError)
     _assert_d7(info.value, "ckpt_viz.ReentrantCheckpointHandle.bind_session:", h)
     assert _error_event(rec, info.value).data["where"] == "bind_session"

@@ -1,0 +1,85 @@
+"""Handle ids (spec D2): sequential, numbered per recording, shared by both checkpoint kinds.
+
+Owns `new_handle_id` and `restart_handle_ids`. Standard library and the bus only.
+
+NOTE [ Handle numbering ]
+  1. Each outermost recording numbers the handles created in its scope (see NOTE
+     [ Recording scopes ] in bus.py) from its own counter, kept in the scope's
+     `shared` dict, so nested recordings and threads handed the recording share it,
+     and two threads recording the same code at once get the ids a solo run gets.
+     Handles created outside any recording use one process-wide counter.
+  2. Ids never collide with a handle this thread can still reach: a new counter
+     starts after the highest id still alive among the handles made outside any
+     recording and those of this thread's earlier recordings (h0 when none is).
+     Handles of other threads' recordings do not count, so they do not shift ids.
+  3. `restart_handle_ids()` says whether the next recording here starts at h0, and
+     restarts the process-wide counter when nothing numbered by it is alive. A run
+     that must start at h0 and gets False collects garbage and asks again.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any
+
+from ckpt_viz import bus
+
+__all__ = ["new_handle_id", "restart_handle_ids"]
+
+_KEY = "handle_ids"
+
+
+class _Numbering:
+    __slots__ = ("ids", "live", "thread")
+
+    def __init__(self, start: int, thread: int | None) -> None:
+        self.ids = itertools.count(start)
+        self.live: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.thread = thread
+
+
+_OUTSIDE = _Numbering(0, None)  # handles created outside any recording
+_RECORDED: list[_Numbering] = []  # recordings' numberings that may still have live handles
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every handle and frame still alive, whoever numbered it
+_LOCK = threading.Lock()
+
+
+def _reachable() -> list[_Numbering]:
+    """This thread's numberings with live handles, and the process-wide one; see NOTE rule 2."""
+    me = threading.get_ident()
+    _RECORDED[:] = [n for n in _RECORDED if len(n.live)]
+    return [_OUTSIDE, *(n for n in _RECORDED if n.thread == me)]
+
+
+def _first_free() -> int:
+    alive = [getattr(owner, "handle_id", -1) for n in _reachable() for owner in list(n.live)]
+    return max(alive, default=-1) + 1
+
+
+def new_handle_id(owner: Any = None) -> int:
+    """Next handle id of this context's recording (or the process-wide one outside recordings)."""
+    scope = bus.current_scope() if bus.enabled else None
+    with _LOCK:
+        if scope is None or not scope.channels:
+            numbering = _OUTSIDE
+        else:
+            numbering = scope.shared.get(_KEY)
+            if numbering is None:
+                numbering = scope.shared[_KEY] = _Numbering(_first_free(), threading.get_ident())
+                _RECORDED.append(numbering)
+        handle_id = next(numbering.ids)
+        if owner is not None:
+            numbering.live.add(owner)
+            _LIVE.add(owner)
+    return handle_id
+
+
+def restart_handle_ids() -> bool:
+    """Say whether the next recording opened here numbers from h0; see NOTE [ Handle numbering ], rule 3."""
+    global _OUTSIDE
+    with _LOCK:
+        if any(len(n.live) for n in _reachable()):
+            return False
+        _OUTSIDE = _Numbering(0, None)
+        return True
