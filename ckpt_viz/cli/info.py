@@ -48,6 +48,10 @@ def summarize(trace: Any, *, at: int | None = None) -> str:
     modes = event_column(trace, "mode")
     by_mode = Counter(modes[life.first_position(h)] or "?" for h in handles)
     lines.append(f"handles: {len(handles)} ({', '.join(f'{m} {n}' for m, n in sorted(by_mode.items()))})")
+    blocks = Counter(e.data.get("function") for e in trace.events  # what each handle checkpointed, in order
+                     if e.kind == "handle_created" and e.data.get("function"))
+    if blocks:
+        lines.append("blocks: " + ", ".join(name if n == 1 else f"{name} x{n}" for name, n in blocks.items()))
     if handles:
         replays = Counter(life.replays(h) for h in handles)
         lines.append(f"replays per handle: {', '.join(f'{c} x{n}' for c, n in sorted(replays.items()))}"

@@ -22,7 +22,7 @@ from ckpt_viz import bus
 from ckpt_viz.run.blocks import checkpointed  # how named blocks are checkpointed, and their labels
 from ckpt_viz.runtime.reentrant_handle import restart_handle_ids
 
-__all__ = ["RunSession", "checkpointed", "fresh_handle_ids", "inputs_requiring_grad", "milestone"]
+__all__ = ["RunSession", "checkpointed", "fresh_handle_ids", "grad_digest", "inputs_requiring_grad", "milestone"]
 
 
 class RunSession:
@@ -42,6 +42,24 @@ def fresh_handle_ids() -> None:
     if not restart_handle_ids():
         gc.collect()  # costs ~0.1 s with torch loaded, so only when something is still alive
         restart_handle_ids()
+
+
+def grad_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's name and `.grad` bytes: equal digests mean bit-equal gradients.
+
+    Stored in the trace's meta (`grad_sha256`), so a saved trace (from the CLI, or a sandboxed
+    child) can be checked against a reference run without the tensors.
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        digest.update(name.encode())
+        if p.grad is None:
+            digest.update(b"-")
+        else:
+            digest.update(p.grad.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def milestone(enabled: bool, label: str) -> None:

@@ -32,7 +32,7 @@ from ckpt_viz.bus import tag
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.recording import record
 from ckpt_viz.run.batch import split_batch
-from ckpt_viz.run.harness import checkpointed, fresh_handle_ids
+from ckpt_viz.run.harness import checkpointed, fresh_handle_ids, grad_digest
 from ckpt_viz.run.schedules import (  # re-exported: the executor's callers name schedules here too
     SCHEDULES,
     TICKS,
@@ -183,6 +183,7 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
     rec.trace.meta.update(run_meta(
         model=spec.name, mode="pipeline", schedule=name, source=spec.source, description=spec.description,
         checkpoint=list(spec.checkpoint), seed=seed, stages=list(spec.stages), microbatches=microbatches,
+        grad_sha256=grad_digest(spec.model),
         actions=[[a.kind, a.stage, a.microbatch, tick] for a, tick in order],
         loss=sum(pipeline.losses),
     ))

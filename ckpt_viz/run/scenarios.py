@@ -19,6 +19,7 @@ from ckpt_viz.run.harness import (
     RunSession,
     checkpointed,
     fresh_handle_ids,
+    grad_digest,
     inputs_requiring_grad,
     milestone,
 )
@@ -76,7 +77,7 @@ def _run_single(spec: ModelSpec, mode: str, *, seed: int, memory: bool, graphs: 
         del loss
         milestone(memory, "end")
     rec.trace.meta.update(run_meta(model=spec.name, mode=mode, source=spec.source, description=spec.description,
-                                   checkpoint=list(spec.checkpoint), seed=seed))
+                                   checkpoint=list(spec.checkpoint), seed=seed, grad_sha256=grad_digest(model)))
     return rec.trace
 
 
