@@ -64,6 +64,10 @@ def _check(trace: Trace, h, code: str, *, reason: str | None, line: int | None, 
     entry = DIAGNOSIS_CODES[code]
     assert d.cause == entry.cause and d.fix == entry.fix and d.handle_id == h.handle_id
     assert d.reason == reason
+    if reason in RELEASE_REASONS:  # the table says which release reasons each code follows from
+        assert reason in entry.reasons, (code, reason)
+    else:
+        assert code == "session_mismatch" or entry.reasons == (), code  # R14 by E10: nothing was released
     if reason is not None and reason != "node_collected":
         assert d.release_event == _released(trace, h)
         assert f"event #{d.release_event.seq}" in d.summary
