@@ -29,6 +29,7 @@ from ckpt_viz.render.routing import render_routing, routing_at
 from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace.cache import derived
+from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transition, lifecycle
 from ckpt_viz.trace import Trace
 
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
@@ -65,6 +66,8 @@ __all__ = [
     "MODES",
     "RELEASE_REASONS",
     "SCHEDULES",
+    "STATES",
+    "STATE_MEANINGS",
     "CheckpointError",
     "CheckpointUsageError",
     "CkptVizError",
@@ -72,12 +75,14 @@ __all__ = [
     "Event",
     "GraphReleasedError",
     "HandleReleasedError",
+    "Lifecycle",
     "PhaseNotSetError",
     "Recording",
     "RunRequest",
     "Trace",
     "TraceError",
     "TraceIndex",
+    "Transition",
     "build_builtin",
     "derived",
     "diagnose",
@@ -87,6 +92,7 @@ __all__ = [
     "filter_events",
     "format_bytes",
     "format_event",
+    "lifecycle",
     "memory_peak",
     "obtain_trace",
     "record",
