@@ -3,7 +3,9 @@
 Each "released before replay" cause is reproduced for real and checked three ways:
 the error (type and key phrase), the `released` event with its reason that came
 before the error, and the `replay_refused` event where the runtime refused a replay.
-The error messages also follow spec D7 (API name first, handle id, a closing Tip).
+The error messages also follow spec D7 (API name first, handle id, a closing Tip), and
+every error carries its `code`, which the `error` event stores. R11 has no reproduction:
+its tests show why it cannot happen (and so it has no diagnosis code).
 """
 from __future__ import annotations
 
