@@ -49,7 +49,8 @@ def _describe(value: Any) -> str:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} tensor of shape {tuple(value.shape)}"
     return f"a {type(value).__name__}"
 
 
@@ -96,17 +97,25 @@ def feed(fields: dict[str, Any], fail: Callable[[str, str], Exception]) -> Feed:
     return Feed(args, kwargs, targets, roots={"args": "args", "kwargs": "kwargs"}, single=single)
 
 
-def check_keywords(model: Any, data: Feed, fail: Callable[[str, str], Exception]) -> None:
-    """Every keyword names a parameter of `model.forward` (unless it takes **kwargs)."""
+def check_keywords(model: Any, data: Feed, fail: Callable[[str, str], Exception], *, hf: bool = False) -> None:
+    """Every keyword names a parameter of `model.forward` (unless it takes **kwargs).
+
+    A Hugging Face forward takes **kwargs, but only the keys HF documents for them
+    (`TransformersKwargs`), so its keywords are checked too.
+    """
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
     known = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        if not hf:
+            return
+        from transformers.utils import TransformersKwargs
+
+        known += [k for k in TransformersKwargs.__annotations__ if k not in known]
     for key in data.kwargs:
-        if key not in params:
+        if key not in known:
             close = difflib.get_close_matches(key, known, n=2)
             hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else \
                 f"its parameters are {', '.join(known[:8])}."

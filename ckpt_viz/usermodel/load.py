@@ -42,7 +42,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import linecache
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
@@ -211,7 +211,7 @@ def _validate(fields: dict[str, Any], site: _Site) -> dict[str, Any]:
                and issubclass(model, nn.Module) else "return your torch.nn.Module as 'model'.")
         raise site.fail(f"'model' is {_describe(model)}, not a torch.nn.Module.", tip)
     data = feed(fields, site.fail)
-    check_keywords(model, data, site.fail)
+    check_keywords(model, data, site.fail, hf=hf.is_hf_model(model))
     if hf.is_hf_model(model):
         check_hf_positional(model, data, site.fail)
     if data.targets is not None and "loss" not in fields:
@@ -255,15 +255,19 @@ def _validate(fields: dict[str, Any], site: _Site) -> dict[str, Any]:
 def _trial_forward(fields: dict[str, Any], user_file: str | None) -> None:
     """One forward and loss, to fail early and at the right line (buffers restored afterwards)."""
     import torch
-    from torch.utils._pytree import tree_flatten
+    from torch.utils._pytree import tree_flatten, tree_map
 
     model, loss_fn, data = fields["model"], fields["loss"], fields["data"]
     name = type(model).__name__
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     stage_calls = StageCalls(model, fields["stages"]) if fields["stages"] else None
+    # A copy of the inputs (requires_grad kept), so that a forward that changes them in place
+    # leaves the recorded run the factory's inputs unchanged.
+    args, kwargs, targets = tree_map(lambda v: v.detach().clone().requires_grad_(v.requires_grad)
+                                     if isinstance(v, torch.Tensor) else v, (data.args, data.kwargs, data.targets))
     try:
         try:
-            output = model(*data.args, **data.kwargs)
+            output = model(*args, **kwargs)
         except (Exception, SystemExit) as exc:
             raise user_code_error(
                 f"the trial forward of {name}", exc, user_file,
@@ -278,9 +282,10 @@ def _trial_forward(fields: dict[str, Any], user_file: str | None) -> None:
                                "return the activations (a float tensor, or a tuple, list or dict holding one): "
                                "checkpointing needs an output to differentiate.")
         if stage_calls is not None:
-            check_stages(stage_calls, data, output, _Site(user_file, "stages", None).fail)
+            check_stages(stage_calls, replace(data, args=args, kwargs=kwargs), output,
+                         _Site(user_file, "stages", None).fail)
         try:
-            loss = loss_fn(output) if data.targets is None else loss_fn(output, data.targets)
+            loss = loss_fn(output) if data.targets is None else loss_fn(output, targets)
         except (Exception, SystemExit) as exc:
             raise user_code_error("the loss function", exc, user_file,
                                   "the loss is called with the model's output; fix that line.") from exc
