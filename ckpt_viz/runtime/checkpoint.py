@@ -1,19 +1,24 @@
 """`checkpoint()`: one entry point for both checkpoint kinds (spec D1).
 
-Owns argument validation and the dispatch to the reentrant checkpoint
-(`runtime/reentrant.py`) or the saved-tensor-hook checkpoint
+Owns argument validation, the `use_reentrant` default (torch 2.13's: omitting it
+warns and selects the reentrant checkpoint), the forward-time switches of
+`runtime/compat.py` (they win over the keywords), the dispatch to the reentrant
+checkpoint (`runtime/reentrant.py`) or the saved-tensor-hook checkpoint
 (`runtime/nonreentrant.py`), and the fallback to PyTorch's own checkpoint while
 compiling. Imports torch; never the UI.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointUsageError
+from ckpt_viz.runtime import compat, debug as _debug
 from ckpt_viz.runtime.reentrant import reentrant_checkpoint
+from ckpt_viz.runtime.handle_ids import _LIVE
 from ckpt_viz.runtime.state import noop_context_fn
 
 __all__ = ["checkpoint"]
@@ -29,7 +34,7 @@ def _bad(message: str) -> CheckpointUsageError:
     return exc
 
 
-def checkpoint(function: Callable, *args: Any, use_reentrant: bool = False, preserve_rng_state: bool = True,
+def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None, preserve_rng_state: bool = True,
                context_fn: Callable = noop_context_fn, determinism_check: str = "default",
                early_stop: bool = True, debug: bool = False, **kwargs: Any) -> Any:
     """Run `function(*args, **kwargs)` without keeping its activations; replay it in backward.
@@ -38,16 +43,26 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool = False, pres
         function: the region to checkpoint.
         use_reentrant: True for the reentrant checkpoint (split DX/DW inside
             `reentrant_checkpoint_scope`), False for the saved-tensor-hook one.
+            Omitted (None): a warning, then True, as in torch 2.13.
         preserve_rng_state: replay with the forward's RNG state (dropout matches).
         context_fn: factory of a (forward_context, recompute_context) pair.
         determinism_check: "default" (compare shape, dtype, device) or "none";
             non-reentrant only.
-        early_stop: stop a non-reentrant recompute after its last saved tensor.
-        debug: not supported in eager mode.
+        early_stop: stop a non-reentrant recompute after its last saved tensor;
+            `set_checkpoint_early_stop` wins over it.
+        debug: errors raised while this checkpoint replays carry its event story;
+            `set_checkpoint_debug_enabled` wins over it.
 
     Returns:
         What `function` returns, with tensors tracked by autograd.
     """
+    if use_reentrant is None:
+        warnings.warn(
+            f"{_API}: the use_reentrant parameter should be passed explicitly. As in torch 2.13, omitting it selects "
+            "use_reentrant=True (the reentrant checkpoint).\nTip: pass use_reentrant=False (PyTorch's "
+            "recommendation) or use_reentrant=True to keep this choice and silence the warning.",
+            UserWarning, stacklevel=2)
+        use_reentrant = True
     if not isinstance(use_reentrant, bool):
         raise _bad(f"use_reentrant must be bool, got {type(use_reentrant).__name__} {use_reentrant!r}.\n"
                    "Tip: pass True (reentrant) or False (saved-tensor hooks).")
@@ -59,9 +74,15 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool = False, pres
     if not callable(context_fn):
         raise _bad(f"context_fn must be callable. Got {context_fn!r}.\n"
                    "Tip: pass a factory returning (forward_context, recompute_context), e.g. noop_context_fn.")
+    if not isinstance(debug, bool):
+        raise _bad(f"debug must be bool, but got {type(debug).__name__}.\nTip: pass True or False.")
     if determinism_check not in _DETERMINISM:
         raise _bad(f"determinism_check must be one of {list(_DETERMINISM)}, but got {determinism_check!r}.\n"
                    "Tip: use 'none' to skip the metadata comparison.")
+    override = compat.early_stop_override()
+    early_stop = early_stop if override is None else override
+    override = compat.debug_override()
+    debug = debug if override is None else override
     if torch.compiler.is_compiling():
         if use_reentrant or context_fn is not noop_context_fn:
             unsupported = [name for name, bad in (("use_reentrant=True", use_reentrant),
@@ -72,11 +93,23 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool = False, pres
         with set_checkpoint_early_stop(early_stop):
             return torch_checkpoint(function, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
                                     determinism_check=determinism_check, **kwargs)
+    if debug and context_fn is not noop_context_fn and not use_reentrant:
+        raise _bad("debug=True is incompatible with non-default context_fn (as in torch).\n"
+                   "Tip: drop context_fn while debugging, or debug with ckpt_viz.record() instead.")
     if debug:
-        raise _bad("debug=True is not supported in eager mode.\nTip: record a trace with ckpt_viz.record() instead.")
+        with _debug.collecting(_LIVE):
+            return _dispatch(function, args, kwargs, use_reentrant, preserve_rng_state, context_fn,
+                             determinism_check, early_stop)
+    return _dispatch(function, args, kwargs, use_reentrant, preserve_rng_state, context_fn, determinism_check,
+                     early_stop)
+
+
+def _dispatch(function: Callable, args: tuple, kwargs: dict, use_reentrant: bool, preserve_rng_state: bool,
+              context_fn: Callable, determinism_check: str, early_stop: bool) -> Any:
     if use_reentrant:
         return reentrant_checkpoint(function, *args, preserve_rng_state=preserve_rng_state,
                                     context_fn=context_fn, **kwargs)
     from ckpt_viz.runtime.nonreentrant import nonreentrant_checkpoint
     return nonreentrant_checkpoint(function, *args, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
                                    determinism_check=determinism_check, early_stop=early_stop, **kwargs)
+

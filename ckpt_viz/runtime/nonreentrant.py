@@ -34,7 +34,7 @@ import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError
-from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime import compat, debug as _debug, memtags
 from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.recompute_state import compose_context_fns, create_recompute_contexts
@@ -130,6 +130,9 @@ class NonReentrantFrame:
         activation = self.active_session
         if activation is not None:
             return activation.session_id, "session", activation.retain_on_unpack
+        group = compat.group_key(self)  # GraphExecGroup: one recompute for all its backward calls
+        if group is not None:
+            return group, "group", False
         key = torch._C._current_graph_task_id()
         if key == -1:
             return int(uuid.uuid4()), "temporary", False
@@ -146,10 +149,16 @@ class NonReentrantFrame:
                 "saved fewer tensors than the forward; make the function deterministic or pass early_stop=True.")
         handle = holder.handles[key]
         if handle is None:
+            overlap, tip = "", ("run a second pass inside recompute_session_ctx(sid, retain_on_unpack=True), or use "
+                                "a new session id for it.")
+            if source == "group":
+                overlap = ("Performing two backward calls that overlap (i.e. require the same saved activation) is "
+                           "not allowed under GraphExecGroup: ")
+                tip = ("under GraphExecGroup each saved tensor serves one backward call; for DX/DW passes that share "
+                       "tensors use backward_input/backward_weight with a session_id.")
             raise CheckpointError(
-                f"{_API} (backward): a saved tensor was unpacked more than once in the same recompute session (frame "
-                f"h{self.handle_id}, saved tensor {holder.index}, key {key!r}).\nTip: run a second pass inside "
-                "recompute_session_ctx(sid, retain_on_unpack=True), or use a new session id for it.")
+                f"{_API} (backward): {overlap}a saved tensor was unpacked more than once in the same recompute "
+                f"session (frame h{self.handle_id}, saved tensor {holder.index}, key {key!r}).\nTip: {tip}")
         stored = self.recomputed.get(key)
         if stored is None or handle not in stored:
             raise CheckpointError(
@@ -222,6 +231,7 @@ class NonReentrantFrame:
                 self._emit("replay_failed", type=type(exc).__name__, message=str(exc))
                 bus.emit_error(exc, "backward" if in_backward else "recompute_handle", handle_id=self.handle_id,
                                mode="nonreentrant", session_id=self.session_id)
+                _debug.annotate(exc, self)
             raise
         finally:
             if token is not None:
@@ -349,7 +359,8 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
         frame.site = event.site if event is not None else None
         frame._emit("forward_started", capture_site=False, device_type=state.device_type)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(frame._pack, frame._unpack), state.forward_context:
+        unpack = _debug.unpack_hook(frame) if _debug.is_debug_handle(frame) else frame._unpack
+        with torch.autograd.graph.saved_tensors_hooks(frame._pack, unpack), state.forward_context:
             output = function(*args, **kwargs)
         frame.forward_completed = True
         state.check_device_state_preserved(preserve_rng_state, api=_API)

@@ -45,7 +45,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
-from ckpt_viz.errors import CheckpointUsageError, PhaseNotSetError
+from ckpt_viz.errors import CheckpointError, CheckpointUsageError, PhaseNotSetError
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handover import carried
@@ -147,10 +147,21 @@ def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
 
 
 def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
+    if torch.is_grad_enabled():  # the engine enables grad mode in backward only for create_graph=True
+        raise CheckpointError(
+            f"{_API} (backward): create_graph=True is not supported through a reentrant checkpoint (handle "
+            f"h{frame.handle_id}): its gradients come from a replay inside backward and would not be "
+            "differentiable.\nTip: use use_reentrant=False for higher-order gradients, or drop create_graph=True.")
     if frame.split and frame.phase == "ordinary":
         raise PhaseNotSetError(frame.handle_id)
     frame.recompute()
     outputs = [v for v in tree_flatten(frame.replay_outputs)[0] if isinstance(v, torch.Tensor)]
+    if not any(v.requires_grad for v in outputs):
+        raise CheckpointError(
+            f"{_API} (backward): none of output has requires_grad=True, this checkpoint() is not necessary (handle "
+            f"h{frame.handle_id}: the replay of {qualname(frame.function)} returned no tensor that requires grad)."
+            "\nTip: checkpoint only regions whose outputs depend differentiably on their inputs or parameters "
+            "(a .detach() or no_grad inside cuts them off).")
     selected = [(v, g) for v, g in zip(outputs, grad_outputs) if v.requires_grad and g is not None]
     input_grads = frame._gradients(*zip(*selected)) if selected else (None,) * frame.input_count
     if bus.enabled:

@@ -23,7 +23,7 @@ from ckpt_viz.errors import (
     HandleReleasedError,
     SessionMismatchError,
 )
-from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime import debug as _debug, memtags
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.state import ExecutionState
@@ -332,6 +332,8 @@ def fail(exc: BaseException, where: str, handle: ReentrantCheckpointHandle | Non
         bus.emit_error(exc, where, handle_id=handle.handle_id if handle else None,
                        mode="reentrant" if handle else None, phase=handle.phase if handle else None,
                        session_id=handle.session_id if handle else None)
+        if handle is not None:
+            _debug.annotate(exc, handle)  # debug=True: the error tells the handle's story
     return exc
 
 
