@@ -14,7 +14,7 @@
     │                                       exclude_graph_released          its retained graph was released
     ├── CheckpointUsageError (ValueError) checkpoint_usage                bad arguments or an unsupported nesting
     │   └── SessionMismatchError          session_mismatch                E10: bind_session under another id
-    ├── RecordingError (RuntimeError)     recording_already_open          a record() block entered twice
+    ├── RecordingError (RuntimeError)     recording_misused               a record() block entered twice, or not open
     ├── TraceError (ValueError)           trace_invalid                   a trace file wrong, truncated or too new
     └── ModelLoadError                    model_load_failed               a user model failed to load or its checks
         └── SandboxError                  sandbox_failed                  the child running a user model failed
@@ -95,9 +95,9 @@ class CheckpointUsageError(CkptVizError, ValueError):
 
 
 class RecordingError(CkptVizError, RuntimeError):
-    """A `record()` block was used in a way it does not support."""
+    """A `record()` block was used in a way it does not support (entered twice, attached while not open)."""
 
-    code = "recording_already_open"
+    code = "recording_misused"
 
 
 class TraceError(CkptVizError, ValueError):
