@@ -83,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         n = args.events
         for page in PAGES:
             name = page.split("/")[1].removesuffix(".py")
-            _timed(f"{name}: first visit", lambda: at.switch_page(page).run(), None, results)
+            _timed(f"{name}: first visit", lambda page=page: at.switch_page(page).run(), None, results)
             _timed(f"{name}: cursor -1 (step button)", lambda: at.button(key="cursor_prev").click().run(),
                    CURSOR_S, results)
             target = n // 3 if at.slider(key="cursor_slider").value > n // 2 else 2 * n // 3
             _timed(f"{name}: cursor jump (slider to {target:,})",
-                   lambda: at.slider(key="cursor_slider").set_value(target).run(), CURSOR_S, results)
+                   lambda target=target: at.slider(key="cursor_slider").set_value(target).run(), CURSOR_S, results)
 
     broken = [label for label, *_, problem in results if problem]
     failed = [label for label, _, _, ok, _ in results if not ok]

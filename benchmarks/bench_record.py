@@ -40,8 +40,8 @@ def _step(model: str, mode: str, options: dict | None) -> tuple[float, int]:
 
 
 def _unrecorded(spec, mode: str) -> None:
-    from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
     from ckpt_viz.run.scenarios import checkpointed
+    from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
 
     params = [p for p in spec.model.parameters()]
     x = spec.inputs[0].detach().requires_grad_(True)

@@ -25,8 +25,9 @@ import json
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import ckpt_viz
+from _common import format_table, interleaved, paired_ratio, stable_threads
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -41,8 +43,6 @@ from ckpt_viz.runtime import (
     recompute_handle_collector_ctx,
     reentrant_checkpoint_scope,
 )
-
-from _common import format_table, interleaved, paired_ratio, stable_threads
 
 try:
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -248,7 +248,7 @@ def check_gradients(bench: Bench, cases: dict[str, Case]) -> float:
         for g, w in zip(got, want):
             if g is None:
                 raise SystemExit(f"bench_runtime: case {name} left a gradient unset")
-            torch.testing.assert_close(g, w, msg=lambda m: f"bench_runtime: case {name}: {m}")
+            torch.testing.assert_close(g, w, msg=lambda m, name=name: f"bench_runtime: case {name}: {m}")
             worst = max(worst, (g - w).abs().max().item())
     return worst
 
@@ -367,8 +367,8 @@ def report(results: dict[str, Any]) -> str:
             "-" if item["agree"] is None else ("yes" if item["agree"] else "NO"),
             "-" if item["target"] is None else f"== {item['target']}", _verdict(item["passed"]),
         ])
-    lines.append(format_table(["name", "replays/region", "min..max", "by stage", "recorder", "agree", "target", "result"],
-                              table))
+    header = ["name", "replays/region", "min..max", "by stage", "recorder", "agree", "target", "result"]
+    lines.append(format_table(header, table))
     return "\n".join(lines)
 
 

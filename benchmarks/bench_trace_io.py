@@ -20,9 +20,9 @@ import sys
 import tempfile
 import time
 
-from ckpt_viz.trace import io as trace_io
 from ckpt_viz.events import Event
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace, run_meta
+from ckpt_viz.trace import io as trace_io
 
 TARGET_S = 2.0
 
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for suffix in (".json", ".json.gz"):
             path = os.path.join(folder, "trace" + suffix)
-            save_s, _ = _median_time(lambda: trace.save(path), args.repeats)
-            load_s, loaded = _median_time(lambda: Trace.load(path), args.repeats)
+            save_s, _ = _median_time(lambda path=path: trace.save(path), args.repeats)
+            load_s, loaded = _median_time(lambda path=path: Trace.load(path), args.repeats)
             _spot_check(trace, loaded)
             size_mb = os.path.getsize(path) / 1e6
             rows.append((suffix, size_mb, save_s, load_s))

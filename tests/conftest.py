@@ -1,11 +1,11 @@
-"""Shared fixtures: a fixed seed, fresh runtime state, a private temp folder, a recorder, a tiny model, gpu auto-skip."""
+"""Shared fixtures: a fixed seed, fresh runtime state, a private temp folder, a recorder, a tiny model, gpu skip."""
 from __future__ import annotations
 
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from ckpt_viz.runtime.reset import reset_state
 # `tests/models.py` is imported as `models` by the test files.
 sys.path.insert(0, os.path.dirname(__file__))
 
-from models import Stack  # noqa: E402
+from models import Stack
 
 
 @pytest.fixture(autouse=True)
@@ -58,10 +58,55 @@ def mlp2() -> Stack:
     return Stack.mlp([4, 5, 3], seed=0)
 
 
+# Tests that take more than about 5 s (`pytest --durations=0`, on the 2-core development machine), by file:
+# the inner loop `pytest -m "not slow and not browser"` skips them. Kept here, in one list, so that the files
+# themselves stay about what they test. A name stands for every parametrization of that test.
+SLOW: dict[str, set[str]] = {
+    "app/test_app.py": {
+        "test_a_broken_model_file_shows_its_error_and_the_app_recovers",
+        "test_a_model_file_that_runs_too_long_is_stopped_by_the_time_limit",
+        "test_an_uploaded_model_file_runs_in_the_sandbox",
+        "test_bench_app_runs_on_a_small_trace",
+        "test_chart_and_table_agree_after_more_than_16_sources",
+        "test_every_page_renders_for_a_model_file_run_in_the_sandbox",
+        "test_first_screen_shows_a_recorded_run_of_the_default_model",
+    },
+    "bench/test_benchmarks_smoke.py": {"test_bench_runtime_quick"},
+    "cli/test_cli.py": {"test_record_info_export_round_trip"},
+    "recording/test_probe_graph.py": {"test_record_graphs_snapshots_every_top_level_backward_with_zero_extra_replays"},
+    "run/test_determinism.py": {
+        "test_a_run_records_the_same_trace_in_a_second_process",
+        "test_eight_concurrent_runs_on_threads_give_the_solo_traces",
+    },
+    "run/test_pipeline.py": {
+        "test_every_handle_replays_once_and_dw_releases_it",
+        "test_executed_order_is_the_schedule",
+        "test_gradients_equal_the_unpipelined_model",
+        "test_graph_snapshots_one_per_backward_call",
+        "test_meta_and_run_scenario_dispatch",
+    },
+    "usermodel/test_sandbox.py": {
+        "test_good_model_gives_the_same_trace_as_in_process",
+        "test_memory_limit_gives_a_clear_error",
+        "test_syntax_error_passes_through_verbatim",
+        "test_timeout_kills_the_child_and_its_subprocesses",
+    },
+}
+TESTS = Path(__file__).resolve().parent
+
+
+def _slow(item: pytest.Item) -> bool:
+    try:
+        where = item.path.resolve().relative_to(TESTS).as_posix()
+    except ValueError:  # a test outside tests/ (e.g. the checker's own planted files)
+        return False
+    return getattr(item, "originalname", item.name) in SLOW.get(where, ())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="CUDA is unavailable")
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="CUDA is unavailable")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if _slow(item):
+            item.add_marker(pytest.mark.slow)
+        if skip_gpu is not None and "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

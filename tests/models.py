@@ -14,8 +14,9 @@ here: `checkpoint_call` and `split_scope` are the two places that know a mode.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -136,7 +137,7 @@ class Stack(nn.Module):
     @classmethod
     def mlp(cls, widths: Sequence[int], *, activation: str = "tanh", dropout: float = 0.0,
             checkpointed: Sequence[bool] | None = None, explicit: Sequence[bool] | None = None,
-            seed: int = 0) -> "Stack":
+            seed: int = 0) -> Stack:
         """Blocks widths[0] -> widths[1] -> ...; by default every block is checkpointed by closure."""
         n = len(widths) - 1
         checkpointed = [True] * n if checkpointed is None else list(checkpointed)

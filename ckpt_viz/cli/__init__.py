@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
 from ckpt_viz.cli.app import app_command, app_path, demo_command

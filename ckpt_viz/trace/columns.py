@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import MutableSequence
+from collections.abc import Iterable, Iterator, MutableSequence
 from operator import attrgetter, eq
-from typing import Any, Iterable, Iterator, overload
+from typing import Any, overload
 
 from ckpt_viz.events import Event
 from ckpt_viz.trace.types import CONTEXT_FIELDS, MemorySample
@@ -35,7 +35,7 @@ __all__ = ["EventColumns", "MemoryColumns", "events_as_columns"]
 class _LazyRows(MutableSequence):
     """Rows kept as columns; see NOTE [ Rows stored as columns ], rule 3."""
 
-    __slots__ = ("columns", "tables", "_list")
+    __slots__ = ("_list", "columns", "tables")
     __hash__ = None  # type: ignore[assignment]  # mutable, like list
 
     def __init__(self, columns: dict[str, Any], tables: dict[str, Any] | None = None) -> None:
@@ -132,7 +132,7 @@ class EventColumns(_LazyRows):
     __slots__ = ()
 
     @classmethod
-    def from_events(cls, events: Iterable[Event]) -> "EventColumns":
+    def from_events(cls, events: Iterable[Event]) -> EventColumns:
         """Split events into columns (the inverse of iterating)."""
         events = events if isinstance(events, list) else list(events)
         context, context_table = _intern(map(_CONTEXT_OF, events))
@@ -182,7 +182,7 @@ class MemoryColumns(_LazyRows):
     __slots__ = ()
 
     @classmethod
-    def from_samples(cls, samples: Iterable[MemorySample]) -> "MemoryColumns":
+    def from_samples(cls, samples: Iterable[MemorySample]) -> MemoryColumns:
         """Split samples into columns (the inverse of iterating)."""
         samples = samples if isinstance(samples, list) else list(samples)
         readings = [s.bytes_by_category for s in samples]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Hashable
-from typing import Any, Mapping
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 from ckpt_viz.events import Event
 from ckpt_viz.trace.columns import EventColumns, MemoryColumns
@@ -53,7 +53,7 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
         except TypeError:  # an unhashable kind, mode, phase, site or thread_id
             i, name, value = next((i, name, getattr(e, name)) for i, e in enumerate(events) for name in CONTEXT_FIELDS
                                   if not isinstance(getattr(e, name), Hashable))
-            types, expected = CONTEXT_TYPES[name]
+            _, expected = CONTEXT_TYPES[name]
             raise InvalidDocument(f"events[{i}].{name} is {show(value)}, expected {expected}") from None
     columns = dict(events.columns)
     t_ns = columns.pop("t_ns")

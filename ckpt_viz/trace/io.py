@@ -28,8 +28,9 @@ import os
 import stat
 import tempfile
 import zlib
+from collections.abc import Callable, Iterator
 from os import PathLike
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, NoReturn
 
 from ckpt_viz.errors import TraceError
 from ckpt_viz.trace.document import from_document, to_document

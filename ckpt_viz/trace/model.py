@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from ckpt_viz.events import Event
 from ckpt_viz.trace import io as trace_io
@@ -51,7 +52,7 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_events(cls, events: Iterable[Event], **meta: Any) -> "Trace":
+    def from_events(cls, events: Iterable[Event], **meta: Any) -> Trace:
         """A trace holding `events` (copied into a list) and `meta`."""
         return cls(events=list(events), meta=dict(meta))
 
@@ -112,7 +113,7 @@ class Trace:
         return trace_io.to_dict(self)
 
     @classmethod
-    def from_dict(cls, doc: Any) -> "Trace":
+    def from_dict(cls, doc: Any) -> Trace:
         """Validate a document from `to_dict` (or `json.load` of a trace file) and build the trace.
 
         Raises:
@@ -130,7 +131,7 @@ class Trace:
         trace_io.save(self, path)
 
     @classmethod
-    def load(cls, path: str | PathLike[str]) -> "Trace":
+    def load(cls, path: str | PathLike[str]) -> Trace:
         """Read a trace written by `save` (gzip or not; the content decides).
 
         Raises:

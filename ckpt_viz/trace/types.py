@@ -6,8 +6,9 @@ is `ckpt_viz.trace.model`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 __all__ = [
     "CONTEXT_FIELDS",

@@ -6,7 +6,6 @@ graphviz package) to prove it is valid.
 from __future__ import annotations
 
 import re
-import time
 
 import graphviz
 import pytest
@@ -119,14 +118,12 @@ def test_different_states_break_a_run_of_blocks() -> None:
     assert "subgraph cluster_h5 {" in dot and "Block x5\\nh0 – h4" in dot and "Block x2\\nh6 – h7" not in dot
 
 
-def test_thousands_of_nodes_render_quickly_and_collapse() -> None:
+def test_thousands_of_nodes_render_and_collapse() -> None:
+    # How fast: benchmarks/bench_views.py (both renders < 5 s).
     snapshot = block_snapshot(850, replay=True)  # 5,103 nodes
     assert len(snapshot.nodes) > 5000
-    start = time.perf_counter()
     full = render_graph(snapshot, collapse=False)
     collapsed = render_graph(snapshot)
-    took = time.perf_counter() - start
-    assert took < 5.0, f"two renders of 5,000 nodes took {took:.2f} s"
     assert len(_node_lines(full)) == len(snapshot.nodes)
     assert len(_node_lines(collapsed)) == 4 and "Block x850" in collapsed
     assert "<svg" in _svg(collapsed)

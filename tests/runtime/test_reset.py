@@ -5,8 +5,7 @@ import gc
 
 import torch
 
-from ckpt_viz.runtime import checkpoint, recompute_handle, recompute_handle_collector_ctx
-from ckpt_viz.runtime import memtags, session
+from ckpt_viz.runtime import checkpoint, memtags, recompute_handle, recompute_handle_collector_ctx, session
 from ckpt_viz.runtime.reset import reset_state
 
 

@@ -13,17 +13,18 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckpt_viz import TraceError
-from ckpt_viz.trace import io as trace_io
 from ckpt_viz.events import EVENT_KINDS, Event
 from ckpt_viz.trace import EventColumns, GraphSnapshot, MemoryColumns, MemorySample, Trace, run_meta
+from ckpt_viz.trace import io as trace_io
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BACKENDS = ["stdlib", "orjson"] if trace_io._orjson is not None else ["stdlib"]
