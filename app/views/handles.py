@@ -1,7 +1,7 @@
 """Handle lifecycles, and the debugger: why was this handle released before it could replay?"""
 import streamlit as st
 
-from ckpt_viz import diagnose, diagnose_all, filter_events, format_event, render_lifecycles
+from ckpt_viz import STATE_MEANINGS, diagnose, diagnose_all, filter_events, format_event, lifecycle, render_lifecycles
 from ui.cursor import cursor_bar, window
 from ui.runs import current
 from ui.show import show_chart, source_line
@@ -14,8 +14,15 @@ if not handles:
     st.info("This trace has no checkpoint handles (mode 'none', or nothing was checkpointed).")
     st.stop()
 
-st.subheader("Lifecycles" + (" around the cursor" if len(run.trace) > 1_201 else ""))
-show_chart(render_lifecycles, window(run, seq, radius=600), cursor=seq)
+big = len(run.trace) > 1_201
+st.subheader("Lifecycles" + (" around the cursor" if big else ""))
+# Around the cursor on a big trace: the whole run's states, clipped to 600 events either side.
+p = run.index.position(seq)
+span = {"start": run.index.seq_at(p - 600), "stop": run.index.seq_at(p + 600) + 1} if big else {}
+show_chart(render_lifecycles, run.trace, cursor=seq, **span)
+with st.expander("What the states mean"):
+    st.dataframe([{"state": s, "meaning": m} for s, m in STATE_MEANINGS.items()], hide_index=True, width="stretch")
+    st.caption("Red cross on a lane: a replay was refused (the handle was already released or collected).")
 
 st.subheader("Why was this handle released before replay?")
 if len(run.trace) <= 200_000 or st.button("Diagnose every handle", help=f"Reads all {len(run.trace):,} events once"):
@@ -50,8 +57,12 @@ if not d.ok:
     st.info(f"**Fix:** {d.fix}")
 
 st.subheader(f"Handle states at seq {seq}")
-states = run.index.handle_states(seq) if len(handles) <= 2_000 else None
+life = lifecycle(run.trace)  # the same states as the lanes above
+states = life.states_at(seq) if len(handles) <= 2_000 else None
 shown = handles if states is not None else sorted(
     {e.handle_id for e in window(run, seq, 200).events if e.handle_id is not None})
-st.dataframe([{"handle": f"h{h}", "state": states[h] if states else run.index.handle_state(h, seq)} for h in shown],
-             hide_index=True, width="stretch", height=min(38 + 35 * len(shown), 400))
+rows = []
+for h in shown:
+    state = states[h] if states else life.state_at(h, seq)
+    rows.append({"handle": f"h{h}", "state": state, "reason": life.reason_at(h, seq) if state == "released" else ""})
+st.dataframe(rows, hide_index=True, width="stretch", height=min(38 + 35 * len(shown), 400))

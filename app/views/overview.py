@@ -3,11 +3,20 @@ from collections import Counter
 
 import streamlit as st
 
-from ckpt_viz import diagnose_all, format_bytes, memory_peak, render_memory
+from ckpt_viz import STATE_MEANINGS, diagnose_all, format_bytes, lifecycle, memory_peak, render_memory
 from ui.cursor import cursor_bar
 from ui.downloads import download_trace_buttons
 from ui.runs import current
 from ui.show import show_chart
+
+
+def handle_totals(trace):
+    """Replays and releases over the whole run, from the lifecycle (non-reentrant frames count as released too)."""
+    life = lifecycle(trace)
+    reasons = Counter(life.reason_at(h, None) for h, s in life.states_at(None).items() if s == "released")
+    return {"replays": sum(map(life.replays, life.handle_ids)), "released": sum(reasons.values()),
+            "reasons": reasons.most_common()}
+
 
 run = current()
 meta = run.trace.meta
@@ -17,12 +26,14 @@ seq = cursor_bar(run)
 
 kinds = run.cached(lambda trace: Counter(trace.kinds()))
 peak = run.cached(memory_peak)
+totals = run.cached(handle_totals)
 cols = st.columns(6)
 cols[0].metric("Events", f"{len(run.trace):,}")
 cols[1].metric("Handles", f"{len(run.index.handles):,}")
-cols[2].metric("Replays", f"{kinds['replay_started']:,}")
+cols[2].metric("Replays", f"{totals['replays']:,}")
 cols[3].metric("Refused replays", f"{kinds['replay_refused']:,}")
-cols[4].metric("Released", f"{kinds['released']:,}")
+cols[4].metric("Released", f"{totals['released']:,}", help="handles released by the end of the run: "
+               + (", ".join(f"{r} {n}" for r, n in totals["reasons"]) or "none"))
 cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not sampled",
                help=f"at seq {peak['seq']}: " + ", ".join(f"{c} {format_bytes(b)}" for c, b in peak["top"])
                if peak else None)
@@ -36,8 +47,9 @@ else:
 left, right = st.columns(2, gap="large")
 with left:
     st.subheader("Handles at the cursor")
-    states = Counter(run.index.handle_states(seq).values())
-    st.dataframe([{"state": s, "handles": n} for s, n in states.most_common()], hide_index=True, width="stretch")
+    counts = lifecycle(run.trace).counts_at(seq)
+    st.dataframe([{"state": s, "handles": n, "meaning": STATE_MEANINGS[s]} for s, n in counts.items()],
+                 hide_index=True, width="stretch")
 with right:
     st.subheader("Problems")
     big = len(run.trace) > 200_000  # diagnosing reads every event: on request only for a big trace

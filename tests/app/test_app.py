@@ -67,6 +67,16 @@ def _handle_table(at: AppTest) -> dict[str, str]:
     return dict(zip(df["handle"], df["state"]))
 
 
+def _lane_states(at: AppTest) -> dict[str, str]:
+    """The Handles page's lanes: handle -> the state of the bar under the cursor rule."""
+    spec = next(s for s in (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
+                if s.get("title") == "handle lifecycles")
+    bars, *rest = spec["layer"]
+    cursor = next(layer["data"]["values"][0]["seq"] for layer in rest if layer["mark"]["type"] == "rule")
+    return {r["lane"].split(" ")[0]: r["state"] for r in bars["data"]["values"]
+            if r["start_seq"] <= cursor < r["end_seq"]}
+
+
 def _shown_trace(at: AppTest) -> Trace:
     """The trace the app recorded or read for its current source (from its process-wide cache)."""
     from ui import runs  # AppTest put app/ on sys.path
@@ -179,11 +189,13 @@ def test_moving_the_cursor_changes_what_the_pages_show() -> None:
     _move(at, "first")
     assert at.slider(key="cursor_slider").value == 0
     assert list(_handle_table(at).values()) == ["recorded", "not_created", "not_created", "not_created"]
-    # Next replay: the first replay_started of the run; DX replays the last block first
+    # Next replay: the first replay_started of the run; DX replays the last block first, every handle set to dx
     _move(at, "next_replay")
-    assert list(_handle_table(at).values()) == ["recorded", "recorded", "recorded", "replaying"]
+    assert list(_handle_table(at).values()) == ["phase_dx", "phase_dx", "phase_dx", "replaying"]
+    assert _lane_states(at) == _handle_table(at)  # the lanes and the table read one lifecycle
     _move(at, "next")
-    assert list(_handle_table(at).values()) == ["recorded", "recorded", "recorded", "replayed"]
+    assert list(_handle_table(at).values()) == ["phase_dx", "phase_dx", "phase_dx", "replayed"]
+    assert _lane_states(at) == _handle_table(at)
 
     at.switch_page("views/events.py").run()
     position = at.slider(key="cursor_slider").value
@@ -195,6 +207,27 @@ def test_moving_the_cursor_changes_what_the_pages_show() -> None:
     assert before[1] != after[1]  # the plain-text log window moved with it
     table = at.dataframe[0].value
     assert list(table.loc[table[""] == "▶", "kind"]) == ["replay_started"]
+
+
+def test_nonreentrant_frames_count_as_released_on_the_overview_and_the_handles_page() -> None:
+    at = _app(src_mode="nonreentrant")
+    assert not _errors(at), _errors(at)
+    assert _shown_trace(at).count("released") == 0  # non-reentrant frames emit no `released` event
+    assert _metric(at, "Released") == "4" and _metric(at, "Replays") == "4"
+    table = at.dataframe[0].value
+    assert list(table["state"]) == ["released"] and list(table["handles"]) == [4]
+    assert table["meaning"][0].startswith("Its rebuilt activations are freed")
+    at.switch_page("views/handles.py").run()
+    df = at.dataframe[-1].value
+    assert list(df["state"]) == ["released"] * 4 and list(df["reason"]) == ["consumed"] * 4
+    assert _lane_states(at) == _handle_table(at)
+    _move(at, "first")
+    _move(at, "next_replay")
+    assert list(_handle_table(at).values()) == ["recorded", "recorded", "recorded", "replaying"]
+    assert _lane_states(at) == _handle_table(at)
+    at.switch_page("views/overview.py").run()
+    table = at.dataframe[0].value
+    assert dict(zip(table["state"], table["handles"])) == {"recorded": 3, "replaying": 1}
 
 
 def test_the_cursor_survives_a_page_change_and_drives_the_graph() -> None:
