@@ -24,6 +24,7 @@ from ckpt_viz.run.harness import (
     milestone,
 )
 from ckpt_viz.run.pipeline import run_pipeline
+from ckpt_viz.run.rng import rng_guard
 from ckpt_viz.run.zoo import ModelSpec
 from ckpt_viz.runtime import (
     backward_input,
@@ -103,5 +104,6 @@ def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int
         graphs: snapshot the autograd graph before every backward pass.
     """
     _check_mode(mode)
-    return _RUNNERS[mode](spec, mode, seed=seed, memory=memory, graphs=graphs, microbatches=microbatches,
-                          schedule=schedule)
+    with rng_guard(spec.model):  # See NOTE [ One generator per process ] in rng.py.
+        return _RUNNERS[mode](spec, mode, seed=seed, memory=memory, graphs=graphs, microbatches=microbatches,
+                              schedule=schedule)

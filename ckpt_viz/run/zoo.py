@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ckpt_viz.run.rng import RNG
 from ckpt_viz.runtime import checkpoint_exclude_wrapper
 from ckpt_viz.runtime.exclude import CheckpointExcludeWrapper
 
@@ -206,7 +207,7 @@ def build_builtin(name: str, seed: int = 0) -> ModelSpec:
 
         raise CkptVizError(f"ckpt_viz.run.zoo: unknown built-in model {name!r}; expected one of "
                            f"{', '.join(sorted(BUILTIN_MODELS))}.\nTip: or pass path/to/file.py:factory.")
-    with torch.random.fork_rng():
+    with RNG.alone(), torch.random.fork_rng():  # See NOTE [ One generator per process ] in rng.py.
         torch.manual_seed(seed)
         spec = BUILTIN_MODELS[name]()
     _number_excluded_regions(spec.model)

@@ -111,27 +111,45 @@ def test_a_split_nonreentrant_run_has_its_own_session_shown_by_a_local_name() ->
     assert trace.count("session_activated") >= 1
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_eight_concurrent_runs_on_threads_give_the_solo_traces(mode: str) -> None:
-    models = [model for model, m in RUNS if m == mode]
-    picks = [models[i % len(models)] for i in range(THREADS)]
-    solo = {model: record_run(model, mode) for model in set(picks)}
-    start = threading.Barrier(THREADS)
-    results: list[Any] = [None] * THREADS
+def _on_threads(jobs: list[Any]) -> list[Any]:
+    """Run every job at once, one thread each; return their results (or what they raised)."""
+    start = threading.Barrier(len(jobs))
+    results: list[Any] = [None] * len(jobs)
 
     def run(i: int) -> None:
         try:
             start.wait()
-            results[i] = record_run(picks[i], mode)
-        except BaseException as exc:  # noqa: BLE001  reported below, with the thread it came from
+            results[i] = jobs[i]()
+        except BaseException as exc:  # noqa: BLE001  reported by the caller, with the job it came from
             results[i] = exc
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(THREADS)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a run did not finish"
+    return results
+
+
+def test_runs_on_threads_beside_a_dropout_run_give_the_solo_gradients() -> None:
+    """torch's generator is one per process: see NOTE [ One generator per process ] in run/rng.py."""
+    picks = ["dropout", "mlp", "dropout", "closure", "dropout", "transformer", "dropout", "excluded"]
+
+    def digest(model: str) -> str:
+        return run_scenario(build_builtin(model), "reentrant").meta["grad_sha256"]
+
+    solo = {model: digest(model) for model in set(picks)}
+    results = _on_threads([lambda model=model: digest(model) for model in picks])
+    assert results == [solo[model] for model in picks]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_eight_concurrent_runs_on_threads_give_the_solo_traces(mode: str) -> None:
+    models = [model for model, m in RUNS if m == mode]
+    picks = [models[i % len(models)] for i in range(THREADS)]
+    solo = {model: record_run(model, mode) for model in set(picks)}
+    results = _on_threads([lambda model=model: record_run(model, mode) for model in picks])
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), f"thread {i} ({picks[i]} {mode}) raised {result!r}"
         assert result == solo[picks[i]], f"thread {i} ({picks[i]} {mode}): {first_difference(solo[picks[i]], result)}"
