@@ -21,7 +21,8 @@ NOTE [ Two routes ]
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten

@@ -27,7 +27,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ckpt_viz.errors import CkptVizError
 
@@ -115,7 +116,8 @@ def own_checkpointing(model: Any, layers: dict[str, Any],
             config.use_cache = False
         if make_function is not None:
             for hf_model in _hf_models(model):
-                hf_model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=make_function(type(hf_model).__name__, hf_model))
+                function = make_function(type(hf_model).__name__, hf_model)
+                hf_model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=function)
         named = {id(layer) for layer in layers.values()}
         for m, _, _ in saved:
             if is_hf_layer(m) and (make_function is None or id(m) not in named):

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["Feed", "StageCalls", "check_hf_positional", "check_loss_takes_targets", "check_stages", "feed"]
 

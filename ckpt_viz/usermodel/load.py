@@ -42,10 +42,11 @@ from __future__ import annotations
 import difflib
 import inspect
 import linecache
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.usermodel import hf
@@ -89,7 +90,7 @@ ALLOWED_KEYS: tuple[str, ...] = ("model", "inputs", "args", "kwargs", "targets",
 
 
 def _def_line(obj: Any) -> int | None:
-    code = getattr(obj, "__code__", None) or getattr(getattr(obj, "__call__", None), "__code__", None)
+    code = getattr(obj, "__code__", None) or getattr(getattr(obj, "__call__", None), "__code__", None)  # noqa: B004
     if code is not None:
         return code.co_firstlineno
     try:
@@ -144,7 +145,8 @@ def _get_factory(module: ModuleType, name: str, user_file: str | None) -> Callab
         required = [p.name for p in signature.parameters.values()
                     if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         raise site.fail(f"the factory {name}() needs the argument(s) {', '.join(required)}; it is called with none.",
-                        "give those parameters defaults, or wrap it: `def make_model(): return build(width=16)`.")
+                        "give those parameters defaults, or wrap it: `def make_model(): return build(width=16)`."
+                        ) from None
     return factory
 
 

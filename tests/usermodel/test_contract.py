@@ -93,7 +93,7 @@ def _reference(spec: ModelSpec, microbatches: int = 1) -> dict[str, torch.Tensor
     spec.model.zero_grad(set_to_none=True)
     for m in range(microbatches):
         rows = slice(m * 8 // microbatches, (m + 1) * 8 // microbatches)
-        args, kwargs, targets = tree_map(lambda v: v[rows] if isinstance(v, torch.Tensor) else v,
+        args, kwargs, targets = tree_map(lambda v, rows=rows: v[rows] if isinstance(v, torch.Tensor) else v,
                                          (spec.inputs, spec.kwargs, spec.targets))
         spec.loss(spec.model(*args, **kwargs), targets).backward()
     return _grads(spec.model)

@@ -17,11 +17,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from ckpt_viz.errors import CkptVizError  # noqa: E402
-from ckpt_viz.run.harness import grad_digest  # noqa: E402
-from ckpt_viz.run.scenarios import MODES, run_scenario  # noqa: E402
-from ckpt_viz.run.zoo import ModelSpec  # noqa: E402
-from ckpt_viz.usermodel.load import ModelLoadError, load_model  # noqa: E402
+from ckpt_viz.errors import CkptVizError
+from ckpt_viz.run.harness import grad_digest
+from ckpt_viz.run.scenarios import MODES, run_scenario
+from ckpt_viz.run.zoo import ModelSpec
+from ckpt_viz.usermodel.load import ModelLoadError, load_model
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = ROOT / "examples" / "hf_gpt2.py"
@@ -138,6 +138,7 @@ def test_an_hf_layer_in_eval_mode_is_refused_at_run_time() -> None:
         run_scenario(spec, "reentrant")
 
 
+@pytest.mark.slow  # two subprocesses, one importing transformers in the sandboxed child
 def test_cli_record_split_reentrant_matches_and_info_names_the_blocks(tmp_path: Path) -> None:
     out = tmp_path / "t.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
