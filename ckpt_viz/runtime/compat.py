@@ -32,7 +32,7 @@ import torch
 from ckpt_viz.errors import CheckpointError, CheckpointUsageError
 from ckpt_viz.runtime import session as _session
 
-__all__ = ["GraphExecGroup", "early_stop_override", "debug_override", "group_key", "set_checkpoint_debug_enabled",
+__all__ = ["GraphExecGroup", "debug_override", "early_stop_override", "group_key", "set_checkpoint_debug_enabled",
            "set_checkpoint_early_stop"]
 
 _early_stop: bool | None = None

@@ -413,3 +413,46 @@ def test_create_graph_through_nonreentrant_matches_torch() -> None:
     assert_grads_equal(second[1], second[0])
     assert_grads_equal(second[1], second[2])
     assert torch.equal(second[1][1], 6 * leaf((3,), seed=1).detach())
+
+
+# 8. Deliberate differences (README, "Differences from torch.utils.checkpoint"): both sides asserted -------
+
+def test_reentrant_grad_is_allowed_for_split_backward() -> None:
+    x, w = leaf((3, 4), seed=1), leaf((4, 4), seed=2)
+    with pytest.raises(RuntimeError, match=r"incompatible with \.grad\(\)"):
+        torch.autograd.grad(tc.checkpoint(lambda a: torch.tanh(a @ w), x, use_reentrant=True).sum(), x)
+    (ours,) = torch.autograd.grad(cv.checkpoint(lambda a: torch.tanh(a @ w), x, use_reentrant=True).sum(), x)
+    (plain,) = torch.autograd.grad(torch.tanh(x @ w).sum(), x)
+    assert_grads_equal([ours], [plain])
+
+
+def test_outer_retain_graph_does_not_keep_a_reentrant_handle() -> None:
+    calls = []
+
+    def region(a: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return a.sin()
+
+    x = leaf((3,), seed=1)
+    loss = tc.checkpoint(region, x, use_reentrant=True).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert len(calls) == 3, "torch recomputes on every backward"
+    loss = cv.checkpoint(region, x, use_reentrant=True).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(CheckpointError, match="Cannot replay a released reentrant checkpoint"):
+        loss.backward()
+
+
+def test_reentrant_keyword_and_nested_inputs_get_gradients() -> None:
+    def region(pair: tuple, *, scale: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(pair[0] * scale) + pair[1]
+
+    x, y, s = leaf((3,), seed=1), leaf((3,), seed=2), leaf((3,), seed=3)
+    with pytest.raises(ValueError, match="Unexpected keyword arguments: scale"):
+        tc.checkpoint(region, (x, y), scale=s, use_reentrant=True)
+    cv.checkpoint(region, (x, y), scale=s, use_reentrant=True).sum().backward()
+    ours = grads([x, y, s])
+    reset_grads([x, y, s])
+    region((x, y), scale=s).sum().backward()
+    assert_grads_equal(ours, grads([x, y, s]))
