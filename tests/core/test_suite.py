@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,3 +28,12 @@ def test_the_inner_loop_markers_are_registered(pytestconfig: pytest.Config) -> N
     registered = {line.split(":")[0] for line in pytestconfig.getini("markers")}
     assert {"slow", "browser", "gpu"} <= registered
     assert "--strict-markers" in pytestconfig.getini("addopts")  # a misspelt marker fails, not selects nothing
+
+
+def test_each_test_has_a_private_temp_folder(private_tempdir: Path) -> None:
+    # What makes the sandbox tests immune to other processes' `ckpt_viz_sandbox_*` folders in /tmp.
+    assert tempfile.gettempdir() == str(private_tempdir) and private_tempdir.is_dir()
+    assert Path(tempfile.mkdtemp(prefix="ckpt_viz_sandbox_")).parent == private_tempdir
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                           capture_output=True, text=True, timeout=60)
+    assert child.stdout.strip() == str(private_tempdir)
