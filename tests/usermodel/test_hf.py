@@ -154,3 +154,22 @@ def test_cli_record_split_reentrant_matches_and_info_names_the_blocks(tmp_path: 
     spec = load_model(f"{EXAMPLE}:make_model")
     _reference(spec)
     assert json.loads(out.read_text())["meta"]["grad_sha256"] == grad_digest(spec.model)
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "split-nonreentrant"])
+def test_albert_shared_layer_handles_are_told_apart_by_call_index(mode: str) -> None:
+    from transformers import AlbertConfig, AlbertModel
+
+    torch.manual_seed(0)
+    config = AlbertConfig(vocab_size=64, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=16)
+    model, layer = AlbertModel(config).train(), "encoder.albert_layer_groups.0.albert_layers.0"
+    spec = ModelSpec("albert", model, (), lambda out: out.last_hidden_state.pow(2).sum(), (layer,),
+                     kwargs={"input_ids": torch.randint(0, 64, (2, 8))})
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    spec.loss(model(**spec.kwargs)).backward()
+    want = _grads(model)
+    trace = run_scenario(spec, mode)
+    _assert_equal(_grads(model), want)
+    assert [e.data["function"] for e in trace.of_kind("handle_created")] == [layer, f"{layer}#1", f"{layer}#2"]
