@@ -10,15 +10,17 @@ compiling. Imports torch; never the UI.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointUsageError
-from ckpt_viz.runtime import compat, debug as _debug
-from ckpt_viz.runtime.reentrant import reentrant_checkpoint
+from ckpt_viz.runtime import compat
+from ckpt_viz.runtime import debug as _debug
 from ckpt_viz.runtime.handle_ids import _LIVE
+from ckpt_viz.runtime.reentrant import reentrant_checkpoint
 from ckpt_viz.runtime.state import noop_context_fn
 
 __all__ = ["checkpoint"]
@@ -89,7 +91,8 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
                                                  ("context_fn", context_fn is not noop_context_fn)) if bad]
             raise _bad(f"compile mode does not support: {', '.join(unsupported)}.\n"
                        "Tip: use the non-reentrant checkpoint without context_fn under torch.compile.")
-        from torch.utils.checkpoint import checkpoint as torch_checkpoint, set_checkpoint_early_stop
+        from torch.utils.checkpoint import checkpoint as torch_checkpoint
+        from torch.utils.checkpoint import set_checkpoint_early_stop
         with set_checkpoint_early_stop(early_stop):
             return torch_checkpoint(function, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
                                     determinism_check=determinism_check, **kwargs)

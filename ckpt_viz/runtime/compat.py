@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import weakref
-from typing import Any, Hashable, Iterator
+from collections.abc import Hashable, Iterator
+from typing import Any
 
 import torch
 
@@ -102,12 +103,12 @@ class GraphExecGroup:
 
     def __init__(self) -> None:
         self.session_id = f"GraphExecGroup#{next(GraphExecGroup._ids)}"
-        self._frames: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._frames: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def __repr__(self) -> str:
         return f"<ckpt_viz GraphExecGroup {self.session_id}>"
 
-    def __enter__(self) -> "GraphExecGroup":
+    def __enter__(self) -> GraphExecGroup:
         current = torch._C._get_graph_exec_group()
         if current is not None:
             raise _session.emit_error(CheckpointError(

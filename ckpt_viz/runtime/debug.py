@@ -26,7 +26,8 @@ import contextvars
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.events import Event
@@ -43,7 +44,7 @@ _unsubscribe: Callable[[], None] | None = None
 
 
 class _Story:
-    __slots__ = ("head", "tail", "count")
+    __slots__ = ("count", "head", "tail")
 
     def __init__(self) -> None:
         self.head: list[tuple] = []
@@ -64,7 +65,8 @@ def _details(event: Event) -> str:
         extra = f" key={data['key_source']}" if "key_source" in data else ""
         return f"trigger={data.get('trigger')}{extra}"
     if event.kind in ("replay_failed", "forward_failed"):
-        return f"{data.get('type')}: {str(data.get('message', '')).splitlines()[0][:100] if data.get('message') else ''}"
+        first = str(data.get("message") or "").splitlines()
+        return f"{data.get('type')}: {first[0][:100] if first else ''}"
     if event.kind == "error":
         return f"{data.get('type')} in {data.get('where')}"
     if event.kind == "released":

@@ -34,9 +34,10 @@ import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError
-from ckpt_viz.runtime import compat, debug as _debug, memtags
-from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
+from ckpt_viz.runtime import compat, memtags
+from ckpt_viz.runtime import debug as _debug
 from ckpt_viz.runtime import session as _session
+from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
 from ckpt_viz.runtime.recompute_state import compose_context_fns, create_recompute_contexts
 from ckpt_viz.runtime.reentrant import new_handle_id
 from ckpt_viz.runtime.state import ExecutionState

@@ -23,7 +23,8 @@ from ckpt_viz.errors import (
     HandleReleasedError,
     SessionMismatchError,
 )
-from ckpt_viz.runtime import debug as _debug, memtags
+from ckpt_viz.runtime import debug as _debug
+from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.state import ExecutionState

@@ -128,7 +128,7 @@ def test_omitting_use_reentrant_warns_and_selects_reentrant(api: str) -> None:
     found = {}
     for name, impl in IMPLS.items():
         with recompute_handle_collector_ctx() as handles:
-            found[name], out = _caught(lambda: call(impl))
+            found[name], out = _caught(lambda impl=impl: call(impl))
         found[name + "_handles"] = handles
         found[name + "_out"] = out
     for name in IMPLS:
@@ -157,9 +157,9 @@ def test_explicit_use_reentrant_does_not_warn(name: str, kind: str) -> None:
 def test_early_stop_context_wins_over_the_keyword(keyword: bool, context: bool | None, kind: str) -> None:
     tails = {}
     for name, impl in IMPLS.items():
-        runs = []
+        runs: list[int] = []
 
-        def region(a: torch.Tensor) -> torch.Tensor:
+        def region(a: torch.Tensor, runs: list[int] = runs) -> torch.Tensor:
             out = a.sin()  # the only saved tensor
             runs.append(1)  # the tail: re-run only without early stop
             return out
@@ -205,7 +205,7 @@ def _mismatch(impl: types.ModuleType, debug: bool | None, keyword: bool) -> Chec
         y = impl.checkpoint(_shape_changing_region(flag), x, use_reentrant=False, debug=keyword)
     flag.on = True
     # torch's debug error is its operator log, which says "non-determinism" instead
-    with pytest.raises(impl.CheckpointError, match="[Dd]ifferent.*metadata|Detected non-determinism") as info:
+    with pytest.raises(impl.CheckpointError, match=r"[Dd]ifferent.*metadata|Detected non-determinism") as info:
         y.sum().backward()
     return info.value
 
@@ -336,7 +336,7 @@ def test_graph_exec_group_is_a_no_op_for_reentrant_checkpoints() -> None:
         w = leaf((4, 4), seed=1)
         x = leaf((3, 4), seed=2)
         with impl.GraphExecGroup():
-            impl.checkpoint(lambda a: torch.tanh(a @ w), x, use_reentrant=True).sum().backward()
+            impl.checkpoint(lambda a, w=w: torch.tanh(a @ w), x, use_reentrant=True).sum().backward()
         results.append([x.grad, w.grad])
     assert_grads_equal(results[1], results[0])
 
