@@ -63,19 +63,18 @@ def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | N
         {kind: "refused", handle_id, lane, seq, reason} for each refused replay, ordered
         by lane (stage, micro-batch, first appearance) and then by seq, refusals last.
     """
-    lanes = derived(trace, "swimlane:lanes", _lanes)
+    life = lifecycle(trace)
     if start is None and stop is None:
-        handles = list(lanes)
+        handles = life.handle_ids
     else:
         seqs, ids = event_column(trace, "seq"), event_column(trace, "handle_id")
         lo = 0 if start is None else bisect_left(seqs, start)
         hi = len(seqs) if stop is None else bisect_left(seqs, stop)
-        present = set(ids[lo:hi])
-        handles = [h for h in lanes if h in present]
+        handles = [h for h in dict.fromkeys(ids[lo:hi]) if h is not None]
+    lanes = _lanes(trace, handles)
     intervals: list[dict[str, Any]] = []
     points: list[dict[str, Any]] = []
-    for h in handles:
-        bars, refused = lanes[h]
+    for _, bars, refused in lanes:
         for row in bars:
             a = row["start_seq"] if start is None else max(row["start_seq"], start)
             b = row["end_seq"] if stop is None else min(row["end_seq"], stop)
@@ -86,33 +85,38 @@ def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | N
     return intervals + points
 
 
-def _lanes(trace: Trace) -> dict[str, Any]:
-    """handle -> (interval rows, refusal rows), in lane order. See NOTE [ Lanes ]."""
-    life = lifecycle(trace)
-    tags = event_column(trace, "tags")
-    end = life.end_seq + 1 if life.end_seq is not None else 0
-    sort: dict[int, tuple] = {}
-    out: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-    for order, h in enumerate(life.handle_ids):
-        first_tags = tags[life.first_position(h)] or {}
-        stage, mb = first_tags.get("stage"), first_tags.get("microbatch")
-        sort[h] = (stage is None, stage if isinstance(stage, int) else 0, mb is None,
-                   mb if isinstance(mb, int) else 0, order)
-        lane = lane_label(h, first_tags)
-        changes = life.transitions(h)
-        bars = []
-        for k, t in enumerate(changes):
-            stop = changes[k + 1].seq if k + 1 < len(changes) else max(end, t.seq + 1)
-            if stop > t.seq:
-                row = {"kind": "interval", "handle_id": h, "lane": lane, "state": t.state, "start_seq": t.seq,
-                       "end_seq": stop}
-                if t.state == "released" and t.reason is not None:
-                    row["reason"] = t.reason
-                bars.append(row)
-        refused = [{"kind": "refused", "handle_id": h, "lane": lane, "seq": r.seq, "reason": r.reason}
-                   for r in life.refusals(h)]
-        out[h] = (bars, refused)
-    return {h: out[h] for h in sorted(out, key=sort.__getitem__)}
+def _lanes(trace: Trace, handles: list[int]) -> list[tuple[tuple, list[dict[str, Any]], list[dict[str, Any]]]]:
+    """(sort key, interval rows, refusal rows) of each handle, in lane order; each lane built once per trace."""
+    built: dict[int, tuple] = derived(trace, "swimlane:lanes", lambda _trace: {})
+    missing = [h for h in handles if h not in built]
+    if missing:
+        life = lifecycle(trace)
+        tags = event_column(trace, "tags")
+        end = life.end_seq + 1 if life.end_seq is not None else 0
+        for h in missing:
+            first = life.first_position(h)  # also the order of first appearance
+            built[h] = _lane(life, h, tags[first] or {}, end, first)
+    return sorted((built[h] for h in handles), key=lambda lane: lane[0])
+
+
+def _lane(life: Any, h: int, tags: Any, end: int, order: int) -> tuple:
+    """One handle's lane. See NOTE [ Lanes ]."""
+    stage, mb = tags.get("stage"), tags.get("microbatch")
+    key = (stage is None, stage if isinstance(stage, int) else 0, mb is None, mb if isinstance(mb, int) else 0, order)
+    lane = lane_label(h, tags)
+    changes = life.transitions(h)
+    bars = []
+    for k, t in enumerate(changes):
+        stop = changes[k + 1].seq if k + 1 < len(changes) else max(end, t.seq + 1)
+        if stop > t.seq:
+            row = {"kind": "interval", "handle_id": h, "lane": lane, "state": t.state, "start_seq": t.seq,
+                   "end_seq": stop}
+            if t.state == "released" and t.reason is not None:
+                row["reason"] = t.reason
+            bars.append(row)
+    refused = [{"kind": "refused", "handle_id": h, "lane": lane, "seq": r.seq, "reason": r.reason}
+               for r in life.refusals(h)]
+    return key, bars, refused
 
 
 def render_lifecycles(trace: Trace, *, cursor: int | None = None, start: int | None = None,

@@ -1,9 +1,10 @@
 """lifecycle_intervals / render_lifecycles on hand-built traces: exact intervals, refusals, lane order, chart."""
 from __future__ import annotations
 
-from traces import Builder, nonreentrant_trace, refused_trace, split_trace
+from traces import Builder, nonreentrant_trace, refused_trace, split_trace, synthetic_trace
 
 from ckpt_viz.render.swimlane import LIFECYCLE_COLOURS, lane_label, lifecycle_intervals, render_lifecycles
+from ckpt_viz.trace.index import TraceIndex
 from ckpt_viz.trace.lifecycle import STATES, lifecycle
 
 
@@ -128,3 +129,20 @@ def test_a_handle_collected_before_any_replay_shows_collected_then_the_refusal()
     rows = lifecycle_intervals(b.trace())
     assert _bars(rows, 0) == [("recorded", 0, 1, None), ("collected", 1, 3, None)]
     assert [(r["seq"], r["reason"]) for r in rows if r["kind"] == "refused"] == [(2, "node_collected")]
+
+
+def test_a_window_on_a_long_trace_shows_the_same_states_as_the_index_at_the_cursor() -> None:
+    trace = synthetic_trace(39_000)  # 3 waves of 1,000 handles, 13 steps each
+    index = TraceIndex.of(trace)
+    for cursor in (6_500, 20_000, 38_999):
+        rows = lifecycle_intervals(trace, start=cursor - 600, stop=cursor + 601)
+        at = {r["handle_id"]: r["state"] for r in rows
+              if r["kind"] == "interval" and r["start_seq"] <= cursor < r["end_seq"]}
+        assert len(at) >= 601  # every handle with an event within 600 events of the cursor
+        assert at == {h: index.handle_state(h, cursor) for h in at}
+    # Events 20,000..20,999 are step 7 (grads_routed, dx) of wave 1's handles 1,000..1,999: each is replayed
+    # until its own event, retained after it; none is drawn "recorded" at the window's start.
+    rows = lifecycle_intervals(trace, start=20_000, stop=21_000)
+    assert {r["handle_id"] for r in rows} == set(range(1_000, 2_000))
+    assert {r["state"] for r in rows} == {"replayed", "retained"}
+    assert {r["state"] for r in rows if r["end_seq"] == 21_000} == {"retained"}
