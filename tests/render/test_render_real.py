@@ -1,6 +1,6 @@
 """Every renderer on real recorded traces (torch runs here): sensible states, charts, graphs and routing.
 
-Split-reentrant mlp: after DX every handle is "replayed", after DW "released". A
+Split-reentrant mlp: after DX every handle is "retained", after DW "released". A
 12-block recording collapses to one "Block x12" node. Renderer output is checked
 against the trace itself (counts, seqs), and the DOT is laid out by Graphviz.
 """
@@ -38,13 +38,15 @@ def _last(trace: Trace, kind: str, phase: str) -> int:
     return [e.seq for e in trace.events if e.kind == kind and e.phase == phase][-1]
 
 
-def test_states_after_dx_are_replayed_and_after_dw_released(split: Trace) -> None:
+def test_states_after_dx_are_retained_and_after_dw_released(split: Trace) -> None:
     index = TraceIndex.of(split)
     handles = split.handle_ids()
     assert index.handles == handles and len(handles) == 4
-    first_phase = [e.seq for e in split.events if e.kind == "phase_set"][0]
-    assert set(index.handle_states(first_phase).values()) == {"recorded"}
-    assert set(index.handle_states(_last(split, "grads_routed", "dx")).values()) == {"replayed"}
+    dx_phases = [e.seq for e in split.events if e.kind == "phase_set" and e.data["new"] == "dx"]
+    assert len(dx_phases) == 4
+    assert set(index.handle_states(dx_phases[0] - 1).values()) == {"recorded"}
+    assert set(index.handle_states(dx_phases[-1]).values()) == {"phase_dx"}
+    assert set(index.handle_states(_last(split, "grads_routed", "dx")).values()) == {"retained"}
     assert set(index.handle_states(None).values()) == {"released"}
     assert index.memory_at(None) == split.memory[-1]
 
@@ -60,7 +62,7 @@ def test_graph_snapshots_render_with_their_regions(split: Trace) -> None:
             assert f'label="h{h} · {states[h]}"' in dot
         assert "<svg" in _svg(dot) and "<svg" in _svg(render_torchviz_view(snapshot))
     dw_states = index.handle_states(split.graphs[1].seq)
-    assert set(dw_states.values()) == {"replayed"}  # DW snapshot: every replay retained by DX
+    assert set(dw_states.values()) == {"retained"}  # DW snapshot: every replay retained by DX
     # The retained replays are drawn inside their regions: each holds its block's fc1.weight.
     dot = render_graph(split.graphs[1], states=dw_states, collapse=False)
     for block, h in enumerate(sorted(split.handle_ids())):
@@ -93,7 +95,7 @@ def test_lifecycles_end_released_by_dw(split: Trace) -> None:
     rows = lifecycle_intervals(split)
     for h in split.handle_ids():
         states = [r["state"] for r in rows if r["kind"] == "interval" and r["handle_id"] == h]
-        assert states == ["recorded", "phase_dx", "replayed", "retained", "released"]
+        assert states == ["recorded", "phase_dx", "replaying", "replayed", "retained", "released"]
         assert [r["reason"] for r in rows if r["handle_id"] == h and r["state"] == "released"] == ["dw_complete"]
     assert not [r for r in rows if r["kind"] == "refused"]
     render_lifecycles(split, cursor=20).to_dict()
