@@ -1,45 +1,49 @@
-"""Run a user model in a child process, with a time limit and a memory limit.
+"""Run a user model in a contained child process: `record_in_subprocess`.
 
-Owns `record_in_subprocess`, the child's entry point (`python -m ckpt_viz.usermodel.sandbox`) and
-the `SandboxError` family. The parent side is standard library plus ckpt_viz's torch-free
-modules: only the child imports torch, after its memory limit is set. Never imports the UI.
+The parent side: it validates the limits, starts the child (`ckpt_viz.usermodel.child`) in
+bubblewrap and a cgroup where the platform offers them (`ckpt_viz.usermodel.isolation`, whose
+NOTE [ What the sandbox guarantees ] says what is and is not contained), waits, ends every
+process of the run, reads back a bounded result and turns each failure into an error that
+says what happened. Standard library plus ckpt_viz's torch-free modules; never imports the UI.
 
 NOTE [ Sandbox protocol ]
-  1. The parent makes a temporary folder and starts `sys.executable -m ckpt_viz.usermodel.sandbox`
-     in a new session (its own process group), with the caller's working directory,
-     sys.path (sent in the request) and environment; stdout and stderr go to
-     `output.log` in that folder.
-  2. The child sets RLIMIT_AS (address space) to `memory_mb` and RLIMIT_CORE to 0,
-     enables faulthandler (a crash prints the Python stack to the log), then imports
-     torch, runs `load_model` and `run_scenario`, and writes `trace.json` with
-     `Trace.save` (JSON; never pickle). On an exception it writes `error.json`:
-     {"kind": "load" | "run" | "memory", "type", "message", "traceback", "file", "line"}
+  1. The parent makes a folder `ckpt_viz_sandbox_<parent pid>_*` in the temporary folder,
+     writes `request.json` (the reference, the limits, sys.path) and starts
+     `python -m ckpt_viz.usermodel.child FOLDER` in a new session, with the environment of
+     `isolation.child_env` and the folder as working directory; stdout and stderr go to
+     `output.log` there. Under bubblewrap that folder is the only writable one.
+  2. The child applies its hard limits, writes each step it reaches to `stage`, imports
+     torch, runs `load_model` and `run_scenario`, and writes `trace.json` with `Trace.save`
+     (JSON; never pickle). On an exception it writes `error.json`:
+     {"kind": "start" | "load" | "run" | "memory", "type", "message", "traceback", "file", "line"}
      with the message already written for people, and exits 1.
-  3. The parent waits at most `timeout_s`; on expiry it sends SIGUSR1 (faulthandler
-     prints the child's Python stack, which locates the model file's line), waits
-     0.5 s, and kills the whole process group (the model's own subprocesses too).
-     It always kills the group once the child is done, then reads `error.json` or
-     `trace.json` (`Trace.load` validates it), and removes the folder.
-  4. A child that dies without a report (os._exit, a signal) becomes
-     `SandboxCrashError` with the log's tail; on a crash, faulthandler's stack names
-     the model file's line.
+  3. The parent waits at most `timeout_s`; on expiry it sends SIGUSR1 to the child
+     (faulthandler prints its Python stack, which locates the model file's line), waits
+     until the stack is in the log (at most 3 s), then kills everything: the session,
+     the sandbox (its PID namespace), the cgroup. It reads only regular files of
+     bounded size from the folder (never through a link), refuses a trace over
+     `max_trace_mb` or `max_events`, and removes the folder.
+  4. SIGTERM and SIGHUP to the parent (when it is the main thread of a program that left
+     them at their default) end the child and remove the folder before the parent dies of
+     the same signal. A parent killed outright takes the sandbox with it
+     (`--die-with-parent`); its folder is removed by the next run (the sweep).
+  5. A child that dies without a report (os._exit, a signal) becomes `SandboxCrashError`
+     with the log's tail; on a crash, faulthandler's stack names the model file's line.
 
 NOTE [ Memory limit ]
-  RLIMIT_AS caps virtual memory, not resident memory. CPU-only torch 2.13 maps about
-  0.8 GB to import and run a small model (measured: imports and runs the built-in
-  transformer under a 1024 MB limit); each extra thread reserves a stack (8 MB) and
-  possibly a malloc arena (64 MB), so the child runs with MALLOC_ARENA_MAX=2 unless the
-  caller set it. The default 4096 MB leaves room for many threads and a model of a
-  few GB. CUDA maps tens of GB of address space when it initialises: pass
-  memory_mb=None (no limit) for a model on a GPU. A failed allocation shows up as
-  MemoryError or torch's "can't allocate memory" RuntimeError, both reported as
-  `SandboxMemoryError`.
+  RLIMIT_AS caps each process's virtual memory, not resident memory; the cgroup (where
+  there is one) caps the resident memory of all the run's processes together. CPU-only
+  torch 2.13 maps about 0.8 GB to import and run a small model; each extra thread
+  reserves a stack (8 MB) and possibly a malloc arena (64 MB), so the child runs with
+  MALLOC_ARENA_MAX=2 unless the caller set it. CUDA maps tens of GB of address space
+  when it initialises: pass memory_mb=None (no limit) for a model on a GPU. A failed
+  allocation shows up as MemoryError or torch's "can't allocate memory" RuntimeError,
+  and a cgroup kill as SIGKILL with the kernel's oom_kill count: all `SandboxMemoryError`.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
-import linecache
 import os
 import re
 import shutil
@@ -47,24 +51,28 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn
 
 from ckpt_viz.errors import (  # the Sandbox* errors are re-exported: defined with the whole error tree
-    CkptVizError,
     SandboxCrashError,
     SandboxError,
     SandboxMemoryError,
     SandboxRunError,
     SandboxTimeoutError,
-    TraceError,
 )
 from ckpt_viz.trace import Trace
-from ckpt_viz.usermodel.load import ModelLoadError, parse_ref, user_frame
+from ckpt_viz.usermodel.child import MEMORY_MARKERS
+from ckpt_viz.usermodel.isolation import Cgroup, Limits, SandboxWarning, bwrap_problem, child_env, command, not_isolated
+from ckpt_viz.usermodel.load import ModelLoadError, parse_ref
+from ckpt_viz.usermodel.processes import PREFIX, dump_stack, ending_signals, kill_group, signals_held, sweep
+from ckpt_viz.usermodel.readback import load_trace, read, tail
 
 __all__ = [
+    "DEFAULT_MAX_EVENTS",
+    "DEFAULT_MAX_TRACE_MB",
     "DEFAULT_MEMORY_MB",
     "DEFAULT_TIMEOUT_S",
     "SandboxCrashError",
@@ -72,43 +80,23 @@ __all__ = [
     "SandboxMemoryError",
     "SandboxRunError",
     "SandboxTimeoutError",
+    "SandboxWarning",
     "record_in_subprocess",
 ]
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MEMORY_MB = 4096
+DEFAULT_MAX_TRACE_MB = 512
+DEFAULT_MAX_EVENTS = 2_000_000
 EXTRA_KEYS = ("seed", "microbatches", "schedule", "memory", "graphs")
 _API = "ckpt_viz.record_in_subprocess"
-_TAIL_CHARS = 2000
-_STACK_GRACE_S = 0.5  # how long a timed-out child gets to print its stack before the kill
-# Text of a failed allocation: in torch's RuntimeError, or in the log of a child that died of one.
-_MEMORY_MARKERS = ("can't allocate memory", "Cannot allocate memory", "std::bad_alloc", "out of memory",
-                   "Memory allocation still failed")  # the last: OpenBLAS, when the limit is below torch's needs
-_LOG_MEMORY_MARKERS = ("MemoryError", *_MEMORY_MARKERS)
+_REPORT_BYTES = 4 * 2**20
+_LOG_MEMORY_MARKERS = ("MemoryError", *MEMORY_MARKERS)
+_STARTING = ("starting", "importing torch")
+_warned: set[str] = set()
 
 
-# -- parent --
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _TAIL_CHARS))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _with_output(text: str, output: str) -> str:
-    return f"{text}\nOutput (last lines):\n{output}" if output else text
-
-
-def _signal_name(returncode: int) -> str:
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
+# -- the run --
 
 
 def _check_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -125,133 +113,168 @@ def _check_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     return extra
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _dump_stack(proc: subprocess.Popen) -> None:
-    """Ask a child that ran out of time to print its Python stack (faulthandler, SIGUSR1) before it is killed."""
-    if not hasattr(signal, "SIGUSR1"):
-        return
-    try:
-        os.kill(proc.pid, signal.SIGUSR1)
-        proc.wait(timeout=_STACK_GRACE_S)
-    except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-        pass
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parent.parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    env.setdefault("MALLOC_ARENA_MAX", "2")  # See NOTE [ Memory limit ]
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _raise_report(report: dict[str, Any], *, pid: int, returncode: int, output: str) -> NoReturn:
-    cls = {"load": ModelLoadError, "memory": SandboxMemoryError}.get(report.get("kind"), SandboxRunError)
-    common = {"file": report.get("file"), "line": report.get("line"), "traceback": report.get("traceback", "")}
-    if cls is ModelLoadError:
-        raise ModelLoadError(report["message"], **common)  # verbatim: see NOTE [ Sandbox protocol ], rule 2
-    raise cls(report["message"], pid=pid, returncode=returncode, output=output, **common)
-
-
 def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                         memory_mb: int | None = DEFAULT_MEMORY_MB,
-                         extra: Mapping[str, Any] | None = None) -> Trace:
-    """Load the user model `ref` and run it in `mode` in a child process; return its trace.
+                         memory_mb: int | None = DEFAULT_MEMORY_MB, extra: Mapping[str, Any] | None = None,
+                         max_trace_mb: int = DEFAULT_MAX_TRACE_MB, max_events: int = DEFAULT_MAX_EVENTS) -> Trace:
+    """Load the user model `ref` and run it in `mode` in a contained child process; return its trace.
 
-    See NOTE [ Sandbox protocol ] and NOTE [ Memory limit ]. The caller's process never
-    imports or runs the user's code.
+    See NOTE [ Sandbox protocol ], NOTE [ Memory limit ], and NOTE [ What the sandbox
+    guarantees ] in `ckpt_viz.usermodel.isolation`. The caller's process never imports or
+    runs the user's code. Without bubblewrap, a `SandboxWarning` says once what is not isolated.
 
     Args:
         ref: as for `ckpt_viz.usermodel.load.load_model` ("path/to/file.py:factory", "package.module:factory").
         mode: one of `ckpt_viz.run.scenarios.MODES`.
-        timeout_s: wall-clock limit for the whole child, Python and torch start-up included (a few seconds).
-        memory_mb: address-space limit (RLIMIT_AS) of the child in MiB; None for no limit (needed for CUDA).
+        timeout_s: wall-clock limit for the whole child, Python and torch start-up included (a few
+            seconds); positive and finite.
+        memory_mb: memory limit of the child in MiB (address space per process; resident memory of all
+            its processes together, where a cgroup is available); None for no limit (needed for CUDA).
         extra: keyword arguments of `run_scenario` (and of `load_model` for "seed"): seed, microbatches,
             schedule, memory, graphs.
+        max_trace_mb, max_events: caps on the trace coming back (file size; events plus memory samples).
 
     Returns:
         The trace the child recorded, read back from JSON.
 
     Raises:
         ModelLoadError: the model file is wrong (the child's message, verbatim).
+        SandboxError: a limit is not positive and finite, or `extra` is wrong (before any process starts).
         SandboxTimeoutError, SandboxMemoryError, SandboxRunError, SandboxCrashError: see each class.
     """
-    parse_ref(ref)  # a malformed reference fails here, without starting a process
+    parsed = parse_ref(ref)  # a malformed reference fails here, without starting a process
     extra = _check_extra(extra)
-    if not timeout_s or timeout_s <= 0:
-        raise SandboxError(f"{_API}: timeout_s must be positive, got {timeout_s!r}.\nTip: the default is "
-                           f"{DEFAULT_TIMEOUT_S:g} s.")
-    workdir = Path(tempfile.mkdtemp(prefix="ckpt_viz_sandbox_"))
-    request = {"ref": ref, "mode": mode, "memory_mb": memory_mb, "extra": extra, "sys_path": list(sys.path)}
-    (workdir / "request.json").write_text(json.dumps(request))
-    log = workdir / "output.log"
-    try:
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "ckpt_viz.usermodel.sandbox", str(workdir)],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=os.getcwd(), env=_child_env(), start_new_session=True)
+    limits = Limits.check(timeout_s=timeout_s, memory_mb=memory_mb, max_trace_mb=max_trace_mb,
+                          max_events=max_events, error=SandboxError)
+    target = os.path.abspath(parsed.target) if parsed.is_file else parsed.target
+    load_ref = f"{target}:{parsed.factory}" if parsed.is_file else ref.strip()
+    tmp = tempfile.gettempdir()
+    sweep(tmp)
+    problem = bwrap_problem()
+    with ending_signals():
+        workdir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_", dir=tmp))
+        cgroup = None
         try:
-            try:
-                returncode: int | None = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                returncode = None
-                _dump_stack(proc)
-        finally:  # on timeout, success, or the caller's KeyboardInterrupt: no process of the group survives
-            _kill_group(proc.pid)
+            cgroup = Cgroup.create(workdir.name, limits)
+            if problem and problem not in _warned:
+                _warned.add(problem)
+                warnings.warn(not_isolated(problem, cgroup), SandboxWarning, stacklevel=2)
+            return _run(ref, load_ref, mode, extra, limits, workdir, cgroup, isolate=problem is None,
+                        readable=[os.path.dirname(target) if parsed.is_file else "", *sys.path])
+        finally:
+            with signals_held():
+                if cgroup is not None:
+                    cgroup.kill()
+                    cgroup.remove()
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(ref: str, load_ref: str, mode: str, extra: dict[str, Any], limits: Limits, workdir: Path,
+         cgroup: Cgroup | None, *, isolate: bool, readable: list[str]) -> Trace:
+    sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    request = {"ref": ref, "load_ref": load_ref, "mode": mode, "extra": extra, "sys_path": sys_path,
+               "parent_pid": os.getpid(),
+               "limits": {"memory_mb": limits.memory_mb, "memory_bytes": (limits.memory_mb or 0) * 2**20 or None,
+                          "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes, "max_tasks": limits.max_tasks,
+                          "isolated": isolate}}
+    (workdir / "request.json").write_text(json.dumps(request))
+    argv = command([sys.executable, "-m", "ckpt_viz.usermodel.child", str(workdir)], workdir=workdir,
+                   readable=[*readable, *sys_path], cgroup_files=cgroup.procs_files if cgroup else (),
+                   isolate=isolate)
+    with open(workdir / "output.log", "wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=workdir, env=child_env(workdir), start_new_session=True)
+    try:
+        try:
+            returncode: int | None = proc.wait(timeout=limits.timeout_s)
+        except subprocess.TimeoutExpired:
+            returncode = None
+            dump_stack(proc, workdir)
+    finally:  # on timeout, success, or the caller's KeyboardInterrupt: no process of the run survives
+        with signals_held():
+            kill_group(proc.pid)
+            if cgroup is not None:
+                cgroup.kill()
             proc.wait()
-        return _outcome(workdir, ref, mode, proc.pid, returncode, timeout_s, memory_mb)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    if isolate and returncode is not None and 128 < returncode < 128 + 65:
+        returncode = 128 - returncode  # bubblewrap exits with 128 + n when the child died of signal n
+    oom = cgroup.oom_kills() if cgroup is not None else 0
+    return _outcome(workdir, ref, mode, proc.pid, returncode, limits, oom)
 
 
-def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | None, timeout_s: float,
-             memory_mb: int | None) -> Trace:
-    output = _tail(workdir / "output.log")
+def _with_output(text: str, output: str) -> str:
+    return f"{text}\nOutput (last lines):\n{output}" if output else text
+
+
+def _stage(workdir: Path) -> str:
+    with contextlib.suppress(SandboxError):
+        return (read(workdir / "stage", 200, "a stage file") or b"").decode("utf-8", "replace").strip()
+    return ""
+
+
+def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | None, limits: Limits,
+             oom_kills: int) -> Trace:
+    output = tail(workdir / "output.log")
     where = {"pid": pid, "returncode": returncode, "output": output}
+    stage = _stage(workdir) or "starting"
     if returncode is None:
         file, line = _last_user_line(output, ref)
         at = f'\n  File "{file}", line {line} (where the model file was when time ran out)' if line else ""
         raise SandboxTimeoutError(_with_output(
-            f"{_API}: {ref} did not finish within {timeout_s:g} s (mode {mode!r}); the child process "
-            f"(pid {pid}) and its process group were killed.{at}", output) +
+            f"{_API}: {ref} did not finish within {limits.timeout_s:g} s (mode {mode!r}, while {stage}); the "
+            f"child process (pid {pid}) and every process it started were killed.{at}", output) +
             "\nTip: look for a loop or a wait that never ends; if the model is just slow, make it smaller or "
             "pass a larger timeout_s (starting Python and importing torch alone takes a few seconds).",
             file=file, line=line, traceback=output, **where)
-    report_path = workdir / "error.json"
-    if report_path.exists():
-        try:
-            report = json.loads(report_path.read_text())
-        except (OSError, ValueError):
-            report = None
-        if isinstance(report, dict) and isinstance(report.get("message"), str):
-            _raise_report(report, pid=pid, returncode=returncode, output=output)
-    limit = f"{memory_mb} MB" if memory_mb else "no limit"
-    if returncode == 0 and (workdir / "trace.json").exists():
-        try:
-            return Trace.load(workdir / "trace.json")
-        except TraceError as exc:
-            raise SandboxCrashError(f"{_API}: the child wrote a trace that does not load: {exc}", **where) from None
-    if memory_mb and any(marker in output for marker in _LOG_MEMORY_MARKERS):
+    raw = read(workdir / "error.json", _REPORT_BYTES, "an error report")
+    report = None
+    if raw is not None:
+        with contextlib.suppress(ValueError):
+            report = json.loads(raw)
+    if isinstance(report, dict) and isinstance(report.get("message"), str) and report.get("kind") == "memory":
+        _raise_report(report, **where)
+    if oom_kills:
+        what = (f"the child for {ref} could not start within its memory limit of {limits.memory_mb} MB (a cgroup; "
+                f"it was {stage}, the model was not loaded)" if stage in _STARTING else
+                f"{ref} went over the memory limit of {limits.memory_mb} MB (all of its processes together, a "
+                f"cgroup) while {stage}")
         raise SandboxMemoryError(_with_output(
-            f"{_API}: {ref} ran out of memory (limit {limit}) and the child died "
-            f"({_status(returncode)}).", output) +
-            "\nTip: make the model or its inputs smaller, or pass a larger memory_mb (importing torch alone "
-            "needs about 1 GB of address space).", traceback=output, **where)
+            f"{_API}: {what}: the kernel ended {oom_kills} of its processes and the child "
+            f"{_status(returncode, limits)}.", output) +
+            "\nTip: make the model, its inputs or the processes it starts smaller, or pass a larger memory_mb.",
+            traceback=output, **where)
+    if isinstance(report, dict) and isinstance(report.get("message"), str):
+        _raise_report(report, **where)
+    if returncode == 0 and (workdir / "trace.json").exists():
+        return load_trace(workdir / "trace.json", limits)
+    if limits.memory_mb and any(marker in output for marker in _LOG_MEMORY_MARKERS):
+        if stage in _STARTING:
+            what = f"could not start within its memory limit of {limits.memory_mb} MB (it died while {stage}, " \
+                   "before the model was loaded)"
+        else:
+            what = f"ran out of memory (limit {limits.memory_mb} MB) while {stage} and died"
+        raise SandboxMemoryError(_with_output(f"{_API}: the child for {ref} {what} "
+                                              f"({_status(returncode, limits)}).", output) +
+                                 "\nTip: pass a larger memory_mb (importing torch alone needs about 1024 MB of "
+                                 "address space), or make the model or its inputs smaller.", traceback=output, **where)
     file, line = _last_user_line(output, ref)
     at = f'\n  File "{file}", line {line} (the last line of the model file on the crash stack)' if line else ""
     raise SandboxCrashError(_with_output(
-        f"{_API}: the child running {ref} (mode {mode!r}) {_status(returncode)} without writing a trace "
-        f"or an error report.{at}", output) +
+        f"{_API}: the child running {ref} (mode {mode!r}) {_status(returncode, limits)} while {stage}, without "
+        f"writing a trace or an error report.{at}", output) +
         "\nTip: the model's code ended the process (os._exit, a signal, a crash in C code); any output above "
         "shows its last words, and a crash prints the Python stack.", traceback=output, file=file, line=line,
         **where)
+
+
+def _raise_report(report: dict[str, Any], *, pid: int, returncode: int | None, output: str) -> NoReturn:
+    kind = report.get("kind")
+    cls = {"load": ModelLoadError, "memory": SandboxMemoryError, "start": SandboxCrashError}.get(kind, SandboxRunError)
+    common = {"file": report.get("file"), "line": report.get("line"), "traceback": str(report.get("traceback", ""))}
+    if not isinstance(common["line"], int) or not isinstance(common["file"], str):
+        common["file"], common["line"] = None, None
+    if cls is ModelLoadError:
+        raise ModelLoadError(report["message"], **common)  # verbatim: see NOTE [ Sandbox protocol ], rule 2
+    raise cls(report["message"], pid=pid, returncode=returncode, output=output, **common)
 
 
 def _last_user_line(output: str, ref: str) -> tuple[str | None, int | None]:
@@ -266,123 +289,18 @@ def _last_user_line(output: str, ref: str) -> tuple[str | None, int | None]:
     return None, None
 
 
-def _status(returncode: int) -> str:
+def _status(returncode: int | None, limits: Limits) -> str:
+    if returncode is None:
+        return "was killed"
+    if returncode == 126:
+        return "could not join its cgroup (exit code 126)"
     if returncode < 0:
-        name = _signal_name(returncode)
-        why = " (the kernel's out-of-memory killer, or another process)" if name == "SIGKILL" else ""
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        why = {"SIGKILL": f" (its CPU time limit of {limits.cpu_s} s, the kernel's out-of-memory killer, or "
+                          "another process)", "SIGXCPU": f" (its CPU time limit of {limits.cpu_s} s)",
+               "SIGXFSZ": f" (it wrote a file over {limits.file_bytes // 2**20} MiB)"}.get(name, "")
         return f"was killed by {name}{why}"
     return f"exited with code {returncode}"
-
-
-# -- child --
-
-
-def _memory_error(exc: BaseException | None) -> BaseException | None:
-    """The MemoryError, or torch's failed-allocation RuntimeError, in `exc` or its causes."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and any(
-                marker in str(exc) for marker in _MEMORY_MARKERS)):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _report(exc: BaseException, *, stage: str, ref: str, mode: str, memory_mb: int | None,
-            user_file: str | None) -> dict[str, Any]:
-    """The error report of NOTE [ Sandbox protocol ], rule 2, with a message written for people."""
-    tb = getattr(exc, "traceback", "") or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    frame = user_frame(exc.__traceback__, user_file)
-    file, line = getattr(exc, "file", None), getattr(exc, "line", None)
-    if file is None and frame is not None:
-        file, line = frame.filename, frame.lineno
-    at = ""
-    if file and line:
-        code = linecache.getline(file, line).strip()
-        at = f'\n  File "{file}", line {line}' + (f"\n    {code}" if code else "")
-    memory = _memory_error(exc)
-    if memory is not None:
-        if type(memory).__name__ == "OutOfMemoryError":  # torch's, for an accelerator
-            limit = "the device's memory"
-        elif memory_mb:
-            limit = f"the limit of {memory_mb} MB (RLIMIT_AS, address space)"
-        else:
-            limit = "the machine's memory"
-        text = str(memory).strip().splitlines()
-        first = f"{type(memory).__name__}: {text[0]}" if text else type(memory).__name__
-        message = (f"{_API}: {ref} ran out of memory under {limit} while {stage}.{at}\n{first}\n"
-                   "Tip: make the model or its inputs smaller, or pass a larger memory_mb "
-                   "(torch itself needs about 1 GB of address space).")
-        kind = "memory"
-    elif isinstance(exc, ModelLoadError):
-        message, kind = str(exc), "load"
-    elif isinstance(exc, CkptVizError):
-        message, kind = str(exc), "run"  # already written for people (spec D7)
-    else:
-        text = str(exc).strip().splitlines()
-        message = (f"{_API}: running {ref} in mode {mode!r} raised {type(exc).__name__}"
-                   f"{': ' + text[0] if text else ''}.{at}\n"
-                   "Tip: the model loaded and passed its trial forward but failed under checkpointing; "
-                   "see the traceback.")
-        kind = "run"
-    return {"kind": kind, "type": type(exc).__name__, "message": message, "traceback": tb, "file": file,
-            "line": line}
-
-
-def _set_limits(memory_mb: int | None) -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if memory_mb:
-        limit = int(memory_mb) * 2**20
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
-def _child(workdir: Path) -> int:
-    """The child's whole life: limits, load, run, save. See NOTE [ Sandbox protocol ], rule 2."""
-    import faulthandler
-
-    faulthandler.enable()
-    if hasattr(signal, "SIGUSR1"):  # the parent's "time is up: show where you are"
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
-    request = json.loads((workdir / "request.json").read_text())
-    ref, mode, memory_mb, extra = request["ref"], request["mode"], request["memory_mb"], request["extra"]
-    sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
-    stage, user_file = "importing torch", None
-    try:
-        _set_limits(memory_mb)
-        import torch  # noqa: F401  (after the limit, so that it counts)
-
-        from ckpt_viz.run.scenarios import run_scenario
-        from ckpt_viz.usermodel.load import load_model
-
-        stage = "loading the model"
-        spec = load_model(ref, seed=extra.get("seed", 0))
-        user_file = spec.extra.get("file")
-        stage = f"running mode {mode!r}"
-        trace = run_scenario(spec, mode, **extra)
-        trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref}
-        trace.save(workdir / "trace.json")
-        return 0
-    except BaseException as exc:  # noqa: BLE001  everything goes to the parent as a report
-        report = _report(exc, stage=stage, ref=ref, mode=mode, memory_mb=memory_mb, user_file=user_file)
-        (workdir / "error.json").write_text(json.dumps(report, default=str))
-        return 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ckpt_viz.usermodel.sandbox",
-                                     description="Child side of ckpt_viz.usermodel.sandbox.record_in_subprocess.")
-    parser.add_argument("workdir", type=Path, help="folder holding request.json; receives trace.json or error.json")
-    start = time.monotonic()
-    code = _child(parser.parse_args(argv).workdir)
-    print(f"ckpt_viz.usermodel.sandbox: child finished with code {code} in {time.monotonic() - start:.2f} s", file=sys.stderr)
-    return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from ckpt_viz.run.scenarios import run_scenario
-from ckpt_viz.usermodel.load import ModelLoadError, default_checkpoint, load_model, parse_ref
 from ckpt_viz.run.zoo import sum_of_squares
+from ckpt_viz.usermodel.load import ModelLoadError, default_checkpoint, load_model, parse_ref
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BAD = ROOT / "tests" / "data" / "bad_models"
@@ -292,3 +292,13 @@ def test_parse_ref_shapes() -> None:
     assert parse_ref("b.py").factory == "make_model" and parse_ref("b.py").is_file
     assert not parse_ref("pkg.mod:make").is_file
     assert parse_ref("C:\\models\\m.py").target == "C:\\models\\m.py"  # a drive colon is not a factory
+
+
+def test_trial_forward_runs_on_a_copy_of_the_inputs() -> None:
+    """A forward that changes its input in place: the recorded run still gets the factory's zeros."""
+    spec = load_model(f"{ROOT / 'tests' / 'data' / 'hostile_models' / 'mutates_inputs.py'}:make_model")
+    assert torch.equal(spec.inputs[0], torch.zeros(2, 3))
+    seen = []
+    spec.model.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    run_scenario(spec, "reentrant")
+    assert torch.equal(seen[0], torch.ones(2, 3))  # the first forward of the run: zeros + 1, once

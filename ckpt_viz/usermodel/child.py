@@ -1,0 +1,157 @@
+"""The sandboxed child: `python -m ckpt_viz.usermodel.child WORKDIR`.
+
+Reads `request.json` from its folder, applies its limits (`isolation.apply_limits`), imports
+torch, loads and runs the model, and writes `trace.json` or `error.json` (see NOTE [ Sandbox
+protocol ] in `ckpt_viz.usermodel.sandbox`). Only this process imports torch or runs the user's code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import linecache
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ckpt_viz.errors import CkptVizError, ModelLoadError
+from ckpt_viz.usermodel.isolation import apply_limits
+from ckpt_viz.usermodel.load import user_frame
+
+__all__ = ["MEMORY_MARKERS", "main"]
+
+_API = "ckpt_viz.record_in_subprocess"
+# Text of a failed allocation: in torch's RuntimeError, or in the log of a child that died of one.
+MEMORY_MARKERS = ("can't allocate memory", "Cannot allocate memory", "std::bad_alloc", "out of memory",
+                  "Memory allocation still failed")  # the last: OpenBLAS, when the limit is below torch's needs
+
+
+def _memory_error(exc: BaseException | None) -> BaseException | None:
+    """The MemoryError, or torch's failed-allocation RuntimeError, in `exc` or its causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError) or (isinstance(exc, (RuntimeError, ImportError, OSError)) and any(
+                marker in str(exc) for marker in MEMORY_MARKERS)):  # ImportError: a library that cannot map
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _report(exc: BaseException, *, stage: str, ref: str, mode: str, memory_mb: int | None,
+            user_file: str | None) -> dict[str, Any]:
+    """The error report of NOTE [ Sandbox protocol ], rule 2, with a message written for people.
+
+    `stage` says how far the child got ("starting", "importing torch", "loading the model",
+    "running mode ..."): the message never claims a step that did not happen.
+    """
+    tb = getattr(exc, "traceback", "") or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    frame = user_frame(exc.__traceback__, user_file)
+    file, line = getattr(exc, "file", None), getattr(exc, "line", None)
+    if file is None and frame is not None:
+        file, line = frame.filename, frame.lineno
+    at = ""
+    if file and line:
+        code = linecache.getline(file, line).strip()
+        at = f'\n  File "{file}", line {line}' + (f"\n    {code}" if code else "")
+    memory = _memory_error(exc)
+    text = str(memory if memory is not None else exc).strip().splitlines()
+    first = f"{type(memory or exc).__name__}: {text[0]}" if text else type(memory or exc).__name__
+    if memory is not None:
+        if type(memory).__name__ == "OutOfMemoryError":  # torch's, for an accelerator
+            limit = "the device's memory"
+        elif memory_mb:
+            limit = f"the limit of {memory_mb} MB (RLIMIT_AS, address space)"
+        else:
+            limit = "the machine's memory"
+        if stage in ("starting", "importing torch"):
+            message = (f"{_API}: the child could not start within its memory limit: it ran out of memory under "
+                       f"{limit} while {stage}, before the model was loaded.\n{first}\n"
+                       "Tip: pass a larger memory_mb (--memory-mb): importing torch alone needs about 1024 MB "
+                       "of address space.")
+        else:
+            message = (f"{_API}: {ref} ran out of memory under {limit} while {stage}.{at}\n{first}\n"
+                       "Tip: make the model or its inputs smaller, or pass a larger memory_mb "
+                       "(torch itself needs about 1 GB of address space).")
+        kind = "memory"
+    elif isinstance(exc, ModelLoadError):
+        message, kind = str(exc), "load"
+    elif isinstance(exc, CkptVizError):
+        message, kind = str(exc), "run"  # already written for people (spec D7)
+    elif stage in ("starting", "importing torch"):
+        message = (f"{_API}: the child could not start: {stage} raised {first}; the model was not loaded.\n"
+                   "Tip: check that torch imports in this Python (python -c 'import torch'); if the message "
+                   "is about memory, pass a larger memory_mb.")
+        kind = "start"
+    else:
+        message = (f"{_API}: running {ref} in mode {mode!r} raised {type(exc).__name__}"
+                   f"{': ' + text[0] if text else ''}.{at}\n"
+                   "Tip: the model loaded and passed its trial forward but failed under checkpointing; "
+                   "see the traceback.")
+        kind = "run"
+    return {"kind": kind, "type": type(exc).__name__, "message": message, "traceback": tb, "file": file,
+            "line": line}
+
+
+def _child(workdir: Path) -> int:
+    """The child's whole life: limits, load, run, save. See NOTE [ Sandbox protocol ], rule 2."""
+    import faulthandler
+
+    faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):  # the parent's "time is up: show where you are"
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    request = json.loads((workdir / "request.json").read_text())
+    ref, mode, extra = request["ref"], request["mode"], request["extra"]
+    memory_mb = request["limits"].get("memory_mb")
+    stage, user_file = "starting", None
+
+    def reached(step: str) -> str:  # the parent names this step if the child dies without a report
+        fd = os.open(workdir / "stage", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, step.encode())
+        os.close(fd)
+        return step
+
+    try:
+        reached(stage)
+        apply_limits(request["limits"], request["parent_pid"])
+        for name in ("home", "tmp"):
+            (workdir / name).mkdir(exist_ok=True)
+        sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
+        stage = reached("importing torch")
+        import torch  # noqa: F401  (after the limit, so that it counts)
+
+        from ckpt_viz.run.scenarios import run_scenario
+        from ckpt_viz.usermodel.load import load_model
+
+        stage = reached("loading the model")
+        spec = load_model(request["load_ref"], seed=extra.get("seed", 0))
+        spec.name = spec.extra["ref"] = ref  # as the caller wrote it (loaded by its absolute path)
+        user_file = spec.extra.get("file")
+        stage = reached(f"running mode {mode!r}")
+        trace = run_scenario(spec, mode, **extra)
+        trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref}
+        trace.save(workdir / "trace.json")
+        return 0
+    except BaseException as exc:
+        report = _report(exc, stage=stage, ref=ref, mode=mode, memory_mb=memory_mb, user_file=user_file)
+        (workdir / "error.json").write_text(json.dumps(report, default=str))
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ckpt_viz.usermodel.child",
+                                     description="Child side of ckpt_viz.usermodel.sandbox.record_in_subprocess.")
+    parser.add_argument("workdir", type=Path, help="folder holding request.json; receives trace.json or error.json")
+    start = time.monotonic()
+    code = _child(parser.parse_args(argv).workdir)
+    print(f"ckpt_viz.usermodel.child: finished with code {code} in {time.monotonic() - start:.2f} s "
+          f"(pid {os.getpid()})", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

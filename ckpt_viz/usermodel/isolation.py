@@ -1,0 +1,380 @@
+"""How a sandboxed child is contained: limits, environment, bubblewrap, cgroups.
+
+The parent side (`ckpt_viz.usermodel.sandbox`) builds a `Limits`, asks `bwrap_problem` whether
+bubblewrap can run here, and starts the child through `command` inside a `Cgroup` (where the
+platform offers one); the child (`ckpt_viz.usermodel.child`) calls `apply_limits` first thing.
+Standard library only; never torch, never the UI.
+
+NOTE [ What the sandbox guarantees ]
+  With bubblewrap (Linux, `bwrap` installed, namespaces allowed):
+    - new user, PID, network, IPC, UTS and cgroup namespaces: the model sees only its own
+      processes (it cannot signal the caller), has no network (loopback only, its own), and
+      no capabilities (`--cap-drop ALL`), so it cannot raise its hard limits;
+    - `--die-with-parent`: when the caller dies (any signal, SIGKILL included) the kernel
+      kills the whole sandbox; ending the namespace's first process ends every process in
+      it, new sessions (setsid) included;
+    - a read-only view of the system (`--ro-bind / /`), fresh /tmp, /dev, /dev/shm and
+      /proc, the model's folder read-only, and only its own temporary folder writable;
+    - an environment rebuilt from `ENV_ALLOWLIST` (the caller's secrets never reach it).
+  Always (with or without bubblewrap):
+    - hard resource limits, soft = hard, set before torch is imported: address space
+      (RLIMIT_AS), CPU seconds (RLIMIT_CPU), file size (RLIMIT_FSIZE), tasks
+      (RLIMIT_NPROC; the kernel does not apply it to root, so a cgroup does) and no core
+      files; as root, all capabilities are dropped so those limits stay;
+    - a cgroup (v2 or v1, where /sys/fs/cgroup lets this user create one): one memory
+      limit for all the model's processes together, a task limit, and a kill that reaches
+      every process in it (forks, new sessions) when the run ends;
+    - the cleared environment, a working directory and HOME inside its own folder.
+  Not guaranteed: without bubblewrap the model can read what the caller can read, use the
+  network, write where the caller can write and signal the caller's processes; a warning
+  says so once per process. The sandbox does not hide the file system from reading
+  (secrets in files the caller can read are readable), limit disk I/O bandwidth, or stop
+  a kernel exploit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["ENV_ALLOWLIST", "Cgroup", "Limits", "SandboxWarning", "apply_limits", "bwrap_problem", "child_env",
+           "command", "not_isolated"]
+
+_API = "ckpt_viz.record_in_subprocess"
+# Passed through from the caller when set: locale and thread counts, never credentials.
+ENV_ALLOWLIST = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                 "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MALLOC_ARENA_MAX")
+_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+_MASKED = ("/tmp", "/var/tmp", "/dev/shm")  # replaced by empty tmpfs in the sandbox
+_NAMESPACES = ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+               "--unshare-cgroup-try")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class SandboxWarning(UserWarning):
+    """The model file runs with less isolation than the full sandbox (see NOTE [ What the sandbox guarantees ])."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The child's resource limits, validated: see `Limits.check`."""
+
+    timeout_s: float
+    memory_mb: int | None
+    max_trace_mb: int
+    max_events: int
+    max_tasks: int = 512
+
+    @property
+    def cpu_s(self) -> int:
+        """CPU seconds, all threads together: the wall limit on every core, plus start-up slack."""
+        return math.ceil(self.timeout_s * (os.cpu_count() or 1)) + 10
+
+    @property
+    def file_bytes(self) -> int:
+        """Largest file the child may write: the trace cap plus room for the JSON around it."""
+        return (self.max_trace_mb + 16) * 2**20
+
+    @classmethod
+    def check(cls, *, timeout_s: object, memory_mb: object, max_trace_mb: object, max_events: object,
+              error: type[Exception]) -> Limits:
+        """Refuse limits that are not positive and finite (nan, inf, 0, -5 used to disable them silently)."""
+        def number(name: str, value: object, integer: bool, tip: str) -> None:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and value > 0 and (not integer or float(value).is_integer())
+            if not ok:
+                kind = "a positive whole number" if integer else "a positive, finite number of seconds"
+                raise error(f"{_API}: {name} must be {kind}, got {value!r}.\nTip: {tip}")
+
+        number("timeout_s", timeout_s, False, "the default is 60 s; the CLI flag is --timeout.")
+        if memory_mb is not None:
+            number("memory_mb", memory_mb, True, "pass the limit in MiB (torch alone needs about 1024), "
+                   "or memory_mb=None for no address-space limit (a model on a GPU needs that).")
+        number("max_trace_mb", max_trace_mb, True, "the default is 512 MiB of trace file.")
+        number("max_events", max_events, True, "the default is 2,000,000 events.")
+        return cls(float(timeout_s), None if memory_mb is None else int(memory_mb),  # type: ignore[arg-type]
+                   int(max_trace_mb), int(max_events))  # type: ignore[arg-type]
+
+
+# -- environment and command --
+
+
+def package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent.parent)
+
+
+def child_env(workdir: Path) -> dict[str, str]:
+    """The child's whole environment: the allowlist, plus HOME and TMPDIR inside its folder."""
+    env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
+    env.setdefault("MALLOC_ARENA_MAX", "2")  # See NOTE [ Memory limit ] in the sandbox
+    env.update({"PATH": _SAFE_PATH, "HOME": str(workdir / "home"), "TMPDIR": str(workdir / "tmp"),
+                "PYTHONPATH": package_root(), "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    return env
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_problem() -> str | None:
+    """None when bubblewrap can create the sandbox's namespaces here; else why not, in words."""
+    if not sys.platform.startswith("linux"):
+        return f"bubblewrap needs Linux (this is {sys.platform})"
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "bubblewrap (bwrap) is not installed"
+    try:
+        done = subprocess.run([exe, *_NAMESPACES, "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+                               "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap did not run ({exc})"
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return "bwrap cannot create namespaces here" + (f" ({said[-1]})" if said else "")
+    return None
+
+
+def _binds(paths: Sequence[str]) -> list[str]:
+    """--ro-bind for the given paths that the masked folders would hide (the model's folder, sys.path entries)."""
+    out: list[str] = []
+    for path in dict.fromkeys(os.path.realpath(p) for p in paths if p):
+        if os.path.exists(path) and any(path == m or path.startswith(m + "/") for m in _MASKED):
+            out += ["--ro-bind", path, path]
+    return out
+
+
+def command(python_argv: list[str], *, workdir: Path, readable: Sequence[str], cgroup_files: Sequence[str],
+            isolate: bool) -> list[str]:
+    """The argv that starts the child: in bubblewrap when `isolate`, joined to the cgroup first."""
+    argv = list(python_argv)
+    if isolate:
+        devices = [a for d in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(d), str(d))]
+        argv = [shutil.which("bwrap") or "bwrap", *_NAMESPACES, "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *devices,
+                *[a for m in _MASKED if os.path.isdir(m) for a in ("--tmpfs", m)],
+                *_binds(readable), "--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--", *argv]
+    if cgroup_files:  # the shell joins the cgroup, then becomes the child: nothing runs outside it
+        script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
+        argv = ["/bin/sh", "-c", script, "sh", *cgroup_files, "--", *argv]
+    return argv
+
+
+def not_isolated(problem: str, cgroup: Cgroup | None) -> str:
+    """The warning for a run without bubblewrap: what is, and what is not, contained."""
+    group = ("a cgroup holds its memory and task count and ends its processes" if cgroup is not None and
+             cgroup.memory else "no cgroup could be created, so its own subprocesses are limited one by one "
+             "and one started in a new session can outlive the run")
+    return (f"{_API}: {problem}, so model files run without isolation: they can read any file you can, "
+            "write where you can, use the network and signal your processes (the app's included). Only the "
+            f"hard limits apply (time, address space, CPU time, file size, tasks), its environment is cleared, "
+            f"and {group}.\nTip: install bubblewrap (Debian: apt-get install bubblewrap) and allow user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1) to isolate them.")
+
+
+# -- cgroups --
+
+
+@dataclasses.dataclass
+class Cgroup:
+    """The child's cgroup(s): v2 (memory.max, pids.max, cgroup.kill) or v1 (memory and pids hierarchies)."""
+
+    dirs: list[Path]
+    memory: Path | None  # the folder holding the memory files, when a memory limit is set
+    version: int
+
+    @classmethod
+    def create(cls, name: str, limits: Limits) -> Cgroup | None:
+        """A new cgroup under this process's own, with the limits written; None where none can be made."""
+        try:
+            own = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        v1 = {ctl: path for line in own for _, ctls, path in [line.split(":", 2)] for ctl in ctls.split(",") if ctl}
+        unified = next((line.split(":", 2)[2] for line in own if line.startswith("0::")), None)
+        for attempt in (cls._v2, cls._v1):
+            group = attempt(name, limits, v1, unified)
+            if group is not None:
+                return group
+        return None
+
+    @classmethod
+    def _v2(cls, name: str, limits: Limits, v1: dict[str, str], unified: str | None) -> Cgroup | None:
+        base = _CGROUP_ROOT if (_CGROUP_ROOT / "cgroup.controllers").exists() else _CGROUP_ROOT / "unified"
+        if unified is None or not (base / "cgroup.controllers").exists():
+            return None
+        folder = base / unified.lstrip("/") / name
+        try:
+            folder.mkdir()
+        except OSError:
+            return None
+        group = cls([folder], None, 2)
+        try:
+            controllers = (folder / "cgroup.controllers").read_text().split()
+            if "pids" in controllers:
+                (folder / "pids.max").write_text(str(limits.max_tasks))
+            if limits.memory_mb and "memory" in controllers:
+                (folder / "memory.max").write_text(str(limits.memory_mb * 2**20))
+                if (folder / "memory.swap.max").exists():
+                    (folder / "memory.swap.max").write_text("0")
+                group.memory = folder
+        except OSError:
+            group.remove()
+            return None
+        if limits.memory_mb and group.memory is None and "memory" in v1:
+            group.remove()
+            return None  # a hybrid system: the v1 memory hierarchy does the work
+        return group
+
+    @classmethod
+    def _v1(cls, name: str, limits: Limits, v1: dict[str, str], unified: str | None) -> Cgroup | None:
+        group = cls([], None, 1)
+        try:
+            for ctl in ("memory", "pids"):
+                if ctl not in v1 or not (_CGROUP_ROOT / ctl).is_dir():
+                    continue
+                folder = _CGROUP_ROOT / ctl / v1[ctl].lstrip("/") / name
+                folder.mkdir()
+                group.dirs.append(folder)
+                if ctl == "pids":
+                    (folder / "pids.max").write_text(str(limits.max_tasks))
+                elif limits.memory_mb:
+                    (folder / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 2**20))
+                    if (folder / "memory.memsw.limit_in_bytes").exists():
+                        (folder / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_mb * 2**20))
+                    group.memory = folder
+        except OSError:
+            group.remove()
+            return None
+        return group if group.dirs else None
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def _pids(self) -> set[int]:
+        pids: set[int] = set()
+        for d in self.dirs:
+            try:
+                pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                pass
+        return pids
+
+    def kill(self, timeout_s: float = 2.0) -> None:
+        """SIGKILL every process in the group, until none is left (or `timeout_s` passes)."""
+        if self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
+            try:
+                (self.dirs[0] / "cgroup.kill").write_text("1")
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while (pids := self._pids()) and time.monotonic() < deadline:
+            for pid in pids:  # a fork between two reads is caught by the next round
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.01)
+
+    def oom_kills(self) -> int:
+        """How many processes the memory limit ended (the kernel's count)."""
+        if self.memory is None:
+            return 0
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            for line in (self.memory / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def peak_bytes(self) -> int | None:
+        if self.memory is None:
+            return None
+        try:
+            return int((self.memory / ("memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"))
+                       .read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def remove(self) -> None:
+        """Remove the group's folders (a cgroup folder can go once its last process has exited)."""
+        for d in self.dirs:
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+# -- child side --
+
+
+def _drop_capabilities() -> None:
+    """As root (outside bubblewrap), drop every capability, so the hard limits cannot be raised again."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (fails harmlessly past the last capability)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3, all sets empty
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed: cannot drop root's capabilities")
+
+
+def _user_tasks(uid: int) -> int:
+    """Threads the user already runs: RLIMIT_NPROC counts them all, not only the child's."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+                total += int(fields.get("Threads", "1").strip())
+    return total
+
+
+def apply_limits(limits: dict[str, int | None], parent_pid: int) -> None:
+    """The child's first act: die with the parent, hard limits (soft = hard), no capabilities."""
+    import ctypes
+    import resource
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid and not limits.get("isolated"):
+            os._exit(125)  # the parent died before the line above: do not run orphaned
+    wanted = {resource.RLIMIT_CORE: 0, resource.RLIMIT_CPU: limits["cpu_s"],
+              resource.RLIMIT_FSIZE: limits["file_bytes"]}
+    if limits.get("memory_bytes"):
+        wanted[resource.RLIMIT_AS] = limits["memory_bytes"]
+    if hasattr(resource, "RLIMIT_NPROC"):  # not applied by the kernel to root: the cgroup's pids.max is
+        wanted[resource.RLIMIT_NPROC] = _user_tasks(os.getuid()) + int(limits["max_tasks"] or 512)
+    for which, value in wanted.items():
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(int(value), hard)  # type: ignore[arg-type]
+        resource.setrlimit(which, (int(value), int(value)))  # type: ignore[arg-type]
+    if os.getuid() == 0 and sys.platform.startswith("linux"):
+        _drop_capabilities()

@@ -1,0 +1,118 @@
+"""The processes of a sandboxed run, and the parent's signals while it lasts.
+
+Finding the child by its command line (for the stack dump on timeout), killing its session,
+turning SIGTERM/SIGHUP into a clean end (NOTE [ Sandbox protocol ], rule 4, in
+`ckpt_viz.usermodel.sandbox`), and sweeping folders left by parents killed outright.
+Standard library only.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["PREFIX", "child_pids", "dump_stack", "ending_signals", "kill_group", "signals_held", "sweep"]
+
+PREFIX = "ckpt_viz_sandbox_"
+_STACK_GRACE_S = 3.0  # the longest a timed-out child gets to print its stack before the kill
+
+
+class _Ended(BaseException):
+    """SIGTERM or SIGHUP reached the parent while a child ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def child_pids(workdir: Path) -> list[int]:
+    """Host pids of the Python child (and its forks) for `workdir`, found by their command line."""
+    tail = f"\0-m\0ckpt_viz.usermodel.child\0{workdir}\0".encode()
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{entry}/cmdline").read_bytes().endswith(tail):
+                        found.append(int(entry))
+    return found
+
+
+def dump_stack(proc: subprocess.Popen, workdir: Path) -> None:
+    """Ask a child that ran out of time to print its Python stack (faulthandler, SIGUSR1) before it is killed."""
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    log = workdir / "output.log"
+    start = log.stat().st_size if log.exists() else 0
+    for pid in child_pids(workdir) or [proc.pid]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + _STACK_GRACE_S
+    while time.monotonic() < deadline and proc.poll() is None:  # until the stack is in the log (a busy machine
+        with contextlib.suppress(OSError), open(log, "rb") as f:  # can take a while to schedule the child)
+            f.seek(start)
+            if b"most recent call first" in f.read(1 << 16):
+                time.sleep(0.05)  # the rest of the stack, written in the same handler
+                return
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def ending_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `_Ended` here (if left at their default); then the process dies of them."""
+    installed: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        def handler(signum: int, frame: object) -> NoReturn:
+            raise _Ended(signum)
+
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+                installed[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    except _Ended as ended:
+        for sig, old in installed.items():
+            signal.signal(sig, old)
+        installed.clear()
+        os.kill(os.getpid(), ended.signum)  # now at its default: the process ends as it would have
+        raise SystemExit(128 + ended.signum) from None
+    finally:
+        for sig, old in installed.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGTERM/SIGHUP while cleaning up, so a second signal cannot leave the folder behind."""
+    sigs = {signal.SIGTERM, signal.SIGHUP} if hasattr(signal, "pthread_sigmask") else set()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if sigs else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def sweep(tmp: str) -> None:
+    """Remove folders left by parents that were killed outright (their pid is gone)."""
+    if not os.path.isdir("/proc"):
+        return
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            pid = name[len(PREFIX):].split("_", 1)[0]
+            if name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
