@@ -11,10 +11,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 
-# System packages: graphviz (server-side SVG) and Debian's chromium (browser tests).
+# System packages: graphviz (server-side SVG), Debian's chromium (browser tests) and
+# bubblewrap (the sandbox for model files: namespaces, read-only system).
 want=()
 command -v dot >/dev/null 2>&1 || want+=(graphviz)
 [ -x /usr/bin/chromium ] || want+=(chromium)
+command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
 if [ ${#want[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] apt-get install ${want[*]}"
