@@ -219,7 +219,8 @@ def test_backward_on_another_thread_reuses_the_prefire(recorder: ckpt_viz.Record
     def worker() -> None:
         seen["activation"] = current_activation()
         try:
-            y.backward(g)
+            with recorder.attach():  # a thread is in a recording only when handed it (bus NOTE [ Recording scopes ])
+                y.backward(g)
         except BaseException as exc:  # re-raised on the test thread below
             seen["error"] = exc
 
