@@ -23,22 +23,22 @@ from ckpt_viz.events import EVENT_KINDS, RELEASE_REASONS, Event
 from ckpt_viz.recording import Recording, record
 from ckpt_viz.render.eventlog import event_rows, filter_events
 from ckpt_viz.render.graph import GRAPH_LEGEND, render_graph, render_torchviz_view
-from ckpt_viz.trace.index import TraceIndex, event_column
 from ckpt_viz.render.perfetto import render_perfetto
 from ckpt_viz.render.routing import render_routing, routing_at
 from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
-from ckpt_viz.trace.cache import derived
-from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transition, lifecycle
 from ckpt_viz.trace import Trace
+from ckpt_viz.trace.cache import derived
+from ckpt_viz.trace.index import TraceIndex, event_column
+from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transition, lifecycle
 
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
-    from ckpt_viz.run.pipeline import SCHEDULES
     from ckpt_viz.render.memory import format_bytes, memory_peak, render_memory
     from ckpt_viz.render.swimlane import render_lifecycles
-    from ckpt_viz.usermodel.sandbox import EXTRA_KEYS, record_in_subprocess
+    from ckpt_viz.run.pipeline import SCHEDULES
     from ckpt_viz.run.scenarios import MODES, run_scenario
     from ckpt_viz.run.zoo import BUILTIN_MODELS, DEFAULT_MODEL, build_builtin
+    from ckpt_viz.usermodel.sandbox import EXTRA_KEYS, record_in_subprocess
 
 # name -> the module that defines it, imported on first access (PEP 562). These modules import torch or
 # altair, or (the sandbox) run as `python -m`, which warns when the package has already imported the module.

@@ -18,7 +18,8 @@ NOTE [ Collapsing repeated blocks ]
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ckpt_viz.trace import GraphSnapshot
 
@@ -262,7 +263,7 @@ def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions
                         tuple(nodes[i].get("shape") or ())) for i in [*regions[h], *satellites[h]])
         return (region_state[h], internal[h], tuple(items))
 
-    ordered = sorted((h for h in regions if isinstance(h, int)))
+    ordered = sorted(h for h in regions if isinstance(h, int))
     block_of: dict[int, int] = {}
     blocks: list[tuple[list[int], int]] = []
     run: list[int] = []

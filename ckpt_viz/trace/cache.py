@@ -7,7 +7,8 @@ Standard library only.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ckpt_viz.trace.model import EventColumns, Trace
 

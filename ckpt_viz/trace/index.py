@@ -46,7 +46,7 @@ class TraceIndex:
         self.handles: list[int] = list(self.lifecycle.handle_ids)
 
     @classmethod
-    def of(cls, trace: Trace) -> "TraceIndex":
+    def of(cls, trace: Trace) -> TraceIndex:
         """The index of `trace`, built on first use and cached (see `derived`)."""
         return derived(trace, "TraceIndex", _build_without_gc)
 

@@ -44,7 +44,7 @@ from typing import Any
 from ckpt_viz.trace.cache import derived, event_column
 from ckpt_viz.trace.model import Trace
 
-__all__ = ["DERIVED_REASONS", "Lifecycle", "MARK_MEANINGS", "STATES", "STATE_MEANINGS", "Transition", "lifecycle"]
+__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "STATES", "STATE_MEANINGS", "Lifecycle", "Transition", "lifecycle"]
 
 STATES: tuple[str, ...] = ("not_created", "recorded", "phase_dx", "phase_dw", "replaying", "replayed", "retained",
                            "released", "collected")

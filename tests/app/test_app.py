@@ -15,9 +15,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from ckpt_viz import Trace, TraceError
-from ckpt_viz.trace.index import TraceIndex
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import build_builtin
+from ckpt_viz.trace.index import TraceIndex
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 APP = str(ROOT / "app" / "streamlit_app.py")
@@ -241,8 +241,8 @@ def test_the_cursor_survives_a_page_change_and_drives_the_graph() -> None:
     at.switch_page("views/memory.py").run()
     assert at.slider(key="cursor_slider").value == 20
     assert any("seq 20" in h.value for h in at.subheader)
-    from ckpt_viz.trace.index import TraceIndex
     from ckpt_viz.render.memory import format_bytes
+    from ckpt_viz.trace.index import TraceIndex
 
     shown = _shown_trace(at)
     at_20 = TraceIndex(shown).memory_at(shown.events[20].seq)

@@ -94,7 +94,7 @@ def test_summary_counts_nonreentrant_frames_released_without_a_released_event(
     assert "handles: 4 (nonreentrant 4)" in text and "released: consumed 4" in text
     assert "handle states at the end:\n  released          4  " in text
     # After DX's retaining session every frame keeps its recomputed tensors; --at counts them there.
-    dx_end = [e.seq for e in trace.events if e.kind == "session_deactivated"][0]
+    dx_end = next(e.seq for e in trace.events if e.kind == "session_deactivated")
     trace.save(tmp_path / "t.json")
     capsys.readouterr()
     assert main(["info", str(tmp_path / "t.json"), "--at", str(dx_end)]) == 0

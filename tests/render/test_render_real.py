@@ -15,14 +15,14 @@ import torch
 from ckpt_viz.diagnose import diagnose_all
 from ckpt_viz.render.eventlog import event_rows, filter_events
 from ckpt_viz.render.graph import render_graph, render_torchviz_view
-from ckpt_viz.trace.index import TraceIndex
 from ckpt_viz.render.memory import memory_peak, memory_series, render_memory
 from ckpt_viz.render.routing import backward_passes, render_routing, routing_at
 from ckpt_viz.render.swimlane import lifecycle_intervals, render_lifecycles
 from ckpt_viz.render.text import render_text
 from ckpt_viz.run.scenarios import run_scenario
-from ckpt_viz.trace import Trace
 from ckpt_viz.run.zoo import MLPBlock, ModelSpec, Stack, build_builtin
+from ckpt_viz.trace import Trace
+from ckpt_viz.trace.index import TraceIndex
 
 
 def _svg(dot: str) -> str:

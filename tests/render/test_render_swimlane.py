@@ -1,11 +1,12 @@
 """lifecycle_intervals / render_lifecycles on hand-built traces: exact intervals, refusals, lane order, chart."""
 from __future__ import annotations
 
-from traces import Builder, nonreentrant_trace, refused_trace, split_trace, synthetic_trace
+from itertools import pairwise
 
 from ckpt_viz.render.swimlane import LIFECYCLE_COLOURS, lane_label, lifecycle_intervals, render_lifecycles
 from ckpt_viz.trace.index import TraceIndex
 from ckpt_viz.trace.lifecycle import STATES, lifecycle
+from traces import Builder, nonreentrant_trace, refused_trace, split_trace, synthetic_trace
 
 
 def _bars(rows: list[dict], h: int) -> list[tuple]:
@@ -102,7 +103,7 @@ def test_lanes_are_the_lifecycle_transitions_laid_end_to_end() -> None:
         for h in life.handle_ids:
             bars = [r for r in rows if r["kind"] == "interval" and r["handle_id"] == h]
             assert [(r["start_seq"], r["state"]) for r in bars] == [(t.seq, t.state) for t in life.transitions(h)]
-            assert all(a["end_seq"] == b["start_seq"] for a, b in zip(bars, bars[1:]))
+            assert all(a["end_seq"] == b["start_seq"] for a, b in pairwise(bars))
 
 
 def test_a_window_keeps_the_handles_with_events_in_it_clipped_with_the_whole_trace_states() -> None:

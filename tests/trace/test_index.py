@@ -1,4 +1,4 @@
-"""TraceIndex: handle states (from the lifecycle), memory and snapshots at a cursor, on hand-built traces; fast on a million events."""
+"""TraceIndex: handle states (from the lifecycle), memory and snapshots at a cursor; fast on a million events."""
 from __future__ import annotations
 
 import gc
@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from traces import Builder, nonreentrant_trace, refused_trace, split_trace, synthetic_trace
-
+from ckpt_viz.trace import EventColumns, Trace
 from ckpt_viz.trace.index import STATES, TraceIndex, derived, event_column
 from ckpt_viz.trace.lifecycle import lifecycle
-from ckpt_viz.trace import EventColumns, Trace
+from traces import Builder, nonreentrant_trace, refused_trace, split_trace, synthetic_trace
 
 
 def test_split_trace_states_at_every_step() -> None:

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces import Builder, nonreentrant_trace, refused_trace, split_trace
-
 from ckpt_viz.trace import Trace
 from ckpt_viz.trace.lifecycle import DERIVED_REASONS, STATE_MEANINGS, STATES, Transition, lifecycle
+from traces import Builder, nonreentrant_trace, refused_trace, split_trace
 
 
 def _changes(trace: Trace, h: int) -> list[tuple]:
