@@ -271,8 +271,11 @@ def _trial_forward(fields: dict[str, Any], user_file: str | None) -> None:
         try:
             output = model(*args, **kwargs)
         except (Exception, SystemExit) as exc:
+            called = "" if not data.kwargs else " called as model(" + ", ".join(
+                [data.name("args", i) for i in range(len(data.args))]
+                + [f"{k}={data.name('kwargs', k)}" for k in data.kwargs]) + ")"
             raise user_code_error(
-                f"the trial forward of {name}", exc, user_file,
+                f"the trial forward of {name}{called}", exc, user_file,
                 "the model failed on the inputs the factory returned; fix that line or the inputs.") from exc
         forward = _Site(user_file, "forward", None)
         code = getattr(type(model).forward, "__code__", None)

@@ -147,6 +147,15 @@ def test_a_misspelt_keyword_is_named_with_the_close_parameter(tmp_path: Path) ->
     assert "did you mean 'mask'?" in message
 
 
+def test_a_failing_forward_says_how_it_was_called(tmp_path: Path) -> None:
+    message = _load_error(tmp_path, '''
+        def make_model():
+            x, mask, _ = _batch()
+            return {"model": Net(), "args": x, "kwargs": {"mask": mask[:, :2]}}
+    ''')
+    assert "the trial forward of Net called as model(args, mask=kwargs['mask']) raised RuntimeError" in message
+
+
 def test_a_batch_size_that_disagrees_is_named_by_key(tmp_path: Path) -> None:
     message = _load_error(tmp_path, '''
         def make_model():
