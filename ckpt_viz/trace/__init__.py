@@ -8,7 +8,14 @@ Standard library only: opening, validating and indexing a saved trace never need
   schema     the file layout and its validation
   document   trace parts <-> plain JSON document
   io         bytes, gzip, atomic writes, validated loads
+  cache      derived: a value computed once per trace; event_column: one field of every event
+  lifecycle  each handle's state transitions, derived once from the events
   index      TraceIndex: per-seq lookups for views on one cursor
+
+Imports go one way: columns and schema read types; document reads those three; io reads
+document and schema; model (Trace) reads io, so Trace.save and Trace.load call the file
+format and the file format never sees Trace; cache, lifecycle and index read a Trace.
+tests/core/test_layering.py checks that no cycle appears.
 """
 from ckpt_viz.trace.columns import EventColumns, MemoryColumns
 from ckpt_viz.trace.model import Trace, run_meta
