@@ -85,11 +85,11 @@ def _shown_trace(at: AppTest) -> Trace:
 
 
 def _same_recording(shown: Trace, expected: Trace) -> None:
-    """Same events as an independent run, except node_collected: the runtime emits it when the cyclic
-    garbage collector frees an autograd node, so how many land inside the recording depends on GC timing."""
+    """Same events as an independent run: recordings are deterministic (tests/run/test_determinism.py)."""
     def stable(trace: Trace) -> list[tuple]:
-        return [(e.kind, e.phase, e.data.get("reason")) for e in trace if e.kind != "node_collected"]
+        return [(e.seq, e.kind, e.handle_id, e.phase, e.session_id, e.data) for e in trace]
     assert stable(shown) == stable(expected)
+    assert [m.bytes_by_category for m in shown.memory] == [m.bytes_by_category for m in expected.memory]
 
 
 def _move(at: AppTest, label: str) -> AppTest:
