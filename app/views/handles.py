@@ -35,8 +35,12 @@ else:  # a big trace: start from the first refused replay, found from the kind c
     refused = run.cached(lambda trace: [e.handle_id for e in filter_events(trace, kinds=("replay_refused",))][:1])
     first = refused[0] if refused else handles[0]
 if len(handles) <= 5_000:
+    # What each handle checkpointed: the module's qualified name, with its call index when it ran more than once.
+    blocks = run.cached(lambda trace: {e.handle_id: e.data.get("function")
+                                       for e in filter_events(trace, kinds=("handle_created",))})
     handle = st.selectbox("Handle", handles, index=handles.index(first), key="debug_handle",
-                          format_func=lambda h: f"h{h} · {run.index.handle_state(h, seq)} at seq {seq}")
+                          format_func=lambda h: " · ".join(filter(None, (
+                              f"h{h}", blocks.get(h), f"{run.index.handle_state(h, seq)} at seq {seq}"))))
 else:
     handle = int(st.number_input("Handle id", min(handles), max(handles), first, key="debug_handle_id"))
 d = run.cached(diagnose, handle)
