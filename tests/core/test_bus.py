@@ -1,6 +1,8 @@
 """The event bus: subscribe/unsubscribe, the `enabled` flag, seq numbering, and D8's zero cost."""
 from __future__ import annotations
 
+import contextvars
+
 import pytest
 import torch
 
@@ -212,3 +214,66 @@ def test_d8_same_gradients_with_and_without_a_recorder() -> None:
     assert len(rec.trace) > 0
     for a, b in zip(quiet, recorded, strict=True):
         assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ channels (bus NOTE [ Recording scopes ])
+
+def test_each_channel_numbers_its_own_events_and_closing_in_any_order_keeps_the_rest() -> None:
+    outer: list[Event] = []
+    inner: list[Event] = []
+    glob: list[Event] = []
+    unsubscribe = bus.subscribe(glob.append)
+    first = bus.open_channel(outer.append)
+    bus.emit("phase_set", handle_id=0)
+    second = bus.open_channel(inner.append)
+    returned = bus.emit("phase_set", handle_id=1)
+    first.close()  # out of order: the outer channel closes first
+    first.close()  # harmless twice
+    bus.emit("phase_set", handle_id=2)
+    second.close()
+    assert bus.emit("phase_set", handle_id=3) is not None  # only the global subscriber is left
+    unsubscribe()
+    assert [(e.seq, e.handle_id) for e in outer] == [(0, 0), (1, 1)]
+    assert [(e.seq, e.handle_id) for e in inner] == [(0, 1), (1, 2)]
+    assert [(e.seq, e.handle_id) for e in glob] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert returned is inner[0]  # emit returns the innermost channel's event
+    assert bus.current_scope().channels == ()
+
+
+def test_enabled_counts_open_channels_and_emit_builds_nothing_for_another_context() -> None:
+    seen: list[Event] = []
+    channel = bus.open_channel(seen.append)
+    assert bus.enabled is True
+    elsewhere = contextvars.Context()  # a context that never opened the channel
+    assert elsewhere.run(bus.emit, "phase_set") is None
+    assert bus.emit("phase_set") is seen[0]
+    channel.close()
+    assert bus.enabled is False and len(seen) == 1
+
+
+def test_an_explicit_scope_wins_while_it_is_open() -> None:
+    home: list[Event] = []
+    here: list[Event] = []
+
+    def open_home() -> tuple[bus.Channel, bus.Scope]:
+        return bus.open_channel(home.append), bus.current_scope()
+
+    home_channel, home_scope = contextvars.Context().run(open_home)  # opened in another context
+    channel = bus.open_channel(here.append)
+    bus.emit("node_collected", scope=home_scope)  # e.g. a handle's node collected on this thread
+    assert (len(home), len(here)) == (1, 0)
+    home_channel.close()
+    bus.emit("node_collected", scope=home_scope)  # its recordings are closed: this context's scope instead
+    assert (len(home), len(here)) == (1, 1)
+    channel.close()
+
+
+def test_name_of_reads_the_innermost_channel_that_names_the_object() -> None:
+    thing, other = object(), object()
+    outer = bus.open_channel(lambda e: None, names={id(thing): "outer.thing", id(other): "other"})
+    inner = bus.open_channel(lambda e: None, names={id(thing): "inner.thing"})
+    assert (bus.name_of(thing), bus.name_of(other)) == ("inner.thing", "other")
+    inner.close()
+    assert bus.name_of(thing) == "outer.thing"
+    outer.close()
+    assert bus.name_of(thing) is None

@@ -224,6 +224,30 @@ def test_events_in_the_engines_launch_context_reach_the_recording() -> None:
     assert_clean()
 
 
+def test_node_collected_goes_to_the_recording_that_saw_the_handle_created(no_gc) -> None:
+    """Whichever thread drops a graph runs its node's callback; the event still belongs to the handle's recording."""
+    w = torch.randn(3, 3, requires_grad=True)
+    held: list[Any] = []
+    dropped = threading.Event()
+    theirs: list[Any] = []
+
+    def drop_elsewhere() -> None:
+        with ckpt_viz.record() as other:
+            held.pop()  # the last reference to the graph: its node is collected on this thread
+            dropped.set()
+        theirs.append(other)
+
+    with ckpt_viz.record() as rec:
+        held.append(checkpoint(lambda t: torch.tanh(t @ w), torch.randn(2, 3), use_reentrant=True))
+        t = threading.Thread(target=drop_elsewhere)
+        t.start()
+        t.join(30)
+    assert dropped.is_set()
+    assert rec.trace.kinds() == ["handle_created", "forward_started", "forward_finished", "node_collected"]
+    assert theirs[0].trace.kinds() == []
+    assert_clean()
+
+
 @pytest.mark.gpu
 def test_cuda_backward_on_device_threads_reaches_the_recording(no_gc) -> None:
     """On CUDA the engine runs the checkpoints' backward on its device thread (skipped without a GPU)."""
