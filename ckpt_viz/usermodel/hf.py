@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -42,8 +43,10 @@ def _transformers_class(name: str) -> type | None:
     if "transformers" not in sys.modules:  # the user's code never imported it: not an HF model
         return None
     if name == "GradientCheckpointingLayer":
-        from transformers.modeling_layers import GradientCheckpointingLayer
-
+        try:
+            from transformers.modeling_layers import GradientCheckpointingLayer
+        except ImportError:  # transformers before 4.52: no layer checkpoints itself this way
+            return None
         return GradientCheckpointingLayer
     from transformers import PreTrainedModel
 
@@ -116,8 +119,11 @@ def own_checkpointing(model: Any, layers: dict[str, Any],
             config.use_cache = False
         if make_function is not None:
             for hf_model in _hf_models(model):
+                setter = hf_model._set_gradient_checkpointing
+                if "gradient_checkpointing_func" not in inspect.signature(setter).parameters:
+                    continue  # an old-format model of its own: the layers' flags below are what it reads
                 function = make_function(type(hf_model).__name__, hf_model)
-                hf_model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=function)
+                setter(enable=True, gradient_checkpointing_func=function)
         named = {id(layer) for layer in layers.values()}
         for m, _, _ in saved:
             if is_hf_layer(m) and (make_function is None or id(m) not in named):
