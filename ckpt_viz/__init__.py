@@ -35,8 +35,8 @@ from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transiti
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
     from ckpt_viz.render.memory import format_bytes, memory_peak, render_memory
     from ckpt_viz.render.swimlane import render_lifecycles
-    from ckpt_viz.run.schedules import SCHEDULES
     from ckpt_viz.run.scenarios import MODES, run_scenario
+    from ckpt_viz.run.schedules import SCHEDULES
     from ckpt_viz.run.zoo import BUILTIN_MODELS, DEFAULT_MODEL, build_builtin
     from ckpt_viz.usermodel.sandbox import EXTRA_KEYS, record_in_subprocess
 

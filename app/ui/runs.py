@@ -29,9 +29,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import streamlit as st
 
@@ -67,7 +68,7 @@ class RunConfig:
     def runs_model(self) -> bool:
         return self.source != "trace"
 
-    def with_mode(self, mode: str) -> "RunConfig":
+    def with_mode(self, mode: str) -> RunConfig:
         return replace(self, mode=mode)
 
     @property
@@ -132,7 +133,7 @@ def load_run(config: RunConfig) -> Loaded:
         with _gc_paused() if config.source != "builtin" else contextlib.nullcontext():
             trace = obtain_trace(config.request)
             return Loaded(run=Run(config, trace, TraceIndex(trace), _marks(trace)))
-    except Exception as err:  # noqa: BLE001  shown on the page; the app keeps working
+    except Exception as err:  # shown on the page; the app keeps working
         return Loaded(error=err)
 
 

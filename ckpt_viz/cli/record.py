@@ -1,4 +1,5 @@
-"""`ckpt-viz record`: record a built-in run or a sandboxed model file (through `obtain_trace`), with progress on stderr."""
+"""`ckpt-viz record`: record a built-in run or a sandboxed model file through `obtain_trace`, with progress on stderr.
+"""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,8 @@ class _Progress:
         if self.total:
             fraction = 1.0 if done else min(len(self.actions) / self.total, 1.0)
             bar = "#" * int(fraction * 30)
-            where = "" if done else f" {tags.get('action', '')} stage {tags.get('stage', '-')} mb {tags.get('microbatch', '-')}"
+            where = "" if done else (f" {tags.get('action', '')} stage {tags.get('stage', '-')}"
+                                     f" mb {tags.get('microbatch', '-')}")
             text = f"[{bar:<30}] {fraction:4.0%}{where}  {self.events} events  {elapsed:.1f} s"
         else:
             text = f"recording: {self.events} events  {elapsed:.1f} s" + ("  done" if done else "")

@@ -7,8 +7,9 @@ use, so opening a saved trace never loads torch.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CkptVizError

@@ -8,7 +8,8 @@ Imports torch; never the UI.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from torch.utils._pytree import tree_flatten

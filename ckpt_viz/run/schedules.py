@@ -40,8 +40,9 @@ NOTE [ Tick simulation ]
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 from ckpt_viz.errors import CkptVizError, internal_assert
 

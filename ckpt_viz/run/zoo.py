@@ -8,8 +8,9 @@ submodules to checkpoint, and (for the pipeline model) how it splits into stages
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

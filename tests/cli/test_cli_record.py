@@ -1,4 +1,4 @@
-"""`ckpt-viz record` gets its trace through `obtain_trace`: the same trace as the app's loader, for both model sources."""
+"""`ckpt-viz record` gets its trace through `obtain_trace`, as the app's loader does, for both model sources."""
 from __future__ import annotations
 
 from pathlib import Path

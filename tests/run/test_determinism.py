@@ -11,8 +11,9 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -120,7 +121,7 @@ def _on_threads(jobs: list[Any]) -> list[Any]:
         try:
             start.wait()
             results[i] = jobs[i]()
-        except BaseException as exc:  # noqa: BLE001  reported by the caller, with the job it came from
+        except BaseException as exc:  # reported by the caller, with the job it came from
             results[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]

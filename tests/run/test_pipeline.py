@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 
 import pytest
@@ -18,8 +19,8 @@ import torch
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.run.pipeline import SCHEDULES, TICKS, Action, in_flight, make_schedule, run_pipeline, simulate
 from ckpt_viz.run.scenarios import run_scenario
-from ckpt_viz.trace import Trace
 from ckpt_viz.run.zoo import ModelSpec, PipelineModel, build_builtin
+from ckpt_viz.trace import Trace
 from models import replays_per_handle
 
 COMBOS = [(1, 3), (2, 1), (2, 2), (2, 4), (3, 2), (3, 4), (4, 8)]
@@ -114,7 +115,7 @@ def _assert_dependencies(rows: list[list], stages: int, backward: tuple[str, ...
             assert end[dep] <= tick, f"{kind}{m}@stage{s} starts at {tick} before {dep} ends at {end[dep]}"
     for s in range(stages):
         spans = sorted((t, t + TICKS[k]) for k, st, _, t in rows if st == s)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"stage {s} runs two actions at once"
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), f"stage {s} runs two actions at once"
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -229,7 +230,7 @@ def test_gradients_equal_the_unpipelined_model(case: str, schedule: str) -> None
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("case", CASES)
 def test_every_handle_replays_once_and_dw_releases_it(case: str, schedule: str) -> None:
-    spec, trace, _, microbatches = _run(case, schedule)
+    _, trace, _, microbatches = _run(case, schedule)
     regions = CASES[case][2]
     created = trace.of_kind("handle_created")
     ids = [e.handle_id for e in created]
@@ -276,7 +277,8 @@ def test_meta_and_run_scenario_dispatch() -> None:
     assert len(meta["actions"]) == 2 * 3 * 4
     json.dumps(meta)  # plain data: a saved trace can hold it
     reference = copy.deepcopy(spec.model)
-    torch.testing.assert_close(meta["loss"], float(spec.loss(reference(spec.inputs[0])).detach()))  # summed in another order
+    # summed in another order
+    torch.testing.assert_close(meta["loss"], float(spec.loss(reference(spec.inputs[0])).detach()))
 
     via = run_scenario(build_builtin("pipeline"), "pipeline", schedule="ZB-H1", microbatches=4)
     assert via.meta["actions"] == meta["actions"] and via.kinds() == trace.kinds()

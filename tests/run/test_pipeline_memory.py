@@ -9,11 +9,10 @@ from __future__ import annotations
 import bisect
 
 import pytest
+import torch
 
 from ckpt_viz.run.pipeline import run_pipeline
 from ckpt_viz.run.zoo import ModelSpec, PipelineModel
-
-import torch
 
 
 def _spec(stages: int) -> ModelSpec:
