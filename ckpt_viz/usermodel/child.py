@@ -133,7 +133,8 @@ def _child(workdir: Path) -> int:
         user_file = spec.extra.get("file")
         stage = reached(f"running mode {mode!r}")
         trace = run_scenario(spec, mode, **extra)
-        trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref}
+        trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref,
+                                 "isolation": "bubblewrap" if request["limits"].get("isolated") else "limits only"}
         trace.save(workdir / "trace.json")
         return 0
     except BaseException as exc:

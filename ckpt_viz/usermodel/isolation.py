@@ -71,7 +71,7 @@ class Limits:
     memory_mb: int | None
     max_trace_mb: int
     max_events: int
-    max_tasks: int = 512
+    max_tasks: int = dataclasses.field(default_factory=lambda: max(512, 16 * (os.cpu_count() or 1)))  # threads too
 
     @property
     def cpu_s(self) -> int:
@@ -129,8 +129,9 @@ def bwrap_problem() -> str | None:
     if exe is None:
         return "bubblewrap (bwrap) is not installed"
     try:
-        done = subprocess.run([exe, *_NAMESPACES, "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
-                               "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+        done = subprocess.run([exe, *_NAMESPACES, "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                               "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=20)  # the flags `command` uses
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not run ({exc})"
     if done.returncode != 0:

@@ -159,7 +159,8 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
                 _warned.add(problem)
                 warnings.warn(not_isolated(problem, cgroup), SandboxWarning, stacklevel=2)
             return _run(ref, load_ref, mode, extra, limits, workdir, cgroup, isolate=problem is None,
-                        readable=[os.path.dirname(target) if parsed.is_file else "", *sys.path])
+                        readable=[os.path.dirname(target) if parsed.is_file else "", *sys.path, sys.prefix,
+                                  sys.base_prefix, os.path.dirname(sys.executable)])
         finally:
             with signals_held():
                 if cgroup is not None:

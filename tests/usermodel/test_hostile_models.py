@@ -24,6 +24,7 @@ import pytest
 from ckpt_viz.usermodel import sandbox
 from ckpt_viz.usermodel.isolation import ENV_ALLOWLIST, Cgroup, Limits, bwrap_problem
 from ckpt_viz.usermodel.load import ModelLoadError
+from ckpt_viz.usermodel.processes import sweep
 from ckpt_viz.usermodel.sandbox import SandboxMemoryError, SandboxWarning, record_in_subprocess
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -129,7 +130,7 @@ def test_killing_the_parent_ends_the_child_within_a_second(tmp_path: Path) -> No
     finally:
         parent.kill()
     (left,) = os.listdir(tmp)  # a parent killed outright cannot clean up: the next run's sweep does
-    sandbox._sweep(str(tmp))
+    sweep(str(tmp))
     assert os.listdir(tmp) == [], left
 
 

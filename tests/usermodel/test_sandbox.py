@@ -20,7 +20,7 @@ from ckpt_viz.errors import HandleReleasedError
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.trace import Trace
 from ckpt_viz.usermodel.child import _report
-from ckpt_viz.usermodel.isolation import Limits
+from ckpt_viz.usermodel.isolation import Limits, bwrap_problem
 from ckpt_viz.usermodel.load import ModelLoadError, load_model
 from ckpt_viz.usermodel.readback import load_trace, read
 from ckpt_viz.usermodel.sandbox import (
@@ -68,7 +68,8 @@ def test_good_model_gives_the_same_trace_as_in_process() -> None:
     assert trace.count("handle_created") == 3
     assert trace.kinds() == expected.kinds()
     assert _handle_ranks(trace) == _handle_ranks(expected)  # ids are sequential per process (spec D2)
-    assert trace.meta["model"] == EXAMPLE and trace.meta["sandbox"] == {"memory_mb": 4096, "ref": EXAMPLE}
+    assert trace.meta["model"] == EXAMPLE and trace.meta["sandbox"] == {
+        "memory_mb": 4096, "ref": EXAMPLE, "isolation": "limits only" if bwrap_problem() else "bubblewrap"}
     assert _sandbox_dirs() <= before  # the temporary folder is gone
 
 
