@@ -23,13 +23,14 @@ NOTE [ Memory categories ]
      stage tag open when the hold began), else the stage that allocated them.
   5. Storages that existed before the probe started are registered from the
      parameters and tensors given to it, and from any tensor an op reads.
-  6. Probes stack. A context pushes one TorchDispatchMode and one saved-tensor
+  6. Probes stack. A thread pushes one TorchDispatchMode and one saved-tensor
      hook pair for all its probes (a `_Layer`) when its first probe opens, and pops
      them when its last one closes, so nested probes each see every op and every
      saved tensor, and closing them in any order pops torch's (LIFO) stacks once,
-     in order. Both stacks are thread-local (torch carries them to autograd worker
-     threads with the graph task), so a probe on another thread sees only its own
-     thread's ops; `memtags` holders are per context too.
+     in order. Both stacks are per thread, as the layer is (torch carries them to
+     autograd worker threads with the graph task), so a probe sees only its own
+     thread's ops; a probe closes on the thread that opened it. The runtime's
+     `memtags` holds reach the probes of the context that makes them.
   7. No leak: a probe watches storages and owners through weakrefs it owns, whose
      callbacks hold the probe only weakly (not `weakref.finalize`, whose registry
      would keep every probe alive as long as a parameter lives). Closing the probe
@@ -37,7 +38,6 @@ NOTE [ Memory categories ]
 """
 from __future__ import annotations
 
-import contextvars
 import threading
 import weakref
 from typing import Any, Iterable
@@ -137,7 +137,7 @@ class _Layer:
             self._mode.__exit__(None, None, None)
 
 
-_LAYER: contextvars.ContextVar[_Layer | None] = contextvars.ContextVar("ckpt_viz_memory_layer", default=None)
+_THREAD = threading.local()  # .layer: this thread's _Layer, while one of its probes is open (NOTE rule 6)
 
 
 class _StorageRef(weakref.ref):
@@ -276,11 +276,11 @@ class MemoryProbe:
                 self.register(p.grad)
         for t in tensors:
             self.register(t)
-        layer = _LAYER.get()
+        layer = getattr(_THREAD, "layer", None)
         if layer is None:
             layer = _Layer()
             layer.push()
-            _LAYER.set(layer)
+            _THREAD.layer = layer
         layer.probes = (*layer.probes, self)
         self._layer = layer
         self._detach_holder = memtags.install(self.hold)
@@ -296,8 +296,8 @@ class MemoryProbe:
             if layer is not None:
                 layer.probes = tuple(p for p in layer.probes if p is not self)
                 if not layer.probes:
-                    if _LAYER.get() is layer:
-                        _LAYER.set(None)
+                    if getattr(_THREAD, "layer", None) is layer:
+                        _THREAD.layer = None
                     layer.pop()
         finally:
             with self._lock:
