@@ -158,6 +158,13 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
             if problem and problem not in _warned:
                 _warned.add(problem)
                 warnings.warn(not_isolated(problem, cgroup), SandboxWarning, stacklevel=2)
+            elif not problem and limits.memory_mb and (cgroup is None or cgroup.memory is None) \
+                    and "cgroup" not in _warned:
+                _warned.add("cgroup")
+                warnings.warn(f"{_API}: no memory cgroup can be created here (/sys/fs/cgroup is not writable for "
+                              "this user), so the memory limit applies to each of the model's processes on its "
+                              "own, not to all of them together.\nTip: run under a delegated cgroup, e.g. "
+                              "systemd-run --user --scope -p Delegate=yes ...", SandboxWarning, stacklevel=2)
             return _run(ref, load_ref, mode, extra, limits, workdir, cgroup, isolate=problem is None,
                         readable=[os.path.dirname(target) if parsed.is_file else "", *sys.path, sys.prefix,
                                   sys.base_prefix, os.path.dirname(sys.executable)])

@@ -265,3 +265,12 @@ def test_without_bubblewrap_a_warning_says_once_what_is_not_isolated(monkeypatch
         warnings.simplefilter("error", SandboxWarning)
         with pytest.raises(ModelLoadError):
             record_in_subprocess(f"{HOSTILE / 'raises_limits.py'}:make_model", "reentrant", timeout_s=30)
+
+
+@needs_bwrap
+def test_without_a_cgroup_a_warning_says_the_memory_limit_is_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox.Cgroup, "create", classmethod(lambda cls, name, limits: None))
+    monkeypatch.setattr(sandbox, "_warned", set())
+    with pytest.warns(SandboxWarning, match="the memory limit applies to each of the model's processes on its own"):
+        trace = record_in_subprocess(EXAMPLE, "reentrant", timeout_s=60)
+    assert trace.meta["sandbox"]["isolation"] == "bubblewrap"
