@@ -198,6 +198,7 @@ class Recording:
         finally:
             if self._channel is not None:
                 self._channel.close()
+                _BY_CHANNEL.pop(self._channel, None)  # a handle's scope may outlive us: keep no trace alive
             self._release(exc_type, exc, tb)
 
     def _release(self, *exc: Any) -> None:
