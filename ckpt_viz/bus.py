@@ -58,8 +58,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 from ckpt_viz.events import Event
 
@@ -77,7 +78,8 @@ _subscribers: tuple[Subscriber, ...] = ()
 _open_channels = 0
 _lock = threading.RLock()
 _seq = itertools.count()
-_TAGS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("ckpt_viz_tags", default={})
+_NO_TAGS: Mapping[str, Any] = {}  # one shared object: traces intern tags by identity
+_TAGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ckpt_viz_tags", default=None)
 _MISSING: Any = object()
 
 
@@ -118,7 +120,7 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
 class Channel:
     """One scoped listener: its own seq from 0; see NOTE [ Recording scopes ]."""
 
-    __slots__ = ("fn", "names", "is_open", "_seq", "_lock", "__weakref__")
+    __slots__ = ("__weakref__", "_lock", "_seq", "fn", "is_open", "names")
 
     def __init__(self, fn: Subscriber, names: Mapping[int, str] | None) -> None:
         self.fn: Subscriber | None = fn
@@ -274,7 +276,7 @@ def emit(
     if site is None and capture_site:
         site = call_site()
     fields = {"t_ns": time.monotonic_ns(), "kind": kind, "handle_id": handle_id, "mode": mode, "phase": phase,
-              "session_id": _json_session_id(session_id), "tags": context_value(_TAGS, {}), "site": site,
+              "session_id": _json_session_id(session_id), "tags": context_value(_TAGS, _NO_TAGS), "site": site,
               "thread_id": threading.get_ident(), "data": data or {}}
     event = None
     if subscribers:
@@ -313,7 +315,7 @@ def _json_session_id(session_id: Any) -> Any:
 @contextlib.contextmanager
 def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
     """Tag every event emitted inside the block, e.g. `with tag(stage=0, microbatch=3):`."""
-    merged = {**context_value(_TAGS, {}), **tags}
+    merged = {**context_value(_TAGS, _NO_TAGS), **tags}
     token = _TAGS.set(merged)
     try:
         yield merged
@@ -323,7 +325,7 @@ def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
 
 def current_tags() -> Mapping[str, Any]:
     """The tags open in this context (on an autograd worker: those of the code that launched the backward)."""
-    return context_value(_TAGS, {})
+    return context_value(_TAGS, _NO_TAGS)
 
 
 # ---------------------------------------------------------------- call sites

@@ -39,7 +39,8 @@ import functools
 import threading
 import weakref
 from types import TracebackType
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
@@ -52,10 +53,10 @@ __all__ = ["Recording", "record"]
 _WATCH_LOCK = threading.Lock()
 _watchers = 0  # open recordings; the autograd watch is installed while this is > 0 (NOTE rule 5)
 _originals: dict[str, Any] = {}
-_BY_CHANNEL: "weakref.WeakKeyDictionary[bus.Channel, Recording]" = weakref.WeakKeyDictionary()
+_BY_CHANNEL: weakref.WeakKeyDictionary[bus.Channel, Recording] = weakref.WeakKeyDictionary()
 
 
-def _open_here() -> list["Recording"]:
+def _open_here() -> list[Recording]:
     """The open recordings of the current context, outermost first."""
     found = (_BY_CHANNEL.get(c) for c in bus.current_scope().channels if c.is_open)
     return [r for r in found if r is not None]
@@ -148,7 +149,7 @@ class Recording:
         seq = self.trace.events[-1].seq if len(self.trace.events) else -1
         self.trace.graphs.append(capture_graph(roots, label=label, seq=seq, names=self._names))
 
-    def attach(self) -> ContextManager[bus.Scope]:
+    def attach(self) -> AbstractContextManager[bus.Scope]:
         """Hand this open recording to another thread; see NOTE [ What a recording captures ], rule 6.
 
         Example:
@@ -165,7 +166,7 @@ class Recording:
 
     # ------------------------------------------------------------ lifetime
 
-    def __enter__(self) -> "Recording":
+    def __enter__(self) -> Recording:
         if self._channel is not None:
             state = "open" if self._channel.is_open else "closed"
             raise RecordingError(f"ckpt_viz.record: this recording is already {state} (a record() block runs "
@@ -213,9 +214,8 @@ class Recording:
 
 
 def _tensors_in(value: Any) -> list[Any]:
-    from torch.utils._pytree import tree_flatten
-
     import torch
+    from torch.utils._pytree import tree_flatten
 
     return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
 

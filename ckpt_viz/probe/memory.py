@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -56,7 +57,7 @@ _RANK = {"checkpoint_inputs": 4, "excluded_outputs": 3, "replay_activations": 2,
 
 
 class _Storage:
-    __slots__ = ("nbytes", "holds", "stage", "device", "ref")
+    __slots__ = ("device", "holds", "nbytes", "ref", "stage")
 
     def __init__(self, nbytes: int, stage: Any, device: str) -> None:
         self.ref: Any = None  # the weakref whose callback forgets this record
@@ -76,7 +77,7 @@ class _Storage:
 class _Saved:
     """What the global saved-tensor hook stores: the tensor, plus a lifetime for its hold."""
 
-    __slots__ = ("tensor", "__weakref__")
+    __slots__ = ("__weakref__", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
@@ -85,7 +86,7 @@ class _Saved:
 class _Tracker(TorchDispatchMode):
     """Registers every tensor an op reads or makes with each probe of its layer."""
 
-    def __init__(self, layer: "_Layer") -> None:
+    def __init__(self, layer: _Layer) -> None:
         super().__init__()
         self.layer = layer
 
@@ -268,7 +269,7 @@ class MemoryProbe:
 
     # ------------------------------------------------------------ lifetime
 
-    def __enter__(self) -> "MemoryProbe":
+    def __enter__(self) -> MemoryProbe:
         params, tensors = self._pending
         for p in params:
             self.add_param(p)

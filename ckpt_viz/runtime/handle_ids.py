@@ -35,13 +35,13 @@ class _Numbering:
 
     def __init__(self, start: int, thread: int | None) -> None:
         self.ids = itertools.count(start)
-        self.live: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.live: weakref.WeakSet[Any] = weakref.WeakSet()
         self.thread = thread
 
 
 _OUTSIDE = _Numbering(0, None)  # handles created outside any recording
 _RECORDED: list[_Numbering] = []  # recordings' numberings that may still have live handles
-_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every handle and frame still alive, whoever numbered it
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # every handle and frame still alive, whoever numbered it
 _LOCK = threading.Lock()
 
 

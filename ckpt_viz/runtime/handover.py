@@ -25,7 +25,8 @@ NOTE [ Engine hand-over ]
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

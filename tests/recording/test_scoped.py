@@ -9,7 +9,8 @@ import contextvars
 import gc
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
