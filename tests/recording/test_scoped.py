@@ -260,9 +260,14 @@ def test_cuda_backward_on_device_threads_reaches_the_recording(no_gc) -> None:
         return rec.trace
 
     cpu, cuda = run("cpu"), run("cuda")
-    assert cuda.kinds() == cpu.kinds()
+    # The device thread may drop a graph's last reference at another point than the calling thread does,
+    # so node_collected events are compared by count, every other event in order.
+    def ordered(trace: Any) -> list[tuple]:
+        return [(e.kind, e.handle_id, e.phase) for e in trace.events if e.kind != "node_collected"]
+
+    assert ordered(cuda) == ordered(cpu) and cuda.count("node_collected") == cpu.count("node_collected")
     assert {e.thread_id for e in cuda.events} - {threading.get_ident()}  # some came from a device thread
-    assert [e.handle_id for e in cuda.events] == [e.handle_id for e in cpu.events]
+    assert cuda.memory and any(s.device_allocated for s in cuda.memory)
     assert_clean()
 
 
