@@ -59,11 +59,13 @@ def _run_with_ground_truth(model_name: str, mode: str, **options: Any) -> tuple[
         per_event[event.seq] = truth.total()
 
     with truth:
-        unsubscribe = bus.subscribe(listen)
+        # A channel around the run's own recording: it numbers the same events from 0 as the recording does,
+        # and only this thread's (bus NOTE [ Recording scopes ]).
+        channel = bus.open_channel(listen)
         try:
             trace = run_scenario(spec, mode, memory=True, **options)
         finally:
-            unsubscribe()
+            channel.close()
     return trace, per_event
 
 
