@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -40,14 +41,17 @@ def kill_group(pid: int) -> None:
 
 
 def child_pids(workdir: Path) -> list[int]:
-    """Host pids of the Python child (and its forks) for `workdir`, found by their command line."""
-    tail = f"\0-m\0ckpt_viz.usermodel.child\0{workdir}\0".encode()
+    """Host pids of the Python child (and its forks) for `workdir`, found by their whole command line.
+
+    The whole line: bubblewrap's own processes end with the same words, and SIGUSR1 would kill them.
+    """
+    cmdline = f"{sys.executable}\0-m\0ckpt_viz.usermodel.child\0{workdir}\0".encode()
     found = []
     with contextlib.suppress(OSError):
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError):
-                    if Path(f"/proc/{entry}/cmdline").read_bytes().endswith(tail):
+                    if Path(f"/proc/{entry}/cmdline").read_bytes() == cmdline:
                         found.append(int(entry))
     return found
 
@@ -58,7 +62,7 @@ def dump_stack(proc: subprocess.Popen, workdir: Path) -> None:
         return
     log = workdir / "output.log"
     start = log.stat().st_size if log.exists() else 0
-    for pid in child_pids(workdir) or [proc.pid]:
+    for pid in child_pids(workdir):  # never bwrap itself: SIGUSR1 would end it
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGUSR1)
     deadline = time.monotonic() + _STACK_GRACE_S

@@ -85,7 +85,7 @@ def test_timeout_kills_the_child_and_its_subprocesses(tmp_path: Path) -> None:
     assert "did not finish within 8 s (mode 'reentrant', while loading the model)" in str(err)
     assert "helper started" in err.output  # the helper ran
     assert err.returncode is None
-    assert err.line == 14 and err.file == str(model)  # time.sleep(1), from the stack dump
+    assert (err.line, err.file) == (14, str(model)), err.output  # time.sleep(1), from the stack dump
     assert not _running(str(model))  # the helper is gone with the child
 
 
