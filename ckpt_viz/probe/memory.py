@@ -35,9 +35,19 @@ NOTE [ Memory categories ]
      callbacks hold the probe only weakly (not `weakref.finalize`, whose registry
      would keep every probe alive as long as a parameter lives). Closing the probe
      drops its records, so a closed probe is freed with its recording.
+  8. torch wraps every `__torch_dispatch__` so that its first call imports
+     torch._dynamo, and a `torch.fx.wrap()` in that import keeps its own frame in a
+     reference cycle, and with it every frame on the stack: the user's first
+     checkpoint output, whose graph would then be freed by a later garbage
+     collection instead of by reference counting (a `node_collected` at a
+     different seq, different memory, handle ids shifted in the next run). So the
+     first probe imports torch._dynamo on a short-lived thread whose stack holds
+     nothing of the user's.
 """
 from __future__ import annotations
 
+import importlib
+import sys
 import threading
 import weakref
 from collections.abc import Iterable
@@ -139,6 +149,14 @@ class _Layer:
 
 
 _THREAD = threading.local()  # .layer: this thread's _Layer, while one of its probes is open (NOTE rule 6)
+
+
+def _import_dynamo_off_stack() -> None:
+    """Import torch._dynamo on a bare thread before the first dispatch would import it here (NOTE rule 8)."""
+    if "torch._dynamo" not in sys.modules:
+        loader = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), daemon=True)
+        loader.start()
+        loader.join()
 
 
 class _StorageRef(weakref.ref):
@@ -279,6 +297,7 @@ class MemoryProbe:
             self.register(t)
         layer = getattr(_THREAD, "layer", None)
         if layer is None:
+            _import_dynamo_off_stack()
             layer = _Layer()
             layer.push()
             _THREAD.layer = layer

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import json
+import subprocess
+import sys
 import threading
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,10 +89,7 @@ def no_gc():
     """node_collected events fire when a graph is freed: by reference counting (deterministic, on the thread
     that drops it) or by a cyclic collection, which any thread may trigger at any time. With automatic
     collection off, every node_collected event comes from reference counting, so it is compared like any
-    other event instead of being excluded. A recorded warm-up run comes first: the first recorded checkpoint
-    in a process makes torch import torch._dynamo lazily, and that import keeps the calling frames, and
-    with them that run's first graph, alive, so its node would never be collected."""
-    recorded(3, 0)
+    other event instead of being excluded."""
     gc.collect()
     gc.disable()
     try:
@@ -452,6 +453,23 @@ def test_two_threads_recording_memory_get_their_own_samples(no_gc) -> None:
         t.join(60)
     assert got == solo and solo[6] != solo[12]
     assert_clean()
+
+
+def test_the_first_memory_recording_in_a_process_frees_its_graphs_by_reference_counting() -> None:
+    """See NOTE [ Memory categories ], rule 8 (probe/memory.py): torch's lazy torch._dynamo import must not
+    pin the first run's frames. A fresh interpreter, with automatic garbage collection off."""
+    script = (
+        "import gc, json, sys; gc.disable(); sys.path[:0] = ['tests', 'tests/recording']\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "import test_scoped as T\n"
+        "trace, _ = T.recorded(6, 1)\n"
+        "ids = lambda kind: sorted(e.handle_id for e in trace.of_kind(kind) if e.mode == 'reentrant')\n"
+        "print(json.dumps([ids('node_collected'), ids('handle_created')]))\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    collected, created = json.loads(done.stdout.strip().splitlines()[-1])
+    assert collected == created and len(created) == 2  # every reentrant node was freed inside the run
 
 
 def test_fifty_closed_memory_recordings_leave_no_live_probe() -> None:
