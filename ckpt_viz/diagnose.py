@@ -39,8 +39,9 @@ NOTE [ Reading a cause from the trace ]
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES, Event
 from ckpt_viz.trace import Trace

@@ -40,7 +40,8 @@ search still finds it, and end with one next step ("Tip: ..."). Standard library
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES
 

@@ -11,20 +11,21 @@ tuples and small dicts of the same, so `Event.to_dict()` is JSON-ready.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 __all__ = [
     "CODE_FOR_REASON",
     "DIAGNOSIS_CODES",
-    "DiagnosisCode",
     "EVENT_KINDS",
-    "Event",
     "MODES",
-    "Mode",
     "PHASES",
-    "Phase",
     "RELEASE_REASONS",
+    "DiagnosisCode",
+    "Event",
+    "Mode",
+    "Phase",
 ]
 
 Mode = Literal["reentrant", "nonreentrant", "exclude"]
@@ -235,7 +236,7 @@ class Event:
         }
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "Event":
+    def from_dict(cls, raw: Mapping[str, Any]) -> Event:
         """Rebuild an event from `to_dict()` output."""
         return cls(
             seq=int(raw["seq"]),

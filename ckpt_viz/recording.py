@@ -38,8 +38,8 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from types import TracebackType
 from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 from ckpt_viz import bus

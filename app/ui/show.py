@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import linecache
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import streamlit as st
 

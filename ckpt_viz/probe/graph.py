@@ -14,7 +14,8 @@ NOTE [ Snapshots never replay ]
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten

@@ -7,12 +7,13 @@ Pure functions of the trace; standard library only.
 """
 from __future__ import annotations
 
-from typing import Any, Collection, Iterable
+from collections.abc import Collection, Iterable
+from typing import Any
 
 from ckpt_viz.events import Event
-from ckpt_viz.trace.index import TraceIndex, event_column
 from ckpt_viz.render.text import format_event
 from ckpt_viz.trace import Trace
+from ckpt_viz.trace.index import TraceIndex, event_column
 
 __all__ = ["event_rows", "filter_events"]
 

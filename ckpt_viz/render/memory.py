@@ -14,8 +14,8 @@ from typing import Any
 
 import altair as alt
 
-from ckpt_viz.trace.index import TraceIndex, derived
 from ckpt_viz.trace import MEMORY_CATEGORIES, MemoryColumns, Trace
+from ckpt_viz.trace.index import TraceIndex, derived
 
 __all__ = ["format_bytes", "memory_peak", "memory_series", "render_memory"]
 

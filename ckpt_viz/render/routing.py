@@ -18,8 +18,8 @@ from bisect import bisect_right
 from typing import Any
 
 from ckpt_viz.render.graph import EDGE_COLOURS, NODE_COLOURS, dot_attrs, dot_quote
-from ckpt_viz.trace.index import derived, event_column
 from ckpt_viz.trace import Trace
+from ckpt_viz.trace.index import derived, event_column
 
 __all__ = ["backward_passes", "render_routing", "routing_at"]
 

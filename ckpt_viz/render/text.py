@@ -7,7 +7,8 @@ Pure function of the events; standard library only.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ckpt_viz.events import Event
 

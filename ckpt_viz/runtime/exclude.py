@@ -27,7 +27,8 @@ NOTE [ Excluded regions ]
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -44,7 +44,7 @@ class _DeferredInput:
 
 
 class _NonReentrantEntry:
-    __slots__ = ("output", "bindings", "output_count", "rng_after", "call_index", "__weakref__")
+    __slots__ = ("__weakref__", "bindings", "call_index", "output", "output_count", "rng_after")
 
     def __init__(self, output: Any, bindings: list, output_count: int, rng_after: Any, call_index: int) -> None:
         self.output = output
@@ -64,7 +64,7 @@ class _RecomputeBoundary(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        ctx.saved_tensors  # forces the outer checkpoint's replay; see NOTE rule 2
+        ctx.saved_tensors  # noqa: B018  forces the outer checkpoint's replay; see NOTE rule 2
         return grad, None
 
 
@@ -78,7 +78,7 @@ def _with_boundaries(out: Any) -> Any:
 class _Kept:
     """A tensor an excluded region keeps for its backward (its lifetime is the saved variable's)."""
 
-    __slots__ = ("tensor", "__weakref__")
+    __slots__ = ("__weakref__", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
@@ -105,7 +105,7 @@ def _deferred_unpack(saved: Any) -> torch.Tensor:
 
 def record_region(wrapper: Any, state: Any, args: tuple, kwargs: dict) -> Any:
     cache = state.get_resource(CACHE_KEY, ExcludeCache)
-    leaves, spec = tensor_leaves(args, kwargs)
+    leaves, _spec = tensor_leaves(args, kwargs)
     bindings: list[_DeferredInput] = []
     marked: list[tuple[torch.Tensor, Any]] = []
     seen: set[int] = set()

@@ -33,15 +33,28 @@ __all__ = ["record_region", "replay_region"]
 class _Tape:
     """One excluded region's local SAVE graph inside a reentrant checkpoint."""
 
-    __slots__ = ("outputs", "local_inputs", "input_leaves", "chain", "save_output", "output_count",
-                 "rng_after", "call_index", "replay_values", "released", "wrapper_id", "chain_outputs",
-                 "structure", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "call_index",
+        "chain",
+        "chain_outputs",
+        "input_leaves",
+        "local_inputs",
+        "output_count",
+        "outputs",
+        "released",
+        "replay_values",
+        "rng_after",
+        "save_output",
+        "structure",
+        "wrapper_id",
+    )
 
     def __init__(self) -> None:
         self.outputs: tuple | None = None
         self.local_inputs: list[torch.Tensor] = []
         self.input_leaves: list[int] = []
-        self.chain: list["_Tape"] = []
+        self.chain: list[_Tape] = []
         self.save_output = True
         self.output_count = 0
         self.rng_after: Any = None

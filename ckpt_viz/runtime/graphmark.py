@@ -6,7 +6,8 @@ touches saved tensors, so snapshots cannot trigger a replay. Never the UI.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten

@@ -28,7 +28,8 @@ from __future__ import annotations
 import functools
 import uuid
 import weakref
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ class _Handle:
 class _Holder:
     """Stands in for a saved tensor in the autograd graph."""
 
-    __slots__ = ("index", "handles", "__weakref__")
+    __slots__ = ("__weakref__", "handles", "index")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -93,7 +94,7 @@ class NonReentrantFrame:
         self.x_metadatas: list[Any] = []
         self.forward_completed = False
         self.ignore_saved_mismatch = False
-        self.recomputed: dict[Hashable, "weakref.WeakKeyDictionary[_Handle, torch.Tensor]"] = {}
+        self.recomputed: dict[Hashable, weakref.WeakKeyDictionary[_Handle, torch.Tensor]] = {}
         self.recomp_counter: dict[Hashable, int] = {}
         self.is_recomputed: dict[Hashable, bool] = {}
         self.active_session: _session.SessionActivation | None = None
@@ -191,7 +192,8 @@ class NonReentrantFrame:
         if holder is not None:
             if holder.handles.get(key) is not None:
                 raise CheckpointError(
-                    f"{self._api}: A recomputed tensor handle already exists for this session (frame h{self.handle_id}, "
+                    f"{self._api}: A recomputed tensor handle already exists for this session "
+                    f"(frame h{self.handle_id}, "
                     f"saved tensor {index}, key {key!r}).\nTip: a previous recompute for this session failed part-way; "
                     "call clear_recompute_session(session_id) before retrying.")
             handle = _Handle()
@@ -330,7 +332,7 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
         state = ExecutionState.capture(compose_context_fns(contexts, context_fn),
                                        preserve_rng_state, args, api=_API)
     except BaseException as exc:
-        raise _error(exc)
+        raise _error(exc)  # noqa: B904  (_error returns exc itself when it is already ours)
     dummy = torch.empty((0,), requires_grad=True)
     with (memtags.category("checkpoint_inputs") if memtags.enabled else memtags.NULL):
         saver = _SaveInputs.apply(dummy, kwargs, *args)
@@ -370,7 +372,7 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
             collector.remove(frame)
         if bus.enabled:
             frame._emit("forward_failed", type=type(exc).__name__, message=str(exc))
-        raise _error(exc, frame)
+        raise _error(exc, frame)  # noqa: B904  (see above)
     if bus.enabled:
         marked = mark_new_nodes(output, args, HANDLE_KEY, frame.handle_id)
         frame._emit("forward_finished", capture_site=False, saved_count=len(frame.weak_holders), graph_nodes=marked)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "RecomputeState",
@@ -33,7 +34,7 @@ _INVOCATION_IDS = itertools.count()
 
 
 class _Invocation:
-    __slots__ = ("invocation_id", "resources", "preserve_rng_state")
+    __slots__ = ("invocation_id", "preserve_rng_state", "resources")
 
     def __init__(self, preserve_rng_state: bool = True) -> None:
         self.invocation_id = next(_INVOCATION_IDS)

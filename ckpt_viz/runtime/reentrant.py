@@ -39,7 +39,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -72,7 +73,7 @@ _SCOPE: contextvars.ContextVar[list | None] = contextvars.ContextVar("ckpt_viz_r
 _API = "ckpt_viz.checkpoint"
 
 
-def _collected_callback(handle_ref: "weakref.ref[ReentrantCheckpointHandle]") -> Callable[[Any], None]:
+def _collected_callback(handle_ref: weakref.ref[ReentrantCheckpointHandle]) -> Callable[[Any], None]:
     def collected(_: Any) -> None:
         handle = handle_ref()
         if handle is not None:
@@ -212,7 +213,10 @@ def reentrant_checkpoint_scope(parameters: Sequence[torch.Tensor] | Callable[[],
 
 
 def _checkpoint_inputs(args: tuple, kwargs: dict) -> tuple[tuple, list, Any]:
-    """Tensor leaves in order, the template that rebuilds (args, kwargs), and its spec (None: all positional tensors)."""
+    """Tensor leaves in order, the template that rebuilds (args, kwargs), and its spec.
+
+    The spec is None when every argument is a positional tensor.
+    """
     if not kwargs and all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
         return tuple(args), [InputSlot(i) for i in range(len(args))], None
     leaves, spec = tree_flatten((args, kwargs))
@@ -256,7 +260,7 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
     try:
         params = _scope_parameters(scope)
     except BaseException as exc:
-        raise fail(exc, "checkpoint")
+        raise fail(exc, "checkpoint")  # noqa: B904  (fail returns exc itself, reported once)
     frame = ReentrantCheckpointHandle(function, template, spec, params, preserve_rng_state, context_fn)
     frame.input_count = len(inputs)
     param_ids = {id(p) for p in params or ()}
@@ -284,7 +288,7 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
         frame._release("forward_exception")
         if collector is not None:
             collector.remove(frame)
-        raise fail(exc, "checkpoint", frame)
+        raise fail(exc, "checkpoint", frame)  # noqa: B904  (see above)
     tensors = iter((result,) if isinstance(result, torch.Tensor) else result)
     return tree_unflatten([next(tensors) if isinstance(item, InputSlot) else item
                            for item in frame.output_template], frame.output_spec)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_unflatten
@@ -29,21 +30,29 @@ from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.state import ExecutionState
 
-__all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "meta", "new_handle_id",
-           "restart_handle_ids",
-           "qualname"]
+__all__ = [
+    "InputSlot",
+    "ReentrantCheckpointHandle",
+    "current_frame",
+    "execution_frame",
+    "fail",
+    "meta",
+    "new_handle_id",
+    "qualname",
+    "restart_handle_ids",
+]
 
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
 _API = "ckpt_viz.checkpoint"
 
 
-def current_frame() -> "ReentrantCheckpointHandle | None":
+def current_frame() -> ReentrantCheckpointHandle | None:
     """The reentrant handle whose function is running (original forward or replay), or None."""
     return _CURRENT_FRAME.get()
 
 
 @contextlib.contextmanager
-def execution_frame(frame: "ReentrantCheckpointHandle") -> Iterator[None]:
+def execution_frame(frame: ReentrantCheckpointHandle) -> Iterator[None]:
     token = _CURRENT_FRAME.set(frame)
     try:
         yield
@@ -176,7 +185,8 @@ class ReentrantCheckpointHandle:
 
     def _captured(self, values: tuple) -> list[torch.Tensor]:
         """Parameters the replay reaches without an input edge: a module's own, else found by a graph walk."""
-        owner = self.function if isinstance(self.function, torch.nn.Module) else getattr(self.function, "__self__", None)
+        function = self.function
+        owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
         if isinstance(owner, torch.nn.Module):
             inputs = {id(t) for t in self.replay_inputs}
             return [p for p in owner.parameters() if p.requires_grad and id(p) not in inputs]
@@ -291,7 +301,8 @@ class ReentrantCheckpointHandle:
         _session.validate_session_id(session_id, api)
         activation = _session.current_activation()
         if activation is not None and activation.session_id != session_id:
-            raise fail(SessionMismatchError(api, self.handle_id, activation.session_id, session_id), "bind_session", self)
+            error = SessionMismatchError(api, self.handle_id, activation.session_id, session_id)
+            raise fail(error, "bind_session", self)
         if self.active_session is not None and self.active_session.session_id != session_id:
             raise fail(CheckpointError(
                 f"{api}: Concurrent reentrant recompute sessions on one frame are unsupported (h{self.handle_id} is "
@@ -315,7 +326,7 @@ class ReentrantCheckpointHandle:
         try:
             self.recompute()
         except BaseException as exc:
-            raise fail(exc, "recompute_handle", self)
+            raise fail(exc, "recompute_handle", self)  # noqa: B904  (fail returns exc itself)
 
     def _on_node_collected(self) -> None:
         self.node_collected = True

@@ -28,7 +28,8 @@ import contextlib
 import contextvars
 import threading
 import weakref
-from typing import Any, Hashable, Iterator, Protocol
+from collections.abc import Hashable, Iterator
+from typing import Any, Protocol
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError, CheckpointUsageError
@@ -49,9 +50,9 @@ __all__ = [
 class SessionMember(Protocol):
     handle_id: int
     mode: str
-    active_session: "SessionActivation | None"
+    active_session: SessionActivation | None
 
-    def _bind_activation(self, activation: "SessionActivation | None") -> None: ...
+    def _bind_activation(self, activation: SessionActivation | None) -> None: ...
     def _session_cleared(self, session_id: Hashable) -> None: ...
     def _prefire(self) -> None: ...
 
@@ -59,7 +60,7 @@ class SessionMember(Protocol):
 class SessionActivation:
     """One entry into `recompute_session_ctx`: an id and its retention policy."""
 
-    __slots__ = ("session_id", "retain_on_unpack")
+    __slots__ = ("retain_on_unpack", "session_id")
 
     def __init__(self, session_id: Hashable, retain_on_unpack: bool) -> None:
         self.session_id = session_id
@@ -71,7 +72,7 @@ class SessionActivation:
 
 _COLLECTOR: contextvars.ContextVar[list | None] = contextvars.ContextVar("ckpt_viz_collector", default=None)
 _SESSION: contextvars.ContextVar[SessionActivation | None] = contextvars.ContextVar("ckpt_viz_session", default=None)
-_REGISTRY: dict[Hashable, "weakref.WeakSet[Any]"] = {}
+_REGISTRY: dict[Hashable, weakref.WeakSet[Any]] = {}
 _LOCK = threading.RLock()
 
 
@@ -193,7 +194,7 @@ def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) 
             for member in bound:
                 member._bind_activation(None)
             _SESSION.reset(token)
-            raise emit_error(exc, api)
+            raise emit_error(exc, api)  # noqa: B904  (emit_error returns exc itself)
     if bus.enabled:
         bus.emit("session_activated", session_id=session_id,
                  data={"retain_on_unpack": retain_on_unpack, "handles": sorted(m.handle_id for m in bound)})

@@ -17,7 +17,8 @@ NOTE [ One replay per micro-batch ]
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 import torch
 

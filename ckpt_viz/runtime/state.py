@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -70,8 +71,15 @@ class ExecutionState:
     """What the forward saw; see NOTE [ What a replay must see ]."""
 
     __slots__ = (
-        "device_type", "device_autocast", "cpu_autocast", "cpu_rng_state", "device_ids",
-        "device_rng_states", "device_was_initialized", "forward_context", "recompute_context",
+        "cpu_autocast",
+        "cpu_rng_state",
+        "device_autocast",
+        "device_ids",
+        "device_rng_states",
+        "device_type",
+        "device_was_initialized",
+        "forward_context",
+        "recompute_context",
     )
 
     def __init__(self) -> None:
@@ -87,7 +95,7 @@ class ExecutionState:
 
     @classmethod
     def capture(cls, context_fn: Callable[[], Any], preserve_rng_state: bool, args: Any,
-                api: str = "ckpt_viz.checkpoint") -> "ExecutionState":
+                api: str = "ckpt_viz.checkpoint") -> ExecutionState:
         """Capture the state of the forward that is about to run."""
         state = cls()
         state.device_type = infer_device_type(args)

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from traces import Builder, refused_trace, split_trace
 
 import ckpt_viz
 from ckpt_viz.diagnose import Diagnosis, diagnose, diagnose_all
 from ckpt_viz.errors import GraphReleasedError, HandleReleasedError, PhaseNotSetError
 from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES, RELEASE_REASONS, Event
+from ckpt_viz.run.scenarios import run_scenario
+from ckpt_viz.run.zoo import build_builtin
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -30,16 +31,13 @@ from ckpt_viz.runtime import (
     recompute_session_ctx,
 )
 from ckpt_viz.runtime.reentrant import current_frame
-from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.trace import Trace
-from ckpt_viz.run.zoo import build_builtin
-
 from setups import E6, E7
 from setups import leaf as _leaf
 from setups import ordinary as _ordinary
 from setups import region as _region
 from setups import split as _split
-
+from traces import Builder, refused_trace, split_trace
 
 # ------------------------------------------------------------------ helpers (shared setups live in tests/setups.py)
 

@@ -179,7 +179,7 @@ def test_prefire_session_sequence(quiet_gc) -> None:
         "session_deactivated", "session_activated", "backward_entered", "grads_routed",
         "session_deactivated", "released", "session_cleared",
     ]
-    prefired, bound, activated = rec.trace.events[:3]
+    prefired, _bound, activated = rec.trace.events[:3]
     _assert_site(prefired.site, line)
     assert prefired.data["path"] == "temporary_session" and prefired.session_id == "mb0"
     assert activated.data == {"retain_on_unpack": True, "handles": [h.handle_id]}

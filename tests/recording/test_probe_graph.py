@@ -7,6 +7,8 @@ import torch
 
 import ckpt_viz
 from ckpt_viz.probe.graph import capture_graph
+from ckpt_viz.run.scenarios import run_scenario
+from ckpt_viz.run.zoo import build_builtin
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -14,8 +16,6 @@ from ckpt_viz.runtime import (
     recompute_handle_collector_ctx,
     reentrant_checkpoint_scope,
 )
-from ckpt_viz.run.scenarios import run_scenario
-from ckpt_viz.run.zoo import build_builtin
 
 
 def _stage() -> tuple[torch.nn.Module, torch.Tensor]:

@@ -51,7 +51,8 @@ class GroundTruth(TorchDispatchMode):
 
 def _run_with_ground_truth(model_name: str, mode: str, **options: Any) -> tuple[Any, dict[int, int]]:
     spec = build_builtin(model_name)
-    existing = [*spec.model.parameters(), *spec.model.buffers(), *[t for t in spec.inputs if isinstance(t, torch.Tensor)]]
+    inputs = [t for t in spec.inputs if isinstance(t, torch.Tensor)]
+    existing = [*spec.model.parameters(), *spec.model.buffers(), *inputs]
     truth = GroundTruth(existing)
     per_event: dict[int, int] = {}
 
@@ -128,7 +129,7 @@ def test_checkpointing_holds_fewer_activation_bytes_than_no_checkpoint() -> None
 def test_split_reentrant_holds_replays_between_dx_and_dw() -> None:
     trace, _ = _run_with_ground_truth("mlp", "split-reentrant")
     last_dx = [e.seq for e in trace.events if e.kind == "grads_routed" and e.phase == "dx"][-1]
-    first_dw = [e.seq for e in trace.events if e.phase == "dw"][0]
+    first_dw = next(e.seq for e in trace.events if e.phase == "dw")
     between = [reading_at(trace, e.seq) for e in trace.events if last_dx <= e.seq < first_dw]
     assert between and all(s.bytes_by_category["replay_activations"] > 0 for s in between)
     assert trace.memory[-1].bytes_by_category["replay_activations"] == 0  # DW released every replay

@@ -1,6 +1,7 @@
 """`with ckpt_viz.record(memory=True, graphs=True) as rec:` around a user's own training step."""
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ def test_user_script_records_events_memory_and_graphs_and_saves(tmp_path: Path) 
     assert trace.count("handle_created") == 6 and trace.count("replay_started") == 6
     assert 0 < len(trace.memory) <= len(trace.events)
     readings = [(s.bytes_by_category, s.by_stage) for s in trace.memory]
-    assert all(a != b for a, b in zip(readings, readings[1:]))  # only the steps are stored
+    assert all(a != b for a, b in itertools.pairwise(readings))  # only the steps are stored
     assert max(s.bytes_by_category["parameters"] for s in trace.memory) == sum(
         p.numel() * p.element_size() for p in net.parameters())
     assert any(s.bytes_by_category["gradients"] > 0 for s in trace.memory)

@@ -9,9 +9,9 @@ import torch
 
 import ckpt_viz
 from ckpt_viz.render.perfetto import render_perfetto
-from ckpt_viz.runtime import checkpoint
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import build_builtin
+from ckpt_viz.runtime import checkpoint
 
 
 def nesting_errors(doc: dict[str, Any]) -> list[str]:

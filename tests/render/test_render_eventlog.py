@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces import nonreentrant_trace, refused_trace, split_trace
-
 from ckpt_viz.render.eventlog import event_rows, filter_events
 from ckpt_viz.trace import Trace
+from traces import nonreentrant_trace, refused_trace, split_trace
 
 
 def _seqs(events: list) -> list[int]:

@@ -9,7 +9,6 @@ import re
 
 import graphviz
 import pytest
-from traces import block_snapshot
 
 from ckpt_viz.render.graph import (
     EDGE_COLOURS,
@@ -20,6 +19,7 @@ from ckpt_viz.render.graph import (
     render_torchviz_view,
 )
 from ckpt_viz.trace import GraphSnapshot
+from traces import block_snapshot
 
 
 def _svg(dot: str) -> str:

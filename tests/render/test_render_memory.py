@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces import Builder, split_trace
-
 from ckpt_viz.render.memory import format_bytes, memory_peak, memory_series, render_memory
 from ckpt_viz.trace import MemorySample, Trace
+from traces import Builder, split_trace
 
 
 def test_series_has_one_row_per_sample_and_non_zero_category() -> None:

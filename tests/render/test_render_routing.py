@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 
 import graphviz
-from traces import Builder, refused_trace, split_trace
 
 from ckpt_viz.render.graph import EDGE_COLOURS
 from ckpt_viz.render.routing import backward_passes, render_routing, routing_at
+from traces import Builder, refused_trace, split_trace
 
 
 def _svg(dot: str) -> str:

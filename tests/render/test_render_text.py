@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from traces import nonreentrant_trace, refused_trace, split_trace
 
 from ckpt_viz.render.text import render_text
 from ckpt_viz.trace import Trace
+from traces import nonreentrant_trace, refused_trace, split_trace
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES: list[tuple[str, Callable[[], Trace]]] = [

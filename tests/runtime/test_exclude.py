@@ -134,7 +134,7 @@ def test_region_consuming_randomness_needs_the_rng_restore(mode: str) -> None:
     Without the region's randomness, the dropout after it would draw a different mask.
     """
     model = Model()
-    x, g = _inputs()
+    x, _g = _inputs()
     torch.manual_seed(11)
     with_region = model.body(x, exclude=False)
     torch.manual_seed(11)

@@ -39,13 +39,11 @@ from ckpt_viz.runtime import (
     reentrant_checkpoint_scope,
 )
 from ckpt_viz.runtime.reentrant import current_frame
-
 from setups import E6, E7
 from setups import leaf as _leaf
 from setups import ordinary as _ordinary
 from setups import region as _region
 from setups import split as _split
-
 
 # ------------------------------------------------------------------ helpers
 
@@ -374,7 +372,7 @@ def test_r10_outputs_dropped_before_replay_is_e8_not_a_release() -> None:
 
 def test_r10_live_downstream_keeps_the_node() -> None:
     x, w = _leaf(2, 3), _leaf(3, 3)
-    h, loss = _ordinary(x, w)  # `out` itself is gone; only the loss keeps the node alive
+    h, _loss = _ordinary(x, w)  # `out` itself is gone; only the loss keeps the node alive
     gc.collect()
     assert h.node_collected is False
     recompute_handle(h, "r10b")
@@ -596,7 +594,7 @@ def test_e5_set_phase_with_a_bad_phase(phase: str) -> None:
 
 def test_e6_e7_without_recorder_still_name_the_reason() -> None:
     x, w = _leaf(2, 3), _leaf(3, 3)
-    h, loss = _split(x, w)
+    h, _loss = _split(x, w)
     h.release()
     with pytest.raises(HandleReleasedError, match=E6) as e6:
         h.set_phase("dw")
@@ -613,7 +611,7 @@ def test_e6_e7_without_recorder_still_name_the_reason() -> None:
 
 def test_e7_message_names_the_releasing_event_and_site() -> None:
     x, w = _leaf(2, 3), _leaf(3, 3)
-    h, loss = _ordinary(x, w)
+    h, _loss = _ordinary(x, w)
     with ckpt_viz.record() as rec:
         line = _next_line()
         h.release()
