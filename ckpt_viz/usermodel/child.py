@@ -1,6 +1,6 @@
 """The sandboxed child: `python -m ckpt_viz.usermodel.child WORKDIR`.
 
-Reads `request.json` from its folder, applies its limits (`isolation.apply_limits`), imports
+Reads `request.json` from its folder, applies its limits (`apply_limits`, before anything else), imports
 torch, loads and runs the model, and writes `trace.json` or `error.json` (see NOTE [ Sandbox
 protocol ] in `ckpt_viz.usermodel.sandbox`). Only this process imports torch or runs the user's code.
 """
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_viz.errors import CkptVizError, ModelLoadError
-from ckpt_viz.usermodel.isolation import apply_limits
 from ckpt_viz.usermodel.load import user_frame
 
 __all__ = ["MEMORY_MARKERS", "main"]
@@ -28,6 +27,72 @@ _API = "ckpt_viz.record_in_subprocess"
 # Text of a failed allocation: in torch's RuntimeError, or in the log of a child that died of one.
 MEMORY_MARKERS = ("can't allocate memory", "Cannot allocate memory", "std::bad_alloc", "out of memory",
                   "Memory allocation still failed")  # the last: OpenBLAS, when the limit is below torch's needs
+
+
+# -- limits: the first thing the child does --
+
+
+def _drop_capabilities() -> None:
+    """As root (outside bubblewrap), drop every capability, so the hard limits cannot be raised again."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (fails harmlessly past the last capability)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3, all sets empty
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed: cannot drop root's capabilities")
+
+
+def _user_tasks(uid: int) -> int:
+    """Threads the user already runs: RLIMIT_NPROC counts them all, not only the child's."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+                total += int(fields.get("Threads", "1").strip())
+    return total
+
+
+def apply_limits(limits: dict[str, int | None], parent_pid: int) -> None:
+    """The child's first act: die with the parent, hard limits (soft = hard), no capabilities."""
+    import ctypes
+    import resource
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid and not limits.get("isolated"):
+            os._exit(125)  # the parent died before the line above: do not run orphaned
+    wanted = {resource.RLIMIT_CORE: 0, resource.RLIMIT_CPU: limits["cpu_s"],
+              resource.RLIMIT_FSIZE: limits["file_bytes"]}
+    if limits.get("memory_bytes"):
+        wanted[resource.RLIMIT_AS] = limits["memory_bytes"]
+    if hasattr(resource, "RLIMIT_NPROC"):  # not applied by the kernel to root: the cgroup's pids.max is
+        wanted[resource.RLIMIT_NPROC] = _user_tasks(os.getuid()) + int(limits["max_tasks"] or 512)
+    for which, value in wanted.items():
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(int(value), hard)  # type: ignore[arg-type]
+        resource.setrlimit(which, (int(value), int(value)))  # type: ignore[arg-type]
+    if os.getuid() == 0 and sys.platform.startswith("linux"):
+        _drop_capabilities()
+
+
+# -- reports --
 
 
 def _memory_error(exc: BaseException | None) -> BaseException | None:

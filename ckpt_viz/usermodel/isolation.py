@@ -2,7 +2,7 @@
 
 The parent side (`ckpt_viz.usermodel.sandbox`) builds a `Limits`, asks `bwrap_problem` whether
 bubblewrap can run here, and starts the child through `command` inside a `Cgroup` (where the
-platform offers one); the child (`ckpt_viz.usermodel.child`) calls `apply_limits` first thing.
+platform offers one); the child (`ckpt_viz.usermodel.child`) applies the limits first thing.
 Standard library only; never torch, never the UI.
 
 NOTE [ What the sandbox guarantees ]
@@ -33,6 +33,7 @@ NOTE [ What the sandbox guarantees ]
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -42,11 +43,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["ENV_ALLOWLIST", "Cgroup", "Limits", "SandboxWarning", "apply_limits", "bwrap_problem", "child_env",
-           "command", "not_isolated"]
+__all__ = ["ENV_ALLOWLIST", "Cgroup", "Limits", "SandboxWarning", "bwrap_problem", "child_env", "command",
+           "not_isolated"]
 
 _API = "ckpt_viz.record_in_subprocess"
 # Passed through from the caller when set: locale and thread counts, never credentials.
@@ -199,9 +200,40 @@ class Cgroup:
         unified = next((line.split(":", 2)[2] for line in own if line.startswith("0::")), None)
         for attempt in (cls._v2, cls._v1):
             group = attempt(name, limits, v1, unified)
-            if group is not None:
+            if group is not None and group._joinable():
                 return group
+            if group is not None:
+                group.remove()
         return None
+
+    def _joinable(self) -> bool:
+        """Whether a process of ours may move into the group (a delegated cgroup v2 may refuse it)."""
+        probe = 'for f; do echo $$ > "$f" 2>/dev/null || exit 1; done'
+        try:
+            return subprocess.run(["/bin/sh", "-c", probe, "sh", *self.procs_files], stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    @staticmethod
+    def sweep(prefix: str, dead: Callable[[str], bool]) -> None:
+        """Remove empty groups `prefix<pid>_*` beside ours whose parent `dead(name)` says is gone."""
+        try:
+            own = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            return
+        bases = {_CGROUP_ROOT / ctl / path.lstrip("/") for line in own for _, ctls, path in [line.split(":", 2)]
+                 for ctl in ctls.split(",") if ctl in ("memory", "pids")}
+        unified = next((line.split(":", 2)[2] for line in own if line.startswith("0::")), None)
+        if unified is not None:
+            root = _CGROUP_ROOT if (_CGROUP_ROOT / "cgroup.controllers").exists() else _CGROUP_ROOT / "unified"
+            bases.add(root / unified.lstrip("/"))
+        for base in bases:
+            with contextlib.suppress(OSError):
+                for folder in base.iterdir():
+                    if folder.name.startswith(prefix) and dead(folder.name):
+                        with contextlib.suppress(OSError):
+                            folder.rmdir()  # refused while a process is still in it
 
     @classmethod
     def _v2(cls, name: str, limits: Limits, v1: dict[str, str], unified: str | None) -> Cgroup | None:
@@ -316,66 +348,3 @@ class Cgroup:
                     break
                 except OSError:
                     time.sleep(0.01)
-
-
-# -- child side --
-
-
-def _drop_capabilities() -> None:
-    """As root (outside bubblewrap), drop every capability, so the hard limits cannot be raised again."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    for cap in range(64):
-        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (fails harmlessly past the last capability)
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-
-    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3, all sets empty
-    if libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed: cannot drop root's capabilities")
-
-
-def _user_tasks(uid: int) -> int:
-    """Threads the user already runs: RLIMIT_NPROC counts them all, not only the child's."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                status = Path(f"/proc/{entry}/status").read_text()
-            except OSError:
-                continue
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            if int(fields.get("Uid", "-1 ").split()[0]) == uid:
-                total += int(fields.get("Threads", "1").strip())
-    return total
-
-
-def apply_limits(limits: dict[str, int | None], parent_pid: int) -> None:
-    """The child's first act: die with the parent, hard limits (soft = hard), no capabilities."""
-    import ctypes
-    import resource
-
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent_pid and not limits.get("isolated"):
-            os._exit(125)  # the parent died before the line above: do not run orphaned
-    wanted = {resource.RLIMIT_CORE: 0, resource.RLIMIT_CPU: limits["cpu_s"],
-              resource.RLIMIT_FSIZE: limits["file_bytes"]}
-    if limits.get("memory_bytes"):
-        wanted[resource.RLIMIT_AS] = limits["memory_bytes"]
-    if hasattr(resource, "RLIMIT_NPROC"):  # not applied by the kernel to root: the cgroup's pids.max is
-        wanted[resource.RLIMIT_NPROC] = _user_tasks(os.getuid()) + int(limits["max_tasks"] or 512)
-    for which, value in wanted.items():
-        _, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            value = min(int(value), hard)  # type: ignore[arg-type]
-        resource.setrlimit(which, (int(value), int(value)))  # type: ignore[arg-type]
-    if os.getuid() == 0 and sys.platform.startswith("linux"):
-        _drop_capabilities()

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ckpt_viz.usermodel.isolation import Cgroup
+
 __all__ = ["PREFIX", "child_pids", "dump_stack", "ending_signals", "kill_group", "signals_held", "sweep"]
 
 PREFIX = "ckpt_viz_sandbox_"
@@ -111,12 +113,18 @@ def signals_held() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _dead(name: str) -> bool:
+    """Whether the parent named in a folder `ckpt_viz_sandbox_<pid>_*` has exited."""
+    pid = name[len(PREFIX):].split("_", 1)[0]
+    return name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}")
+
+
 def sweep(tmp: str) -> None:
-    """Remove folders left by parents that were killed outright (their pid is gone)."""
+    """Remove the folders and cgroups left by parents that were killed outright (their pid is gone)."""
     if not os.path.isdir("/proc"):
         return
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
-            pid = name[len(PREFIX):].split("_", 1)[0]
-            if name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            if _dead(name):
                 shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+    Cgroup.sweep(PREFIX, _dead)

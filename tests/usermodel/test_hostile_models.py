@@ -132,6 +132,7 @@ def test_killing_the_parent_ends_the_child_within_a_second(tmp_path: Path) -> No
     (left,) = os.listdir(tmp)  # a parent killed outright cannot clean up: the next run's sweep does
     sweep(str(tmp))
     assert os.listdir(tmp) == [], left
+    assert [str(p) for p in Path("/sys/fs/cgroup").rglob(left)] == []  # its cgroups too
 
 
 def test_sigterm_to_the_cli_ends_the_child_and_removes_its_folder(tmp_path: Path) -> None:
