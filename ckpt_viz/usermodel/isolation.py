@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import numbers
 import os
 import shutil
 import signal
@@ -89,7 +90,7 @@ class Limits:
               error: type[Exception]) -> Limits:
         """Refuse limits that are not positive and finite (nan, inf, 0, -5 used to disable them silently)."""
         def number(name: str, value: object, integer: bool, tip: str) -> None:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
                 and value > 0 and (not integer or float(value).is_integer())
             if not ok:
                 kind = "a positive whole number" if integer else "a positive, finite number of seconds"
