@@ -39,10 +39,14 @@ LIFECYCLE_COLOURS: dict[str, str] = {  # one per state of `ckpt_viz.trace.lifecy
 }
 
 
-def lane_label(handle_id: int, tags: Any) -> str:
-    """"h3 · stage 0 · mb 1" (the parts whose tags are present)."""
+def lane_label(handle_id: int, tags: Any, name: str | None = None) -> str:
+    """"h3 transformer.h.2 · stage 0 · mb 1" (the parts that are known).
+
+    `name` is what `handle_created` reports as the checkpointed function: the module's
+    qualified name for the runs ckpt_viz makes (a shared module gets a call index, `layer#1`).
+    """
     tags = tags or {}
-    parts = [f"h{handle_id}"]
+    parts = [f"h{handle_id} {name}" if name else f"h{handle_id}"]
     if tags.get("stage") is not None:
         parts.append(f"stage {tags['stage']}")
     if tags.get("microbatch") is not None:
@@ -91,19 +95,20 @@ def _lanes(trace: Trace, handles: list[int]) -> list[tuple[tuple, list[dict[str,
     missing = [h for h in handles if h not in built]
     if missing:
         life = lifecycle(trace)
-        tags = event_column(trace, "tags")
+        tags, kinds, data = event_column(trace, "tags"), event_column(trace, "kind"), event_column(trace, "data")
         end = life.end_seq + 1 if life.end_seq is not None else 0
         for h in missing:
             first = life.first_position(h)  # also the order of first appearance
-            built[h] = _lane(life, h, tags[first] or {}, end, first)
+            name = (data[first] or {}).get("function") if kinds[first] == "handle_created" else None
+            built[h] = _lane(life, h, tags[first] or {}, end, first, name if isinstance(name, str) else None)
     return sorted((built[h] for h in handles), key=lambda lane: lane[0])
 
 
-def _lane(life: Any, h: int, tags: Any, end: int, order: int) -> tuple:
+def _lane(life: Any, h: int, tags: Any, end: int, order: int, name: str | None) -> tuple:
     """One handle's lane. See NOTE [ Lanes ]."""
     stage, mb = tags.get("stage"), tags.get("microbatch")
     key = (stage is None, stage if isinstance(stage, int) else 0, mb is None, mb if isinstance(mb, int) else 0, order)
-    lane = lane_label(h, tags)
+    lane = lane_label(h, tags, name)
     changes = life.transitions(h)
     bars = []
     for k, t in enumerate(changes):

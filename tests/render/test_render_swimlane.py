@@ -22,7 +22,7 @@ def test_split_trace_lanes() -> None:
     assert _bars(rows, 1) == [("recorded", 3, 7, None), ("phase_dx", 7, 9, None), ("replaying", 9, 10, None),
                               ("replayed", 10, 11, None), ("retained", 11, 20, None),
                               ("released", 20, 26, "dw_complete")]
-    assert {r["lane"] for r in rows if r["handle_id"] == 1} == {"h1 · stage 0 · mb 1"}
+    assert {r["lane"] for r in rows if r["handle_id"] == 1} == {"h1 Block.forward · stage 0 · mb 1"}
     assert {r["state"] for r in rows} <= set(STATES) - {"not_created"}
 
 
@@ -31,7 +31,7 @@ def test_refused_replay_is_a_point_row_after_the_release() -> None:
     assert _bars(rows, 0) == [("recorded", 0, 4, None), ("replaying", 4, 5, None), ("replayed", 5, 7, None),
                               ("released", 7, 11, "ordinary_backward_complete")]
     assert [r for r in rows if r["kind"] == "refused"] == [
-        {"kind": "refused", "handle_id": 0, "lane": "h0", "seq": 9, "reason": "released"}]
+        {"kind": "refused", "handle_id": 0, "lane": "h0 mlp", "seq": 9, "reason": "released"}]
 
 
 def test_phase_dw_before_any_replay_and_retained_ordinary_and_prefire() -> None:
@@ -74,6 +74,17 @@ def test_lanes_are_grouped_by_stage_then_microbatch() -> None:
     assert [r["lane"] for r in rows] == [
         "h7 · stage 0 · mb 0", "h6 · stage 0 · mb 1", "h5 · stage 1 · mb 0", "h8"]
     assert lane_label(3, {"stage": 2}) == "h3 · stage 2"
+    assert lane_label(3, {"microbatch": 1}, "transformer.h.2") == "h3 transformer.h.2 · mb 1"
+
+
+def test_lanes_of_a_recorded_run_carry_the_blocks_qualified_names() -> None:
+    from ckpt_viz import build_builtin, run_scenario
+
+    trace = run_scenario(build_builtin("mlp"), "split-reentrant", memory=False, graphs=False)
+    names = {r["handle_id"]: r["lane"] for r in lifecycle_intervals(trace)}
+    created = {e.handle_id: e.data["function"] for e in trace.of_kind("handle_created")}
+    assert list(created.values()) == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert names == {h: f"h{h} {n}" for h, n in created.items()}
 
 
 def test_chart_layers_bars_refusals_and_cursor() -> None:
@@ -93,7 +104,8 @@ def test_chart_layers_bars_refusals_and_cursor() -> None:
 def test_chart_without_refusals_or_cursor() -> None:
     chart = render_lifecycles(split_trace())
     assert len(chart.layer) == 1
-    assert chart.to_dict()["layer"][0]["encoding"]["y"]["sort"] == ["h0 · stage 0 · mb 0", "h1 · stage 0 · mb 1"]
+    assert chart.to_dict()["layer"][0]["encoding"]["y"]["sort"] == ["h0 Block.forward · stage 0 · mb 0",
+                                                                    "h1 Block.forward · stage 0 · mb 1"]
 
 
 def test_lanes_are_the_lifecycle_transitions_laid_end_to_end() -> None:
@@ -116,7 +128,7 @@ def test_a_window_keeps_the_handles_with_events_in_it_clipped_with_the_whole_tra
     assert {r["handle_id"] for r in lifecycle_intervals(trace, start=8, stop=12)} == {1}
     refused = lifecycle_intervals(refused_trace(), start=8, stop=11)
     assert [r for r in refused if r["kind"] == "refused"] == [
-        {"kind": "refused", "handle_id": 0, "lane": "h0", "seq": 9, "reason": "released"}]
+        {"kind": "refused", "handle_id": 0, "lane": "h0 mlp", "seq": 9, "reason": "released"}]
     assert _bars(refused, 0) == [("released", 8, 11, "ordinary_backward_complete")]
     assert render_lifecycles(trace, cursor=12, start=10, stop=16).layer[0].data.values == [
         r for r in rows if r["kind"] == "interval"]
