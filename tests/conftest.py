@@ -93,6 +93,8 @@ SLOW: dict[str, set[str]] = {
         "test_memory_limit_gives_a_clear_error",
         "test_syntax_error_passes_through_verbatim",
         "test_timeout_kills_the_child_and_its_subprocesses",
+        "test_a_memory_limit_too_small_to_start_says_so",
+        "test_event_cap_applies_to_a_sandboxed_run",
     },
 }
 TESTS = Path(__file__).resolve().parent

@@ -15,7 +15,7 @@ def test_diagnose_imports_only_the_standard_library_and_the_vocabulary() -> None
     tree = ast.parse((ROOT / "ckpt_viz" / "diagnose.py").read_text())
     found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     found |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert found == {"__future__", "dataclasses", "typing", "ckpt_viz.events", "ckpt_viz.trace",
+    assert found == {"__future__", "collections.abc", "dataclasses", "typing", "ckpt_viz.events", "ckpt_viz.trace",
                      "ckpt_viz.trace.lifecycle"}
 
 

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 HOSTILE = ROOT / "tests" / "data" / "hostile_models"
 EXAMPLE = f"{ROOT / 'examples' / 'user_model.py'}:make_model"
 BWRAP = bwrap_problem()
+pytestmark = pytest.mark.slow  # every test here starts sandboxed children (2-10 s each)
 
 
 def _memory_cgroup() -> str | None:
