@@ -1,6 +1,6 @@
 """Trace files: `save` and `load` a `Trace` as JSON, gzip-compressed when the name ends in ".gz".
 
-Owns the bytes: JSON encoding and parsing, gzip, the atomic write, and the entry
+Owns the bytes: JSON encoding and parsing, gzip compression, and the entry
 points behind `Trace.save`/`load`/`to_dict`/`from_dict` with their `TraceError`
 messages. The document inside a file is `ckpt_viz.trace.schema` (layout and
 validation) and `ckpt_viz.trace.document` (parts <-> document). Works on a trace's
@@ -9,13 +9,9 @@ parts (`ckpt_viz.trace.types.TraceParts`) and never imports the `Trace` class:
 (orjson is used when installed, as a pure speed-up); never torch, and never pickle:
 a trace file is plain JSON that `json.load` reads.
 
-NOTE [ Atomic save ]
-  1. The whole file is encoded in memory first; a value that is not JSON fails
-     there, before anything touches the disk.
-  2. The bytes go to a temporary file in the target's folder, which is flushed,
-     fsync-ed and then renamed over the target with os.replace (atomic on POSIX
-     and Windows). A crash leaves either the old file or the new one, never half
-     of one; a failure removes the temporary file.
+The system calls (bounded reads, the capped gunzip, the atomic fsync-ed write, OS errors
+as `TraceError`s naming the user's path) are `ckpt_viz.trace.files`: see NOTE [ Bounded
+reads ] and NOTE [ Atomic save ] there.
 """
 from __future__ import annotations
 
@@ -25,14 +21,13 @@ import gzip
 import json
 import math
 import os
-import stat
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from os import PathLike
 from typing import Any, NoReturn
 
 from ckpt_viz.errors import TraceError
+from ckpt_viz.trace import files
 from ckpt_viz.trace.document import from_document, to_document
 from ckpt_viz.trace.schema import (
     FORMAT,
@@ -67,11 +62,12 @@ _ORJSON_STRICT = (
 def save(trace: TraceParts, path: str | PathLike[str]) -> None:
     """Write `trace` to `path` as JSON (gzip if the name ends with ".gz"), atomically.
 
-    See NOTE [ Atomic save ].
+    See NOTE [ Atomic save ] in `ckpt_viz.trace.files`.
 
     Raises:
         TraceError: the trace holds a value a trace file cannot; nothing is written.
-        OSError: the folder is missing or not writable; an existing file is untouched.
+        TraceFileError (a TraceError and an OSError): the folder is missing or not writable,
+            the disk is full...; an existing file is untouched and no temporary file is left.
     """
     name = os.fspath(path)
     with _gc_paused():
@@ -84,7 +80,7 @@ def save(trace: TraceParts, path: str | PathLike[str]) -> None:
                 f"ckpt_viz.Trace.save: cannot save to '{name}': {bad.what}.\nTip: {bad.save_tip}.") from None
     if name.endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=GZIP_LEVEL, mtime=0)
-    _write_atomically(name, payload)
+    files.write_atomically(name, payload, "ckpt_viz.Trace.save")
 
 
 def to_dict(trace: TraceParts) -> dict[str, Any]:
@@ -165,67 +161,48 @@ def _locate_unencodable(doc: dict[str, Any]) -> str:
     return walk({k: v for k, v in doc.items() if k not in ("events", "memory")}, "")
 
 
-def _write_atomically(name: str, payload: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(name))
-    mode = _file_mode(name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_folder(folder)
-
-
-def _file_mode(name: str) -> int:
-    try:
-        return stat.S_IMODE(os.stat(name).st_mode)
-    except OSError:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def _fsync_folder(folder: str) -> None:
-    # Makes the rename itself durable on POSIX; not possible (or needed) everywhere.
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 # ---------------------------------------------------------------- load
 
-def load_parts(path: str | PathLike[str]) -> dict[str, Any]:
+def load_parts(path: str | PathLike[str], *, max_bytes: int | None = None,
+               max_events: int | None = None) -> dict[str, Any]:
     """Read a trace file written by `save` into the keyword arguments of `Trace`; gzip is detected from the content.
 
+    Only a regular file is read, and at most `max_bytes` of JSON (after gzip) holding at most
+    `max_events` events and as many memory samples; see NOTE [ Bounded reads ] in
+    `ckpt_viz.trace.files`.
+
+    Args:
+        max_bytes: default `files.DEFAULT_MAX_BYTES` (1 GiB), or the environment variable
+            CKPT_VIZ_TRACE_MAX_BYTES.
+        max_events: default `files.DEFAULT_MAX_EVENTS` (5,000,000), or CKPT_VIZ_TRACE_MAX_EVENTS.
+
     Raises:
-        TraceError: the file is missing, empty, truncated, not JSON, not a trace,
-            written by a newer ckpt_viz, or has a missing or ill-typed field.
+        TraceError: the file is missing, not a regular file, over a cap, empty, truncated, not JSON,
+            not a trace, written by a newer ckpt_viz, or has a missing, ill-typed or out-of-range
+            field; a TraceFileError (also an OSError) when the operating system refused the read.
     """
     name = os.fspath(path)
+    api = "ckpt_viz.Trace.load"
+    max_bytes = files.limit(max_bytes, files.MAX_BYTES_ENV, files.DEFAULT_MAX_BYTES, "max_bytes", api)
+    max_events = files.limit(max_events, files.MAX_EVENTS_ENV, files.DEFAULT_MAX_EVENTS, "max_events", api)
 
     def fail(what: str, tip: str = TIP_REWRITE) -> NoReturn:
         # `from None`: the message already says what the parser or gzip said.
-        raise TraceError(f"ckpt_viz.Trace.load: cannot read '{name}': {what}.\nTip: {tip}.") from None
+        raise TraceError(f"{api}: cannot read '{name}': {what}.\nTip: {tip}.") from None
 
-    try:
-        with open(name, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        fail("no such file", "check the path; ckpt_viz.Trace.save(path) writes a trace file")
-    except IsADirectoryError:
-        fail("it is a folder, not a file", "pass the path of a trace file inside it")
+    raw = files.read_bounded(name, max_bytes, api)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = files.gunzip_bounded(raw, max_bytes, api, name)
+        except EOFError:
+            fail("the gzip data is truncated (the file ends before the end of the compressed stream)",
+                 TIP_TRUNCATED)
+        except (OSError, zlib.error) as err:
+            fail(f"it is not a valid gzip file, or it is corrupt ({err})", TIP_REWRITE)
+        if not raw:
+            fail("the file is empty (a gzip file holding 0 bytes)", "record the run again")
     with _gc_paused():
-        return from_document(_parse(raw, fail))
+        return from_document(_parse(raw, fail, max_events))
 
 
 def parts_from_dict(doc: Any) -> dict[str, Any]:
@@ -241,24 +218,14 @@ def parts_from_dict(doc: Any) -> dict[str, Any]:
     return from_document(doc)
 
 
-def _parse(raw: bytes, fail: Callable[..., NoReturn]) -> dict[str, Any]:
+def _parse(raw: bytes, fail: Callable[..., NoReturn], max_events: int) -> dict[str, Any]:
     if not raw:
         fail("the file is empty (0 bytes)", "the save that wrote it did not finish; record the run again")
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except EOFError:
-            fail("the gzip data is truncated (the file ends before the end of the compressed stream)",
-                 TIP_TRUNCATED)
-        except (OSError, zlib.error) as err:
-            fail(f"it is not a valid gzip file, or it is corrupt ({err})", TIP_REWRITE)
-        if not raw:
-            fail("the file is empty (a gzip file holding 0 bytes)", "record the run again")
     if raw[:1] == b"\x80":
         fail("it looks like a Python pickle, not JSON; ckpt_viz never unpickles files",
              "trace files are JSON; write one with ckpt_viz.Trace.save(path)")
     if _orjson is not None:
-        doc = _fast_document(raw)
+        doc = _fast_document(raw, max_events)
         if doc is not None:
             return doc
     try:
@@ -277,7 +244,7 @@ def _parse(raw: bytes, fail: Callable[..., NoReturn]) -> dict[str, Any]:
     except (ValueError, RecursionError) as err:
         fail(f"it is not valid JSON ({err})", TIP_REWRITE)
     try:
-        check_document(doc)
+        check_document(doc, max_events=max_events)
     except InvalidDocument as bad:
         fail(bad.what, bad.tip)
     return doc
@@ -292,12 +259,12 @@ def _ends_early(text: str, err: json.JSONDecodeError) -> bool:
             or (len(tail) < 32 and tail.strip("0123456789.eE+-") == ""))
 
 
-def _fast_document(raw: bytes) -> dict[str, Any] | None:
+def _fast_document(raw: bytes, max_events: int) -> dict[str, Any] | None:
     # orjson's parse if it parses and validates; otherwise None, and the stdlib
     # path parses again and explains what is wrong.
     try:
         doc = _orjson.loads(raw)
-        check_document(doc)
+        check_document(doc, max_events=max_events)
     except (ValueError, InvalidDocument):  # orjson.JSONDecodeError is a ValueError
         return None
     return doc

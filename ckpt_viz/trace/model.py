@@ -126,18 +126,25 @@ class Trace:
 
         Raises:
             TraceError: the trace holds something a trace file cannot (a value that
-                is not JSON, an unknown kind); nothing is written then.
+                is not JSON, an unknown kind); nothing is written then. Also when the
+                file cannot be written (a TraceFileError, also an OSError, naming `path`).
         """
         trace_io.save(self, path)
 
     @classmethod
-    def load(cls, path: str | PathLike[str]) -> Trace:
+    def load(cls, path: str | PathLike[str], *, max_bytes: int | None = None,
+             max_events: int | None = None) -> Trace:
         """Read a trace written by `save` (gzip or not; the content decides).
 
+        Reads only a regular file, at most `max_bytes` of JSON (after gzip; default 1 GiB, or
+        the environment variable CKPT_VIZ_TRACE_MAX_BYTES) with at most `max_events` events
+        (default 5,000,000, or CKPT_VIZ_TRACE_MAX_EVENTS).
+
         Raises:
-            TraceError: the file is missing, empty, truncated, not a trace, too new, or invalid.
+            TraceError: the file is missing, not a regular file, over a cap, empty, truncated,
+                not a trace, too new, or invalid.
         """
-        return cls(**trace_io.load_parts(path))
+        return cls(**trace_io.load_parts(path, max_bytes=max_bytes, max_events=max_events))
 
 
 def run_meta(*, model: str, mode: str, schedule: str | None = None, **extra: Any) -> dict[str, Any]:

@@ -31,7 +31,14 @@ NOTE [ Trace file format, schema 1 ]
   3. seq {"start": s} means s, s+1, ...; t_ns_delta holds the first t_ns, then the
      differences (small numbers keep the file small); by_stage null means every
      sample's by_stage is empty.
-  4. JSON has no tuples, no NaN and only string keys: a tuple comes back as a list,
+  4. Ranges (checked on load and on save): seq, t_ns, handle_id and every byte count are
+     integers from 0 to 2**63-1 (a graph's seq may be -1: taken before any event), and so
+     is a data or tags field whose name ends in "bytes"; a thread_id fits in 64 bits
+     unsigned; on load, the numbers in session_id and among the values of data and tags
+     are finite. "meta.sources", when present, maps at most
+     MAX_SOURCE_SITES sites ("file:line") to their line of code as it was when recorded, at
+     most MAX_SOURCE_CHARS characters each (the app shows these, never the files).
+  5. JSON has no tuples, no NaN and only string keys: a tuple comes back as a list,
      NaN and infinities are written as null, and int dict keys come back as strings
      (with or without orjson). An integer beyond 64 bits inside `data` comes back as
      a float when orjson reads the file.
@@ -41,17 +48,36 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
+from ckpt_viz.trace.problems import TIP_REWRITE, TIP_SAVE, TIP_TRUNCATED, InvalidDocument, show
+from ckpt_viz.trace.ranges import (
+    BYTES,
+    I63,
+    MAX_EVENTS_ENV,
+    MAX_SITE_CHARS,
+    MAX_SOURCE_CHARS,
+    MAX_SOURCE_SITES,
+    check_meta,
+    check_numbers,
+    check_range,
+    check_times,
+    check_values,
+)
 from ckpt_viz.trace.types import CONTEXT_FIELDS, MEMORY_CATEGORIES, NODE_KINDS
 
 __all__ = [
     "CONTEXT_TYPES",
     "FORMAT",
+    "MAX_EVENTS_ENV",
+    "MAX_SOURCE_CHARS",
+    "MAX_SOURCE_SITES",
     "SCHEMA_VERSION",
     "TIP_REWRITE",
     "TIP_SAVE",
     "TIP_TRUNCATED",
     "InvalidDocument",
     "check_document",
+    "check_numbers",
+    "check_range",
     "check_types",
     "show",
 ]
@@ -61,37 +87,15 @@ SCHEMA_VERSION = 1
 
 _NONE = type(None)
 
-TIP_REWRITE = (
-    "the file was not written by ckpt_viz.Trace.save, or was edited; record the run again, "
-    "or restore the file from a copy"
-)
-TIP_TRUNCATED = (
-    "the file was cut short (an interrupted copy or download, or a full disk); copy it again or record "
-    "the run again. Trace.save itself writes atomically, so a file it finished is never cut short"
-)
-TIP_SAVE = (
-    "a hand-built trace or a runtime hook put a wrong value there; events use the names and types of "
-    "ckpt_viz.events (EVENT_KINDS, MODES, PHASES), memory samples the categories in "
-    "ckpt_viz.trace.MEMORY_CATEGORIES"
-)
-
-
-class InvalidDocument(Exception):
-    """One thing wrong with a trace document: `what` happened; `tip` (reading) or `save_tip` says what to do."""
-
-    def __init__(self, what: str, tip: str = TIP_REWRITE, save_tip: str = TIP_SAVE) -> None:
-        super().__init__(what)
-        self.what = what
-        self.tip = tip
-        self.save_tip = save_tip
-
-
 # ---------------------------------------------------------------- validation
 # Checks run over whole columns (the set of types, min and max); only when one
 # fails is the column scanned again to name the first bad row.
 
-def check_document(doc: Any, built_here: bool = False) -> None:
-    """Raise InvalidDocument for the first problem. built_here: made by to_dict, so its indexes are right."""
+def check_document(doc: Any, built_here: bool = False, max_events: int | None = None) -> None:
+    """Raise InvalidDocument for the first problem.
+
+    built_here: made by to_dict, so its indexes are right. max_events: refuse more events (or samples).
+    """
     if not isinstance(doc, dict):
         raise InvalidDocument(f"it is not a ckpt_viz trace: the top level is {show(doc)}, not a JSON object")
     marker = doc.get("format")
@@ -108,9 +112,9 @@ def check_document(doc: Any, built_here: bool = False) -> None:
         )
     if version < 1:
         raise InvalidDocument(f"field 'schema_version' is {version}, expected 1 to {SCHEMA_VERSION}")
-    _get(doc, "meta", dict, "an object")
-    _check_events(_get(doc, "events", dict, "an object"), built_here)
-    _check_memory(_get(doc, "memory", dict, "an object"), built_here)
+    check_meta(_get(doc, "meta", dict, "an object"))
+    _check_events(_get(doc, "events", dict, "an object"), built_here, max_events)
+    _check_memory(_get(doc, "memory", dict, "an object"), built_here, max_events)
     _check_graphs(_get(doc, "graphs", list, "a list"))
 
 
@@ -121,8 +125,8 @@ CONTEXT_TYPES = {"kind": ({str}, "a string"), "mode": ({str, _NONE}, "a string o
 _KNOWN = {"kind": EVENT_KINDS, "mode": (*MODES, None), "phase": (*PHASES, None)}
 
 
-def _check_events(events: dict[str, Any], built_here: bool) -> None:
-    count = _count(events, "events")
+def _check_events(events: dict[str, Any], built_here: bool, max_events: int | None) -> None:
+    count = _count(events, "events", max_events)
     fields = _get(events, "context_fields", list, "a list", "events.")
     if fields != list(CONTEXT_FIELDS):
         raise InvalidDocument(f"field 'events.context_fields' is {fields!r}, expected {list(CONTEXT_FIELDS)!r}")
@@ -131,15 +135,21 @@ def _check_events(events: dict[str, Any], built_here: bool) -> None:
     tags = _get(tables, "tags", list, "a list", "events.tables.")
     check_types(tags, {dict}, "events.tables.tags[{}]", "an object")
     columns = _columns(events, "events", _EVENT_COLUMNS, count)
-    _check_seq(columns["seq"], "events")
+    _check_seq(columns["seq"], "events", count)
     if not built_here:  # to_dict already checked these, or built them right
         check_types(columns["t_ns_delta"], {int}, "events[{}].t_ns (stored as t_ns_delta)", "an integer")
         check_types(columns["data"], {dict}, "events[{}].data", "an object")
         _check_indexes(columns["tags"], len(tags), "tags")
         _check_indexes(columns["context"], len(contexts), "context")
+    _check_times(columns["t_ns_delta"], "events")
     check_types(columns["handle_id"], {int, _NONE}, "events[{}].handle_id", "an integer or null")
+    check_range(columns["handle_id"], 0, I63, "events[{}].handle_id", "an id from 0 to 2**63-1")
     check_types(columns["session_id"], {str, int, float, bool, _NONE}, "events[{}].session_id",
                  "a string, number, boolean or null")
+    if not built_here:  # on save, NaN and infinities become null
+        check_numbers(columns["session_id"], "events[{}].session_id")
+    check_values(columns["data"], "events[{}].data", finite=not built_here)
+    check_values(tags, "events.tables.tags[{}]", finite=not built_here)
     for entry, row in enumerate(contexts):
         _check_context(row, entry, columns["context"])
 
@@ -159,6 +169,10 @@ def _check_context(row: Any, entry: int, column: list[int]) -> None:
         types, expected = CONTEXT_TYPES[name]
         if type(value) not in types:
             raise InvalidDocument(f"{where(name)} is {show(value)}, expected {expected}")
+        if name == "thread_id" and not 0 <= value < 2**64:
+            raise InvalidDocument(f"{where(name)} is {show(value)}, expected a thread id from 0 to 2**64-1")
+        if name == "site" and value is not None and len(value) > MAX_SITE_CHARS:
+            raise InvalidDocument(f"{where(name)} is {show(value)}, expected at most {MAX_SITE_CHARS:,} characters")
         known = _KNOWN.get(name)
         if known is not None and value not in known:
             label = "event kind" if name == "kind" else name
@@ -168,13 +182,15 @@ def _check_context(row: Any, entry: int, column: list[int]) -> None:
                            f"(known: {', '.join(str(k) for k in known)})", tip)
 
 
-def _check_memory(memory: dict[str, Any], built_here: bool) -> None:
-    count = _count(memory, "memory")
+def _check_memory(memory: dict[str, Any], built_here: bool, max_events: int | None) -> None:
+    count = _count(memory, "memory", max_events)
     columns = _columns(memory, "memory", ("seq", "t_ns_delta", "device_allocated"), count)
-    _check_seq(columns["seq"], "memory")
+    _check_seq(columns["seq"], "memory", count)
     if not built_here:  # to_dict checked t_ns before taking differences
         check_types(columns["t_ns_delta"], {int}, "memory[{}].t_ns (stored as t_ns_delta)", "an integer")
+    _check_times(columns["t_ns_delta"], "memory")
     check_types(columns["device_allocated"], {int, _NONE}, "memory[{}].device_allocated", "an integer or null")
+    check_range(columns["device_allocated"], 0, I63, "memory[{}].device_allocated", BYTES)
     by_category = _get(memory, "bytes_by_category", dict, "an object", "memory.")
     for category, column in by_category.items():
         if category not in MEMORY_CATEGORIES:
@@ -183,11 +199,8 @@ def _check_memory(memory: dict[str, Any], built_here: bool) -> None:
         _get(by_category, category, list, "a list", "memory.bytes_by_category.")
         _check_length(column, count, f"memory.bytes_by_category.{category}", "memory.count")
         where = f"memory[{{}}].bytes_by_category.{category}"
-        types = check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
-        measured = column if _NONE not in types else [v for v in column if v is not None]
-        if measured and min(measured) < 0:
-            i = next(i for i, v in enumerate(column) if v is not None and v < 0)
-            raise InvalidDocument(f"{where.format(i)} is {column[i]}, expected 0 or more bytes")
+        check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
+        check_range(column, 0, I63, where, BYTES)
     stages = _get(columns, "by_stage", (list, _NONE), "null or a list", "memory.columns.")
     if stages is not None:
         _check_length(stages, count, "memory.columns.by_stage", "memory.count")
@@ -199,7 +212,8 @@ def _check_by_stage(stages: list[dict[str, Any]]) -> None:
     # Vectorized over all samples; the slow scan below runs only to name a bad one.
     readings = [r for per_stage in stages for r in per_stage.values()]
     values = [v for r in readings for v in r.values()] if set(map(type, readings)) <= {dict} else None
-    if (values is not None and set(map(type, values)) <= {int} and (not values or min(values) >= 0)
+    if (values is not None and set(map(type, values)) <= {int}
+            and (not values or (min(values) >= 0 and max(values) < I63))
             and set().union(*readings) <= set(MEMORY_CATEGORIES)):
         return
     for i, per_stage in enumerate(stages):
@@ -208,9 +222,9 @@ def _check_by_stage(stages: list[dict[str, Any]]) -> None:
             if type(reading) is not dict:
                 raise InvalidDocument(f"{where} is {show(reading)}, expected an object of bytes by category")
             for category, nbytes in reading.items():
-                if category not in MEMORY_CATEGORIES or type(nbytes) is not int or nbytes < 0:
+                if category not in MEMORY_CATEGORIES or type(nbytes) is not int or not 0 <= nbytes < I63:
                     raise InvalidDocument(f"{where} has {category!r}: {show(nbytes)}, expected a category of "
-                                   f"{', '.join(MEMORY_CATEGORIES)} with 0 or more bytes")
+                                   f"{', '.join(MEMORY_CATEGORIES)} with 0 to 2**63-1 bytes")
 
 
 _NODE_FIELDS = (("id", {int, str}, "an integer or string"), ("name", {str}, "a string"),
@@ -224,7 +238,8 @@ def _check_graphs(graphs: list[Any]) -> None:
         at = f"graphs[{g}]"
         if type(graph) is not dict:
             raise InvalidDocument(f"{at} is {show(graph)}, expected an object")
-        _get(graph, "seq", int, "an integer", f"{at}.")
+        if not -1 <= _get(graph, "seq", int, "an integer", f"{at}.") < I63:
+            raise InvalidDocument(f"{at}.seq is {show(graph['seq'])}, expected -1 to 2**63-1")
         _get(graph, "label", str, "a string", f"{at}.")
         nodes = _get(graph, "nodes", list, "a list", f"{at}.")
         edges = _get(graph, "edges", (list, tuple), "a list of [src, dst] pairs", f"{at}.")
@@ -241,7 +256,7 @@ def _check_graphs(graphs: list[Any]) -> None:
             if node["kind"] not in NODE_KINDS:
                 raise InvalidDocument(f"{where}.kind is {show(node['kind'])}, an unknown node kind "
                                f"(known: {', '.join(NODE_KINDS)})")
-            if node["shape"] is not None and not all(type(d) is int for d in node["shape"]):
+            if node["shape"] is not None and not all(type(d) is int and 0 <= d < I63 for d in node["shape"]):
                 raise InvalidDocument(f"{where}.shape is {show(node['shape'])}, expected a list of integers or null")
             ids.add(node["id"])
         for e, edge in enumerate(edges):
@@ -261,10 +276,15 @@ def _get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], expected:
     return value
 
 
-def _count(part: dict[str, Any], name: str) -> int:
+def _count(part: dict[str, Any], name: str, max_events: int | None = None) -> int:
     count = _get(part, "count", int, "an integer", f"{name}.")
     if count < 0:
         raise InvalidDocument(f"field '{name}.count' is {count}, expected 0 or more")
+    if max_events is not None and count > max_events:
+        what = "events" if name == "events" else "memory samples"
+        raise InvalidDocument(f"it holds {count:,} {what}, over the cap of {max_events:,}",
+                              "if the file is a real trace, pass a larger max_events to ckpt_viz.Trace.load or "
+                              f"set the environment variable {MAX_EVENTS_ENV}; otherwise record fewer steps")
     return count
 
 
@@ -277,11 +297,18 @@ def _columns(part: dict[str, Any], name: str, required: tuple[str, ...], count: 
     return columns
 
 
-def _check_seq(seq: Any, name: str) -> None:
+def _check_seq(seq: Any, name: str, count: int) -> None:
     if type(seq) is dict:
-        _get(seq, "start", int, "an integer", f"{name}.columns.seq.")
+        start = _get(seq, "start", int, "an integer", f"{name}.columns.seq.")
+        if not 0 <= start < I63 - count:
+            raise InvalidDocument(f"field '{name}.columns.seq.start' is {start}, expected 0 to 2**63-1 less the count")
     else:
         check_types(seq, {int}, f"{name}[{{}}].seq", "an integer")
+        check_range(seq, 0, I63, f"{name}[{{}}].seq", "a seq from 0 to 2**63-1")
+
+
+def _check_times(deltas: list[int], name: str) -> None:
+    check_times(deltas, f"{name}[{{}}].t_ns")
 
 
 def _check_length(column: list[Any], count: int, name: str, count_name: str) -> None:
@@ -303,17 +330,3 @@ def _check_indexes(column: list[Any], size: int, name: str) -> None:
     if column and (min(column) < 0 or max(column) >= size):
         i = next(i for i, v in enumerate(column) if not 0 <= v < size)
         raise InvalidDocument(f"events[{i}].{name} is {column[i]}, but events.tables.{name} has {size} entries")
-
-
-def show(value: Any) -> str:
-    names = {dict: "an object", list: "a list", tuple: "a tuple", str: "a string", int: "an integer",
-             float: "a number", bool: "a boolean"}
-    if value is None:
-        return "null"
-    kind = names.get(type(value), f"a {type(value).__name__}")
-    if type(value) in (dict, list, tuple):
-        return kind
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({kind})"
