@@ -78,7 +78,7 @@ class CkptVizError(Exception):
     code: str = "ckpt_viz_error"
 
     def __init__(self, *args: object, code: str | None = None) -> None:
-        super().__init__(*args)
+        Exception.__init__(self, *args)  # not super(): torch.compile (dynamo) cannot trace it here
         if code is not None:
             self.code = code
 

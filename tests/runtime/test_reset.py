@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import torch
 
@@ -14,6 +15,24 @@ def _region(a: torch.Tensor) -> torch.Tensor:
 
 
 def test_reset_clears_leftover_sessions_and_restarts_handle_ids_once_none_is_alive() -> None:
+    # On a thread of its own: handles that earlier tests' recordings numbered on the main thread
+    # (some leak: see the closing note on excluded regions whose outputs die unused) do not count here.
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            _reset_case()
+        except BaseException as exc:  # re-raised on the test's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=body)
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+
+
+def _reset_case() -> None:
     x = torch.ones(3, requires_grad=True)
     with recompute_handle_collector_ctx() as handles:
         y = checkpoint(_region, x, use_reentrant=True)
