@@ -32,10 +32,19 @@ NOTE [ What a recording captures ]
      recordings `rec` is nested in), with handle ids from the same numbering.
      Memory of that thread's own ops is not counted (the probe's dispatch mode is
      per thread); samples are still taken at its events.
+  7. Source lines: when the block closes, the line of code of each distinct event
+     `site` ("file:line") is read here, by the process that ran that code, and kept
+     in `trace.meta["sources"]` (site -> the stripped line; at most
+     MAX_SOURCE_SITES sites and MAX_SOURCE_CHARS characters each). Viewers show
+     these, never the file a site names: a saved trace shows the code as it was
+     when it ran, and a crafted site cannot make the app read a file.
 """
 from __future__ import annotations
 
 import functools
+import linecache
+import os
+import stat
 import threading
 import weakref
 from contextlib import AbstractContextManager
@@ -46,6 +55,7 @@ from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
 from ckpt_viz.events import Event
 from ckpt_viz.trace import MemorySample, Trace
+from ckpt_viz.trace.schema import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
 
 __all__ = ["Recording", "record"]
 
@@ -200,6 +210,7 @@ class Recording:
             if self._channel is not None:
                 self._channel.close()
                 _BY_CHANNEL.pop(self._channel, None)  # a handle's scope may outlive us: keep no trace alive
+                _keep_sources(self.trace)
             self._release(exc_type, exc, tb)
 
     def _release(self, *exc: Any) -> None:
@@ -211,6 +222,31 @@ class Recording:
             probe, self._probe = self._probe, None
             if probe is not None:
                 probe.__exit__(*exc)
+
+
+def _keep_sources(trace: Trace) -> None:
+    """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
+    sites = dict.fromkeys(e.site for e in trace.events if e.site)
+    sources = trace.meta.get("sources")
+    if not sites or (sources is not None and type(sources) is not dict):
+        return
+    sources = trace.meta["sources"] = dict(sources or {})
+    readable: dict[str, bool] = {}
+    for site in sites:
+        if len(sources) >= MAX_SOURCE_SITES:
+            break
+        file, _, line = site.rpartition(":")
+        if site in sources or not file or not line.isdigit():
+            continue
+        if file not in readable:  # a regular file of a sane size only: never a FIFO or a device
+            try:
+                info = os.stat(file)
+                readable[file] = stat.S_ISREG(info.st_mode) and info.st_size < 64 << 20
+            except (OSError, ValueError):
+                readable[file] = False
+        text = linecache.getline(file, int(line)).strip() if readable[file] else ""
+        if text:
+            sources[site] = text[:MAX_SOURCE_CHARS]
 
 
 def _tensors_in(value: Any) -> list[Any]:

@@ -1,14 +1,10 @@
-"""Small helpers that put a thing on a page: an altair chart (fast), a line of the user's code."""
+"""Small helpers that put a thing on a page: an altair chart (fast), a line of the user's code (as recorded)."""
 from __future__ import annotations
 
-import linecache
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import streamlit as st
-
-ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def show_chart(render: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -31,14 +27,15 @@ def show_chart(render: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return chart
 
 
-def source_line(site: str) -> str | None:
-    """The line of code at `site` ("file:line"), numbered, when the file can be read from here."""
-    file, _, line = site.rpartition(":")
-    if not file or not line.isdigit():
-        return None
-    for base in (Path.cwd(), ROOT):
-        path = base / file
-        if path.is_file():
-            text = linecache.getline(str(path), int(line)).rstrip()
-            return f"{line}: {text.strip()}" if text else None
-    return None
+def source_line(site: str, trace: Any) -> str:
+    """The line of code at `site` ("file:line"), numbered, as `trace` recorded it; plain text.
+
+    Only what the trace holds (`trace.meta["sources"]`, kept when the recording closed: NOTE
+    [ What a recording captures ], rule 7, in ckpt_viz/recording.py): never read from the file
+    system, so a crafted `site` cannot show another file. "(source not recorded)" otherwise.
+    """
+    sources = (getattr(trace, "meta", None) or {}).get("sources")
+    text = sources.get(site) if isinstance(sources, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        return "(source not recorded)"
+    return f"{site.rpartition(':')[2]}: {text.strip()}"

@@ -54,7 +54,7 @@ for title, event in (("Released by", d.release_event), ("Replay refused at", d.r
         st.code(format_event(event, site=True), language=None)
 if d.site:
     st.markdown(f"**Line of code:** `{d.site}`")
-    line = source_line(d.site)
+    line = source_line(d.site, run.trace)
     if line:
         st.code(line, language="python")
 if not d.ok:

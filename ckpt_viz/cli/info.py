@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from ckpt_viz.trace.cache import event_column
@@ -86,17 +84,19 @@ def info_command(args: argparse.Namespace) -> int:
 
 
 def export_command(args: argparse.Namespace) -> int:
+    """Write the trace as Chrome trace-event JSON: the output folder is tried before the trace is read,
+    and the file is written as `Trace.save` writes (fsync-ed, then renamed; `ckpt_viz.trace.files`)."""
     from ckpt_viz.render.perfetto import render_perfetto
     from ckpt_viz.trace import Trace
+    from ckpt_viz.trace.files import check_writable, write_atomically
 
     if not args.perfetto:
         print("ckpt-viz export: nothing to export.\nTip: pass --perfetto out.json", file=sys.stderr)
         return 2
+    check_writable(args.perfetto, "ckpt-viz export")
     trace = Trace.load(args.trace)
     doc = render_perfetto(trace.events, trace.memory, trace.meta)
-    target = Path(args.perfetto)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, target)
-    print(f"wrote {target}: {len(doc['traceEvents'])} trace events (open it at ui.perfetto.dev or chrome://tracing)")
+    write_atomically(args.perfetto, json.dumps(doc).encode("ascii"), "ckpt-viz export")
+    print(f"wrote {args.perfetto}: {len(doc['traceEvents'])} trace events "
+          "(open it at ui.perfetto.dev or chrome://tracing)")
     return 0
