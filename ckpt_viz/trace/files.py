@@ -107,7 +107,7 @@ def read_bounded(name: str, max_bytes: int, api: str) -> bytes:
         info = os.fstat(fd)
         _check_kind(name, info, api)
         if info.st_size > max_bytes:
-            too_big(api, name, f"the file holds {info.st_size:,} bytes", max_bytes)
+            too_big(api, name, f"the file holds {info.st_size:,} bytes, over the cap of {max_bytes:,} bytes")
         chunks, size = [], 0
         while True:
             chunk = os.read(fd, min(max(info.st_size, 1 << 16) + 1, max_bytes + 1 - size))
@@ -116,7 +116,7 @@ def read_bounded(name: str, max_bytes: int, api: str) -> bytes:
             chunks.append(chunk)
             size += len(chunk)
             if size > max_bytes:
-                too_big(api, name, f"the file holds more than {max_bytes:,} bytes (it grew while read)", max_bytes)
+                too_big(api, name, f"the file holds more than the cap of {max_bytes:,} bytes (it grew while read)")
     except OSError as err:
         _os_fail(api, "read", name, err)
     finally:
@@ -160,8 +160,8 @@ def gunzip_bounded(raw: bytes, max_bytes: int, api: str, name: str) -> bytes:
     """
     kept, size = _inflate(raw, max_bytes, keep=min(max_bytes, _KEEP))
     if size > max_bytes:
-        too_big(api, name, f"it is gzip-compressed and inflates to more than {max_bytes:,} bytes "
-                           f"(stopped there; the file itself holds {len(raw):,})", max_bytes)
+        too_big(api, name, f"it is gzip-compressed and inflates to more than {max_bytes:,} bytes, the cap "
+                           f"(from {len(raw):,} bytes on disk; inflating stopped there)")
     if kept is None:  # fits, but was too big to keep on the first pass
         kept, _ = _inflate(raw, max_bytes, keep=max_bytes)
     assert kept is not None
@@ -199,8 +199,8 @@ def _inflate(raw: bytes, max_bytes: int, keep: int) -> tuple[bytes | None, int]:
             raise gzip.BadGzipFile("Not a gzipped file (unexpected data after the compressed stream)")
 
 
-def too_big(api: str, name: str, what: str, max_bytes: int) -> NoReturn:
-    _fail(api, "read", name, f"{what}, over the cap of {max_bytes:,} bytes",
+def too_big(api: str, name: str, what: str) -> NoReturn:
+    _fail(api, "read", name, what,
           f"if the file is a real trace, pass a larger max_bytes to ckpt_viz.Trace.load or set the "
           f"environment variable {MAX_BYTES_ENV}; otherwise it is not a trace file (a gzip bomb?)")
 

@@ -89,6 +89,9 @@ def check_meta(meta: dict[str, Any]) -> None:
     if len(sources) > MAX_SOURCE_SITES:
         raise InvalidDocument(f"field 'meta.sources' has {len(sources):,} lines, expected at most {MAX_SOURCE_SITES:,}")
     for site, line in sources.items():
-        if len(site) > MAX_SITE_CHARS or type(line) is not str or len(line) > MAX_SOURCE_CHARS:
-            raise InvalidDocument(f"meta.sources[{show(site)}] is {show(line)}, expected a line of code of at most "
+        if len(site) > MAX_SITE_CHARS:
+            raise InvalidDocument(f"meta.sources has a site of {len(site):,} characters, expected at most "
+                                  f"{MAX_SITE_CHARS:,}")
+        if type(line) is not str or len(line) > MAX_SOURCE_CHARS:
+            raise InvalidDocument(f"meta.sources[{site[:60]!r}] is {show(line)}, expected a line of code of at most "
                                   f"{MAX_SOURCE_CHARS} characters")
