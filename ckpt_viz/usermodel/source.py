@@ -18,10 +18,10 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Iterator
 
 from ckpt_viz.errors import ModelLoadError  # re-exported: defined with the whole error tree
 
