@@ -413,3 +413,73 @@ def test_chart_and_table_agree_after_more_than_16_sources(tmp_path: Path) -> Non
     subtitle, metric = _memory_page_peaks(at)
     assert subtitle.startswith(f"peak {second_peak}:"), subtitle
     assert metric == second_peak, f"the chart says {subtitle!r}, the table says {metric!r}"
+
+
+# 7. Hostile saved traces (issue 13): a clear error each, the app's memory bounded, nothing read outside the trace.
+
+
+def test_hostile_saved_traces_show_a_clear_error_and_the_app_keeps_working(tmp_path: Path) -> None:
+    import os
+    import resource
+    import zlib
+
+    from ckpt_viz.trace.files import DEFAULT_MAX_BYTES
+
+    bomb = tmp_path / "bomb.json.gz"  # 1 MiB that inflates past the 1 GiB cap
+    packer, block = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS), b" " * (16 << 20)
+    bomb.write_bytes(b"".join([*(packer.compress(block) for _ in range((DEFAULT_MAX_BYTES >> 24) + 4)),
+                               packer.flush()]))
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    good = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
+    good.save(tmp_path / "good.json")
+    doc = json.loads((tmp_path / "good.json").read_text())
+    doc["memory"]["bytes_by_category"]["activations"][1] = 10**40
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps(doc))
+
+    at = _app(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(tmp_path / "good.json"))
+    assert not _errors(at), _errors(at)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for path in (bomb, "/dev/zero", fifo, loop, huge):
+        with pytest.raises(TraceError) as expected:
+            Trace.load(path)
+        at.text_input(key="src_trace_path").set_value(str(path)).run(timeout=60)
+        assert not at.exception, at.exception
+        assert [e.value for e in at.error] == [str(expected.value)], path
+        assert str(expected.value).startswith(f"ckpt_viz.Trace.load: cannot read '{path}': ")
+        at.switch_page("views/memory.py").run()
+        assert [e.value for e in at.error] == [str(expected.value)], path
+        at.switch_page("views/overview.py").run()
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_kib) / 1024
+    assert grown_mib < 400, f"the app's peak memory grew by {grown_mib:.0f} MiB on hostile traces"
+    at.text_input(key="src_trace_path").set_value(str(tmp_path / "good.json")).run()
+    assert not _errors(at), _errors(at)  # the app keeps working
+    assert _metric(at, "Events") == f"{len(good):,}"
+
+
+def test_a_site_pointing_at_etc_passwd_shows_no_line_of_it(tmp_path: Path) -> None:
+    trace = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
+    trace.save(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    for row in doc["events"]["tables"]["context"]:
+        row[3] = "/etc/passwd:1"  # the site of every event
+    doc["meta"].pop("sources", None)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    secret = Path("/etc/passwd").read_text().splitlines()[0] if Path("/etc/passwd").is_file() else "root:x:0:0"
+
+    at = _app(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(tmp_path / "t.json"))
+    at.switch_page("views/handles.py").run()
+    assert not _errors(at), _errors(at)
+    shown = [c.value for c in at.code] + [m.value for m in at.markdown]
+    assert "(source not recorded)" in shown
+    assert any("/etc/passwd:1" in text for text in shown)  # the site is named, its file is not read
+    assert not any(secret in text or "root:" in text for text in shown), shown
+
+    trace.save(tmp_path / "recorded.json")  # a recorded trace shows its own lines, as recorded
+    at = _app(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(tmp_path / "recorded.json"))
+    at.switch_page("views/handles.py").run()
+    recorded = trace.meta["sources"]
+    assert any(f": {line}" in c.value for c in at.code for line in recorded.values()), [c.value for c in at.code]
