@@ -1,0 +1,165 @@
+"""ckpt_viz.pipelining on real torch.distributed.pipelining schedules: 2 ranks, gloo, spawned (no torchrun).
+
+One spawn runs every case of `pipelining_worker.CASES` in sequence (the import of torch.distributed.pipelining
+and the process-group set-up are paid once); each rank saves its trace and its gradients per case, and the
+tests here load them. Traps of shared/spec/distributed.md §5, and the test that covers each:
+  1. metadata inference's backward outside any action: test_gradients_match_reference (step 0 of the DYNAMIC
+     cases) and test_metadata_inference_is_tagged_and_computes_dx_only;
+  2. later stages' STATIC example inputs without requires_grad: the "1F1B-static" case of the gradient test;
+  3. the last stage's outputs detached in I: the zero-bubble cases of the gradient test (W walks loss -> output);
+  4. stage 0 doing everything in W: test_stage0_replays_in_w_under_zero_bubble;
+  5. dw_runner / bwd_cache bookkeeping: test_stage_bookkeeping_is_consumed (and the V schedule's hand-off).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import time
+
+import pipelining_worker as worker
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ckpt_viz import Trace
+from ckpt_viz.errors import CheckpointUsageError
+
+pytestmark = pytest.mark.slow
+
+WORLD = 2
+CASES = list(worker.CASES)
+ZERO_BUBBLE = ["InterleavedZeroBubble", "ZBVZeroBubble"]
+SPAWN_TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = str(tmp_path_factory.mktemp("pipelining"))
+    context = mp.spawn(worker.worker, args=(WORLD, folder, _free_port(), CASES), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {WORLD} spawned ranks did not finish within {SPAWN_TIMEOUT_S} s")
+    return folder
+
+
+def _traces(folder: str, case: str) -> list[Trace]:
+    return [Trace.load(os.path.join(folder, f"{case}-rank{r}.json")) for r in range(WORLD)]
+
+
+def _checkpoint_events(trace: Trace) -> list:
+    return [e for e in trace if e.mode == "reentrant" and not e.kind.startswith("session_")]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gradients_match_reference(out_dir: str, case: str) -> None:
+    reference = worker.reference(case, WORLD)
+    got: list[dict[str, torch.Tensor]] = [{} for _ in range(worker.STEPS)]
+    for rank in range(WORLD):
+        for step, grads in enumerate(torch.load(os.path.join(out_dir, f"{case}-rank{rank}.pt"))):
+            assert not set(grads) & set(got[step]), "two ranks reported the same parameter"
+            got[step].update(grads)
+    for step in range(worker.STEPS):  # step 0 runs metadata inference (DYNAMIC) before its actions
+        assert set(got[step]) == set(reference[step])
+        for name, expected in reference[step].items():
+            torch.testing.assert_close(got[step][name], expected, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, n=name, s=step: f"step {s}, {n}: {m}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_checkpoint_phases_follow_the_action(out_dir: str, case: str) -> None:
+    allowed = {"F": {"ordinary"}, "I": {"dx"}, "W": {"dw"}, "B": {"dx", "dw"}, "META": {"ordinary", "dx"}}
+    for rank, trace in enumerate(_traces(out_dir, case)):
+        seen = collections.Counter()
+        for event in _checkpoint_events(trace):
+            action = event.tags.get("action")
+            if action is None:  # only a garbage-collected node may fall between actions
+                assert event.kind == "node_collected", event
+                continue
+            assert event.tags["rank"] == rank
+            assert event.phase in allowed[action], (action, event)
+            seen[action, event.phase] += 1
+        if case in ZERO_BUBBLE:
+            assert seen["I", "dx"] > 0 and seen["W", "dw"] > 0 and not any(a == "B" for a, _ in seen)
+        else:
+            assert seen["B", "dx"] > 0 and seen["B", "dw"] > 0 and not any(a in "IW" for a, _ in seen)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_region_replays_once_per_microbatch(out_dir: str, case: str) -> None:
+    for trace in _traces(out_dir, case):
+        created = collections.Counter()
+        replayed = collections.Counter()
+        for event in trace:
+            tags = event.tags
+            if tags.get("action") == "META":
+                continue
+            key = (tags.get("step"), tags.get("stage"), tags.get("microbatch"))
+            if event.kind == "handle_created":
+                assert tags["action"] == "F"
+                created[key] += 1
+            elif event.kind == "replay_started":
+                replayed[key] += 1
+        expected = {(step, stage, mb) for step in range(worker.STEPS) for stage in trace.meta["stages"]
+                    for mb in range(worker.MICROBATCHES)}
+        assert set(created) == expected and set(created.values()) == {1}  # one checkpoint per stage chunk
+        assert replayed == created
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.endswith("-static")])
+def test_metadata_inference_is_tagged_and_computes_dx_only(out_dir: str, case: str) -> None:
+    for trace in _traces(out_dir, case):
+        meta = [e for e in _checkpoint_events(trace) if e.tags.get("action") == "META"]
+        assert {e.tags["microbatch"] for e in meta} == {-1}
+        assert {e.tags["stage"] for e in meta if e.kind == "handle_created"} == set(trace.meta["stages"])
+        assert {e.phase for e in meta} <= {"ordinary", "dx"}
+        released = [e.data["reason"] for e in meta if e.kind == "released"]
+        assert released and set(released) == {"explicit_release"}
+    static = _traces(out_dir, "1F1B-static")
+    assert not any(e.tags.get("action") == "META" for t in static for e in t)
+
+
+@pytest.mark.parametrize("case", ZERO_BUBBLE)
+def test_stage0_replays_in_w_under_zero_bubble(out_dir: str, case: str) -> None:
+    replays = [e for t in _traces(out_dir, case) for e in t
+               if e.kind == "replay_started" and e.tags.get("action") in ("I", "W")]
+    stage0 = collections.Counter((e.tags["action"], e.phase) for e in replays if e.tags["stage"] == 0)
+    later = collections.Counter((e.tags["action"], e.phase) for e in replays if e.tags["stage"] != 0)
+    assert stage0 == {("W", "dw"): worker.STEPS * worker.MICROBATCHES}
+    assert set(later) == {("I", "dx")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stage_bookkeeping_is_consumed(out_dir: str, case: str) -> None:
+    for trace in _traces(out_dir, case):
+        for stage, left in trace.meta["leftover"].items():
+            expected = {"slots": 0, "dw_runner": 0, "bwd_cache_tensors": 0, "fwd_cache": 0, "backward_state": 0}
+            assert left == expected, f"stage {stage}"
+
+
+def test_traced_stage_module_is_refused() -> None:
+    from ckpt_viz.pipelining import PipelineStage
+    traced = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(CheckpointUsageError) as info:
+        PipelineStage(traced, 0, 2, torch.device("cpu"))
+    message = str(info.value)
+    assert message.startswith("ckpt_viz.pipelining.PipelineStage: stage 0's module is a traced torch.fx.GraphModule")
+    assert message.splitlines()[-1].startswith("Tip: ")
+
+
+def test_pipeline_frontend_is_refused() -> None:
+    from ckpt_viz.pipelining import pipeline
+    with pytest.raises(CheckpointUsageError) as info:
+        pipeline(worker.build(2), mb_args=(torch.randn(2, worker.WIDTH),))
+    message = str(info.value)
+    assert message.startswith("ckpt_viz.pipelining.pipeline: torch's tracing frontend")
+    assert message.splitlines()[-1].startswith("Tip: ")
