@@ -33,6 +33,8 @@ CASES: dict[str, tuple[str, int, bool, bool]] = {
     "Interleaved1F1B": ("ScheduleInterleaved1F1B", 2, False, False),
     "InterleavedZeroBubble": ("ScheduleInterleavedZeroBubble", 2, False, False),
     "ZBVZeroBubble": ("ScheduleZBVZeroBubble", 2, True, False),
+    "LoopedBFS": ("ScheduleLoopedBFS", 2, False, False),
+    "DualPipeV": ("ScheduleDualPipeV", 2, True, False),
 }
 
 
