@@ -1,8 +1,9 @@
 """One rank of the 2-rank gloo pipelines of test_pipelining.py (started by torch.multiprocessing.spawn).
 
 Every rank builds the same seeded model, takes its stages, runs each schedule of `CASES` for
-`STEPS` steps inside `ckpt_viz.record()`, and writes per schedule: the trace
-(`<case>-rank<r>.json`, Trace.save) and the gradients after every step (`<case>-rank<r>.pt`).
+`STEPS` steps inside `ckpt_viz.record()`, and writes per schedule: the trace with its rank header
+(`<case>/<run id>/rank-<r>.json`, `ckpt_viz.distributed.save_rank_trace`) and the gradients after every
+step (`<case>-rank<r>.pt`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 from torch.distributed import pipelining as tp
 
 import ckpt_viz
+from ckpt_viz.distributed import rank_header, save_rank_trace
 from ckpt_viz.pipelining import PipelineStage
 from ckpt_viz.runtime import checkpoint
 
@@ -112,6 +114,7 @@ def run_case(case: str, rank: int, world: int, out_dir: str) -> None:
                                     input_args=example, **kwargs))
     cls = getattr(tp, schedule_name)
     schedule = cls(stages[0] if per_rank == 1 else stages, MICROBATCHES, loss_fn=loss_fn)
+    header = rank_header(schedule)  # collective: the run id comes from rank 0
     grads = []
     with ckpt_viz.record() as rec:
         for step in range(STEPS):
@@ -130,8 +133,8 @@ def run_case(case: str, rank: int, world: int, out_dir: str) -> None:
                                 "bwd_cache_tensors": sum(g is not None for v in s.bwd_cache.values() for g in v),
                                 "fwd_cache": len(s.fwd_cache), "backward_state": len(s.backward_state)}
                 for s in stages}
-    trace.meta.update(rank=rank, world_size=world, schedule=case, stages=mine, leftover=leftover)
-    trace.save(os.path.join(out_dir, f"{case}-rank{rank}.json"))
+    trace.meta.update(schedule=case, leftover=leftover)
+    save_rank_trace(trace, os.path.join(out_dir, case), header)
     torch.save(grads, os.path.join(out_dir, f"{case}-rank{rank}.pt"))
 
 

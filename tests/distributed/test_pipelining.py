@@ -58,7 +58,11 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _traces(folder: str, case: str) -> list[Trace]:
-    return [Trace.load(os.path.join(folder, f"{case}-rank{r}.json")) for r in range(WORLD)]
+    """The ranks' traces of `case`, by rank: one run-id folder holding rank-0.json ... rank-<WORLD-1>.json."""
+    (run_id,) = os.listdir(os.path.join(folder, case))
+    run = os.path.join(folder, case, run_id)
+    assert sorted(os.listdir(run)) == [f"rank-{r}.json" for r in range(WORLD)]
+    return [Trace.load(os.path.join(run, f"rank-{r}.json")) for r in range(WORLD)]
 
 
 def _checkpoint_events(trace: Trace) -> list:
@@ -116,7 +120,7 @@ def test_each_region_replays_once_per_microbatch(out_dir: str, case: str) -> Non
                 created[key] += 1
             elif event.kind == "replay_started":
                 replayed[key] += 1
-        expected = {(step, stage, mb) for step in range(worker.STEPS) for stage in trace.meta["stages"]
+        expected = {(step, stage, mb) for step in range(worker.STEPS) for stage in trace.meta["distributed"]["stages"]
                     for mb in range(worker.MICROBATCHES)}
         assert set(created) == expected and set(created.values()) == {1}  # one checkpoint per stage chunk
         assert replayed == created
@@ -127,7 +131,7 @@ def test_metadata_inference_is_tagged_and_computes_dx_only(out_dir: str, case: s
     for trace in _traces(out_dir, case):
         meta = [e for e in _checkpoint_events(trace) if e.tags.get("action") == "META"]
         assert {e.tags["microbatch"] for e in meta} == {-1}
-        assert {e.tags["stage"] for e in meta if e.kind == "handle_created"} == set(trace.meta["stages"])
+        assert {e.tags["stage"] for e in meta if e.kind == "handle_created"} == set(trace.meta["distributed"]["stages"])
         assert {e.phase for e in meta} <= {"ordinary", "dx"}
         released = [e.data["reason"] for e in meta if e.kind == "released"]
         assert released and set(released) == {"explicit_release"}
@@ -170,3 +174,40 @@ def test_pipeline_frontend_is_refused() -> None:
     message = str(info.value)
     assert message.startswith("ckpt_viz.pipelining.pipeline: torch's tracing frontend")
     assert message.splitlines()[-1].startswith("Tip: ")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rank_header(out_dir: str, case: str) -> None:
+    headers = [t.meta["distributed"] for t in _traces(out_dir, case)]
+    (run_id,) = {h["run_id"] for h in headers}
+    assert os.listdir(os.path.join(out_dir, case)) == [run_id]
+    for rank, header in enumerate(headers):
+        assert (header["rank"], header["world_size"], header["backend"]) == (rank, WORLD, "gloo")
+        assert header["host"] == socket.gethostname() and header["pid"] != os.getpid()
+        per_rank, v = worker.CASES[case][1:3]
+        assert header["stages"] == worker.stage_indices(rank, WORLD, per_rank, v)
+        assert header["microbatches"] == worker.MICROBATCHES
+        assert header["schedule"] == worker.CASES[case][0]
+        clock = header["clock"]
+        assert clock["wall_ns"] > 0 and clock["mono_ns"] > 0
+        if rank == 0:
+            assert clock["offset_to_rank0_ns"] == 0 and clock["rtt_ns"] == 0
+        else:  # one host: the monotonic clock is shared, so the true offset is 0, within half a round trip
+            assert 0 < clock["rtt_ns"] < 50_000_000
+            assert abs(clock["offset_to_rank0_ns"]) <= clock["rtt_ns"] // 2 + 1
+    # anchors were read right after one barrier: their monotonic readings (one clock on one host) are close
+    assert abs(headers[0]["clock"]["mono_ns"] - headers[1]["clock"]["mono_ns"]) < 1_000_000_000
+
+
+@pytest.mark.parametrize("case", ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "LoopedBFS"])
+def test_executed_order_equals_planned_order(out_dir: str, case: str) -> None:
+    for rank, trace in enumerate(_traces(out_dir, case)):
+        executed: list[str] = []
+        for event in trace:
+            tags = event.tags
+            if tags.get("step") == 1 and tags.get("action") in ("F", "I", "W", "B"):
+                key = f"{tags['stage']}{tags['action']}{tags['microbatch']}"
+                if not executed or executed[-1] != key:
+                    executed.append(key)
+        planned = [a for a in trace.meta["distributed"]["planned_order"][str(rank)] if a is not None]
+        assert executed == planned
