@@ -16,6 +16,7 @@
     │   └── SessionMismatchError          session_mismatch                E10: bind_session under another id
     ├── RecordingError (RuntimeError)     recording_misused               a record() block entered twice, or not open
     ├── TraceError (ValueError)           trace_invalid                   a trace file wrong, truncated or too new
+    │   └── TraceFileError (OSError)      trace_file_failed               the OS refused a read or write of a trace file
     └── ModelLoadError                    model_load_failed               a user model failed to load or its checks
         └── SandboxError                  sandbox_failed                  the child running a user model failed
             ├── SandboxTimeoutError       sandbox_timeout                 it ran past its time limit
@@ -62,6 +63,7 @@ __all__ = [
     "SandboxTimeoutError",
     "SessionMismatchError",
     "TraceError",
+    "TraceFileError",
     "error_code",
     "internal_assert",
     "tip_for",
@@ -105,6 +107,12 @@ class TraceError(CkptVizError, ValueError):
     """A trace could not be read or validated."""
 
     code = "trace_invalid"
+
+
+class TraceFileError(TraceError, OSError):
+    """The operating system refused to read or write a trace file; also an OSError, with its `errno`."""
+
+    code = "trace_file_failed"
 
 
 def tip_for(code: str) -> str:

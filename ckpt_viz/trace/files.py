@@ -43,7 +43,7 @@ import tempfile
 import zlib
 from typing import NoReturn
 
-from ckpt_viz.errors import TraceError
+from ckpt_viz.errors import TraceError, TraceFileError
 from ckpt_viz.trace.schema import MAX_EVENTS_ENV
 
 __all__ = [
@@ -67,10 +67,6 @@ MAX_BYTES_ENV = "CKPT_VIZ_TRACE_MAX_BYTES"
 _IN_PIECE = 256 << 10  # compressed bytes fed to zlib at a time
 _OUT_PIECE = 4 << 20  # inflated bytes taken out at a time
 _KEEP = 128 << 20  # inflated bytes kept on the first pass (NOTE [ Bounded reads ], rule 2)
-
-
-class TraceFileError(TraceError, OSError):
-    """A trace file could not be read or written because of the operating system (also an OSError)."""
 
 
 # ---------------------------------------------------------------- limits
