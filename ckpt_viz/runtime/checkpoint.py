@@ -36,6 +36,16 @@ def _bad(message: str) -> CheckpointUsageError:
     return exc
 
 
+
+def default_use_reentrant(api: str) -> bool:
+    """What omitting `use_reentrant` means, as in torch 2.13: a warning at the caller's line, then True."""
+    warnings.warn(
+        f"{api}: the use_reentrant parameter should be passed explicitly. As in torch 2.13, omitting it selects "
+        "use_reentrant=True (the reentrant checkpoint).\nTip: pass use_reentrant=False (PyTorch's "
+        "recommendation) or use_reentrant=True to keep this choice and silence the warning.",
+        UserWarning, stacklevel=3)  # this helper, the public API, then the caller
+    return True
+
 def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None, preserve_rng_state: bool = True,
                context_fn: Callable = noop_context_fn, determinism_check: str = "default",
                early_stop: bool = True, debug: bool = False, **kwargs: Any) -> Any:
@@ -59,12 +69,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: bool | None = None
         What `function` returns, with tensors tracked by autograd.
     """
     if use_reentrant is None:
-        warnings.warn(
-            f"{_API}: the use_reentrant parameter should be passed explicitly. As in torch 2.13, omitting it selects "
-            "use_reentrant=True (the reentrant checkpoint).\nTip: pass use_reentrant=False (PyTorch's "
-            "recommendation) or use_reentrant=True to keep this choice and silence the warning.",
-            UserWarning, stacklevel=2)
-        use_reentrant = True
+        use_reentrant = default_use_reentrant(_API)
     if not isinstance(use_reentrant, bool):
         raise _bad(f"use_reentrant must be bool, got {type(use_reentrant).__name__} {use_reentrant!r}.\n"
                    "Tip: pass True (reentrant) or False (saved-tensor hooks).")

@@ -16,7 +16,6 @@ NOTE [ Segments ]
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 
 from ckpt_viz.errors import CheckpointUsageError
 from ckpt_viz.runtime import session as _session
-from ckpt_viz.runtime.checkpoint import checkpoint
+from ckpt_viz.runtime.checkpoint import checkpoint, default_use_reentrant
 
 __all__ = ["checkpoint_sequential"]
 
@@ -65,12 +64,7 @@ def checkpoint_sequential(functions: Sequence[Callable] | torch.nn.Sequential, s
         The output of the last function. See NOTE [ Segments ].
     """
     if use_reentrant is None:
-        warnings.warn(
-            f"{_API}: the use_reentrant parameter should be passed explicitly. As in torch 2.13, omitting it selects "
-            "use_reentrant=True (the reentrant checkpoint).\nTip: pass use_reentrant=False (PyTorch's "
-            "recommendation) or use_reentrant=True to keep this choice and silence the warning.",
-            UserWarning, stacklevel=2)
-        use_reentrant = True
+        use_reentrant = default_use_reentrant(_API)
     preserve = kwargs.pop("preserve_rng_state", True)
     if kwargs:
         raise _bad(f"Unexpected keyword arguments: {','.join(kwargs)}.\n"
