@@ -18,12 +18,12 @@ from __future__ import annotations
 import collections
 import os
 import socket
-import time
+import subprocess
+import sys
 
 import pipelining_worker as worker
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from ckpt_viz import Trace
 from ckpt_viz.errors import CheckpointUsageError
@@ -46,14 +46,20 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def out_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # Spawned from a fresh interpreter started with -c: torch's spawn re-runs the parent's __main__ file in
+    # each rank, and inside a full test run that can be another test's script (AppTest leaves the app's).
     folder = str(tmp_path_factory.mktemp("pipelining"))
-    context = mp.spawn(worker.worker, args=(WORLD, folder, _free_port(), CASES), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not context.join(timeout=2):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the {WORLD} spawned ranks did not finish within {SPAWN_TIMEOUT_S} s")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import pipelining_worker as w; "
+            "import torch.multiprocessing as mp; "
+            "mp.spawn(w.worker, args=(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5].split(',')), "
+            "nprocs=int(sys.argv[2]))")
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        argv = [sys.executable, "-c", code, here, str(WORLD), folder, str(_free_port()), ",".join(CASES)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SPAWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the {WORLD} spawned ranks did not finish within {SPAWN_TIMEOUT_S} s")
+    assert proc.returncode == 0, f"the ranks failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     return folder
 
 
