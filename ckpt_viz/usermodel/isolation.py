@@ -233,8 +233,7 @@ class Cgroup:
             with contextlib.suppress(OSError):
                 for folder in base.iterdir():
                     if folder.name.startswith(prefix) and dead(folder.name):
-                        with contextlib.suppress(OSError):
-                            folder.rmdir()  # refused while a process is still in it
+                        _rmdir_when_empty(folder)
 
     @classmethod
     def _v2(cls, name: str, limits: Limits, v1: dict[str, str], unified: str | None) -> Cgroup | None:
@@ -341,11 +340,20 @@ class Cgroup:
     def remove(self) -> None:
         """Remove the group's folders (a cgroup folder can go once its last process has exited)."""
         for d in self.dirs:
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
+            _rmdir_when_empty(d)
+
+
+def _rmdir_when_empty(folder: Path, wait_s: float = 1.0) -> None:
+    """Remove a cgroup folder; the kernel refuses (EBUSY) until its last process has fully exited, which can
+    lag the process's disappearance from /proc by a few milliseconds: retry for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
