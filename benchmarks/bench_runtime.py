@@ -20,6 +20,7 @@ Rows (a step = forward + full backward of the whole model):
 from __future__ import annotations
 
 import argparse
+import os
 import itertools
 import json
 import platform
@@ -391,7 +392,7 @@ def profile(config: Config, name: str) -> None:
         case.step()
     profiler.disable()
     print(f"bench_runtime --profile {name}: {config.repeats} steps")
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    pstats.Stats(profiler).sort_stats(os.environ.get("CKPT_VIZ_PROFILE_SORT", "tottime")).print_stats(30)
 
 
 def main(argv: list[str] | None = None) -> int:
