@@ -20,9 +20,9 @@ Rows (a step = forward + full backward of the whole model):
 from __future__ import annotations
 
 import argparse
-import os
 import itertools
 import json
+import os
 import platform
 import statistics
 import sys
