@@ -107,6 +107,23 @@ def _cursor_text(page) -> str:
     return page.locator('[data-testid="stSliderThumbValue"]').first.inner_text()
 
 
+def _handle_picker_agrees_with_the_lifecycle(page) -> None:
+    """What the browser draws in the Handles page's picker: h0, its block's qualified name, and its state at
+    the cursor, which must be what the lifecycle of the same default run (recorded here, independently) says."""
+    import re
+
+    from ckpt_viz import DEFAULT_MODEL, RunRequest, lifecycle, obtain_trace
+
+    picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').first
+    shown = " ".join(i.input_value() for i in picker.locator("input").all())  # the chosen option is the input's value
+    match = re.search(r"h0 · (\S+) · (\w+) at seq (\d+)", shown)
+    assert match, shown
+    trace = obtain_trace(RunRequest("builtin", DEFAULT_MODEL, mode="split-reentrant"))
+    name = next(e.data["function"] for e in trace.of_kind("handle_created") if e.handle_id == 0)
+    assert match[1] == name == "blocks.0"
+    assert match[2] == lifecycle(trace).state_at(0, int(match[3])), shown
+
+
 def test_every_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -134,6 +151,8 @@ def test_every_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
                 assert page.locator('[data-testid="stException"]').count() == 0, title
                 assert page.locator('[data-testid="stAlertContentError"]').count() == 0, title
                 _screenshot(page, SHOTS / shot)
+                if title == "Handles":
+                    _handle_picker_agrees_with_the_lifecycle(page)
 
                 # Step the cursor back one event: the slider and the page's content change.
                 before_value, before_main = _cursor_text(page), page.locator('[data-testid="stMain"]').inner_text()
