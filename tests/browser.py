@@ -1,0 +1,98 @@
+"""Shared pieces of the browser tests (tests/app/test_browser*.py): Debian's chromium driven by Playwright
+against a real `streamlit run` server. The `server` and `browser_page` fixtures are in tests/app/conftest.py.
+
+Each browser test file owns its own pages and assertions; these helpers only start, wait and photograph.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "artifacts" / "screenshots"
+DOCS_SHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def streamlit_server(log_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A `streamlit run app/streamlit_app.py` subprocess on a free local port; killed on exit. Yields its URL."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py", "--server.port", str(port),
+             "--server.headless", "true", "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                    if reply.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"streamlit did not start (exit {proc.poll()}):\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def settle(page, timeout_ms: int = 60_000) -> None:
+    """Wait until the script run ended and the figures are drawn."""
+    page.wait_for_function(
+        "() => { const app = document.querySelector('[data-testid=\"stApp\"]');"
+        " return app && app.getAttribute('data-test-script-state') === 'notRunning'; }", timeout=timeout_ms)
+    page.wait_for_function(  # graphviz (wasm) and vega draw after the script ends
+        "() => [...document.querySelectorAll('[data-testid=\"stGraphVizChart\"]')].every(c => c.querySelector('svg'))"
+        " && [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')].every("
+        "c => c.querySelector('canvas, svg'))", timeout=timeout_ms)
+    page.wait_for_timeout(500)  # let the last transitions finish before a screenshot
+
+
+def screenshot(page, path: Path) -> None:
+    """The whole page: the viewport grows to the main area's scroll height (Streamlit scrolls inside it)."""
+    height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": 1500, "height": min(max(int(height), 1000), 4000)})
+    page.wait_for_timeout(700)  # charts re-layout to the new size
+    page.screenshot(path=str(path))
+    page.set_viewport_size({"width": 1500, "height": 1000})
+
+
+def cursor_text(page) -> str:
+    return page.locator('[data-testid="stSliderThumbValue"]').first.inner_text()
+
+
+def goto_page(page, label: str, title: str | None = None) -> None:
+    """Click `label` in the sidebar navigation and wait for the page's heading and figures."""
+    from playwright.sync_api import expect
+
+    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=label, exact=True).click()
+    expect(page.get_by_role("heading", name=title or label, exact=True)).to_be_visible(timeout=60_000)
+    settle(page)
