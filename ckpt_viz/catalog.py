@@ -7,8 +7,14 @@ that the names here are theirs.
 """
 from __future__ import annotations
 
-__all__ = ["BUILTIN_MODEL_NAMES", "DEFAULT_MODEL", "MODES"]
+__all__ = ["BROKEN_SCENARIO_NAMES", "BUILTIN_MODEL_NAMES", "DEFAULT_MODEL", "MODES"]
 
 MODES: tuple[str, ...] = ("none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant", "pipeline")
 BUILTIN_MODEL_NAMES: tuple[str, ...] = ("mlp", "transformer", "dropout", "closure", "excluded", "pipeline")
 DEFAULT_MODEL = "mlp"
+# Broken runs to explore (`ckpt_viz.run.broken.BROKEN`, same names in the same order): each records one mistake.
+BROKEN_SCENARIO_NAMES: tuple[str, ...] = (
+    "dx-after-dw", "second-backward", "phase-never-set", "session-cleared-early", "prefire-after-backward",
+    "outputs-dropped", "dw-without-trigger", "dx-without-retain-graph", "released-by-hand", "session-never-bound",
+    "session-mismatch",
+)
