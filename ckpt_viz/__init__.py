@@ -21,6 +21,7 @@ from ckpt_viz.errors import (
 )
 from ckpt_viz.events import EVENT_KINDS, RELEASE_REASONS, Event
 from ckpt_viz.recording import Recording, record
+from ckpt_viz.render import palette  # the one palette and vocabulary (NOTE [ One palette ])
 from ckpt_viz.render.eventlog import event_rows, filter_events
 from ckpt_viz.render.graph import GRAPH_LEGEND, render_graph, render_torchviz_view
 from ckpt_viz.render.perfetto import render_perfetto
@@ -95,6 +96,7 @@ __all__ = [
     "lifecycle",
     "memory_peak",
     "obtain_trace",
+    "palette",
     "record",
     "record_in_subprocess",
     "render_graph",
