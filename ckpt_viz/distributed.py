@@ -1,9 +1,12 @@
 """Per-rank facts of a torch.distributed run, for one trace file per rank (issue 15).
 
 Owns `rank_header` (run id, world size, rank, host, clock anchors, the offset of this
-rank's monotonic clock against rank 0, the planned schedule order) and
+rank's monotonic clock against rank 0, the planned schedule order),
 `save_rank_trace`, which writes `<folder>/<run_id>/rank-<R>.json` with the header in
-`trace.meta["distributed"]`. Imports torch.distributed; never the UI or the renderers.
+`trace.meta["distributed"]`, and `enable(folder)` (also the environment variable
+CKPT_VIZ_DISTRIBUTED_DIR, and `python -m ckpt_viz.distributed SCRIPT`, which is what
+`ckpt-viz record --distributed` hands to torchrun): see NOTE [ Recording a rank ].
+Imports torch.distributed; never the UI or the renderers.
 
 NOTE [ Clock offset ]
   1. `rank_header` is collective: every rank of the group calls it, in the same
@@ -15,11 +18,31 @@ NOTE [ Clock offset ]
      round trip (`clock.rtt_ns`). Rank 0's offset is 0.
   3. The anchors `{mono_ns, wall_ns}` are read right after a barrier, so a merge can
      fall back to wall clocks (NTP) when the offset is unusable.
+  4. The ping-pong needs CPU send/recv: on a group whose backend is not gloo (NCCL) it
+     runs over a gloo group made for it (`new_group(backend="gloo")`, collective too).
+
+NOTE [ Recording a rank ]
+  1. `enable(folder)` opens one `ckpt_viz.record()` for the rest of the process (memory
+     sampled, no graph snapshots). It is called before or after `init_process_group`:
+     the rank header is collective, so it is taken by every rank right after the group
+     exists (a wrapped `init_process_group`, or at once when it already exists).
+  2. It wraps the `step` of torch's pipeline schedules: each call is tagged `step=k`
+     (counted per process) and the last schedule stepped gives the header its name,
+     micro-batches, stages and planned order.
+  3. The file is written once: inside a wrapped `destroy_process_group` (every rank calls
+     it, so a second clock measurement, `clock_end`, is taken there for the merge's
+     drift fit), else at interpreter exit (no second measurement).
+  4. The model name is the script's, the mode "pipeline"; `trace.meta["distributed"]`
+     holds the header.
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import runpy
 import socket
+import sys
 import time
 import uuid
 from os import PathLike
@@ -30,7 +53,9 @@ import torch.distributed as dist
 
 from ckpt_viz.errors import CheckpointUsageError
 
-__all__ = ["clock_offset_to_rank0", "planned_order", "rank_header", "save_rank_trace"]
+__all__ = ["DIR_ENV", "clock_offset_to_rank0", "enable", "enabled", "planned_order", "rank_header", "save_rank_trace"]
+
+DIR_ENV = "CKPT_VIZ_DISTRIBUTED_DIR"  # set it (or call enable) to record every rank into this folder
 
 
 def _require_group(api: str) -> None:
@@ -97,6 +122,8 @@ def rank_header(schedule: Any = None, *, run_id: str | None = None, rounds: int 
         rounds: ping-pong round trips per rank for the clock offset.
     """
     _require_group("ckpt_viz.distributed.rank_header")
+    if group is None and str(dist.get_backend()) != "gloo":  # See NOTE [ Clock offset ], rule 4.
+        group = dist.new_group(backend="gloo")
     shared = [run_id or os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12]]
     dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     offset, rtt = clock_offset_to_rank0(rounds, group)
@@ -122,9 +149,170 @@ def rank_header(schedule: Any = None, *, run_id: str | None = None, rounds: int 
 
 
 def save_rank_trace(trace: Any, folder: str | PathLike[str], header: dict[str, Any]) -> str:
-    """Write `trace` with `header` in `meta["distributed"]` to `<folder>/<run_id>/rank-<R>.json`; return the path."""
+    """Write `trace` with `header` in `meta["distributed"]` to `<folder>/<run_id>/rank-<R>.json`; return the path.
+
+    The trace's meta gets a model and mode when it has none (the script's name, "pipeline").
+    """
+    from ckpt_viz.trace import run_meta
+
+    script = os.path.splitext(os.path.basename(sys.argv[0] or "distributed"))[0] or "distributed"
+    defaults = run_meta(model=script, mode="pipeline", schedule=header.get("schedule"),
+                        microbatches=header.get("microbatches"), stages=header.get("stages"))
+    for key, value in defaults.items():
+        if trace.meta.get(key) is None:
+            trace.meta[key] = value
     trace.meta["distributed"] = header
     path = os.path.join(os.fspath(folder), header["run_id"], f"rank-{header['rank']}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     trace.save(path)
     return path
+
+
+# ---------------------------------------------------------------- enable (NOTE [ Recording a rank ])
+
+class _Rank:
+    """The one recording of this process, its header, and the schedule last stepped."""
+
+    def __init__(self, folder: str) -> None:
+        import ckpt_viz
+
+        self.folder = folder
+        self.header: dict[str, Any] | None = None
+        self.schedule: Any = None
+        self.steps = 0
+        self.saved: str | None = None
+        self.recording = ckpt_viz.record(memory=True)
+        self.recording.__enter__()
+
+    def take_header(self) -> None:
+        if self.header is None and dist.is_initialized():
+            self.header = rank_header()
+
+    def save(self, end_clock: bool) -> str | None:
+        if self.saved is not None or self.header is None:
+            return self.saved
+        header = dict(self.header)
+        if end_clock and dist.is_initialized():
+            dist.barrier()
+            offset, rtt = clock_offset_to_rank0()
+            header["clock_end"] = {"mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns(),
+                                   "offset_to_rank0_ns": offset, "rtt_ns": rtt}
+        if self.schedule is not None:
+            later = rank_facts(self.schedule)
+            header.update(later)
+        header["steps"] = self.steps
+        try:
+            self.recording.__exit__(None, None, None)
+        finally:
+            self.saved = save_rank_trace(self.recording.trace, self.folder, header)
+        return self.saved
+
+
+_STATE: dict[str, _Rank] = {}
+
+
+def rank_facts(schedule: Any) -> dict[str, Any]:
+    """The schedule's facts of a rank header: name, micro-batches, this rank's stages, planned order."""
+    stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
+    return {"schedule": type(schedule).__name__, "microbatches": getattr(schedule, "_n_microbatches", None),
+            "stages": [s.stage_index for s in stages if s is not None], "planned_order": planned_order(schedule)}
+
+
+def enabled() -> bool:
+    """Whether `enable` (or CKPT_VIZ_DISTRIBUTED_DIR) records this process."""
+    return "rank" in _STATE
+
+
+def enable(folder: str | PathLike[str] | None = None) -> None:
+    """Record this rank for the rest of the process and write `<folder>/<run id>/rank-<R>.json` at the end.
+
+    For launchers of your own (multi-node torchrun, SLURM, Ray Train's TorchTrainer): call it in every
+    rank, before or after `init_process_group`, then run `ckpt-viz merge <folder>`. A second call does
+    nothing. See NOTE [ Recording a rank ].
+
+    Args:
+        folder: where the rank files go; default the environment variable CKPT_VIZ_DISTRIBUTED_DIR.
+
+    Raises:
+        CheckpointUsageError: no folder given and the environment variable is not set.
+    """
+    if enabled():
+        return
+    folder = os.fspath(folder) if folder is not None else os.environ.get(DIR_ENV, "")
+    if not folder:
+        raise CheckpointUsageError(
+            f"ckpt_viz.distributed.enable: no folder for the rank traces (none given, {DIR_ENV} is not set).\n"
+            "Tip: call enable('traces/') or set CKPT_VIZ_DISTRIBUTED_DIR=traces/ in every rank's environment.")
+    rank = _STATE["rank"] = _Rank(folder)
+    _wrap_torch()
+    rank.take_header()
+    atexit.register(_save_at_exit)
+
+
+def _save_at_exit() -> None:
+    rank = _STATE.get("rank")
+    if rank is not None:
+        rank.save(end_clock=False)
+
+
+def _wrap_torch() -> None:
+    if getattr(dist.init_process_group, "_ckpt_viz", False):
+        return
+    init, destroy = dist.init_process_group, dist.destroy_process_group
+
+    @functools.wraps(init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = init(*args, **kwargs)
+        if "rank" in _STATE:
+            _STATE["rank"].take_header()
+        return result
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        rank = _STATE.get("rank")
+        if rank is not None and not args and not kwargs.get("group"):
+            rank.save(end_clock=True)
+        return destroy(*args, **kwargs)
+
+    init_process_group._ckpt_viz = destroy_process_group._ckpt_viz = True  # type: ignore[attr-defined]
+    dist.init_process_group, dist.destroy_process_group = init_process_group, destroy_process_group
+    from torch.distributed.pipelining import schedules
+
+    for cls in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
+        cls.step = _counted(cls.step)
+
+
+def _counted(step: Any) -> Any:
+    from ckpt_viz.bus import tag
+
+    @functools.wraps(step)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rank = _STATE.get("rank")
+        if rank is None:
+            return step(self, *args, **kwargs)
+        rank.schedule = self
+        with tag(step=rank.steps):
+            try:
+                return step(self, *args, **kwargs)
+            finally:
+                rank.steps += 1
+
+    return counted
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m ckpt_viz.distributed SCRIPT [ARGS...]`: run SCRIPT with this rank recorded (see `enable`)."""
+    if not argv:
+        sys.stderr.write("usage: python -m ckpt_viz.distributed SCRIPT [ARGS...] (with CKPT_VIZ_DISTRIBUTED_DIR set)\n")
+        return 2
+    enable()
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":  # the imported module's state, shared with the script's own `import ckpt_viz.distributed`
+    from ckpt_viz.distributed import _main as _main_of_module
+
+    sys.exit(_main_of_module(sys.argv[1:]))

@@ -1,29 +1,33 @@
-"""Record a real torch.distributed.pipelining run with ckpt_viz: one trace file per rank.
+"""Record a real torch.distributed.pipelining run with ckpt_viz: one trace file per rank, merged into one.
 
-Run on one machine with two processes (CPU, gloo):
+Run on one machine with two processes (CPU, gloo), either way:
 
     torchrun --standalone --nproc-per-node 2 examples/pipelining_torchrun.py --out traces/ --schedule ZBVZeroBubble
+    ckpt-viz merge traces/                  # one trace with every rank, clocks aligned and checked
+
+    ckpt-viz record --distributed --nproc-per-node 2 --out traces/ examples/pipelining_torchrun.py --steps 2
+                                            # torchrun, recording and merge in one command
 
 Each rank builds the same model, keeps its stages (a linear, then a block checkpointed with ckpt_viz's
 reentrant checkpoint), and hands them to a torch schedule through `ckpt_viz.pipelining.PipelineStage`,
-which runs the schedule's I action as DX and its W action as DW. Every rank records its own trace
-and writes it to `<out>/<run id>/rank-<R>.json`, with a header (`trace.meta["distributed"]`: run id,
-world size, host, clock anchors and offset against rank 0, the planned schedule order). Open one with
-`ckpt-viz info <file>` or `ckpt-viz app`. Under SLURM, Ray Train or another launcher that sets RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT, the script runs unchanged.
+which runs the schedule's I action as DX and its W action as DW. `ckpt_viz.distributed.enable(out)`
+records the rank (every schedule step is tagged with its number) and writes `<out>/<run id>/rank-<R>.json`
+when the process group is destroyed, with a header (`trace.meta["distributed"]`: run id, world size,
+host, clock anchors and offsets against rank 0, the planned schedule order). Under `ckpt-viz record
+--distributed` the rank is already recorded and the call does nothing. Under SLURM, Ray Train or another
+launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, the script runs unchanged. Open the
+merged trace with `ckpt-viz app` (Saved trace, then "Schedule timeline").
 """
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import pipelining as tp
 
-import ckpt_viz
-from ckpt_viz.distributed import rank_header, save_rank_trace
+import ckpt_viz.distributed
 from ckpt_viz.pipelining import PipelineStage
 from ckpt_viz.runtime import checkpoint
 
@@ -56,6 +60,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=16)
     args = parser.parse_args()
 
+    ckpt_viz.distributed.enable(args.out)  # before or after init_process_group; a no-op when already recording
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     name, per_rank, v = SCHEDULES[args.schedule]
@@ -67,24 +72,20 @@ def main() -> None:
     stages = [PipelineStage(chunks[i], i, total, torch.device("cpu")) for i in mine]
     schedule = getattr(tp, name)(stages[0] if per_rank == 1 else stages, args.microbatches,
                                  loss_fn=nn.functional.mse_loss)
-    header = rank_header(schedule)  # collective: every rank calls it
 
     losses: list[torch.Tensor] = []
-    with ckpt_viz.record() as rec:
-        for step in range(args.steps):
-            chunks.zero_grad(set_to_none=True)
-            gen = torch.Generator().manual_seed(step)
-            x = torch.randn(2 * args.microbatches, args.width, generator=gen)
-            y = torch.randn(2 * args.microbatches, args.width, generator=gen)
-            inputs = (x,) if 0 in mine else ()
-            target = {"target": y, "losses": losses} if total - 1 in mine else {}
-            with ckpt_viz.tag(step=step):
-                schedule.step(*inputs, **target)
-    path = save_rank_trace(rec.trace, args.out, header)
-    last = sum(float(v.detach()) for v in losses[-args.microbatches:])
-    loss = f", loss of the last step {last:.6f}" if losses else ""
-    os.write(1, f"rank {rank}: {len(rec.trace)} events -> {path}{loss}\n".encode())  # one write: no interleaving
-    dist.destroy_process_group()
+    for step in range(args.steps):  # ckpt_viz tags each schedule.step() with its number
+        chunks.zero_grad(set_to_none=True)
+        gen = torch.Generator().manual_seed(step)
+        x = torch.randn(2 * args.microbatches, args.width, generator=gen)
+        y = torch.randn(2 * args.microbatches, args.width, generator=gen)
+        inputs = (x,) if 0 in mine else ()
+        target = {"target": y, "losses": losses} if total - 1 in mine else {}
+        schedule.step(*inputs, **target)
+    if losses:
+        last = sum(float(v.detach()) for v in losses[-args.microbatches:])
+        print(f"rank {rank}: loss of the last step {last:.6f}", flush=True)
+    dist.destroy_process_group()  # every rank writes its trace file here
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     ckpt-viz record MODEL --mode split-reentrant -o trace.json   record a run (progress on stderr)
     ckpt-viz info trace.json [--at SEQ]                            handles, replays, states, peak memory, problems
     ckpt-viz export trace.json --perfetto out.json                 Chrome trace format for Perfetto
+    ckpt-viz merge traces/                                         one trace from a distributed run's rank files
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
 
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
 from ckpt_viz.cli.app import app_command, app_path, demo_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
+from ckpt_viz.cli.merge import merge_command
 from ckpt_viz.cli.record import record_command
 
 __all__ = ["app_path", "build_parser", "main", "summarize"]
@@ -43,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--no-graphs", action="store_true", help="skip graph snapshots")
     rec.add_argument("--timeout", type=float, default=120.0, help="user models: seconds before the run is stopped")
     rec.add_argument("--memory-mb", type=int, default=8192, help="user models: address-space limit in MiB")
+    rec.add_argument("--distributed", action="store_true",
+                     help="`record --distributed --nproc-per-node N SCRIPT ...`: run SCRIPT under torchrun, one "
+                          "trace per rank, merged (see `ckpt-viz record --distributed --help`)")
     rec.set_defaults(run=record_command)
 
     info = sub.add_parser("info", help="summarize a trace file")
@@ -54,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("trace")
     export.add_argument("--perfetto", metavar="OUT", help="write Chrome trace-event JSON for Perfetto")
     export.set_defaults(run=export_command)
+
+    merge = sub.add_parser("merge", help="merge the per-rank traces of a distributed run into one trace",
+                           description="DIR is the run's --out folder (holding <run id>/rank-<R>.json) or one "
+                                       "<run id> folder. Clocks are aligned to rank 0 and checked by the "
+                                       "pipeline's send-before-receive order (exit status 1 when it fails).")
+    merge.add_argument("dir")
+    merge.add_argument("-o", "--output", help="merged trace file (default: <run folder>/merged.json)")
+    merge.set_defaults(run=merge_command)
 
     app = sub.add_parser("app", help="start the Streamlit app")
     app.add_argument("--address", default="127.0.0.1")
@@ -70,9 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["record"] and "--distributed" in argv:  # its own parser: SCRIPT's options are not ours
+        from ckpt_viz.cli.record import record_distributed_command
+
+        argv = argv[1:]
+        return _guarded(lambda: record_distributed_command(argv))
     args = build_parser().parse_args(argv)
+    return _guarded(lambda: args.run(args))
+
+
+def _guarded(run: Callable[[], int]) -> int:
     try:
-        return args.run(args)
+        return run()
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

@@ -100,3 +100,72 @@ def record_command(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}: {len(trace.events)} events, {len(trace.memory)} memory samples, "
           f"{len(trace.graphs)} graph snapshots")
     return 0
+
+
+# ---------------------------------------------------------------- record --distributed
+
+_TORCHRUN_VALUE_FLAGS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend", "--rdzv-conf",
+                         "--master-addr", "--master-port", "--max-restarts", "--log-dir", "--local-ranks-filter",
+                         "--monitor-interval", "--start-method", "--role", "--local-addr")
+
+
+def distributed_parser() -> argparse.ArgumentParser:
+    """`ckpt-viz record --distributed`: our and torchrun's options come before SCRIPT; the rest is SCRIPT's."""
+    parser = argparse.ArgumentParser(
+        prog="ckpt-viz record --distributed",
+        description="Run SCRIPT under torchrun with every rank recorded (one trace file per rank, in "
+                    "--out/<run id>/rank-<R>.json), then merge them into <run id>/merged.json. The script builds "
+                    "its stages with ckpt_viz.pipelining.PipelineStage. Multi-node: the torchrun flags below are "
+                    "passed through (without --nnodes, --standalone is used); run the same command on every node "
+                    "and `ckpt-viz merge` the folder afterwards.")
+    parser.add_argument("--distributed", action="store_true", required=True)
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default="1",
+                        help="processes per node (torchrun's --nproc-per-node)")
+    parser.add_argument("--out", default="traces", help="folder for <run id>/rank-<R>.json (default: traces)")
+    parser.add_argument("--no-merge", action="store_true", help="keep the rank files only")
+    for flag in _TORCHRUN_VALUE_FLAGS:
+        parser.add_argument(flag, dest="torchrun_" + flag[2:].replace("-", "_"), help=argparse.SUPPRESS)
+    parser.add_argument("script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def torchrun_argv(args: argparse.Namespace, python: str = sys.executable) -> list[str]:
+    """The torchrun command `record --distributed` runs: each rank is `python -m ckpt_viz.distributed SCRIPT ...`."""
+    argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc_per_node)]
+    passed = [(flag, getattr(args, "torchrun_" + flag[2:].replace("-", "_"))) for flag in _TORCHRUN_VALUE_FLAGS]
+    passed = [(flag, value) for flag, value in passed if value is not None]
+    if not any(flag == "--nnodes" for flag, _ in passed):
+        argv.append("--standalone")
+    for flag, value in passed:
+        argv += [flag, value]
+    return [*argv, "-m", "ckpt_viz.distributed", args.script, *args.script_args]
+
+
+def record_distributed_command(argv: list[str]) -> int:
+    import subprocess
+
+    from ckpt_viz.errors import CkptVizError
+
+    args = distributed_parser().parse_args(argv)
+    if not os.path.isfile(args.script):
+        raise CkptVizError(f"ckpt-viz record --distributed: no script '{args.script}'.\nTip: pass the path of the "
+                           "training script that torchrun should run, e.g. examples/pipelining_torchrun.py.")
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    before = set(os.listdir(out))
+    env = {**os.environ, "CKPT_VIZ_DISTRIBUTED_DIR": out}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    done = subprocess.run(torchrun_argv(args), env=env)
+    if done.returncode != 0:
+        print(f"ckpt-viz record --distributed: torchrun exited with status {done.returncode}; rank files so far "
+              f"are in {out}.", file=sys.stderr)
+        return done.returncode
+    new = sorted(set(os.listdir(out)) - before)
+    if args.no_merge or args.torchrun_nnodes not in (None, "1") or len(new) != 1:
+        print(f"rank traces in {out}" + (f"/{new[0]}" if len(new) == 1 else "") +
+              "; merge them with `ckpt-viz merge <folder>`")
+        return 0
+    from ckpt_viz.cli.merge import merge_command
+
+    return merge_command(argparse.Namespace(dir=os.path.join(out, new[0]), output=None))

@@ -1,0 +1,314 @@
+"""`ckpt-viz merge DIR`: the per-rank trace files of one distributed run as one trace with a rank dimension.
+
+Owns `find_rank_files`, `merge_traces` (pure: rank traces in, merged trace and its alignment report
+out) and `merge_command`. Standard library only (torch-free): it reads the files that
+`ckpt_viz.distributed.save_rank_trace` wrote (`<dir>/<run id>/rank-<R>.json`, header in
+`meta["distributed"]`) and writes the merged trace atomically (`Trace.save`).
+
+NOTE [ Merging rank traces ]
+  1. Clocks: rank r's event time t (its monotonic ns) becomes rank 0's clock as t + offset(t).
+     offset is the header's Cristian estimate `clock.offset_to_rank0_ns`; when the header also
+     holds an end anchor (`clock_end`, measured again at save time) the offset is fitted as a
+     line between the two (drift). A header without an offset falls back to the wall-clock
+     anchors (NTP): offset = (wall_r - mono_r) - (wall_0 - mono_0).
+  2. The alignment is checked by the pipeline's own order: a stage receives only what another
+     stage sent, so the first event of F(s+1, m) comes after the last event of F(s, m), and the
+     first event of I|B(s-1, m) after the last event of I|B(s, m) (same step). Each such edge
+     between two ranks has a slack (consumer's first event minus producer's last event);
+     a negative slack is a receive before its send, i.e. a clock error of at least that much.
+  3. Events are merged in aligned-time order (ties: rank, then the rank's own order), renumbered
+     seq 0..N-1, and keep their tags with `rank` set. Handle ids are per rank in the files;
+     they are renumbered (rank, id) -> one id, in order of first appearance, in `handle_id`,
+     in `data["handles"]` and in the graph snapshots' nodes.
+  4. Memory: after each rank's sample the merged sample is the sum of every rank's latest
+     sample (by category) and the union of their `by_stage` (stage indices are global).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from ckpt_viz.errors import TraceError
+from ckpt_viz.events import Event
+from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace
+
+__all__ = ["find_rank_files", "merge_command", "merge_run", "merge_traces"]
+
+_API = "ckpt-viz merge"
+_RANK_FILE = re.compile(r"^rank-(\d+)\.json(\.gz)?$")
+
+
+def _fail(what: str, tip: str) -> TraceError:
+    return TraceError(f"{_API}: {what}\nTip: {tip}")
+
+
+def find_rank_files(folder: str) -> tuple[str, dict[int, str]]:
+    """(run folder, {rank: file}) of `folder`: a run folder itself, or a folder holding exactly one run folder."""
+    if not os.path.isdir(folder):
+        raise _fail(f"'{folder}' is not a folder.", "pass the --out folder of the distributed run "
+                    "(it holds <run id>/rank-<R>.json), or one <run id> folder inside it.")
+
+    def ranks_in(path: str) -> dict[int, str]:
+        found = {}
+        for name in sorted(os.listdir(path)):
+            match = _RANK_FILE.match(name)
+            if match and os.path.isfile(os.path.join(path, name)):
+                found[int(match.group(1))] = os.path.join(path, name)
+        return found
+
+    files = ranks_in(folder)
+    if files:
+        return folder, files
+    runs = [d for d in sorted(os.listdir(folder))
+            if os.path.isdir(os.path.join(folder, d)) and ranks_in(os.path.join(folder, d))]
+    if not runs:
+        raise _fail(f"'{folder}' holds no rank files (rank-<R>.json), neither directly nor in a run folder.",
+                    "record with `ckpt-viz record --distributed`, CKPT_VIZ_DISTRIBUTED_DIR or "
+                    "ckpt_viz.distributed.enable(dir), then pass that folder.")
+    if len(runs) > 1:
+        raise _fail(f"'{folder}' holds {len(runs)} runs ({', '.join(runs)}); one merge takes one run.",
+                    f"pass one of them, e.g. `ckpt-viz merge {os.path.join(folder, runs[-1])}`.")
+    path = os.path.join(folder, runs[0])
+    return path, ranks_in(path)
+
+
+def _headers(traces: dict[int, Trace], where: str) -> dict[int, dict[str, Any]]:
+    headers = {}
+    for rank, trace in traces.items():
+        header = trace.meta.get("distributed")
+        if not isinstance(header, dict):
+            raise _fail(f"rank {rank}'s trace in '{where}' has no distributed header (meta['distributed']).",
+                        "write rank files with ckpt_viz.distributed.save_rank_trace (or record with "
+                        "`ckpt-viz record --distributed`).")
+        if header.get("rank") != rank:
+            raise _fail(f"the file of rank {rank} in '{where}' holds rank {header.get('rank')!r}'s trace.",
+                        "keep the rank-<R>.json names that save_rank_trace wrote.")
+        headers[rank] = header
+    run_ids = {h.get("run_id") for h in headers.values()}
+    if len(run_ids) > 1:
+        raise _fail(f"the rank files in '{where}' come from different runs ({', '.join(sorted(map(str, run_ids)))}).",
+                    "merge the files of one run only: each run writes its own <run id> folder.")
+    worlds = {h.get("world_size") for h in headers.values()}
+    if len(worlds) > 1 or not all(isinstance(w, int) and w > 0 for w in worlds):
+        raise _fail(f"the rank files in '{where}' disagree on the world size ({sorted(map(str, worlds))}).",
+                    "merge the files of one run only.")
+    (world,) = worlds
+    missing = sorted(set(range(world)) - set(headers))
+    extra = sorted(set(headers) - set(range(world)))
+    if missing or extra:
+        what = f"ranks {missing} are missing" if missing else f"ranks {extra} are outside the world size {world}"
+        raise _fail(f"run {next(iter(run_ids))} in '{where}' is partial: {what} (world size {world}, found "
+                    f"{sorted(headers)}).", "wait for every rank to finish (each writes its file at exit), or "
+                    "look for a rank that failed in the launcher's log.")
+    return headers
+
+
+def _offset_fn(header: dict[str, Any], base: dict[str, Any]) -> tuple[Any, str]:
+    """(t -> offset_ns, how it was measured); see NOTE [ Merging rank traces ], rule 1."""
+    clock = header.get("clock") or {}
+    offset = clock.get("offset_to_rank0_ns")
+    end = header.get("clock_end") or {}
+    end_offset = end.get("offset_to_rank0_ns")
+    if isinstance(offset, int) and isinstance(end_offset, int) and end.get("mono_ns", 0) > clock.get("mono_ns", 0):
+        t0, t1 = clock["mono_ns"], end["mono_ns"]
+        slope = (end_offset - offset) / (t1 - t0)
+        return (lambda t: offset + round(slope * (t - t0))), "offset against rank 0 with a drift fit (two anchors)"
+    if isinstance(offset, int):
+        return (lambda t: offset), "offset against rank 0 (one anchor)"
+    base_clock = base.get("clock") or {}
+    try:
+        wall = (clock["wall_ns"] - clock["mono_ns"]) - (base_clock["wall_ns"] - base_clock["mono_ns"])
+    except (KeyError, TypeError):
+        return (lambda t: 0), "none (no offset, no anchors): clocks taken as one"
+    return (lambda t: wall), "wall-clock anchors (NTP)"
+
+
+def _spans(events: Iterable[Event]) -> dict[tuple, list[int]]:
+    """(step, stage, microbatch, action) -> [first t_ns, last t_ns, rank] of the events inside that action."""
+    spans: dict[tuple, list[int]] = {}
+    for e in events:
+        tags = e.tags
+        action = tags.get("action")
+        if action not in ("F", "I", "W", "B"):
+            continue
+        key = (tags.get("step"), tags.get("stage"), tags.get("microbatch"), action)
+        span = spans.get(key)
+        if span is None:
+            spans[key] = [e.t_ns, e.t_ns, tags.get("rank")]
+        else:
+            span[0], span[1] = min(span[0], e.t_ns), max(span[1], e.t_ns)
+    return spans
+
+
+def check_order(events: list[Event]) -> dict[str, Any]:
+    """The send-before-receive check of NOTE [ Merging rank traces ], rule 2, on aligned events."""
+    spans = _spans(events)
+    checked, bad, worst = 0, [], None
+    slack_by_pair: dict[str, int] = {}
+    for (step, stage, mb, action), (first, _, rank) in spans.items():
+        if not isinstance(stage, int):
+            continue
+        if action == "F":
+            producers = [(step, stage - 1, mb, "F")]
+        elif action in ("I", "B"):
+            producers = [(step, stage + 1, mb, "I"), (step, stage + 1, mb, "B")]
+        else:
+            continue
+        for key in producers:
+            producer = spans.get(key)
+            if producer is None or producer[2] == rank:
+                continue
+            slack = first - producer[1]
+            checked += 1
+            pair = f"{producer[2]}->{rank}"
+            slack_by_pair[pair] = min(slack, slack_by_pair.get(pair, slack))
+            if slack < 0:
+                bad.append({"receiver": f"{stage}{action}{mb}", "sender": f"{key[1]}{key[3]}{mb}", "step": step,
+                            "slack_ns": slack})
+            if worst is None or slack < worst:
+                worst = slack
+    return {"edges_checked": checked, "receives_before_send": len(bad), "min_slack_ns": worst,
+            "min_slack_ns_by_ranks": dict(sorted(slack_by_pair.items())), "violations": bad[:20]}
+
+
+def merge_traces(traces: dict[int, Trace], where: str = "the run") -> Trace:
+    """One trace of every rank's events, aligned to rank 0's clock; see NOTE [ Merging rank traces ].
+
+    `meta["distributed"]` of the result holds the run id, world size, every rank's header,
+    how each clock was aligned, and the send-before-receive check (`alignment`).
+    """
+    headers = _headers(traces, where)
+    base = headers[0]
+    aligned: list[tuple[int, int, int, Event]] = []  # (t, rank, order, event)
+    clocks, offsets = {}, {}
+    for rank in sorted(traces):
+        offset, how = _offset_fn(headers[rank], base) if rank else ((lambda t: 0), "the reference clock")
+        offsets[rank], clocks[str(rank)] = offset, how
+        for order, e in enumerate(traces[rank].events):
+            aligned.append((e.t_ns + offset(e.t_ns), rank, order, e))
+    aligned.sort(key=lambda item: item[:3])
+    handle_ids: dict[tuple[int, int], int] = {}
+
+    def hid(rank: int, h: Any) -> Any:
+        if not isinstance(h, int):
+            return h
+        return handle_ids.setdefault((rank, h), len(handle_ids))
+
+    new_seq: dict[tuple[int, int], int] = {}
+    events: list[Event] = []
+    for seq, (t, rank, _, e) in enumerate(aligned):
+        new_seq[rank, e.seq] = seq
+        data = e.data
+        if isinstance(data.get("handles"), list):
+            data = {**data, "handles": [hid(rank, h) for h in data["handles"]]}
+        events.append(Event(seq=seq, t_ns=t, kind=e.kind, handle_id=hid(rank, e.handle_id), mode=e.mode,
+                            phase=e.phase, session_id=e.session_id, tags={**e.tags, "rank": rank}, site=e.site,
+                            thread_id=e.thread_id, data=dict(data)))
+    memory = _merge_memory(traces, offsets, new_seq)
+    graphs = []
+    for rank in sorted(traces):
+        for g in traces[rank].graphs:
+            if (rank, g.seq) not in new_seq and g.seq >= 0:
+                continue
+            nodes = [{**n, "handle_id": hid(rank, n.get("handle_id"))} for n in g.nodes]
+            graphs.append(GraphSnapshot(seq=new_seq.get((rank, g.seq), -1), label=f"rank {rank}: {g.label}",
+                                        nodes=nodes, edges=g.edges))
+    graphs.sort(key=lambda g: g.seq)
+    first = traces[0].meta
+    meta = {k: v for k, v in first.items() if k not in ("distributed", "leftover", "sources")}
+    sources: dict[str, str] = {}
+    for trace in traces.values():
+        sources.update(trace.meta.get("sources") or {})
+    meta.update(
+        mode=first.get("mode") or "distributed-pipeline",
+        schedule=base.get("schedule") or first.get("schedule"),
+        microbatches=base.get("microbatches"),
+        sources=sources,
+        distributed={"run_id": base.get("run_id"), "world_size": base.get("world_size"), "merged": True,
+                     "ranks": {str(r): headers[r] for r in sorted(headers)},
+                     "stages_by_rank": {str(r): headers[r].get("stages") for r in sorted(headers)},
+                     "planned_order": _planned(headers), "clock_alignment": clocks,
+                     "alignment": check_order(events)})
+    return Trace(events=events, memory=memory, graphs=graphs, meta=meta)
+
+
+def _planned(headers: dict[int, dict[str, Any]]) -> dict[str, list] | None:
+    """Every rank's planned order (the same dict in every header; rank 0's when present)."""
+    for rank in sorted(headers):
+        planned = headers[rank].get("planned_order")
+        if planned:
+            return planned
+    return None
+
+
+def _merge_memory(traces: dict[int, Trace], offsets: dict[int, Any],
+                  new_seq: dict[tuple[int, int], int]) -> list[MemorySample]:
+    """See NOTE [ Merging rank traces ], rule 4."""
+    readings = []
+    for rank, trace in traces.items():
+        offset = offsets[rank]
+        for s in trace.memory:
+            seq = new_seq.get((rank, s.seq))
+            if seq is not None:
+                readings.append((seq, rank, s, s.t_ns + offset(s.t_ns)))
+    readings.sort(key=lambda r: (r[0], r[1]))
+    latest: dict[int, MemorySample] = {}
+    out: list[MemorySample] = []
+    for seq, rank, sample, t in readings:
+        latest[rank] = sample
+        totals: dict[str, int] = {}
+        by_stage: dict[str, dict[str, int]] = {}
+        device = None
+        for s in latest.values():
+            for c, n in s.bytes_by_category.items():
+                totals[c] = totals.get(c, 0) + n
+            by_stage.update(s.by_stage or {})
+            if s.device_allocated is not None:
+                device = (device or 0) + s.device_allocated
+        if out and out[-1].seq == seq:
+            out.pop()
+        out.append(MemorySample(seq=seq, t_ns=t, bytes_by_category=totals, device_allocated=device,
+                                by_stage=by_stage))
+    return out
+
+
+def merge_run(folder: str) -> tuple[Trace, str]:
+    """(merged trace, run folder) of the run in `folder` (see `find_rank_files`)."""
+    run, files = find_rank_files(folder)
+    traces = {rank: Trace.load(path) for rank, path in files.items()}
+    return merge_traces(traces, run), run
+
+
+def _describe(trace: Trace, run: str, output: str) -> str:
+    dist = trace.meta["distributed"]
+    check = dist["alignment"]
+    lines = [f"merged {dist['world_size']} ranks of run {dist['run_id']} ({run}): {len(trace.events)} events, "
+             f"{len({e.handle_id for e in trace.events if e.handle_id is not None})} handles -> {output}"]
+    for rank, how in dist["clock_alignment"].items():
+        lines.append(f"  rank {rank} clock: {how}")
+    if not check["edges_checked"]:
+        lines.append("  clock check: no send/receive pair between ranks was recorded (nothing to check)")
+    elif check["receives_before_send"]:
+        lines.append(f"  clock check FAILED: {check['receives_before_send']} of {check['edges_checked']} receives "
+                     f"come before their send (worst by {-check['min_slack_ns'] / 1000:.1f} us): the clocks are off "
+                     "by at least that much; times between ranks are not reliable.")
+    else:
+        lines.append(f"  clock check: every receive comes after its send ({check['edges_checked']} send/receive "
+                     f"pairs between ranks, smallest gap {check['min_slack_ns'] / 1000:.1f} us)")
+    return "\n".join(lines)
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    from ckpt_viz.trace.files import check_writable
+
+    run, files = find_rank_files(args.dir)
+    output = args.output or os.path.join(run, "merged.json")
+    check_writable(output, _API)
+    traces = {rank: Trace.load(path) for rank, path in files.items()}
+    trace = merge_traces(traces, run)
+    trace.save(output)
+    print(_describe(trace, run, output))
+    return 0 if not trace.meta["distributed"]["alignment"]["receives_before_send"] else 1
