@@ -10,6 +10,7 @@ pg = st.navigation({
                 st.Page("views/memory.py", title="Memory", icon=":material/memory:"),
                 st.Page("views/handles.py", title="Handles", icon=":material/bug_report:"),
                 st.Page("views/routing.py", title="Routing (DX/DW)", icon=":material/alt_route:"),
+                st.Page("views/timeline.py", title="Schedule timeline", icon=":material/view_timeline:"),
                 st.Page("views/events.py", title="Events", icon=":material/list:")],
     "Compare": [st.Page("views/compare.py", title="Compare modes", icon=":material/compare:")],
 })

@@ -5,6 +5,11 @@ Pure function of the trace; standard library only.
 Layout:
 - one process per pipeline stage (stage 0 when the trace has none), one thread
   (track) per phase: "forward", "ordinary", "dx", "dw", "prefire";
+- a trace whose events carry a `rank` tag (a merged multi-rank trace, `ckpt-viz merge`)
+  instead has one process per rank and one track per stage of that rank; each schedule
+  action (F, I, W, B: the events tagged with one step, stage, micro-batch and action)
+  is a slice ("I mb2 (DX)") from its first event to its last, with the forwards,
+  engine visits and replays of that action nested inside it;
 - complete slices ("X") for each handle's forward, each engine visit (backward
   entered -> grads routed / released) and each replay, nested inside the visit
   that triggered it; a track never holds two slices that overlap without nesting;
@@ -14,6 +19,7 @@ Layout:
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ckpt_viz.events import Event
@@ -74,6 +80,33 @@ def _tid(name: str) -> int:
     return TRACKS.index(name) + 1
 
 
+def _one_track(lane: int, name: str) -> int:
+    return lane
+
+
+_ACTION_NAMES = {"I": "I", "W": "W", "DX": "DX", "DW": "DW", "F": "F", "B": "B"}
+_ACTION_PASS = {"I": " (DX)", "W": " (DW)"}
+
+
+def _action_key(event: Event) -> tuple | None:
+    tags = event.tags or {}
+    if tags.get("action") not in _ACTION_NAMES or not isinstance(tags.get("stage"), int):
+        return None
+    return (tags.get("rank"), tags.get("step"), tags["stage"], tags.get("microbatch"), tags["action"])
+
+
+def _action_spans(events: list[Event]) -> tuple[dict[int, tuple], dict[int, tuple]]:
+    """(first seq -> action key, last seq -> action key) of every schedule action of a ranked trace."""
+    first: dict[tuple, int] = {}
+    last: dict[tuple, int] = {}
+    for e in events:
+        key = _action_key(e)
+        if key is not None:
+            first.setdefault(key, e.seq)
+            last[key] = e.seq
+    return {v: k for k, v in first.items()}, {v: k for k, v in last.items()}
+
+
 def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Return the Chrome trace-event JSON object (a dict with "traceEvents")."""
     events = list(events)
@@ -86,28 +119,43 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
     releases: dict[int, int] = {}
     flows: list[dict[str, Any]] = []
     stages: set[int] = set()
+    ranked = any("rank" in (e.tags or {}) for e in events)
+    lanes: dict[int, set[int]] = {}  # ranked: rank -> its stages
+    opens, closes = _action_spans(events) if ranked else ({}, {})
     for e in events:
-        pid = _stage(e)
-        stages.add(pid)
+        if ranked:  # one process per rank, one track per stage: every slice of a stage on it (nested)
+            pid = int(e.tags.get("rank") or 0)
+            stage = e.tags.get("stage")
+            lane = stage + 1 if isinstance(stage, int) else 0  # 0: outside any stage (e.g. a late collection)
+            lanes.setdefault(pid, set()).add(lane - 1)
+            tid_of = functools.partial(_one_track, lane)  # the phase tracks fold into the stage's
+            key = opens.get(e.seq)
+            if key is not None:
+                _, step, stage, mb, action = key
+                tracks.open(pid, lane, ("action", key), f"{action} mb{mb}{_ACTION_PASS.get(action, '')}", e.t_ns,
+                            {"step": step, "stage": stage, "microbatch": mb, "action": action, "seq": e.seq})
+        else:
+            pid, tid_of = _stage(e), _tid
+            stages.add(pid)
         h = e.handle_id
         ts = _us(e.t_ns, origin)
         args = {"seq": e.seq, **({"site": e.site} if e.site else {})}
         if e.kind == "forward_started":
-            tracks.open(pid, _tid("forward"), ("fwd", h), f"F {_label(e)}", e.t_ns, args)
+            tracks.open(pid, tid_of("forward"), ("fwd", h), f"F {_label(e)}", e.t_ns, args)
         elif e.kind in ("forward_finished", "forward_failed"):
-            tracks.close(pid, _tid("forward"), ("fwd", h), e.t_ns, {"end": e.kind})
+            tracks.close(pid, tid_of("forward"), ("fwd", h), e.t_ns, {"end": e.kind})
         elif e.kind == "backward_entered":
             track = e.phase if e.phase in ("dx", "dw") else "ordinary"
-            visits[h] = (pid, _tid(track))
+            visits[h] = (pid, tid_of(track))
             name = {"dx": "DX", "dw": "DW"}.get(track, "B")
-            tracks.open(pid, _tid(track), ("visit", h), f"{name} {_label(e)}", e.t_ns, args)
+            tracks.open(pid, tid_of(track), ("visit", h), f"{name} {_label(e)}", e.t_ns, args)
         elif e.kind == "replay_started":
             if h in visits:
                 where = visits[h]
             elif e.data.get("trigger") == "prefire":
-                where = (pid, _tid("prefire"))
+                where = (pid, tid_of("prefire"))
             else:  # a non-reentrant recompute inside the outer backward
-                where = (pid, _tid(e.phase if e.phase in ("dx", "dw") else "ordinary"))
+                where = (pid, tid_of(e.phase if e.phase in ("dx", "dw") else "ordinary"))
             replays[h] = where
             tracks.open(*where, ("replay", h), f"replay {_label(e)}", e.t_ns,
                         {**args, "trigger": e.data.get("trigger")})
@@ -118,25 +166,35 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
         if e.kind == "released":
             releases[h] = e.seq
             flows.append({"ph": "s", "id": e.seq, "name": "released", "cat": "release", "pid": pid,
-                          "tid": _tid("forward"), "ts": ts})
+                          "tid": tid_of("forward"), "ts": ts})
             tracks.events.append({"ph": "i", "s": "t", "name": f"released {_label(e)}", "pid": pid,
-                                  "tid": _tid("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
         elif e.kind == "replay_refused":
             tracks.events.append({"ph": "i", "s": "t", "name": f"replay refused {_label(e)}", "pid": pid,
-                                  "tid": _tid("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
             if h in releases:
                 flows.append({"ph": "f", "bp": "e", "id": releases[h], "name": "released", "cat": "release",
-                              "pid": pid, "tid": _tid("forward"), "ts": ts})
+                              "pid": pid, "tid": tid_of("forward"), "ts": ts})
+        if ranked and e.seq in closes:
+            tracks.close(pid, lane, ("action", closes[e.seq]), e.t_ns)
     tracks.finish(events[-1].t_ns)
     out = tracks.events + flows
     for sample in memory or ():
         for category, nbytes in sample.bytes_by_category.items():
             out.append({"ph": "C", "name": f"memory: {category}", "pid": _MEMORY_PID, "tid": 0,
                         "ts": _us(sample.t_ns, origin), "args": {"bytes": nbytes}})
-    names = [{"ph": "M", "name": "process_name", "pid": s, "tid": 0, "args": {"name": f"stage {s}"}}
-             for s in sorted(stages)]
-    names += [{"ph": "M", "name": "thread_name", "pid": s, "tid": _tid(t), "args": {"name": t}}
-              for s in sorted(stages) for t in TRACKS]
+    if ranked:
+        names = [{"ph": "M", "name": "process_name", "pid": r, "tid": 0,
+                  "args": {"name": f"rank {r} (stages {', '.join(str(s) for s in sorted(lanes[r]) if s >= 0)})"}}
+                 for r in sorted(lanes)]
+        names += [{"ph": "M", "name": "thread_name", "pid": r, "tid": st + 1,
+                   "args": {"name": f"stage {st}" if st >= 0 else "outside any stage"}}
+                  for r in sorted(lanes) for st in sorted(lanes[r])]
+    else:
+        names = [{"ph": "M", "name": "process_name", "pid": s, "tid": 0, "args": {"name": f"stage {s}"}}
+                 for s in sorted(stages)]
+        names += [{"ph": "M", "name": "thread_name", "pid": s, "tid": _tid(t), "args": {"name": t}}
+                  for s in sorted(stages) for t in TRACKS]
     if memory:
         names.append({"ph": "M", "name": "process_name", "pid": _MEMORY_PID, "tid": 0, "args": {"name": "memory"}})
     return {"traceEvents": names + out, "displayTimeUnit": "ms", "metadata": dict(meta or {})}

@@ -37,26 +37,30 @@ CASES: dict[str, tuple[str, int, bool, bool]] = {
     "ZBVZeroBubble": ("ScheduleZBVZeroBubble", 2, True, False),
     "LoopedBFS": ("ScheduleLoopedBFS", 2, False, False),
     "DualPipeV": ("ScheduleDualPipeV", 2, True, False),
+    "ZBVZeroBubble-nonreentrant": ("ScheduleZBVZeroBubble", 2, True, False),
+    "1F1B-nonreentrant": ("Schedule1F1B", 1, False, False),
 }
+NONREENTRANT = {"ZBVZeroBubble-nonreentrant", "1F1B-nonreentrant"}  # the stages checkpoint with use_reentrant=False
 
 
 class Chunk(nn.Module):
     """One pipeline stage: a linear outside any checkpoint, then a checkpointed block."""
 
-    def __init__(self) -> None:
+    def __init__(self, reentrant: bool = True) -> None:
         super().__init__()
         self.inp = nn.Linear(WIDTH, WIDTH)
         self.block = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, WIDTH))
+        self.reentrant = reentrant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.tanh(self.inp(x))
-        return checkpoint(self.block, x, use_reentrant=True)
+        return checkpoint(self.block, x, use_reentrant=self.reentrant)
 
 
 class Model(nn.Module):
-    def __init__(self, stages: int) -> None:
+    def __init__(self, stages: int, reentrant: bool = True) -> None:
         super().__init__()
-        self.chunks = nn.ModuleList(Chunk() for _ in range(stages))
+        self.chunks = nn.ModuleList(Chunk(reentrant) for _ in range(stages))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for chunk in self.chunks:
@@ -64,9 +68,9 @@ class Model(nn.Module):
         return x
 
 
-def build(stages: int) -> Model:
+def build(stages: int, reentrant: bool = True) -> Model:
     torch.manual_seed(SEED)
-    return Model(stages)
+    return Model(stages, reentrant)
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +104,7 @@ def reference(case: str, world: int) -> list[dict[str, torch.Tensor]]:
 def run_case(case: str, rank: int, world: int, out_dir: str) -> None:
     schedule_name, per_rank, v, static = CASES[case]
     total = world * per_rank
-    model = build(total)
+    model = build(total, reentrant=case not in NONREENTRANT)
     mine = stage_indices(rank, world, per_rank, v)
     stages = []
     for index in mine:

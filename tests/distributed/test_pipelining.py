@@ -18,8 +18,6 @@ from __future__ import annotations
 import collections
 import os
 import socket
-import subprocess
-import sys
 
 import pipelining_worker as worker
 import pytest
@@ -32,35 +30,10 @@ pytestmark = pytest.mark.slow
 
 WORLD = 2
 CASES = list(worker.CASES)
+REENTRANT = [c for c in CASES if c not in worker.NONREENTRANT]
 ZERO_BUBBLE = ["InterleavedZeroBubble", "ZBVZeroBubble"]
 # the backward actions each schedule runs (all others: only B); DualPipeV mixes B with I and W
 BACKWARD_ACTIONS = {"InterleavedZeroBubble": {"I", "W"}, "ZBVZeroBubble": {"I", "W"}, "DualPipeV": {"B", "I", "W"}}
-SPAWN_TIMEOUT_S = 120
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def out_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    # Spawned from a fresh interpreter started with -c: torch's spawn re-runs the parent's __main__ file in
-    # each rank, and inside a full test run that can be another test's script (AppTest leaves the app's).
-    folder = str(tmp_path_factory.mktemp("pipelining"))
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import pipelining_worker as w; "
-            "import torch.multiprocessing as mp; "
-            "mp.spawn(w.worker, args=(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5].split(',')), "
-            "nprocs=int(sys.argv[2]))")
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        argv = [sys.executable, "-c", code, here, str(WORLD), folder, str(_free_port()), ",".join(CASES)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SPAWN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the {WORLD} spawned ranks did not finish within {SPAWN_TIMEOUT_S} s")
-    assert proc.returncode == 0, f"the ranks failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-    return folder
 
 
 def _traces(folder: str, case: str) -> list[Trace]:
@@ -90,7 +63,7 @@ def test_gradients_match_reference(out_dir: str, case: str) -> None:
                                        msg=lambda m, n=name, s=step: f"step {s}, {n}: {m}")
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", REENTRANT)
 def test_checkpoint_phases_follow_the_action(out_dir: str, case: str) -> None:
     allowed = {"F": {"ordinary"}, "I": {"dx"}, "W": {"dw"}, "B": {"dx", "dw"}, "META": {"ordinary", "dx"}}
     for rank, trace in enumerate(_traces(out_dir, case)):
@@ -111,7 +84,7 @@ def test_checkpoint_phases_follow_the_action(out_dir: str, case: str) -> None:
             assert seen["B", "dw"] > 0
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", REENTRANT)
 def test_each_region_replays_once_per_microbatch(out_dir: str, case: str) -> None:
     for trace in _traces(out_dir, case):
         created = collections.Counter()
@@ -132,7 +105,7 @@ def test_each_region_replays_once_per_microbatch(out_dir: str, case: str) -> Non
         assert replayed == created
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.endswith("-static")])
+@pytest.mark.parametrize("case", [c for c in REENTRANT if not c.endswith("-static")])
 def test_metadata_inference_is_tagged_and_computes_dx_only(out_dir: str, case: str) -> None:
     for trace in _traces(out_dir, case):
         meta = [e for e in _checkpoint_events(trace) if e.tags.get("action") == "META"]
@@ -143,6 +116,37 @@ def test_metadata_inference_is_tagged_and_computes_dx_only(out_dir: str, case: s
         assert released and set(released) == {"explicit_release"}
     static = _traces(out_dir, "1F1B-static")
     assert not any(e.tags.get("action") == "META" for t in static for e in t)
+
+
+@pytest.mark.parametrize("case", sorted(worker.NONREENTRANT))
+def test_nonreentrant_checkpoints_inside_stages(out_dir: str, case: str) -> None:
+    """torch-style non-reentrant checkpoints in a stage: one handle per micro-batch in F, recomputed inside the
+    backward actions, once per backward pass that reaches it (I, W, and B's two passes); the gradients are
+    checked by test_gradients_match_reference."""
+    backward = BACKWARD_ACTIONS.get(case.removesuffix("-nonreentrant"), {"B"})
+    for trace in _traces(out_dir, case):
+        created, replays = collections.Counter(), collections.Counter()
+        for event in trace:
+            tags = event.tags
+            if event.mode != "nonreentrant" or tags.get("action") == "META":
+                continue
+            key = (tags["step"], tags["stage"], tags["microbatch"])
+            if event.kind == "handle_created":
+                assert tags["action"] == "F"
+                created[key] += 1
+            elif event.kind == "replay_started":
+                assert tags["action"] in backward
+                replays[key, tags["action"]] += 1
+        expected = {(step, stage, mb) for step in range(worker.STEPS) for stage in trace.meta["distributed"]["stages"]
+                    for mb in range(worker.MICROBATCHES)}
+        assert set(created) == expected and set(created.values()) == {1}
+        assert {key for key, _ in replays} == expected
+        assert all(n == 1 for (_, a), n in replays.items() if a != "B")
+        # B is two passes (DX, then DW): stage 0's DX reaches nothing (1 recompute), a later stage's both (2)
+        assert {((key[1] == 0), n) for (key, a), n in replays.items() if a == "B"} <= {(True, 1), (False, 2)}
+        if backward == {"I", "W"}:  # stage 0 computes nothing in I (its input needs no grad)
+            assert {a for (_, stage, _), a in replays if stage == 0} == {"W"}
+            assert {a for (_, stage, _), a in replays if stage != 0} == {"I", "W"}
 
 
 @pytest.mark.parametrize("case", ZERO_BUBBLE)

@@ -1,4 +1,8 @@
-"""examples/pipelining_torchrun.py under real torchrun (--standalone, 2 processes, gloo): one trace per rank."""
+"""examples/pipelining_torchrun.py under `ckpt-viz record --distributed` (real torchrun --standalone, 2 ranks, gloo).
+
+The command runs torchrun with each rank as `python -m ckpt_viz.distributed SCRIPT` (recorded through
+CKPT_VIZ_DISTRIBUTED_DIR, the script's own `enable(--out)` then doing nothing), and merges the rank files.
+"""
 from __future__ import annotations
 
 import os
@@ -15,23 +19,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLE = os.path.join(ROOT, "examples", "pipelining_torchrun.py")
 
 
-def test_example_runs_under_torchrun(tmp_path) -> None:
+def test_example_runs_under_ckpt_viz_record_distributed(tmp_path) -> None:
     out = tmp_path / "traces"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("CKPT_VIZ_DISTRIBUTED_DIR", None)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", EXAMPLE,
-         "--out", str(out), "--schedule", "ZBVZeroBubble", "--steps", "1"],
+        [sys.executable, "-m", "ckpt_viz", "record", "--distributed", "--nproc-per-node", "2", "--out", str(out),
+         EXAMPLE, "--schedule", "ZBVZeroBubble", "--steps", "1", "--out", str(tmp_path / "unused")],
         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert not (tmp_path / "unused").exists()  # the script's enable(--out) did nothing: the rank was recorded already
     (run_id,) = os.listdir(out)
-    assert sorted(os.listdir(out / run_id)) == ["rank-0.json", "rank-1.json"]
+    assert sorted(os.listdir(out / run_id)) == ["merged.json", "rank-0.json", "rank-1.json"]
     for rank in range(2):
         trace = Trace.load(out / run_id / f"rank-{rank}.json")
         header = trace.meta["distributed"]
         assert (header["run_id"], header["rank"], header["world_size"]) == (run_id, rank, 2)
-        assert header["stages"] == [rank, 3 - rank]
+        assert header["stages"] == [rank, 3 - rank] and header["schedule"] == "ScheduleZBVZeroBubble"
+        assert header["steps"] == 1 and header["planned_order"]
+        assert "clock_end" in header  # measured again in destroy_process_group: the merge fits drift
+        assert (trace.meta["model"], trace.meta["mode"]) == ("pipelining_torchrun", "pipeline")
         replays = [e for e in trace if e.kind == "replay_started"]
-        assert {e.tags["rank"] for e in replays} == {rank}
+        assert {e.tags["rank"] for e in replays} == {rank} and {e.tags["step"] for e in replays} == {0}
         assert {(e.tags["action"], e.phase) for e in replays if e.tags["microbatch"] >= 0} == (
             {("W", "dw"), ("I", "dx")} if rank == 0 else {("I", "dx")})
-        assert f"rank {rank}: {len(trace)} events -> " in done.stdout
+    merged = Trace.load(out / run_id / "merged.json")
+    assert {e.tags["rank"] for e in merged} == {0, 1}
+    check = merged.meta["distributed"]["alignment"]
+    assert check["edges_checked"] > 0 and check["receives_before_send"] == 0
+    assert "every receive comes after its send" in done.stdout
