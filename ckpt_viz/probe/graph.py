@@ -11,6 +11,9 @@ NOTE [ Snapshots never replay ]
      the region (torchviz's `show_saved` does exactly that).
   2. A retained reentrant replay (`handle.replay_outputs`) is walked too, and drawn
      inside its handle's region; reading it does not replay anything.
+  3. The snapshot also keeps `torchviz.make_dot`'s own DOT of the same roots (the
+     app's "plain autograd (torchviz)" view), drawn without a replay: see NOTE
+     [ make_dot without a replay ] in `ckpt_viz.probe.makedot`.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from ckpt_viz.probe.makedot import make_dot_source
 from ckpt_viz.runtime.graphmark import EXCLUDE_KEY, HANDLE_KEY
 from ckpt_viz.runtime.reentrant import ReentrantCheckpointHandle
 from ckpt_viz.trace import GraphSnapshot
@@ -31,7 +35,8 @@ def _shape(t: torch.Tensor) -> list[int]:
     return [int(d) for d in t.shape]
 
 
-def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str] | None = None) -> GraphSnapshot:
+def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str] | None = None,
+                  torchviz: bool = True) -> GraphSnapshot:
     """Walk the graph behind `roots` (tensors) and return it as plain data.
 
     Args:
@@ -39,11 +44,13 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
         label: what the snapshot shows, e.g. "before backward".
         seq: the event seq it belongs to.
         names: id(parameter) -> qualified name, e.g. from `model.named_parameters()`.
+        torchviz: also keep `torchviz.make_dot`'s DOT of the roots (NOTE rule 3).
 
     Returns:
         A `GraphSnapshot`; nodes carry id, name, kind, handle_id, dx_reached,
         dw_reached, shape, and where known `exclude` (the excluded region's id) and
-        `replay` (True for nodes of a retained reentrant replay).
+        `replay` (True for nodes of a retained reentrant replay); `torchviz` holds
+        make_dot's DOT source (None when torchviz is not installed).
     """
     names = names or {}
     ids: dict[int, int] = {}
@@ -51,6 +58,7 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
     edges: list[list[int]] = []
     triggers: dict[int, int] = {}
     keep_alive: list[Any] = []  # ids are only unique while the objects live
+    params: dict[str, torch.Tensor] = {}  # for make_dot's params=: the named leaves the walk met
 
     def node_id(obj: Any) -> tuple[int, bool]:
         key = id(obj)
@@ -91,6 +99,8 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
                 entry.update(kind="trigger", handle_id=triggers[id(variable)], name="backward_trigger")
             elif id(variable) in names or isinstance(variable, torch.nn.Parameter):
                 entry.update(kind="leaf", name=names.get(id(variable), "parameter"))
+                if id(variable) in names and not replay:
+                    params[names[id(variable)]] = variable
             else:
                 entry.update(kind="input", name="input")
         for child, _ in getattr(obj, "next_functions", ()):
@@ -98,6 +108,7 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
                 edges.append([index, add(child, entry["handle_id"] if replay else None, replay)])
         return index
 
+    dot = None
     try:
         for root in _grad_fns(roots):
             add(root, None, False)
@@ -106,17 +117,23 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
             variable = getattr(obj, "variable", None) if entry["name"] == "AccumulateGrad" else None
             if variable is not None and id(variable) in triggers:
                 entry.update(kind="trigger", handle_id=triggers[id(variable)], name="backward_trigger")
+        if torchviz:
+            dot = make_dot_source(_with_grad_fn(roots), params)
     finally:
         # `add` refers to itself (a reference cycle that holds `keep_alive`): without this the graph's nodes
         # would live until the garbage collector ran, so their node_collected events and freed bytes
         # landed at a different point on every run.
         keep_alive.clear()
     _mark_reached(nodes, edges)
-    return GraphSnapshot(seq=seq, label=label, nodes=nodes, edges=edges)
+    return GraphSnapshot(seq=seq, label=label, nodes=nodes, edges=edges, torchviz=dot)
+
+
+def _with_grad_fn(roots: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(roots)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
 
 
 def _grad_fns(roots: Any) -> list[Any]:
-    return [t.grad_fn for t in tree_flatten(roots)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    return [t.grad_fn for t in _with_grad_fn(roots)]
 
 
 def _mark_reached(nodes: list[dict[str, Any]], edges: Iterable[list[int]]) -> None:

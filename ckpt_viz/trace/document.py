@@ -36,7 +36,8 @@ def to_document(trace: TraceParts) -> dict[str, Any]:
         "events": _events_to_dict(trace.events),
         "memory": _memory_to_dict(trace.memory),
         "graphs": [
-            {"seq": g.seq, "label": g.label, "nodes": g.nodes, "edges": g.edges} if isinstance(g, GraphSnapshot)
+            {"seq": g.seq, "label": g.label, "nodes": g.nodes, "edges": g.edges,
+             **({"torchviz": g.torchviz} if g.torchviz is not None else {})} if isinstance(g, GraphSnapshot)
             else g for g in trace.graphs
         ],
     }
@@ -110,8 +111,8 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     memory_columns["seq"] = _seq_in(memory_columns["seq"], memory["count"])
     memory_columns["t_ns"] = list(itertools.accumulate(memory_columns.pop("t_ns_delta")))
     memory_columns["bytes_by_category"] = memory["bytes_by_category"]
-    graphs = [GraphSnapshot(seq=g["seq"], label=g["label"], nodes=g["nodes"], edges=g["edges"])
-              for g in doc["graphs"]]
+    graphs = [GraphSnapshot(seq=g["seq"], label=g["label"], nodes=g["nodes"], edges=g["edges"],
+                            torchviz=g.get("torchviz")) for g in doc["graphs"]]
     return {"events": EventColumns(event_columns, events["tables"]), "memory": MemoryColumns(memory_columns),
             "graphs": graphs, "meta": doc["meta"]}
 

@@ -25,7 +25,8 @@ NOTE [ Trace file format, schema 1 ]
                 "columns": {"seq": {"start": 0} or [M ints], "t_ns_delta": [M ints],
                             "device_allocated": [int or null], "by_stage": null or [M objects]},
                 "bytes_by_category": {"activations": [M ints, or null where not measured], ...}},
-     "graphs": [{"seq": 12, "label": "after forward", "nodes": [{...}], "edges": [[src, dst], ...]}]}
+     "graphs": [{"seq": 12, "label": "after forward", "nodes": [{...}], "edges": [[src, dst], ...],
+                 "torchviz": "digraph {...}" (optional)}]}
   1. "format" and "schema_version" come first, so `head -c 60 trace.json` identifies a file.
   2. A reader accepts every schema_version up to its own and refuses newer ones.
   3. seq {"start": s} means s, s+1, ...; t_ns_delta holds the first t_ns, then the
@@ -241,6 +242,8 @@ def _check_graphs(graphs: list[Any]) -> None:
         if not -1 <= _get(graph, "seq", int, "an integer", f"{at}.") < I63:
             raise InvalidDocument(f"{at}.seq is {show(graph['seq'])}, expected -1 to 2**63-1")
         _get(graph, "label", str, "a string", f"{at}.")
+        if graph.get("torchviz") is not None:  # optional: make_dot's DOT source, absent in older traces
+            _get(graph, "torchviz", str, "a string or null", f"{at}.")
         nodes = _get(graph, "nodes", list, "a list", f"{at}.")
         edges = _get(graph, "edges", (list, tuple), "a list of [src, dst] pairs", f"{at}.")
         ids = set()

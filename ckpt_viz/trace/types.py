@@ -70,6 +70,9 @@ class GraphSnapshot:
             handle_id (int or None), dx_reached (bool), dw_reached (bool) and
             shape (list of ints or None). Extra keys are kept.
         edges: [src, dst] node-id pairs, in the direction gradients flow.
+        torchviz: the DOT source `torchviz.make_dot` drew of the same graph at
+            snapshot time (see `ckpt_viz.probe.graph`), or None (older traces,
+            torchviz missing), so a saved trace shows it without torch.
 
     JSON has no tuples: a tuple shape or edge comes back from a file as a list.
     """
@@ -78,6 +81,7 @@ class GraphSnapshot:
     label: str
     nodes: list[dict[str, Any]] = field(default_factory=list)
     edges: list[list[Any]] = field(default_factory=list)
+    torchviz: str | None = None
 
 
 class TraceParts(Protocol):

@@ -1,0 +1,99 @@
+"""torchviz's own drawing at snapshot time (ckpt_viz.probe.makedot): make_dot's DOT, kept in the trace, no replay."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from ckpt_viz.probe.graph import capture_graph
+from ckpt_viz.run.zoo import build_builtin
+from ckpt_viz.runtime.checkpoint import checkpoint
+from ckpt_viz.trace import Trace
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import torchviz
+
+
+def _counted_excluded_model() -> tuple[torch.nn.Module, torch.Tensor, list[int]]:
+    """The built-in `excluded` model (an excluded LayerNorm inside each non-reentrant block); counts fc1 forwards."""
+    spec = build_builtin("excluded")
+    calls = [0]
+    for block in spec.model.blocks:
+        block.fc1.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return spec.model, spec.inputs[0], calls
+
+
+def _forward(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    for block in model.blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return model.head(x).pow(2).sum()
+
+
+def test_make_dot_of_the_real_graph_replays_a_non_reentrant_checkpoint() -> None:
+    """Why the probe does not hand make_dot the real graph: even with show_saved and show_attrs off, make_dot reads
+    the recompute boundary's `saved_tensors`, which replays the region outside backward, where the excluded
+    LayerNorm has no cached output to serve (this is also the forward counter's control)."""
+    from ckpt_viz.errors import ExcludedRegionError
+
+    model, x, calls = _counted_excluded_model()
+    loss = _forward(model, x)
+    assert calls[0] == 3
+    with pytest.raises(ExcludedRegionError, match="No cached forward output"):
+        torchviz.make_dot(loss, params=dict(model.named_parameters()), show_attrs=False, show_saved=False)
+    assert calls[0] > 3  # blocks ran their forward again before the error
+
+
+def test_the_snapshot_keeps_make_dots_drawing_without_a_replay() -> None:
+    model, x, calls = _counted_excluded_model()
+    loss = _forward(model, x)
+    names = {id(p): n for n, p in model.named_parameters()}
+    snapshot = capture_graph(loss, label="before backward", names=names)
+    assert calls[0] == 3, "taking the snapshot replayed a checkpoint"
+    dot = snapshot.torchviz
+    assert dot is not None and dot.startswith("digraph")
+    assert "NativeLayerNormBackward0" in dot and "_RecomputeBoundaryBackward" in dot
+    assert '"blocks.0.fc1.weight\n (128, 32)" fillcolor=lightblue' in dot  # make_dot's own leaf label and colour
+    assert "darkolivegreen1" in dot  # the output tensor, green in torchviz
+    loss.backward()
+    assert calls[0] == 6  # one replay per block, in backward, as without a snapshot
+    # make_dot names nodes by id(); the stored text is renumbered, so two runs give the same DOT.
+    again = capture_graph(_forward(model, x), label="before backward", names=names)
+    assert again.torchviz == dot
+
+
+def test_recorded_traces_keep_the_dot_through_a_save(tmp_path) -> None:
+    from ckpt_viz import RunRequest, obtain_trace
+
+    trace = obtain_trace(RunRequest("builtin", "mlp", mode="nonreentrant"))
+    assert trace.graphs and all(g.torchviz and "AddmmBackward0" in g.torchviz for g in trace.graphs)
+    trace.save(tmp_path / "t.json")
+    loaded = Trace.load(tmp_path / "t.json")
+    assert [g.torchviz for g in loaded.graphs] == [g.torchviz for g in trace.graphs]
+
+
+def test_without_torchviz_the_snapshot_has_no_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchviz", None)  # `import torchviz` now raises ImportError
+    w = torch.ones(3, requires_grad=True)
+    snapshot = capture_graph((w * 2).sum(), label="x")
+    assert snapshot.torchviz is None and snapshot.nodes
+
+
+def test_torchviz_imports_with_the_distutils_of_setuptools() -> None:
+    """torchviz 0.0.3 imports `distutils.version`; from Python 3.12 only setuptools' copy exists, and pyproject
+    declares setuptools there. The venv already imports that copy (setuptools' distutils-precedence hook),
+    so this is the path 3.12 takes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c",
+                          "import torchviz, distutils.version as v; print(v.__file__)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "setuptools" in out
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    deps = pyproject.split("dependencies = [", 1)[1].split("]", 1)[0]
+    assert '"torchviz>=0.0.3"' in deps and "\"setuptools>=68; python_version >= '3.12'\"" in deps
