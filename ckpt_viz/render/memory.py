@@ -1,12 +1,15 @@
-"""Memory over the run: rows by category, the peak and its top contributors, and the altair chart.
+"""Memory over the run: rows by category, the peak and its top contributors, tables, and the altair chart.
 
 Pure functions of `Trace.memory` (see NOTE [ Memory categories ] in
-ckpt_viz/probe/memory.py for what each category counts). They import altair for the
-chart and never torch or a UI runtime.
+ckpt_viz/probe/memory.py for what each category counts). Colours and words come from
+`ckpt_viz.render.palette`; passes from `ckpt_viz.render.phases`. They import altair for
+the chart and never torch or a UI runtime.
 
-    one trace:     stacked areas of bytes by category over the event seq
-    several:       one line of total bytes per trace over the position in its run (0..1)
-    both:          a rule at the cursor, a point and a label at the peak
+    one trace:   stacked areas of bytes by category over the event seq, parameters as the
+                 base band; bands for the forward / DX / DW passes behind them
+    several:     one line of total bytes per trace on an axis of passes (forward, DX, DW)
+    both:        the cursor as a magenta rule, the peak as a point; hover explains a value,
+                 a click selects the seq under it (selection parameter CURSOR_PICK)
 """
 from __future__ import annotations
 
@@ -14,12 +17,18 @@ from typing import Any
 
 import altair as alt
 
+from ckpt_viz.render import palette
+from ckpt_viz.render.phases import AXIS, aligned_x, event_actions, phase_spans
 from ckpt_viz.trace import MEMORY_CATEGORIES, MemoryColumns, Trace
-from ckpt_viz.trace.index import TraceIndex, derived
+from ckpt_viz.trace.index import TraceIndex, derived, event_column
 
-__all__ = ["format_bytes", "memory_peak", "memory_series", "render_memory"]
+__all__ = ["CURSOR_PICK", "OTHER_NOTABLE", "format_bytes", "memory_peak", "memory_series", "memory_table",
+           "other_note", "render_memory"]
 
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
+CURSOR_PICK = "cursor_pick"  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
+OTHER_NOTABLE = 0.2  # "other" this share of the total or more gets a note (see `other_note`)
+_PASS_LABELS = {"F": "forward", "DX": "DX", "DW": "DW", "B": "backward"}
 
 
 def format_bytes(nbytes: float) -> str:
@@ -96,86 +105,209 @@ def memory_peak(trace: Trace) -> dict[str, Any] | None:
     return {"seq": seqs[i], "total": totals[i], "top": top[:3]}
 
 
+def memory_table(bytes_by_category: dict[str, int]) -> list[dict[str, str]]:
+    """Table rows {category, size, share, what it is} in the units of the metrics ("1.5 KiB", "12%")."""
+    total = sum(bytes_by_category.values())
+    order = [c for c in MEMORY_CATEGORIES if c in bytes_by_category] + [
+        c for c in bytes_by_category if c not in MEMORY_CATEGORIES]
+    return [{"category": palette.category_word(c), "size": format_bytes(bytes_by_category[c]),
+             "share": f"{100 * bytes_by_category[c] / total:.0f}%" if total else "-",
+             "what it is": palette.CATEGORY_MEANINGS.get(c, "")} for c in order]
+
+
+def other_note(bytes_by_category: dict[str, int]) -> str | None:
+    """A sentence when "other" is at least `OTHER_NOTABLE` of the total, saying what it holds; else None."""
+    total, other = sum(bytes_by_category.values()), bytes_by_category.get("other", 0)
+    if not total or other < OTHER_NOTABLE * total:
+        return None
+    return (f"\"other\" is {100 * other / total:.0f}% of the total here ({format_bytes(other)}): "
+            f"{palette.CATEGORY_MEANINGS['other']} On a small model the input, the output and the gradients "
+            "in flight weigh as much as the activations; a larger batch makes the activations dominate.")
+
+
 def _peak_text(peak: dict[str, Any]) -> str:
-    parts = ", ".join(f"{c} {format_bytes(b)}" for c, b in peak["top"])
+    parts = ", ".join(f"{palette.category_word(c)} {format_bytes(b)}" for c, b in peak["top"])
     return f"peak {format_bytes(peak['total'])}: {parts}"
 
 
-def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_points: int = 2000) -> alt.Chart:
+def _unit(top: float) -> tuple[str, int]:
+    for unit, size in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if top >= size:
+            return unit, size
+    return "B", 1
+
+
+def _y(field: str, top: float, *, stack: Any = None) -> alt.Y:
+    """A bytes axis labelled in the unit of the largest value (KiB, MiB, ...), the values still in bytes."""
+    unit, size = _unit(top)
+    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '.3~f') + ' {unit}'", title=f"memory ({unit})")
+    return alt.Y(f"{field}:Q", stack=stack, axis=axis)
+
+
+def _event_words(trace: Trace) -> dict[int, str]:
+    """seq -> what happened there, for a memory sample's tooltip ("blocks.3 backward", "replay started (h3)")."""
+    def build(t: Trace) -> dict[int, str]:
+        kinds, data, seqs = event_column(t, "kind"), event_column(t, "data"), event_column(t, "seq")
+        handles = event_column(t, "handle_id")
+        return {s: str((d or {}).get("at") or k.replace("_", " ")) if k == "memory_sampled"
+                else k.replace("_", " ") + ("" if h is None else f" (h{h})")
+                for s, k, d, h in zip(seqs, kinds, data, handles)}
+    return derived(trace, "memory:event_words", build)
+
+
+def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_points: int = 2000,
+                  cursor_in: str | Trace | None = None) -> alt.Chart:
     """Bytes over the run: stacked by category for one trace, total per trace to compare several.
 
     Args:
         traces: name -> trace; one entry draws categories, more draw one line each.
-        cursor: an event seq of the (first) trace; drawn as a rule. With several traces
-            it becomes its position in the first trace's run.
+        cursor: an event seq, drawn as a rule. With several traces it is a seq of
+            `cursor_in` (a name in `traces` or another trace of the same model; default
+            the first), drawn where that point falls on the axis of passes.
         max_points: samples per trace at most (the chart also stays under altair's 5000 rows).
     """
     if len(traces) <= 1:
         trace = next(iter(traces.values())) if traces else Trace()
         return _stacked(trace, cursor, max_points)
-    return _compare(traces, cursor, max_points)
+    return _compare(traces, cursor, max_points, cursor_in)
+
+
+def _bands(spans: list[dict[str, Any]], x: str, x2: str) -> alt.Chart:
+    """The passes as light bands behind the data, labelled at the top."""
+    rows = [dict(s, label=_PASS_LABELS[s["action"]], what=palette.action_word(s["action"])) for s in spans]
+    colour = alt.Color("action:N", scale=alt.Scale(domain=list(palette.ACTIONS),
+                                                   range=[palette.ACTION_COLOURS[a] for a in palette.ACTIONS]),
+                       legend=None)
+    rects = alt.Chart(alt.Data(values=rows)).mark_rect(opacity=0.10).encode(x=f"{x}:Q", x2=f"{x2}:Q", color=colour,
+                                                 tooltip=[alt.Tooltip("what:N", title="pass")])
+    labels = alt.Chart(alt.Data(values=rows)).mark_text(align="left", baseline="top", dx=3, dy=3, fontSize=11,
+                                                        opacity=0.8).encode(
+        x=f"{x}:Q", y=alt.value(0), text="label:N", color=colour)
+    return rects + labels
+
+
+def _cursor_rule(value: float, field: str) -> alt.Chart:
+    return alt.Chart(alt.Data(values=[{field: value}])).mark_rule(
+        color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x=f"{field}:Q", tooltip=alt.value("cursor"))
 
 
 def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
-    _, by_category = _columns(trace)
+    seqs_all, by_category = _columns(trace)
     categories = [c for c, values in by_category.items() if any(values)]
-    points = min(max_points, max(_ALTAIR_MAX_ROWS // max(len(categories), 1) - 2, 2))
-    rows = memory_series(trace, max_points=points, categories=categories)
-    data = alt.Data(values=rows)
-    area = alt.Chart(data).mark_area(interpolate="step-after").encode(
-        x=alt.X("seq:Q", title="event seq"),
-        y=alt.Y("bytes:Q", stack="zero", title="bytes"),
-        color=alt.Color("category:N", sort=categories, scale=alt.Scale(domain=categories)),
-        tooltip=["seq:Q", "category:N", "bytes:Q"],
-    )
-    layers: list[Any] = [area]
+    points = min(max_points, max(_ALTAIR_MAX_ROWS // max(len(categories) + 1, 1) - 2, 2))
+    picked = _picked(_totals(trace), points)
+    order = {c: i for i, c in enumerate(categories)}  # parameters first: the base band (palette NOTE rule 2)
+    rows = [dict(r, what=palette.category_word(r["category"]), order=order[r["category"]])
+            for r in memory_series(trace, max_points=points, categories=categories)]
+    event_seqs = event_column(trace, "seq")
+    lo = event_seqs[0] if event_seqs else (seqs_all[0] if seqs_all else 0)
+    hi = event_seqs[-1] if event_seqs else (seqs_all[-1] if seqs_all else 1)
+    x_scale = alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False, zero=False)  # the axis ends where the run ends
     peak = memory_peak(trace)
+    top = peak["total"] if peak else 0
+    words = [palette.category_word(c) for c in categories]
+    area = alt.Chart(alt.Data(values=rows)).mark_area(interpolate="step-after").encode(
+        x=alt.X("seq:Q", title="event seq", scale=x_scale),
+        y=_y("bytes", top, stack="zero"),
+        color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
+            domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories])),
+        order=alt.Order("order:Q"),
+    )
+    layers: list[Any] = []
+    spans = phase_spans(trace)
+    if spans:
+        layers.append(_bands(spans, "start_seq", "end_seq"))
+    layers.append(area)
+    layers.append(_hover_columns(trace, picked, categories, x_scale, top))
     if peak is not None:
         mark = alt.Data(values=[{"seq": peak["seq"], "bytes": peak["total"], "label": _peak_text(peak)}])
-        layers.append(alt.Chart(mark).mark_point(color="black", filled=True, size=60).encode(
+        layers.append(alt.Chart(mark).mark_point(color=palette.PEAK_COLOUR, filled=True, size=60).encode(
             x="seq:Q", y="bytes:Q", tooltip=["label:N"]))
     if cursor is not None:
-        layers.append(_rule([{"seq": cursor}], "seq"))
+        layers.append(_cursor_rule(cursor, "seq"))
     # The peak's contributors go in the subtitle: a label next to the point would run over the legend.
     title = alt.TitleParams(trace.meta.get("model", "memory"), subtitle=[_peak_text(peak)] if peak else [])
-    return alt.layer(*layers).properties(title=title)
+    # Independent colour scales: the bands' passes, the categories and the modes each keep their palette.
+    return alt.layer(*layers).resolve_scale(color="independent").properties(title=title)
 
 
-def _rule(rows: list[dict], field: str) -> alt.Chart:
-    return alt.Chart(alt.Data(values=rows)).mark_rule(color="#d62728", strokeWidth=2).encode(
-        x=f"{field}:Q")
+def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_scale: alt.Scale,
+                   top: float) -> alt.Chart:
+    """One transparent column per drawn sample, up to the next one: its tooltip explains the sample, a click
+    selects its seq (CURSOR_PICK), the pointer lights it."""
+    seqs, by_category = _columns(trace)
+    totals, words = _totals(trace), _event_words(trace)
+    index = TraceIndex.of(trace)
+    actions = event_actions(trace)
+    end = event_column(trace, "seq")[-1] + 1 if len(trace.events) else (seqs[-1] + 1 if seqs else 1)
+    rows = []
+    for k, i in enumerate(picked):
+        position = index.position(seqs[i])
+        row = {"seq": seqs[i], "next": seqs[picked[k + 1]] if k + 1 < len(picked) else max(end, seqs[i] + 1),
+               "zero": 0, "top": top or 1, "total": format_bytes(totals[i]), "at": words.get(seqs[i], ""),
+               "pass": palette.action_word(actions[position]) if 0 <= position < len(actions) else ""}
+        row.update({f"c{j}": format_bytes(by_category[c][i]) for j, c in enumerate(categories)})
+        rows.append(row)
+    hover = alt.selection_point(name="memory_hover", on="pointerover", fields=["seq"], clear="pointerout")
+    pick = alt.selection_point(name=CURSOR_PICK, on="click", fields=["seq"], clear=False)
+    tooltip = [alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
+               alt.Tooltip("pass:N", title="pass"), alt.Tooltip("total:N", title="total")]
+    tooltip += [alt.Tooltip(f"c{j}:N", title=palette.category_word(c)) for j, c in enumerate(categories)]
+    return alt.Chart(alt.Data(values=rows)).mark_rect(color=palette.PEAK_COLOUR).encode(
+        x=alt.X("seq:Q", scale=x_scale), x2="next:Q", y="zero:Q", y2="top:Q", tooltip=tooltip,
+        opacity=alt.condition(hover, alt.value(0.08), alt.value(0.001)),
+    ).add_params(hover, pick)
 
 
-def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int) -> alt.Chart:
+def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int,
+             cursor_in: str | Trace | None) -> alt.Chart:
     points = min(max_points, _ALTAIR_MAX_ROWS // len(traces) - 2)
     rows: list[dict] = []
     peaks: list[dict] = []
     for name, trace in traces.items():
         index = TraceIndex.of(trace)
-        last = max(len(index.seqs) - 1, 1)
+        _, xs = aligned_x(trace)
+        actions, words = event_actions(trace), _event_words(trace)
         seqs, _ = _columns(trace)
         totals = _totals(trace)
         for i in _picked(totals, points):
-            rows.append({"trace": name, "position": index.position(seqs[i]) / last, "seq": seqs[i],
-                         "bytes": totals[i]})
+            p = index.position(seqs[i])
+            rows.append({"trace": name, "x": xs[p] if p >= 0 else 0.0, "seq": seqs[i], "bytes": totals[i],
+                         "size": format_bytes(totals[i]), "at": words.get(seqs[i], ""),
+                         "pass": palette.action_word(actions[p]) if p >= 0 else ""})
         peak = memory_peak(trace)
         if peak is not None:
-            peaks.append({"trace": name, "position": index.position(peak["seq"]) / last, "bytes": peak["total"],
+            p = index.position(peak["seq"])
+            peaks.append({"trace": name, "x": xs[p] if p >= 0 else 0.0, "bytes": peak["total"],
                           "label": f"{name}: {_peak_text(peak)}"})
+    names = list(traces)
+    spare = [c for m, c in palette.MODE_COLOURS.items() if m not in names]  # for names that are no mode
+    colours = [palette.MODE_COLOURS.get(n) or (spare.pop(0) if spare else palette.PEAK_COLOUR) for n in names]
+    scale = alt.Scale(domain=names, range=colours)
+    colour = alt.Color("trace:N", sort=names, title="mode", scale=scale)
+    same_colour = alt.Color("trace:N", sort=names, scale=scale, legend=None)  # one legend, the lines'
+    top = max((r["bytes"] for r in rows), default=0)
+    x = alt.X("x:Q", title="pass (each run's forward, DX and DW line up; a full backward spans DX and DW)",
+              scale=alt.Scale(domain=[0, 3], nice=False),
+              axis=alt.Axis(values=[0, 1, 2, 3], labelExpr="['start', 'forward ends', 'DX ends', 'end'][datum.value]"))
     lines = alt.Chart(alt.Data(values=rows)).mark_line(interpolate="step-after").encode(
-        x=alt.X("position:Q", title="position in the run", scale=alt.Scale(domain=[0, 1])),
-        y=alt.Y("bytes:Q", title="total bytes"),
-        color=alt.Color("trace:N", sort=list(traces)),
-        tooltip=["trace:N", "seq:Q", "bytes:Q"],
-    )
-    layers: list[Any] = [lines]
+        x=x, y=_y("bytes", top), color=colour)
+    pick = alt.selection_point(name=CURSOR_PICK, on="click", fields=["x"], nearest=True, clear=False)
+    dots = alt.Chart(alt.Data(values=rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
+        x="x:Q", y="bytes:Q", color=same_colour,
+        tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("size:N", title="total"),
+                 alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
+                 alt.Tooltip("pass:N", title="pass")]).add_params(pick)
+    split_bands = [{"action": a, "start": AXIS[a][0], "end": AXIS[a][1]} for a in ("F", "DX", "DW")]
+    layers: list[Any] = [_bands(split_bands, "start", "end"), lines, dots]
     if peaks:
-        marks = alt.Data(values=peaks)
-        layers.append(alt.Chart(marks).mark_point(filled=True, size=60).encode(
-            x="position:Q", y="bytes:Q", color=alt.Color("trace:N", sort=list(traces)), tooltip=["label:N"]))
+        layers.append(alt.Chart(alt.Data(values=peaks)).mark_point(filled=True, size=90, shape="diamond").encode(
+            x="x:Q", y="bytes:Q", color=same_colour, tooltip=["label:N"]))
     if cursor is not None:
-        first = TraceIndex.of(next(iter(traces.values())))
-        at = first.position(cursor) / max(len(first.seqs) - 1, 1)
-        layers.append(_rule([{"position": at}], "position"))
-    title = alt.TitleParams("total bytes, compared", subtitle=[p["label"] for p in peaks])
-    return alt.layer(*layers).properties(title=title)
+        source = traces.get(cursor_in) if isinstance(cursor_in, str) else cursor_in
+        source = source if source is not None else next(iter(traces.values()))
+        seqs, xs = aligned_x(source)
+        if seqs:
+            layers.append(_cursor_rule(xs[TraceIndex.of(source).position(cursor)], "x"))
+    title = alt.TitleParams("total memory, compared by pass", subtitle=[p["label"] for p in peaks])
+    return alt.layer(*layers).resolve_scale(color="independent").properties(title=title)

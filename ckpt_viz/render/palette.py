@@ -37,6 +37,7 @@ __all__ = [
     "CATEGORY_WORDS",
     "CURSOR_COLOUR",
     "MARK_COLOURS",
+    "MODE_COLOURS",
     "PEAK_COLOUR",
     "PHASE_ACTION",
     "PHASE_WORDS",
@@ -138,6 +139,16 @@ ACTION_WORDS: dict[str, str] = {
 
 PHASE_WORDS: dict[str, str] = {"ordinary": "ordinary", "dx": "DX", "dw": "DW"}
 PHASE_ACTION: dict[str, str] = {"ordinary": "B", "dx": "DX", "dw": "DW"}  # a backward in that phase
+
+# -- runs compared side by side (Compare modes): one line colour per mode
+MODE_COLOURS: dict[str, str] = {
+    "none": "#57606a",                 # grey: no checkpoint
+    "nonreentrant": "#1b9e77",
+    "reentrant": "#7570b3",
+    "split-reentrant": "#a6761d",
+    "split-nonreentrant": "#66a61e",
+    "pipeline": "#e6ab02",
+}
 
 # -- marks (NOTE rule 3)
 CURSOR_COLOUR = "#d6008f"            # magenta: the shared cursor

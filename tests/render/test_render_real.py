@@ -86,9 +86,19 @@ def test_compare_memory_of_two_modes(split: Trace) -> None:
     plain = run_scenario(build_builtin("mlp"), "none", memory=True)
     chart = render_memory({"split-reentrant": split, "none": plain}, cursor=10)
     chart.to_dict()
-    rows = chart.layer[0].data.values
+    rows = next(layer for layer in chart.layer if getattr(getattr(layer, "mark", None), "type", None) == "line"
+                ).data.values
     assert {r["trace"] for r in rows} == {"split-reentrant", "none"}
-    assert all(0.0 <= r["position"] <= 1.0 for r in rows)
+    assert all(0.0 <= r["x"] <= 3.0 for r in rows)
+    # Aligned by pass: both runs' forward samples lie on [0, 1), their backward samples on [1, 3].
+    for name, trace in (("split-reentrant", split), ("none", plain)):
+        forward_ends = max(s.seq for s in trace.memory if s.seq <= _forward_end(trace))
+        assert all((r["x"] < 1.0) == (r["seq"] <= forward_ends) for r in rows if r["trace"] == name), name
+
+
+def _forward_end(trace: Trace) -> int:
+    """The seq of the last sample taken "at loss": the forward's end (the backward starts after it)."""
+    return max(e.seq for e in trace.of_kind("memory_sampled") if e.data.get("at") == "loss")
 
 
 def test_lifecycles_end_released_by_dw(split: Trace) -> None:

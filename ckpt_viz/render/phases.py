@@ -1,0 +1,134 @@
+"""The passes of a run: which events belong to the forward, the DX pass, the DW pass or a full backward.
+
+Pure functions of the events; standard library only. The memory chart draws them as
+bands, and Compare lines runs up by them (NOTE [ Phase alignment ]).
+
+    phase_spans(trace) -> [{"action": "F", "start_seq": 0, "end_seq": 17}, {"action": "DX", ...}, ...]
+    aligned_x(trace)   -> ([seq, ...], [x, ...])   forward on [0, 1), DX on [1, 2), DW on [2, 3]
+
+NOTE [ Passes ]
+  1. Each event gets one of `palette.ACTIONS` ("F", "DX", "DW", "B"). An event with
+     phase "dx" or "dw" is DX or DW. A forward event (a checkpoint built, its forward
+     run, a tensor packed or saved by an excluded op) is F. Another handle event (a
+     backward entered, a replay, an unpack, grads routed, a release) is B: a backward
+     in phase "ordinary" or without a phase does DX and DW at once. Non-reentrant split
+     runs set no phase: their DX activates a retaining session (`session_activated`
+     with retain_on_unpack) and their DW the next session; phase-less events between
+     stay in that pass.
+  2. A memory sample taken "at ... forward" is F; one taken "at ... backward" right
+     after a forward starts a B (the run without checkpoint has only samples). Every
+     other event (samples, errors, session events) belongs to the pass before it;
+     events before any pass belong to the forward.
+  3. A span is a run of consecutive events of one pass: [start_seq, end_seq), the
+     last one ending at the last seq (the x axis ends where the run ends). Pipeline
+     runs interleave passes, so they have many short spans.
+
+NOTE [ Phase alignment ]
+  1. Compare draws runs of different lengths on one axis of passes: the forward on
+     [0, 1), DX on [1, 2), DW on [2, 3]; a full backward (DX and DW at once) on [1, 3].
+     Inside a pass of n events, the k-th has x = start + width * k / n (the pass of
+     the run's last event uses n - 1, so the run ends at 3): the ends of the forward
+     line up across runs, and so do the ends of DX.
+  2. A pass met again after another (pipelines) continues its own share of the axis:
+     x orders events by (pass, position in the run), which is monotonic for one
+     forward followed by one backward and stays within each pass's interval otherwise.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Any
+
+from ckpt_viz.trace import Trace
+from ckpt_viz.trace.cache import derived, event_column
+
+__all__ = ["AXIS", "aligned_seq", "aligned_x", "event_actions", "phase_spans"]
+
+_FORWARD_KINDS = frozenset(("handle_created", "forward_started", "forward_finished", "forward_failed",
+                            "tensor_packed", "exclude_saved"))
+_BACKWARD_KINDS = frozenset(("backward_entered", "replay_started", "replay_finished", "replay_failed",
+                             "early_stopped", "replay_refused", "grads_routed", "released", "node_collected",
+                             "tensor_unpacked", "exclude_reused", "prefired"))
+# Where each pass lies on Compare's common axis (NOTE [ Phase alignment ], rule 1).
+AXIS: dict[str, tuple[float, float]] = {"F": (0.0, 1.0), "DX": (1.0, 2.0), "DW": (2.0, 3.0), "B": (1.0, 3.0)}
+
+
+def event_actions(trace: Trace) -> list[str]:
+    """The pass of every event, in order (see NOTE [ Passes ]); computed once per trace."""
+    return derived(trace, "phases:actions", _actions)
+
+
+def _actions(trace: Trace) -> list[str]:
+    kinds, phases = event_column(trace, "kind"), event_column(trace, "phase")
+    handles, data = event_column(trace, "handle_id"), event_column(trace, "data")
+    out: list[str] = []
+    current = "F"
+    for kind, phase, handle, d in zip(kinds, phases, handles, data):
+        if phase == "dx":
+            current = "DX"
+        elif phase == "dw":
+            current = "DW"
+        elif kind in _FORWARD_KINDS:
+            current = "F"
+        elif kind == "session_activated":
+            if (d or {}).get("retain_on_unpack"):
+                current = "DX"
+            elif current == "DX":
+                current = "DW"
+        elif kind in _BACKWARD_KINDS and handle is not None and not (phase is None and current in ("DX", "DW")):
+            current = "B"
+        elif kind == "memory_sampled":
+            at = str((d or {}).get("at", ""))
+            if at.endswith(" forward"):
+                current = "F"
+            elif at.endswith(" backward") and current == "F":
+                current = "B"
+        out.append(current)
+    return out
+
+
+def phase_spans(trace: Trace) -> list[dict[str, Any]]:
+    """Runs of consecutive events of one pass: {action, start_seq, end_seq} (NOTE [ Passes ], rule 3)."""
+    def build(t: Trace) -> list[dict[str, Any]]:
+        seqs, actions = event_column(t, "seq"), event_actions(t)
+        spans: list[dict[str, Any]] = []
+        for seq, action in zip(seqs, actions):
+            if spans and spans[-1]["action"] == action:
+                continue
+            if spans:
+                spans[-1]["end_seq"] = seq
+            spans.append({"action": action, "start_seq": seq, "end_seq": seq})
+        if spans:
+            spans[-1]["end_seq"] = seqs[-1]
+        return spans
+    return [dict(s) for s in derived(trace, "phases:spans", build)]
+
+
+def aligned_x(trace: Trace) -> tuple[list[int], list[float]]:
+    """(event seqs, their x on the common axis of passes), both in event order (NOTE [ Phase alignment ])."""
+    def build(t: Trace) -> tuple[list[int], list[float]]:
+        seqs, actions = event_column(t, "seq"), event_actions(t)
+        totals: dict[str, int] = {}
+        for a in actions:
+            totals[a] = totals.get(a, 0) + 1
+        seen: dict[str, int] = {}
+        xs: list[float] = []
+        last = actions[-1] if actions else None
+        for a in actions:
+            lo, hi = AXIS[a]
+            n = totals[a] - 1 if a == last and totals[a] > 1 else totals[a]  # the run's last event at its end
+            xs.append(lo + (hi - lo) * seen.get(a, 0) / n)
+            seen[a] = seen.get(a, 0) + 1
+        return list(seqs), xs
+    return derived(trace, "phases:aligned", build)
+
+
+def aligned_seq(trace: Trace, x: float) -> int | None:
+    """The seq of the event whose aligned x is nearest to `x` (the first such); None for an empty trace."""
+    seqs, xs = aligned_x(trace)
+    if not seqs:
+        return None
+    order = derived(trace, "phases:aligned_order", lambda t: sorted(range(len(xs)), key=lambda i: (xs[i], i)))
+    keys = [xs[i] for i in order]
+    at = bisect_left(keys, x)
+    best = min((j for j in (at - 1, at) if 0 <= j < len(order)), key=lambda j: (abs(keys[j] - x), j))
+    return seqs[order[best]]
