@@ -58,6 +58,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "prefired",
     "exclude_saved",
     "exclude_reused",
+    "replay_diverged",
     "memory_sampled",
     "error",
 )
@@ -181,6 +182,33 @@ DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
         code="prefire_after_release", spec_id="R15", reasons=("ordinary_backward_complete", "dw_complete"),
         cause="A prefire came after an ordinary or DW backward had already released the handle.",
         fix="Prefire a micro-batch only before its first backward; skip handles already released."),
+    # Replays that do not reproduce their forward (`replay_diverged` events; see ckpt_viz/runtime/divergence.py).
+    DiagnosisCode(
+        code="replay_lost_gradient", spec_id="V1",
+        cause="The replay of a checkpointed block gave no gradient to parameters its forward used: it read values "
+              "the forward left in a mutable input (a KV cache) instead of recomputing them, so its outputs look "
+              "right but those parameters' gradients are missing (Hugging Face models with use_cache on).",
+        fix="Do not hand a live cache to checkpointed blocks: train with use_cache=False, or checkpoint through the "
+            "model's own model.gradient_checkpointing_enable(), which turns the cache off."),
+    DiagnosisCode(
+        code="replay_input_mutated", spec_id="V2",
+        cause="An object handed to the checkpointed block (a cache, a list, a dict) changed between the forward and "
+              "the replay: the block mutates it, so the replay ran on other state (a KV cache grows again).",
+        fix="Hand checkpointed blocks only state they do not change: for Hugging Face models use_cache=False (or "
+            "model.gradient_checkpointing_enable()); otherwise keep the mutable state outside the checkpoint."),
+    DiagnosisCode(
+        code="replay_outputs_differ", spec_id="V3",
+        cause="The replay computed other values than the forward: randomness (dropout) without "
+              "preserve_rng_state, or an input or captured tensor modified in place after the forward; the "
+              "gradients belong to values the forward never produced.",
+        fix="Keep preserve_rng_state=True for blocks with dropout, and do not modify a checkpointed block's inputs "
+            "or captured tensors in place before its backward."),
+    DiagnosisCode(
+        code="replay_updated_buffers", spec_id="V4",
+        cause="The replay updated buffers its forward had already updated (BatchNorm running statistics): under "
+              "checkpointing every step updates them twice, silently.",
+        fix="Keep the norm out of the replay with checkpoint_exclude_wrapper, checkpoint only the layers around it, "
+            "or use a norm without running statistics (LayerNorm, GroupNorm)."),
 )}
 
 # The plain reading of each release reason (see DiagnosisCode.plain).

@@ -47,7 +47,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError, CheckpointUsageError, PhaseNotSetError
-from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime import divergence, memtags
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handover import carried
 from ckpt_viz.runtime.reentrant_handle import (
@@ -71,6 +71,7 @@ __all__ = [
 
 _SCOPE: contextvars.ContextVar[list | None] = contextvars.ContextVar("ckpt_viz_reentrant_scope", default=None)
 _API = "ckpt_viz.checkpoint"
+_NULL = contextlib.nullcontext()
 
 
 def _collected_callback(handle_ref: weakref.ref[ReentrantCheckpointHandle]) -> Callable[[Any], None]:
@@ -94,7 +95,8 @@ class _Checkpoint(torch.autograd.Function):
         if bus.enabled:
             frame._emit("forward_started", capture_site=False, device_type=frame.state.device_type,
                         rng_captured=frame.state.cpu_rng_state is not None)
-        with torch.no_grad(), frame.state.forward_context:
+        watch = frame.divergence  # See NOTE [ Replay divergence checks ] in divergence.py.
+        with torch.no_grad(), frame.state.forward_context, (watch.mode() if watch is not None else _NULL):
             output = frame._call(inputs)
         for entry in frame.entries:  # a save_output=False region's output was needed only during this forward
             entry.chain_outputs = None
@@ -121,6 +123,8 @@ class _Checkpoint(torch.autograd.Function):
         non_diff = [i for i, original in enumerate(originals) if not differentiable(original)]
         ctx.mark_non_differentiable(*(outputs[i] for i in non_diff))
         frame.excluded_output_mask.clear()
+        if watch is not None:
+            watch.forward_done(outputs)
         if bus.enabled:
             frame._emit("forward_finished", capture_site=False, outputs=[meta(o) for o in outputs],
                         non_differentiable=non_diff, exclude_entries=len(frame.entries))
@@ -279,6 +283,7 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
                             preserve_rng_state=preserve_rng_state, function=qualname(function),
                             inputs=[meta(t) for t in inputs])
         frame.site = event.site if event is not None else None
+        frame.divergence = divergence.watch(frame, args, kwargs, inputs)
     try:
         with (memtags.category("checkpoint_inputs") if memtags.enabled else memtags.NULL):
             result = _Checkpoint.apply(frame, torch.empty(0, requires_grad=True), *inputs, frame.backward_trigger)

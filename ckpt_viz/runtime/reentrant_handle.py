@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
 from ckpt_viz.errors import (
@@ -136,6 +136,7 @@ class ReentrantCheckpointHandle:
         self.collected_seq: int | None = None
         self.replay_count = 0
         self._backward_site: str | None = None
+        self.divergence: Any = None  # a ReplayWatch while a recording checks this region's replay
 
     def __repr__(self) -> str:
         state = "released" if self.released else ("replayed" if self.replay_outputs is not None else "recorded")
@@ -174,7 +175,9 @@ class ReentrantCheckpointHandle:
                 item.grad = None
         captured = self._captured(values) if bus.enabled else None
         before = [(p.grad, p.grad._version if p.grad is not None else -1) for p in captured] if captured else None
-        torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
+        watch, self.divergence = self.divergence, None
+        with watch.gradients(self._emit) if watch is not None else contextlib.nullcontext():
+            torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
         if captured:
             self._captured_report = [
                 {"shape": list(p.shape), "name": bus.name_of(p),
@@ -225,6 +228,9 @@ class ReentrantCheckpointHandle:
         if bus.enabled:
             self._emit("replay_started", trigger="backward" if in_backward else "prefire",
                        retain_graph=self.retain_graph, replay_index=self.replay_count)
+        watch = self.divergence
+        if watch is not None:
+            watch.replay_starting()
         self.replaying = True
         try:
             def replay() -> None:
@@ -241,6 +247,9 @@ class ReentrantCheckpointHandle:
             self.replaying = False
         if bus.enabled:
             self._emit("replay_finished", trigger="backward" if in_backward else "prefire")
+        if watch is not None:
+            watch.replay_done(self._emit, [v for v in tree_flatten(self.replay_outputs)[0]
+                                           if isinstance(v, torch.Tensor)])
 
     def set_phase(self, phase: str) -> None:
         """Select how the engine's next visit routes gradients: "dx" or "dw".
@@ -299,6 +308,7 @@ class ReentrantCheckpointHandle:
         was_replayed = self.replay_outputs is not None
         self.replay_outputs = None
         self.replay_inputs = ()
+        self.divergence = None
         self.released = True
         self.release_reason = reason
         if bus.enabled:

@@ -1,0 +1,278 @@
+"""Replays that do not reproduce their forward: the checks a recording runs on every replay.
+
+Owns `ReplayWatch` (what one checkpointed region's forward used, and how its replay
+compares), the switch `set_checks` / `checks`, and the four kinds of divergence with
+their diagnosis codes (`DIVERGENCES`). Emits `replay_diverged` events; imports torch,
+never the UI or the renderers. The trace side (torch-free) is `ckpt_viz.trace.divergence`.
+
+NOTE [ Replay divergence checks ]
+  1. Cost: a watch is made only while a recording listens in this context and the
+     switch is on (`active()`); otherwise the hook points cost one attribute read.
+  2. Forward: a TorchFunctionMode sees every torch call of the region's own forward
+     (its excluded regions are skipped: their replay serves the forward's output).
+     Leaves that require grad and are not checkpoint inputs are the *parameters the
+     forward used*; tensors that do not require grad, are not inputs and were not
+     made in the region are *outside state*, and those whose version counter moved
+     during the forward are the *buffers it updates*. Before the function runs, each
+     mutable non-tensor input (an object, list or dict, also inside a
+     functools.partial) gets a fingerprint of its state (`state_of`: lengths, ids,
+     shapes and version counters of the tensors it holds, small scalars; a few
+     levels deep). After it, each floating output gets a value fingerprint (float64
+     sum and L1 norm and up to 32 evenly strided elements), kept on the device.
+  3. Replay: before it, the inputs' fingerprints again and the buffers' versions;
+     after it, the leaves its graph reaches from its outputs, the buffers' versions
+     and the outputs' fingerprints (one device sync). Each kind found gives one
+     `replay_diverged` event (data: divergence, code, region, details, count):
+       gradient_lost    a parameter the forward used is not reached by the replay's
+                        graph (the HF KV-cache case: the values are identical, the
+                        key/value projections get no gradient);
+       input_mutated    a non-tensor input's state changed since the forward;
+       outputs_differ   the outputs' fingerprints differ beyond float tolerance
+                        (randomness without preserve_rng_state, an input changed);
+       buffers_updated  the replay updated the forward's buffers again (BatchNorm).
+  4. Gradients are never touched: the checks read graphs, versions and values (under
+     no_grad), and change nothing autograd sees.
+  5. A non-reentrant recompute checks input_mutated and buffers_updated (its
+     gradients come from the forward's own graph, so none is lost there, and its
+     early stop leaves no outputs to compare), once per kind and frame.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from ckpt_viz import bus
+from ckpt_viz.runtime import fingerprints as fp
+
+__all__ = ["DIVERGENCES", "ReplayWatch", "active", "checks", "set_checks", "watch"]
+
+# divergence kind -> its diagnosis code (a key of ckpt_viz.events.DIAGNOSIS_CODES)
+DIVERGENCES: dict[str, str] = {
+    "gradient_lost": "replay_lost_gradient",
+    "input_mutated": "replay_input_mutated",
+    "outputs_differ": "replay_outputs_differ",
+    "buffers_updated": "replay_updated_buffers",
+}
+
+_ENV = "CKPT_VIZ_REPLAY_CHECKS"
+_checks_on = os.environ.get(_ENV, "1") != "0"
+_MAX_DETAILS = 6
+
+
+def set_checks(on: bool) -> bool:
+    """Turn replay-divergence checking on or off for every recording; return the previous setting.
+
+    The default is on; the environment variable CKPT_VIZ_REPLAY_CHECKS=0 turns it off at start.
+    """
+    global _checks_on
+    previous, _checks_on = _checks_on, bool(on)
+    return previous
+
+
+@contextlib.contextmanager
+def checks(on: bool) -> Iterator[None]:
+    """Run the block with replay-divergence checking on or off (see `set_checks`)."""
+    previous = set_checks(on)
+    try:
+        yield
+    finally:
+        set_checks(previous)
+
+
+def active() -> bool:
+    """Whether a region starting now is watched (NOTE [ Replay divergence checks ], rule 1)."""
+    return _checks_on and bus.enabled and bool(bus.current_scope().channels)
+
+
+# ---------------------------------------------------------------- the forward's view of the world
+
+_IGNORED_NAMES = frozenset({"__get__", "__set__", "detach", "detach_", "requires_grad_", "size", "dim", "numel",
+                            "data_ptr", "element_size", "is_floating_point", "is_complex", "stride",
+                            "__repr__", "__format__", "__len__", "__hash__", "__eq__"})
+
+
+def _tensors(args: tuple, kwargs: dict | None) -> Iterator[torch.Tensor]:
+    for value in (*args, *(kwargs.values() if kwargs else ())):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif type(value) in (list, tuple):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    yield item
+
+
+class _ForwardMode(TorchFunctionMode):
+    """Sees the region's torch calls in its forward (NOTE rule 2)."""
+
+    def __init__(self, watch: ReplayWatch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        w = self.watch
+        if w.frame_recording_exclude() or getattr(func, "__name__", "") in _IGNORED_NAMES:
+            return func(*args, **kwargs)
+        skip, made = w.inputs, w.made
+        for t in _tensors(args, kwargs):
+            key = id(t)
+            if key in skip or key in made:
+                continue
+            if t.requires_grad:
+                if t.is_leaf and key not in w.params:
+                    w.params[key] = t
+            elif key not in w.outside:
+                w.outside[key] = (t, t._version)
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            made.add(id(out))
+        elif type(out) in (tuple, list):
+            made.update(id(o) for o in out if isinstance(o, torch.Tensor))
+        return out
+
+
+# ---------------------------------------------------------------- one region's watch
+class ReplayWatch:
+    """What one region's forward used and produced; compared with each replay (NOTE rules 2-3)."""
+
+    def __init__(self, frame: Any, args: tuple, kwargs: dict, inputs: tuple) -> None:
+        self._frame = weakref.ref(frame)
+        self.region = getattr(frame.function, "__qualname__", None) or type(frame.function).__name__
+        self.inputs = {id(t) for t in inputs}
+        self.made: set[int] = set()
+        self.params: dict[int, torch.Tensor] = {}
+        self.outside: dict[int, tuple[torch.Tensor, int]] = {}
+        self.buffers: list[tuple[weakref.ref, int]] = []
+        self.output_prints: list[tuple[torch.Tensor | None, int, torch.dtype]] | None = None
+        self.reported: set[str] = set()
+        self._before: list[int] = []  # the buffers' versions when the replay started
+        self.watched: list[torch.Tensor] = []  # parameters the replay's graph reaches
+        names = fp.argument_names(frame.function, args, kwargs)
+        self.objects = [(name, value) for name, value in names if fp.mutable(value)]
+        self.states = [fp.state_of(value, name) for name, value in self.objects]
+
+    def frame_recording_exclude(self) -> bool:
+        frame = self._frame()
+        return frame is not None and getattr(frame, "recording_exclude", False)
+
+    def mode(self) -> _ForwardMode:
+        return _ForwardMode(self)
+
+    def forward_done(self, outputs: tuple | None) -> None:
+        """After the forward: keep the buffers it updated and the outputs' fingerprints."""
+        self.buffers = [(weakref.ref(t), t._version) for t, version in self.outside.values() if t._version != version]
+        self.outside = {}
+        self.made = set()
+        if outputs is not None:
+            self.output_prints = [(fp.fingerprint(o), o.numel(), o.dtype) for o in outputs]
+
+    def replay_starting(self) -> None:
+        self._before = [t._version if (t := ref()) is not None else -1 for ref, _ in self.buffers]
+
+    def replay_done(self, emit: Callable[..., Any], outputs: list[torch.Tensor] | None) -> None:
+        """Compare the replay that just ran with the forward and emit one event per divergence found."""
+        frame = self._frame()
+        function = frame.function if frame is not None else None
+        found: dict[str, list[str]] = {}
+        changes = [c for (name, value), state in zip(self.objects, self.states)
+                   for c in fp.state_changes(state, fp.state_of(value, name))]
+        if changes:
+            found["input_mutated"] = changes
+        updated = [(ref(), old) for (ref, _), old in zip(self.buffers, self._before)
+                   if ref() is not None and ref()._version != old]
+        if updated:
+            found["buffers_updated"] = fp.buffer_names([t for t, _ in updated], fp.names_in(function, "buffers"))
+        if outputs is not None:
+            differ = outputs is not None and self._outputs_differ(outputs)
+            if differ:
+                found["outputs_differ"] = differ
+            reachable = [o for o in outputs if o.requires_grad]
+            if reachable and self.params:
+                reached = fp.reached_leaves(reachable)
+                lost = [p for key, p in self.params.items() if key not in reached]
+                self.watched = [p for key, p in self.params.items() if key in reached]
+                if lost:
+                    found["gradient_lost"] = [f"{self._name(p, function)} (not reached by the replay's graph)"
+                                              for p in lost]
+        self.params = {}
+        self._emit_found(emit, found)
+
+    def _emit_found(self, emit: Callable[..., Any], found: dict[str, list[str]]) -> None:
+        for kind, details in found.items():
+            if kind in self.reported:
+                continue
+            self.reported.add(kind)
+            emit("replay_diverged", divergence=kind, code=DIVERGENCES[kind], region=self.region,
+                 details=details[:_MAX_DETAILS], count=len(details))
+
+    def _name(self, p: torch.Tensor, function: Any) -> str:
+        return bus.name_of(p) or fp.names_in(function, "parameters").get(id(p)) or fp.tensor_label(p)
+
+    # The replay's graph reaches a parameter, yet none of the gradient reaches it (the HF cache case:
+    # the replay's keys are cut off by a slice or a mask). Hooks on the parameters see this region's
+    # own backward only: they exist while its `torch.autograd.backward` runs, and return nothing.
+
+    @contextlib.contextmanager
+    def gradients(self, emit: Callable[..., Any]) -> Iterator[None]:
+        """Around the region's backward over its replay: a parameter the replay's graph reaches that gets no
+        gradient, or an all-zero one, while others get one, lost its gradient."""
+        nonzero: dict[int, torch.Tensor] = {}
+
+        def seen(key: int, grad: torch.Tensor) -> None:
+            nonzero[key] = torch.count_nonzero(grad)
+
+        watched, self.watched = self.watched, []
+        hooks = [p.register_hook(functools.partial(seen, id(p))) for p in watched]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if not nonzero:  # nothing flowed at all: nothing to compare
+            return
+        counts = dict(zip(nonzero, torch.stack(list(nonzero.values())).tolist()))
+        lost = [p for p in watched if not counts.get(id(p))] if any(counts.values()) else []
+        if lost:
+            frame = self._frame()
+            function = frame.function if frame is not None else None
+            self._emit_found(emit, {"gradient_lost": [f"{self._name(p, function)} (zero gradient)" for p in lost]})
+
+    def _outputs_differ(self, outputs: list[torch.Tensor]) -> list[str]:
+        prints = self.output_prints
+        if prints is None:
+            return []
+        if len(prints) != len(outputs):
+            return [f"{len(prints)} tensor outputs in the forward, {len(outputs)} in the replay"]
+        pairs = [(i, old, fp.fingerprint(o), n, dtype) for i, ((old, n, dtype), o) in enumerate(zip(prints, outputs))
+                 if old is not None]
+        pairs = [p for p in pairs if p[2] is not None]
+        if not pairs:
+            return []
+        sizes = [len(p[1]) for p in pairs]
+        flat = torch.cat([torch.cat([p[1], p[2].to(p[1].device)]) for p in pairs]).tolist()
+        found, at = [], 0
+        for (i, _, again, n, dtype), size in zip(pairs, sizes):
+            a, b = flat[at:at + size], flat[at + size:at + size + len(again)]
+            at += size + len(again)
+            if fp.differs(a, b, n, dtype):
+                found.append(f"output {i}: sum {a[0]:.6g} in the forward, {b[0]:.6g} in the replay")
+        return found
+
+
+def watch(frame: Any, args: tuple, kwargs: dict, inputs: tuple) -> ReplayWatch | None:
+    """A watch for the region about to run, or None when no recording checks it (NOTE rule 1)."""
+    if not active():
+        return None
+    return ReplayWatch(frame, args, kwargs, inputs)
+
+
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]

@@ -1,0 +1,220 @@
+"""Cheap fingerprints for the replay-divergence checks: object state, tensor values, names.
+
+Owns what `ckpt_viz.runtime.divergence` compares between a region's forward and its
+replay (NOTE [ Replay divergence checks ] there, rule 2): `state_of` (a mutable
+object's state as path -> token), `fingerprint` / `differs` (a tensor's values), the
+parameters a replay graph reaches, and the names shown for arguments, parameters and
+buffers. Imports torch; never the UI.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+__all__ = ["argument_names", "buffer_names", "differs", "fingerprint", "mutable", "names_in", "owner_of",
+           "reached_leaves", "state_changes", "state_of", "tensor_label"]
+
+_SAMPLES = 32
+_STATE_ENTRIES = 256
+_STATE_DEPTH = 4
+
+
+# ---------------------------------------------------------------- object state
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, range,
+          enum.Enum, type)
+
+
+def _skip(obj: Any) -> bool:
+    return (isinstance(obj, torch.nn.Module) or (callable(obj) and not hasattr(obj, "__dict__"))
+            or isinstance(obj, (type, functools.partial)) or type(obj).__name__ in ("function", "method", "module"))
+
+
+def state_of(obj: Any, path: str = "", out: dict[str, tuple] | None = None, depth: int = 0,
+             seen: set[int] | None = None) -> dict[str, tuple]:
+    """A cheap fingerprint of a mutable object's state: path -> token (NOTE rule 2)."""
+    out = {} if out is None else out
+    seen = set() if seen is None else seen
+    if len(out) >= _STATE_ENTRIES:
+        return out
+    if isinstance(obj, torch.Tensor):
+        out[path] = ("tensor", id(obj), tuple(obj.shape), obj._version)
+        return out
+    if isinstance(obj, _ATOMS):
+        if isinstance(obj, (bool, int, float)) or (isinstance(obj, str) and len(obj) <= 64) or obj is None:
+            out[path] = ("value", obj)
+        return out
+    if _skip(obj) or id(obj) in seen or depth > _STATE_DEPTH:
+        return out
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple)):
+        out[path] = ("items", len(obj))
+        for i, item in enumerate(obj[:32]):
+            state_of(item, f"{path}[{i}]", out, depth + 1, seen)
+    elif isinstance(obj, dict):
+        out[path] = ("items", len(obj))
+        for key in list(obj)[:32]:
+            state_of(obj[key], f"{path}[{str(key)[:24]!r}]", out, depth + 1, seen)
+    elif isinstance(obj, (set, frozenset)):
+        out[path] = ("items", len(obj))
+    else:
+        fields = getattr(obj, "__dict__", None)
+        names = list(fields) if isinstance(fields, dict) else list(getattr(type(obj), "__slots__", ()))
+        out[path] = ("object", type(obj).__name__)
+        for name in names[:32]:
+            if not name.startswith("__") and hasattr(obj, name):
+                state_of(getattr(obj, name), f"{path}.{name}", out, depth + 1, seen)
+    return out
+
+
+def mutable(obj: Any) -> bool:
+    return not (isinstance(obj, (torch.Tensor, *_ATOMS)) or _skip(obj))
+
+
+def _show(token: tuple | None) -> str:
+    if token is None:
+        return "absent"
+    kind = token[0]
+    if kind == "tensor":
+        return f"tensor {list(token[2])}"
+    if kind == "items":
+        return f"{token[1]} items"
+    if kind == "object":
+        return f"a {token[1]}"
+    return repr(token[1])[:40]
+
+
+def state_changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    found = []
+    for path in dict.fromkeys([*before, *after]):
+        old, new = before.get(path), after.get(path)
+        if old == new:
+            continue
+        if old and new and old[0] == new[0] == "tensor" and old[2] == new[2]:
+            what = "modified in place" if old[1] == new[1] else f"replaced by another tensor {list(new[2])}"
+            found.append(f"{path}: {what}")
+        else:
+            found.append(f"{path}: {_show(old)} -> {_show(new)}")
+    return found
+
+
+# ---------------------------------------------------------------- value fingerprints
+
+def fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    if not t.is_floating_point() or t.numel() == 0:
+        return None
+    with torch.no_grad():
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // _SAMPLES)
+        return torch.cat([flat.sum(dtype=torch.float64).view(1),
+                          torch.linalg.vector_norm(flat, 1, dtype=torch.float64).view(1),
+                          flat[::step][:_SAMPLES].to(torch.float64)])
+
+
+def differs(a: list[float], b: list[float], numel: int, dtype: torch.dtype) -> bool:
+    rtol = 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+    if len(a) != len(b):
+        return True
+    scale = max(abs(a[1]), abs(b[1]))
+    if abs(a[0] - b[0]) > rtol * scale + 1e-12 or abs(a[1] - b[1]) > rtol * scale + 1e-12:
+        return True
+    mean_abs = scale / max(numel, 1)
+    return any(abs(x - y) > rtol * (abs(x) + mean_abs) + 1e-12 for x, y in zip(a[2:], b[2:]))
+
+
+
+def owner_of(function: Any) -> torch.nn.Module | None:
+    """The module a checkpointed function belongs to, for naming its parameters and buffers."""
+    if isinstance(function, functools.partial):
+        inner = owner_of(function.func)
+        return inner if inner is not None else next(
+            (a for a in function.args if isinstance(a, torch.nn.Module)), None)
+    if isinstance(function, torch.nn.Module):
+        return function
+    owner = getattr(function, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def reached_leaves(values: list[torch.Tensor]) -> set[int]:
+    seen: set[int] = set()
+    found: set[int] = set()
+    stack = [v.grad_fn for v in values if v.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            found.add(id(variable))
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def _positional_names(function: Any, count: int) -> list[str]:
+    """The names of the first `count` positional parameters, from the function or its module's forward."""
+    owner = owner_of(function)
+    for target in (function, getattr(type(owner), "forward", None) if owner is not None else None):
+        if target is None:
+            continue
+        try:
+            params = list(inspect.signature(target).parameters.values())
+        except (TypeError, ValueError):
+            continue
+        if params and params[0].name == "self" and not inspect.ismethod(target):
+            params = params[1:]
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(names) >= count:
+            return names[:count]
+    return [f"argument {i}" for i in range(count)]
+
+
+def argument_names(function: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    if not any(mutable(a) for a in (*args, *kwargs.values())) and not isinstance(function, functools.partial):
+        return []  # the common case: tensors and plain values only
+    named = [*zip(_positional_names(function, len(args)), args), *((str(k), v) for k, v in kwargs.items())]
+    if isinstance(function, functools.partial):
+        named += [(f"partial argument {i}", a) for i, a in enumerate(function.args)]
+        named += [(str(k), v) for k, v in function.keywords.items()]
+    leaves = []
+    for name, value in named:  # lists, tuples and dicts of arguments are looked into one level
+        if type(value) in (list, tuple):
+            leaves += [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        elif type(value) is dict:
+            leaves += [(f"{name}[{k!r}]", v) for k, v in value.items()]
+        else:
+            leaves.append((name, value))
+    return leaves
+
+
+def names_in(function: Any, what: str) -> dict[int, str]:
+    owner = owner_of(function)
+    if owner is None:
+        return {}
+    items = owner.named_parameters() if what == "parameters" else owner.named_buffers()
+    return {id(t): n for n, t in items}
+
+
+def buffer_names(updated: list[torch.Tensor], names: dict[int, str]) -> list[str]:
+    """One line per module: a BatchNorm's running statistics are named together (its version-counted
+    num_batches_tracked moves; the kernel updates running_mean and running_var in place without a bump)."""
+    lines: dict[str, str] = {}
+    for t in updated:
+        name = names.get(id(t))
+        if name is None:
+            lines[str(id(t))] = f"{tensor_label(t)}: updated again in the replay"
+            continue
+        module, _, _ = name.rpartition(".")
+        siblings = [n for n in names.values() if n.rpartition(".")[0] == module]
+        lines[module] = f"{', '.join(siblings)}: updated again in the replay"
+    return list(lines.values())
+
+
+def tensor_label(t: torch.Tensor) -> str:
+    return f"a tensor of shape {list(t.shape)}"
+
+
