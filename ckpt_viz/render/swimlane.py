@@ -20,23 +20,15 @@ from typing import Any
 
 import altair as alt
 
+from ckpt_viz.render import palette
 from ckpt_viz.trace import Trace
 from ckpt_viz.trace.cache import derived, event_column
 from ckpt_viz.trace.lifecycle import STATES, lifecycle
 
 __all__ = ["LIFECYCLE_COLOURS", "lane_label", "lifecycle_intervals", "render_lifecycles"]
 
-LIFECYCLE_COLOURS: dict[str, str] = {  # one per state of `ckpt_viz.trace.lifecycle.STATES`, in its order
-    "not_created": "#ffffff",
-    "recorded": "#fee391",
-    "phase_dx": "#9ecae1",
-    "phase_dw": "#fdae6b",
-    "replaying": "#006d2c",
-    "replayed": "#31a354",
-    "retained": "#a1d99b",
-    "released": "#d9d9d9",
-    "collected": "#fcbba1",
-}
+LIFECYCLE_COLOURS: dict[str, str] = palette.STATE_COLOURS  # one per `STATES`, in its order (the one palette)
+_LEGEND_WORDS = "{" + ", ".join(f"'{k}': '{v}'" for k, v in palette.STATE_WORDS.items()) + "}"
 
 
 def lane_label(handle_id: int, tags: Any, name: str | None = None) -> str:
@@ -126,7 +118,7 @@ def _lane(life: Any, h: int, tags: Any, end: int, order: int, name: str | None) 
 
 def render_lifecycles(trace: Trace, *, cursor: int | None = None, start: int | None = None,
                       stop: int | None = None) -> alt.Chart:
-    """One lane per handle (grouped by stage and micro-batch), bars by state, red crosses at refused replays.
+    """One lane per handle (grouped by stage and micro-batch), bars by state, dark red crosses at refused replays.
 
     Args:
         cursor: an event seq, drawn as a rule.
@@ -142,15 +134,16 @@ def render_lifecycles(trace: Trace, *, cursor: int | None = None, start: int | N
         x2="end_seq:Q",
         y=y,
         color=alt.Color("state:N", scale=alt.Scale(domain=list(STATES),
-                                                   range=[LIFECYCLE_COLOURS[s] for s in STATES])),
+                                                   range=[LIFECYCLE_COLOURS[s] for s in STATES]),
+                        legend=alt.Legend(title="handle state", labelExpr=f"{_LEGEND_WORDS}[datum.label]")),
         tooltip=["lane:N", "state:N", "start_seq:Q", "end_seq:Q", "reason:N"],
     )
     layers: list[Any] = [bars]
     if refused:
-        layers.append(alt.Chart(alt.Data(values=refused)).mark_point(shape="cross", color="#d62728", size=120,
-                                                                     filled=True).encode(
-            x="seq:Q", y=y, tooltip=["lane:N", "seq:Q", "reason:N"]))
+        cross = alt.Chart(alt.Data(values=refused)).mark_point(shape="cross", color=palette.MARK_COLOURS["refused"],
+                                                               size=120, filled=True)
+        layers.append(cross.encode(x="seq:Q", y=y, tooltip=["lane:N", "seq:Q", "reason:N"]))
     if cursor is not None:
-        layers.append(alt.Chart(alt.Data(values=[{"seq": cursor}])).mark_rule(color="#d62728", strokeWidth=2)
-                      .encode(x="seq:Q"))
+        rule = alt.Chart(alt.Data(values=[{"seq": cursor}])).mark_rule(color=palette.CURSOR_COLOUR, strokeWidth=2)
+        layers.append(rule.encode(x="seq:Q"))
     return alt.layer(*layers).properties(height=max(24 * len(lanes), 48), title="handle lifecycles")
