@@ -26,7 +26,7 @@ __all__ = ["CURSOR_PICK", "OTHER_NOTABLE", "format_bytes", "memory_peak", "memor
            "other_note", "render_memory"]
 
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
-CURSOR_PICK = "cursor_pick"  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
+CURSOR_PICK = palette.CURSOR_PICK  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
 OTHER_NOTABLE = 0.2  # "other" this share of the total or more gets a note (see `other_note`)
 _PASS_LABELS = {"F": "forward", "DX": "DX", "DW": "DW", "B": "backward"}
 

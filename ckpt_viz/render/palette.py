@@ -36,6 +36,7 @@ __all__ = [
     "CATEGORY_MEANINGS",
     "CATEGORY_WORDS",
     "CURSOR_COLOUR",
+    "CURSOR_PICK",
     "MARK_COLOURS",
     "MODE_COLOURS",
     "PEAK_COLOUR",
@@ -152,6 +153,7 @@ MODE_COLOURS: dict[str, str] = {
 
 # -- marks (NOTE rule 3)
 CURSOR_COLOUR = "#d6008f"            # magenta: the shared cursor
+CURSOR_PICK = "cursor_pick"          # the name of every chart's click selection that moves the cursor
 MARK_COLOURS: dict[str, str] = {
     "refused": "#a50f15",           # dark red cross: a refused replay
     "error": "#a50f15",
