@@ -52,7 +52,7 @@ from torch.utils._pytree import tree_flatten
 from ckpt_viz import bus
 from ckpt_viz.runtime import fingerprints as fp
 
-__all__ = ["DIVERGENCES", "ReplayWatch", "active", "checks", "set_checks", "watch"]
+__all__ = ["DIVERGENCES", "OFF", "ReplayWatch", "active", "checks", "set_checks", "watch"]
 
 # divergence kind -> its diagnosis code (a key of ckpt_viz.events.DIAGNOSIS_CODES)
 DIVERGENCES: dict[str, str] = {
@@ -166,6 +166,13 @@ class ReplayWatch:
     def mode(self) -> _ForwardMode:
         return _ForwardMode(self)
 
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        """The forward of a frame whose outputs are not compared (non-reentrant; NOTE rule 5)."""
+        with self.mode():
+            yield
+        self.forward_done(None)
+
     def forward_done(self, outputs: tuple | None) -> None:
         """After the forward: keep the buffers it updated and the outputs' fingerprints."""
         self.buffers = [(weakref.ref(t), t._version) for t, version in self.outside.values() if t._version != version]
@@ -265,6 +272,24 @@ class ReplayWatch:
             if fp.differs(a, b, n, dtype):
                 found.append(f"output {i}: sum {a[0]:.6g} in the forward, {b[0]:.6g} in the replay")
         return found
+
+
+class _Off:
+    """The watch of a frame no recording checks: every hook point is a no-op."""
+
+    _NULL = contextlib.nullcontext()
+
+    def forward(self) -> contextlib.AbstractContextManager[None]:
+        return self._NULL
+
+    def replay_starting(self) -> None:
+        pass
+
+    def replay_done(self, emit: Callable[..., Any], outputs: list[torch.Tensor] | None) -> None:
+        pass
+
+
+OFF = _Off()
 
 
 def watch(frame: Any, args: tuple, kwargs: dict, inputs: tuple) -> ReplayWatch | None:

@@ -35,7 +35,7 @@ import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError
-from ckpt_viz.runtime import compat, memtags
+from ckpt_viz.runtime import compat, divergence, memtags
 from ckpt_viz.runtime import debug as _debug
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
@@ -102,6 +102,7 @@ class NonReentrantFrame:
         self.replay_count = 0
         self.site: str | None = None
         self._api = _API
+        self.divergence: Any = divergence.OFF  # a ReplayWatch while a recording checks its recomputes
 
     def __repr__(self) -> str:
         return f"<NonReentrantFrame h{self.handle_id} saved={len(self.weak_holders)}>"
@@ -221,6 +222,7 @@ class NonReentrantFrame:
         early_stopped = False
         try:
             args = self.get_inputs()
+            self.divergence.replay_starting()
             with torch.autograd.graph.saved_tensors_hooks(lambda x: self._recompute_pack(key, x), lambda x: x), \
                     torch.enable_grad():
                 try:
@@ -229,6 +231,7 @@ class NonReentrantFrame:
                     early_stopped = True
             self.is_recomputed[key] = True
             self._check_recomputed(key)
+            self.divergence.replay_done(self._emit, None)
         except BaseException as exc:
             if bus.enabled:
                 self._emit("replay_failed", type=type(exc).__name__, message=str(exc))
@@ -361,9 +364,11 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
                                      "nbytes": _nbytes(a)} for a in args if isinstance(a, torch.Tensor)])
         frame.site = event.site if event is not None else None
         frame._emit("forward_started", capture_site=False, device_type=state.device_type)
+        frame.divergence = divergence.watch(frame, args, kwargs, (*args, *kwargs.values())) or divergence.OFF
     try:
         unpack = _debug.unpack_hook(frame) if _debug.is_debug_handle(frame) else frame._unpack
-        with torch.autograd.graph.saved_tensors_hooks(frame._pack, unpack), state.forward_context:
+        with torch.autograd.graph.saved_tensors_hooks(frame._pack, unpack), state.forward_context, \
+                frame.divergence.forward():
             output = function(*args, **kwargs)
         frame.forward_completed = True
         state.check_device_state_preserved(preserve_rng_state, api=_API)
