@@ -42,12 +42,14 @@ __all__ = [
     "PEAK_COLOUR",
     "PHASE_ACTION",
     "PHASE_WORDS",
+    "REASON_WORDS",
     "STATE_COLOURS",
     "STATE_FILLS",
     "STATE_WORDS",
     "action_word",
     "category_word",
     "phase_word",
+    "reason_word",
     "state_word",
 ]
 
@@ -141,6 +143,19 @@ ACTION_WORDS: dict[str, str] = {
 PHASE_WORDS: dict[str, str] = {"ordinary": "ordinary", "dx": "DX", "dw": "DW"}
 PHASE_ACTION: dict[str, str] = {"ordinary": "B", "dx": "DX", "dw": "DW"}  # a backward in that phase
 
+# -- release reasons (`ckpt_viz.events.RELEASE_REASONS` and the lifecycle's derived ones) in words
+REASON_WORDS: dict[str, str] = {
+    "ordinary_backward_complete": "its backward finished",
+    "dw_complete": "DW finished",
+    "backward_exception": "the backward raised",
+    "forward_exception": "the forward raised",
+    "session_cleared": "its recompute session was cleared",
+    "explicit_release": "the code released it",
+    "consumed": "the backward used every recomputed tensor",
+    "released": "it was already released",
+    "collected": "its autograd node was already collected",
+}
+
 # -- runs compared side by side (Compare modes): one line colour per mode
 MODE_COLOURS: dict[str, str] = {
     "none": "#57606a",                 # grey: no checkpoint
@@ -179,3 +194,8 @@ def phase_word(phase: str | None) -> str:
 def action_word(action: str) -> str:
     """"DX" -> "DX (input grads)"."""
     return ACTION_WORDS.get(action, action)
+
+
+def reason_word(reason: str | None) -> str:
+    """"dw_complete" -> "DW finished" (unknown reasons with underscores as spaces; None -> "")."""
+    return "" if reason is None else REASON_WORDS.get(reason, reason.replace("_", " "))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ckpt_viz.render.eventlog import event_rows, filter_events
+from ckpt_viz.render.eventlog import ROW_COLUMNS, describe_event, event_rows, filter_events, rows_text
 from ckpt_viz.trace import Trace
 from traces import nonreentrant_trace, refused_trace, split_trace
 
@@ -58,3 +58,35 @@ def test_rows_are_flat_strings_for_a_table() -> None:
     assert session_row["handle"] == "" and session_row["session"] == "s" and session_row["phase"] == ""
     long = event_rows([refused_trace().events[10]])[0]["details"]
     assert "message=ckpt_viz.checkpoint (backward): Cannot replay a released reentrant checkpoint h0" in long
+
+
+def test_details_are_whole_and_the_plain_text_keeps_every_column_of_the_table() -> None:
+    trace = refused_trace()
+    message = "first line of a long message " * 6 + "\nsecond line"
+    error = trace.events[10]
+    long = type(error).from_dict({**error.to_dict(), "data": {**error.data, "message": message}})
+    rows = event_rows([trace.events[8], trace.events[9], long])
+    assert f"message={message.splitlines()[0].strip()} | second line  code=" in rows[2]["details"]  # nothing cut
+    text = rows_text(rows, marker=9)
+    lines = text.splitlines()
+    assert lines[0].split() == [c for c in ROW_COLUMNS if c != "session" and c != "tags"]  # empty columns dropped
+    for row, line in zip(rows, lines[1:]):
+        for column in ROW_COLUMNS:
+            assert str(row[column]) in line, (column, line)
+    assert lines[2].startswith(">") and not lines[1].startswith(">")
+
+
+def test_the_cursor_line_is_in_words() -> None:
+    trace = split_trace()
+    names = {0: "blocks.0", 1: "blocks.1"}
+    first = describe_event(trace.events[0], names)
+    assert first == "seq 0 · handle created · h0 blocks.0 · split DX/DW · stage 0 · micro-batch 0 · model.py:10"
+    assert "collector" not in first and "input_count" not in first and "=" not in first
+    assert describe_event(trace.events[9], names) == (
+        "seq 9 · replay started · h1 blocks.1 · DX pass · for a backward · train.py:21")
+    assert describe_event(trace.events[16]) == "seq 16 · phase set · h0 · DW pass · phase set to DW · train.py:22"
+    assert describe_event(trace.events[20]) == "seq 20 · released · h1 · DW pass · because DW finished · train.py:23"
+    refused = refused_trace()
+    assert describe_event(refused.events[9]) == (
+        "seq 9 · replay refused · h0 · refused because it was already released · train.py:9")
+    assert describe_event(refused.events[10]).startswith("seq 10 · error · h0 · HandleReleasedError · ")
