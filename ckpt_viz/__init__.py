@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ckpt_viz.bus import subscribe, tag
-from ckpt_viz.diagnose import Diagnosis, diagnose, diagnose_all
+from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, explain
 from ckpt_viz.errors import (
     CheckpointError,
     CheckpointUsageError,
@@ -22,9 +22,17 @@ from ckpt_viz.errors import (
 from ckpt_viz.events import EVENT_KINDS, RELEASE_REASONS, Event
 from ckpt_viz.recording import Recording, record
 from ckpt_viz.render import palette  # the one palette and vocabulary (NOTE [ One palette ])
-from ckpt_viz.render.eventlog import event_rows, filter_events
-from ckpt_viz.render.graph import GRAPH_LEGEND, render_graph, render_torchviz_view
+from ckpt_viz.render.eventlog import describe_event, event_rows, filter_events, rows_text
+from ckpt_viz.render.graph import (
+    GRAPH_LEGEND,
+    TORCHVIZ_LEGEND,
+    collapse_runs,
+    refused_handles,
+    render_graph,
+    render_torchviz_view,
+)
 from ckpt_viz.render.perfetto import render_perfetto
+from ckpt_viz.render.phases import aligned_seq, phase_spans
 from ckpt_viz.render.routing import render_routing, routing_at
 from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
@@ -34,7 +42,8 @@ from ckpt_viz.trace.index import TraceIndex, event_column
 from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transition, lifecycle
 
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
-    from ckpt_viz.render.memory import format_bytes, memory_peak, render_memory
+    from ckpt_viz.render.memory import format_bytes, memory_peak, memory_table, other_note, render_memory
+    from ckpt_viz.render.svg import dot_svg
     from ckpt_viz.render.swimlane import render_lifecycles
     from ckpt_viz.run.scenarios import MODES, run_scenario
     from ckpt_viz.run.schedules import SCHEDULES
@@ -50,8 +59,11 @@ _LAZY = {
     "MODES": "ckpt_viz.run.scenarios",
     "SCHEDULES": "ckpt_viz.run.schedules",
     "build_builtin": "ckpt_viz.run.zoo",
+    "dot_svg": "ckpt_viz.render.svg",
     "format_bytes": "ckpt_viz.render.memory",
     "memory_peak": "ckpt_viz.render.memory",
+    "memory_table": "ckpt_viz.render.memory",
+    "other_note": "ckpt_viz.render.memory",
     "record_in_subprocess": "ckpt_viz.usermodel.sandbox",
     "render_lifecycles": "ckpt_viz.render.swimlane",
     "render_memory": "ckpt_viz.render.memory",
@@ -69,11 +81,13 @@ __all__ = [
     "SCHEDULES",
     "STATES",
     "STATE_MEANINGS",
+    "TORCHVIZ_LEGEND",
     "CheckpointError",
     "CheckpointUsageError",
     "CkptVizError",
     "Diagnosis",
     "Event",
+    "Finding",
     "GraphReleasedError",
     "HandleReleasedError",
     "Lifecycle",
@@ -84,21 +98,30 @@ __all__ = [
     "TraceError",
     "TraceIndex",
     "Transition",
+    "aligned_seq",
     "build_builtin",
+    "collapse_runs",
     "derived",
+    "describe_event",
     "diagnose",
     "diagnose_all",
+    "dot_svg",
     "event_column",
     "event_rows",
+    "explain",
     "filter_events",
     "format_bytes",
     "format_event",
     "lifecycle",
     "memory_peak",
+    "memory_table",
     "obtain_trace",
+    "other_note",
     "palette",
+    "phase_spans",
     "record",
     "record_in_subprocess",
+    "refused_handles",
     "render_graph",
     "render_lifecycles",
     "render_memory",
@@ -107,6 +130,7 @@ __all__ = [
     "render_text",
     "render_torchviz_view",
     "routing_at",
+    "rows_text",
     "run_scenario",
     "subscribe",
     "tag",

@@ -16,5 +16,6 @@ DEFAULT_MODEL = "mlp"
 BROKEN_SCENARIO_NAMES: tuple[str, ...] = (
     "dx-after-dw", "second-backward", "phase-never-set", "session-cleared-early", "prefire-after-backward",
     "outputs-dropped", "dw-without-trigger", "dx-without-retain-graph", "released-by-hand", "session-never-bound",
-    "session-mismatch",
+    "session-mismatch", "dw-skips-a-handle", "params-without-grad", "session-never-cleared", "replayed-twice",
+    "unpacked-twice", "saved-count-mismatch", "metadata-mismatch",
 )

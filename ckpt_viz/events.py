@@ -80,7 +80,8 @@ class DiagnosisCode:
 
     Attributes:
         code: the name `ckpt_viz.diagnose` reports and errors carry as `.code`.
-        spec_id: the cause's id in spec section 4.2 ("R1"...), for docs and tests only; never shown to users.
+        spec_id: the cause's id in spec section 4.2 ("R1"...), or "S1"... for a silent problem of the debugger;
+            for docs and tests only; never shown to users.
         cause: what happened, in plain words.
         fix: the next step `Diagnosis.fix` gives.
         tip: the "Tip: ..." of the ckpt_viz error that carries this code, or None where no error of
@@ -182,6 +183,47 @@ DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
         code="prefire_after_release", spec_id="R15", reasons=("ordinary_backward_complete", "dw_complete"),
         cause="A prefire came after an ordinary or DW backward had already released the handle.",
         fix="Prefire a micro-batch only before its first backward; skip handles already released."),
+    # Problems that raise nothing, or that a non-reentrant replay reports (see ckpt_viz/debug/silent.py).
+    DiagnosisCode(
+        code="dw_skipped_handles", spec_id="S1",
+        cause="A DW pass skipped handles that DX had reached: they were never released and their captured "
+              "parameters got no weight gradient.",
+        fix="Pass every handle of the micro-batch to backward_weight(..., handles=...) (or each one's "
+            "backward_trigger in DW's inputs); release() handles you cancel."),
+    DiagnosisCode(
+        code="params_without_grad", spec_id="S2",
+        cause="Parameters the checkpointed block captures got no gradient from its backward.",
+        fix="Check that the block uses every parameter it owns in its forward, and that the replay reaches them "
+            "(no detached copies, no cache of the forward's results)."),
+    DiagnosisCode(
+        code="session_never_cleared", spec_id="S3",
+        cause="A recompute session had handles bound to it and was never cleared: its members and their "
+              "replayed tensors stay alive.",
+        fix="Call clear_recompute_session(sid) after the last consumer (DW) of each micro-batch, or pass "
+            "session_id to backward_weight, which clears it."),
+    DiagnosisCode(
+        code="replayed_more_than_once", spec_id="S4",
+        cause="A handle was replayed more than once for one micro-batch: its forward ran again each time "
+              "(slower, and state such as BatchNorm statistics is updated again).",
+        fix="Share one replay between DX and DW: pass the same session_id to backward_input and "
+            "backward_weight, or bind the handle with recompute_handle(h, sid) in a retaining session."),
+    DiagnosisCode(
+        code="unpacked_twice_in_session", spec_id="S5",
+        cause="A non-reentrant checkpoint's saved tensor was unpacked twice in one non-retaining recompute "
+              "session (two backwards through it in the same session).",
+        fix="Run both passes inside recompute_session_ctx(sid, retain_on_unpack=True), or give the second pass "
+            "its own session id."),
+    DiagnosisCode(
+        code="saved_count_mismatch", spec_id="S6",
+        cause="The replay saved a different number of tensors than the forward: the checkpointed function took "
+              "another path when it ran again.",
+        fix="Make the checkpointed function do the same work in its replay: no data-dependent or stateful control "
+            "flow, keep preserve_rng_state=True (or pass early_stop=True)."),
+    DiagnosisCode(
+        code="metadata_mismatch", spec_id="S7",
+        cause="The replay produced tensors of other shapes or dtypes than the forward did.",
+        fix="Keep the inputs, autocast and control flow of the checkpointed function the same between forward and "
+            "replay, or pass determinism_check='none' if the difference is intended."),
     # Replays that do not reproduce their forward (`replay_diverged` events; see ckpt_viz/runtime/divergence.py).
     DiagnosisCode(
         code="replay_lost_gradient", spec_id="V1",

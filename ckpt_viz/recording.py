@@ -57,13 +57,19 @@ from ckpt_viz.events import Event
 from ckpt_viz.trace import MemorySample, Trace
 from ckpt_viz.trace.schema import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
 
-__all__ = ["Recording", "record"]
+__all__ = ["Recording", "last_trace", "record"]
 
 
 _WATCH_LOCK = threading.Lock()
 _watchers = 0  # open recordings; the autograd watch is installed while this is > 0 (NOTE rule 5)
 _originals: dict[str, Any] = {}
 _BY_CHANNEL: weakref.WeakKeyDictionary[bus.Channel, Recording] = weakref.WeakKeyDictionary()
+_last: list[Trace] = []  # the trace of the last recording closed in this process (`ckpt_viz.explain()`)
+
+
+def last_trace() -> Trace | None:
+    """The trace of the last `record()` block that closed in this process, or None."""
+    return _last[0] if _last else None
 
 
 def _open_here() -> list[Recording]:
@@ -152,6 +158,11 @@ class Recording:
                 self.trace.memory.append(MemorySample(seq=event.seq, t_ns=event.t_ns, bytes_by_category=totals,
                                                       device_allocated=device, by_stage=by_stage))
 
+    def assign_stage(self, tensors: Any, stage: Any) -> None:
+        """Count `tensors` (a pipeline stage's parameters) under `stage` in the memory samples' `by_stage`."""
+        if self._probe is not None:
+            self._probe.assign_stage(_tensors_in(tensors), stage)
+
     def snapshot(self, roots: Any, label: str) -> None:
         """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
         from ckpt_viz.probe.graph import capture_graph
@@ -211,6 +222,7 @@ class Recording:
                 self._channel.close()
                 _BY_CHANNEL.pop(self._channel, None)  # a handle's scope may outlive us: keep no trace alive
                 _keep_sources(self.trace)
+                _last[:] = [self.trace]
             self._release(exc_type, exc, tb)
 
     def _release(self, *exc: Any) -> None:

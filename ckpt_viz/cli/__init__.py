@@ -2,6 +2,7 @@
 
     ckpt-viz record MODEL --mode split-reentrant -o trace.json   record a run (progress on stderr)
     ckpt-viz info trace.json [--at SEQ]                            handles, replays, states, peak memory, problems
+    ckpt-viz explain trace.json [--handle N]                       each problem found: what happened, the line, the fix
     ckpt-viz export trace.json --perfetto out.json                 Chrome trace format for Perfetto
     ckpt-viz merge traces/                                         one trace from a distributed run's rank files
     ckpt-viz app                                                   start the Streamlit app
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
 from ckpt_viz.cli.app import app_command, app_path, demo_command
+from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
 from ckpt_viz.cli.merge import merge_command
 from ckpt_viz.cli.record import record_command
@@ -54,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("trace")
     info.add_argument("--at", type=int, metavar="SEQ", help="count the handle states at this event seq (default: end)")
     info.set_defaults(run=info_command)
+
+    explain = sub.add_parser("explain", help="explain every problem found in a trace file (the debugger)")
+    explain.add_argument("trace")
+    explain.add_argument("--handle", type=int, metavar="N", help="only the findings about handle hN")
+    explain.add_argument("--strict", action="store_true", help="exit with status 1 when a problem is found")
+    explain.set_defaults(run=explain_command)
 
     export = sub.add_parser("export", help="convert a trace file")
     export.add_argument("trace")

@@ -76,11 +76,21 @@ class BrokenRun:
     sessions: dict[str, RunSession] = field(default_factory=dict)
 
     def session(self, name: str) -> RunSession:
-        """A session id unique to this run, shown as `name` (see NOTE [ Run-local session ids ] in harness.py)."""
+        """A session id unique to this run, shown as `name` (see NOTE [ Run-local session ids ] in harness.py).
+
+        It is cleared when the steps end, inside the recording (a scenario about a session never
+        cleared makes its own `RunSession` and clears it in a `cleanup`).
+        """
         if name not in self.sessions:
-            sid = self.sessions[name] = RunSession(name)
-            self.cleanups.append(lambda: clear_recompute_session(sid))
+            self.sessions[name] = RunSession(name)
         return self.sessions[name]
+
+    def end(self) -> None:
+        for sid in self.sessions.values():
+            try:
+                clear_recompute_session(sid)
+            except Exception:  # a broken run may have left it half-done; the trace is what matters
+                pass
 
     def cleanup(self, fn: Callable[[], Any]) -> None:
         self.cleanups.append(fn)
@@ -202,6 +212,96 @@ def _session_mismatch(run: BrokenRun) -> None:
         loss.backward()
 
 
+def _dw_skips_a_handle(run: BrokenRun) -> None:
+    x, w1, w2 = _leaf(4, 8), _leaf(8, 8), _leaf(8, 8)
+    with reentrant_checkpoint_scope([w1, w2]) as handles:
+        mid = checkpoint(_block(w1), x, use_reentrant=True)
+        out = checkpoint(_block(w2), mid, use_reentrant=True)
+    loss = (out * out).sum()
+    run.cleanup(handles[0].release)
+    backward_input(loss, None, [x], handles=handles)
+    backward_weight(loss, None, [w2], handles=handles[1:])  # h0 left out: DW never reaches it
+
+
+class _Gated(torch.nn.Module):
+    """A block with a gate layer its forward no longer uses (a feature turned off)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.gate = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.proj(x))  # self.gate is never used
+
+
+def _params_without_grad(run: BrokenRun) -> None:
+    block, x = _Gated(), _leaf(4, 8)
+    with reentrant_checkpoint_scope(block.parameters) as handles:
+        out = checkpoint(block, x, use_reentrant=True)
+    loss = (out * out).sum()
+    backward_input(loss, None, [x], handles=handles)
+    backward_weight(loss, None, list(block.parameters()), handles=handles)
+
+
+def _session_never_cleared(run: BrokenRun) -> None:
+    x, w = _leaf(4, 8), _leaf(8, 8)
+    h, loss = _ordinary(x, w)
+    sid = RunSession("step")
+    run.cleanup(lambda: clear_recompute_session(sid))
+    recompute_handle(h, sid)  # prefire into the session
+    with recompute_session_ctx(sid, retain_on_unpack=True):
+        loss.backward()
+    # ... and no clear_recompute_session(sid): the session keeps h and its replay alive
+
+
+def _replayed_twice(run: BrokenRun) -> None:
+    x, w = _leaf(4, 8), _leaf(8, 8)
+    with recompute_handle_collector_ctx() as handles:
+        out = checkpoint(_block(w), x, use_reentrant=False)
+    loss = (out * out).sum()
+    backward_input(loss, None, [x], handles=handles)   # no session_id: DX replays ...
+    backward_weight(loss, None, [w], handles=handles)  # ... and DW replays again
+
+
+def _unpacked_twice(run: BrokenRun) -> None:
+    x, w = _leaf(4, 8), _leaf(8, 8)
+    with recompute_handle_collector_ctx() as frames:
+        out = checkpoint(_block(w), x, use_reentrant=False)
+    loss = (out * out).sum()
+    sid = run.session("step")
+    recompute_handle(frames[0], sid)  # prefire: the replay's tensors wait in the session
+    with recompute_session_ctx(sid, retain_on_unpack=False):  # each saved tensor serves one unpack
+        torch.autograd.grad(loss, [x], retain_graph=True)
+        torch.autograd.grad(loss, [w])
+
+
+def _saved_count_mismatch(run: BrokenRun) -> None:
+    x, w = _leaf(4, 8), _leaf(8, 8)
+    calls: list[int] = []
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        y = torch.tanh(t @ w)
+        return torch.sin(y) if len(calls) == 1 else y  # the replay skips a step the forward took
+
+    out = checkpoint(block, x, use_reentrant=False)
+    (out * out).sum().backward()
+
+
+def _metadata_mismatch(run: BrokenRun) -> None:
+    x = _leaf(4, 8)
+    calls: list[int] = []
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        scale = torch.full((8,), 2.0) if len(calls) > 1 else torch.full((4, 8), 2.0)  # another shape in the replay
+        return t * scale
+
+    out = checkpoint(block, x, use_reentrant=False)
+    out.sum().backward()
+
+
 BROKEN: dict[str, BrokenScenario] = {
     "dx-after-dw": BrokenScenario("DX after DW", "released_by_dw", _dx_after_dw),
     "second-backward": BrokenScenario("A second ordinary backward", "released_by_ordinary_backward",
@@ -223,6 +323,19 @@ BROKEN: dict[str, BrokenScenario] = {
                                           _session_never_bound, mode="reentrant"),
     "session-mismatch": BrokenScenario("Bound to one session, run under another", "session_mismatch",
                                        _session_mismatch, mode="reentrant"),
+    "dw-skips-a-handle": BrokenScenario("DW skips a handle", "dw_skipped_handles", _dw_skips_a_handle),
+    "params-without-grad": BrokenScenario("A parameter the block never uses", "params_without_grad",
+                                          _params_without_grad),
+    "session-never-cleared": BrokenScenario("Session never cleared", "session_never_cleared",
+                                            _session_never_cleared, mode="reentrant"),
+    "replayed-twice": BrokenScenario("DX and DW replay twice (no session)", "replayed_more_than_once",
+                                     _replayed_twice, mode="split-nonreentrant"),
+    "unpacked-twice": BrokenScenario("Two backwards in one non-retaining session", "unpacked_twice_in_session",
+                                     _unpacked_twice, mode="nonreentrant"),
+    "saved-count-mismatch": BrokenScenario("The replay takes another path", "saved_count_mismatch",
+                                           _saved_count_mismatch, mode="nonreentrant"),
+    "metadata-mismatch": BrokenScenario("The replay sees another shape", "metadata_mismatch", _metadata_mismatch,
+                                        mode="nonreentrant"),
 }
 
 # Modules that add their scenarios to BROKEN at import (NOTE rule 2); imported on first use.
@@ -251,7 +364,10 @@ def record_broken(name: str, *, seed: int = 0, memory: bool = False, graphs: boo
     rec = record(memory=memory, graphs=graphs)
     try:
         with rec:
-            scenario.run(run)
+            try:
+                scenario.run(run)
+            finally:
+                run.end()
     except Exception:  # the error is the point: record() stored it as an `error` event
         pass
     finally:

@@ -149,7 +149,8 @@ class NonReentrantFrame:
             raise CheckpointError(
                 f"{_API} (backward): No recomputed tensor was saved for this checkpoint value (frame "
                 f"h{self.handle_id}, saved tensor {holder.index}, key {key!r}).\nTip: this happens when a recompute "
-                "saved fewer tensors than the forward; make the function deterministic or pass early_stop=True.")
+                "saved fewer tensors than the forward; make the function deterministic or pass early_stop=True.",
+                code="saved_count_mismatch")
         handle = holder.handles[key]
         if handle is None:
             overlap, tip = "", ("run a second pass inside recompute_session_ctx(sid, retain_on_unpack=True), or use "
@@ -161,7 +162,8 @@ class NonReentrantFrame:
                        "tensors use backward_input/backward_weight with a session_id.")
             raise CheckpointError(
                 f"{_API} (backward): {overlap}a saved tensor was unpacked more than once in the same recompute "
-                f"session (frame h{self.handle_id}, saved tensor {holder.index}, key {key!r}).\nTip: {tip}")
+                f"session (frame h{self.handle_id}, saved tensor {holder.index}, key {key!r}).\nTip: {tip}",
+                code="unpacked_twice_in_session")
         stored = self.recomputed.get(key)
         if stored is None or handle not in stored:
             raise CheckpointError(
@@ -188,7 +190,8 @@ class NonReentrantFrame:
             raise CheckpointError(
                 f"{self._api}: recomputation tried to save more tensors during recomputation than during "
                 f"forward (frame h{self.handle_id}: forward saved {len(self.weak_holders)}).\nTip: the checkpointed "
-                "function must do the same work in its replay; check for data-dependent control flow.")
+                "function must do the same work in its replay; check for data-dependent control flow.",
+                code="saved_count_mismatch")
         holder = self.weak_holders[index]()
         if holder is not None:
             if holder.handles.get(key) is not None:
@@ -258,7 +261,7 @@ class NonReentrantFrame:
                 f"{self._api}: recomputation saved a different number of tensors during forward and "
                 f"recomputation. Forward saved {forward_count} tensors, but recomputation saved {replay_count} "
                 f"tensors (frame h{self.handle_id}).\nTip: the checkpointed function must be deterministic; keep "
-                "preserve_rng_state=True and avoid data-dependent control flow.")
+                "preserve_rng_state=True and avoid data-dependent control flow.", code="saved_count_mismatch")
         if self.metadata_fn is None:
             return
         stored = self.recomputed.get(key, {})
@@ -275,7 +278,7 @@ class NonReentrantFrame:
                 f"{self._api}: detected different tensor metadata during recomputation:\n"
                 + "\n".join(lines)
                 + f"\n(frame h{self.handle_id})\nTip: the replay must see the same shapes and dtypes; keep autocast "
-                "and inputs unchanged, or pass determinism_check='none'.")
+                "and inputs unchanged, or pass determinism_check='none'.", code="metadata_mismatch")
 
     # ------------------------------------------------------------ session protocol
 

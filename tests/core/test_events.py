@@ -149,7 +149,8 @@ def test_split_run_sequence_and_fields(quiet_gc) -> None:
     for event in events[8:]:
         _assert_site(event.site, dw_line)
     phase_sets = rec.trace.of_kind("phase_set")
-    assert [dict(e.data) for e in phase_sets] == [{"old": "ordinary", "new": "dx"}, {"old": "dx", "new": "dw"}]
+    assert [dict(e.data) for e in phase_sets] == [{"old": "ordinary", "new": "dx"},
+                                                  {"old": "dx", "new": "dw", "outer_graph_freed": False}]
     dx_routed, dw_routed = rec.trace.of_kind("grads_routed")
     assert dx_routed.data["targets"] == [0] and dx_routed.data["activations"] == [0]
     assert dw_routed.data["targets"] == [1] and dw_routed.data["explicit_params"] == [1]

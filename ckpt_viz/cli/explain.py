@@ -1,0 +1,20 @@
+"""`ckpt-viz explain trace.json`: print every finding of a saved trace, with its story and fix. Torch-free."""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["explain_command"]
+
+
+def explain_command(args: argparse.Namespace) -> int:
+    """Print the findings (all, or those of `--handle`); exit status 1 with `--strict` when there are any."""
+    from ckpt_viz.diagnose import diagnose, format_findings
+    from ckpt_viz.trace import Trace
+
+    trace = Trace.load(args.trace)
+    findings = diagnose(trace, handle=args.handle)
+    title = str(trace.meta.get("model") or args.trace)
+    if args.handle is not None:
+        title += f", h{args.handle}"
+    print(format_findings(findings, title=title))
+    return 1 if findings and args.strict else 0

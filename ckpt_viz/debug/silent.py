@@ -1,0 +1,150 @@
+"""Problems that raise nothing, read from the trace: each a code of `ckpt_viz.events.DIAGNOSIS_CODES`.
+
+NOTE [ Silent problems ]
+  1. dw_skipped_handles: a split reentrant handle that a DX backward reached and that
+     was never released, never set to dw and never reached again: DW skipped it
+     (handles left out of `backward_weight(..., handles=...)`). Handles set to dw
+     and left are the leaks of findings.py (trigger_missing_in_dw /
+     dx_without_retain_graph). One finding per DW pass that skipped handles: the
+     pass is the first DW backward after the skipped handle's DX (none: "no DW ran").
+  2. params_without_grad: a `grads_routed` event whose captured parameters include
+     one with `accumulated` false: the replay reached no gradient for it.
+  3. session_never_cleared: a session id that handles were bound to (`session_bound`,
+     `prefired`) and that no `session_cleared` followed: its members and replayed
+     tensors stay alive.
+  4. replayed_more_than_once: a handle with more than one `replay_started` under one
+     micro-batch tag (or in a run without micro-batch tags).
+  5. Errors that name their cause by code (ERROR_CODES, non-reentrant misuse): one
+     finding per such `error` event; its handle is the error's, else that of the last
+     handle event before it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ckpt_viz.debug.divergence import divergence_findings
+from ckpt_viz.debug.findings import Facts, Finding, code_of, finding
+from ckpt_viz.events import Event
+
+__all__ = ["ERROR_CODES", "silent_findings"]
+
+# Codes an `error` event carries that are a finding by themselves (NOTE rule 5).
+ERROR_CODES: tuple[str, ...] = ("unpacked_twice_in_session", "saved_count_mismatch", "metadata_mismatch")
+
+
+def _ordered(events: tuple[Event, ...]) -> tuple[Event, ...]:
+    """`events` once each (by seq), in order."""
+    return tuple({e.seq: e for e in sorted(events, key=lambda e: e.seq)}.values())
+
+
+def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
+    skipped: dict[int | None, list[tuple[int, Event]]] = {}
+    dw_passes = [e for hs in f.by_handle.values() for e in hs if e.kind == "backward_entered" and e.phase == "dw"]
+    dw_passes.sort(key=lambda e: e.seq)
+    for h, events in f.by_handle.items():
+        if h in leaked or f.lifecycle.released(h) is not None:
+            continue
+        dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx"]
+        if not dx or any(e.kind == "phase_set" and e.data.get("new") == "dw" for e in events):
+            continue
+        if any(e.kind == "backward_entered" and e.seq > dx[-1].seq for e in events):
+            continue
+        later = next((e for e in dw_passes if e.seq > dx[-1].seq), None)
+        skipped.setdefault(later.seq if later is not None else None, []).append((h, dx[-1]))
+    found = []
+    for pass_seq, items in skipped.items():
+        dw = next((e for e in dw_passes if e.seq == pass_seq), None)
+        hs = ", ".join(f"h{h}" for h, _ in items)
+        first, dx = items[0]
+        if dw is not None:
+            where = f" ({dw.site})" if dw.site else ""
+            summary = f"the DW pass at event #{dw.seq}{where} reached h{dw.handle_id} but skipped {hs}."
+            extra = (f"DW reached h{dw.handle_id} at event #{dw.seq}; it never reached {hs}.",)
+            events = (*f.story_events(first, dx, until=dx.seq), dw)
+        else:
+            summary = f"no DW ran after DX reached {hs}: never released, their parameters got no weight gradient."
+            extra = (f"No DW pass reached {hs} after its DX.",)
+            events = f.story_events(first, dx, until=dx.seq)
+        found.append(finding(f, "dw_skipped_handles", first, summary, site=dw.site if dw else dx.site,
+                             events=_ordered(events), extra=extra))
+    return found
+
+
+def _params_without_grad(f: Facts) -> list[Finding]:
+    found = []
+    for h, events in f.by_handle.items():
+        routed = next((e for e in events if e.kind == "grads_routed"
+                       and any(not c.get("accumulated", True) for c in e.data.get("captured") or ())), None)
+        if routed is None:
+            continue
+        missing = [c.get("name") or f"a parameter of shape {c.get('shape')}"
+                   for c in routed.data.get("captured") or () if not c.get("accumulated", True)]
+        names = ", ".join(str(m) for m in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        found.append(finding(f, "params_without_grad", h,
+                             f"h{h}'s {routed.phase or 'ordinary'} backward at event #{routed.seq} gave no gradient "
+                             f"to {names}.", site=routed.site,
+                             events=_ordered((*f.story_events(h, until=routed.seq), routed)),
+                             extra=(f"No gradient reached: {names}.",)))
+    return found
+
+
+def _sessions_never_cleared(f: Facts, events: list[Event]) -> list[Finding]:
+    bound: dict[str, Event] = {}
+    members: dict[str, list[int]] = {}
+    for e in events:
+        key = repr(e.session_id)
+        if e.kind in ("session_bound", "prefired") and e.session_id is not None:
+            bound.setdefault(key, e)
+            members.setdefault(key, [])
+            if e.handle_id is not None and e.handle_id not in members[key]:
+                members[key].append(e.handle_id)
+        elif e.kind == "session_cleared":
+            bound.pop(key, None)
+    found = []
+    for key, first in bound.items():
+        hs = ", ".join(f"h{h}" for h in members[key])
+        found.append(finding(f, "session_never_cleared", first.handle_id,
+                             f"session {first.session_id!r} (members {hs}) was never cleared.", site=first.site,
+                             events=(first,), extra=(f"No clear_recompute_session({first.session_id!r}) followed; "
+                                                     f"its members {hs} stay alive.",)))
+    return found
+
+
+def _replayed_twice(f: Facts) -> list[Finding]:
+    found = []
+    for h, events in f.by_handle.items():
+        replays = [e for e in events if e.kind == "replay_started"]
+        counts = Counter(e.tags.get("microbatch") for e in replays)
+        mb, n = next(((m, c) for m, c in counts.items() if c > 1), (None, 0))
+        if n < 2:
+            continue
+        twice = [e for e in replays if e.tags.get("microbatch") == mb]
+        within = "" if mb is None else f" in micro-batch {mb}"
+        found.append(finding(f, "replayed_more_than_once", h,
+                             f"h{h} was replayed {n} times{within} (events {', '.join(f'#{e.seq}' for e in twice)}).",
+                             site=twice[1].site, events=_ordered((*f.story_events(h, until=twice[-1].seq), *twice)),
+                             extra=(f"Replayed {n} times{within}: the forward's work ran again each time.",)))
+    return found
+
+
+def _error_findings(f: Facts, events: list[Event]) -> list[Finding]:
+    found = []
+    last_handle: int | None = None
+    for e in events:
+        if e.handle_id is not None and e.kind != "error":
+            last_handle = e.handle_id
+        code = code_of(e)
+        if code not in ERROR_CODES:
+            continue
+        h = e.handle_id if e.handle_id is not None else last_handle
+        story = f.story_events(h, e, until=e.seq) if h is not None else (e,)
+        found.append(finding(f, code, h, f"{e.data.get('where') or 'the run'} raised {e.data.get('type')} at event "
+                                         f"#{e.seq}{f' ({e.site})' if e.site else ''}.",
+                             site=e.site, error=e, events=_ordered((*story, e))))
+    return found
+
+
+def silent_findings(f: Facts, events: list[Event], leaked: set[int]) -> list[Finding]:
+    """Every silent problem of NOTE [ Silent problems ] (handles in `leaked` already have a finding)."""
+    return [*_dw_skipped(f, leaked), *_params_without_grad(f), *_sessions_never_cleared(f, events),
+            *_replayed_twice(f), *_error_findings(f, events), *divergence_findings(f, events)]
