@@ -339,7 +339,7 @@ BROKEN: dict[str, BrokenScenario] = {
 }
 
 # Modules that add their scenarios to BROKEN at import (NOTE rule 2); imported on first use.
-_EXTRA_MODULES: tuple[str, ...] = ()
+_EXTRA_MODULES: tuple[str, ...] = ("ckpt_viz.run.divergent",)
 
 
 def _load_extras() -> None:

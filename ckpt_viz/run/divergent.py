@@ -28,7 +28,8 @@ from torch import nn
 from ckpt_viz.run.blocks import checkpointed
 from ckpt_viz.run.zoo import ModelSpec
 
-__all__ = ["KVCache", "TinyDecoder", "batchnorm_spec", "decoder_spec", "dropout_block_spec"]
+__all__ = ["KVCache", "TappedStack", "TinyDecoder", "batchnorm_spec", "decoder_spec", "dropout_block_spec",
+           "run_reentrant", "tapped_spec"]
 
 
 class KVCache:
@@ -113,6 +114,42 @@ class DropoutBlock(nn.Module):
         return x + self.drop(torch.tanh(self.fc(x)))
 
 
+class Taps:
+    """A collector of activations (the model's feature taps), handed to every block."""
+
+    def __init__(self) -> None:
+        self.items: list[torch.Tensor] = []
+
+
+class TappedBlock(nn.Module):
+    """A block that appends its hidden activation to the taps object it is handed."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, taps: Taps) -> torch.Tensor:
+        h = torch.tanh(self.fc(x))
+        taps.items.append(h.detach())
+        return x + h
+
+
+class TappedStack(nn.Module):
+    """Blocks that share one Taps object per forward, then a head."""
+
+    def __init__(self, width: int, blocks: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TappedBlock(width) for _ in range(blocks))
+        self.head = nn.Linear(width, width)
+        self.taps = Taps()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.taps = Taps()
+        for block in self.blocks:
+            x = block(x, self.taps)
+        return self.head(x)
+
+
 def _stack(blocks: list[nn.Module], width: int) -> nn.Module:
     from ckpt_viz.run.zoo import Stack
 
@@ -146,6 +183,14 @@ def dropout_block_spec(seed: int = 0, width: int = 16) -> ModelSpec:
                      checkpoint=("blocks.0", "blocks.1"), source="divergent", description="Dropout blocks")
 
 
+def tapped_spec(seed: int = 0, width: int = 16) -> ModelSpec:
+    """Two blocks that append to a shared taps object, both checkpointed."""
+    torch.manual_seed(seed)
+    return ModelSpec(name="tapped", model=TappedStack(width), inputs=(torch.randn(8, width),),
+                     checkpoint=("blocks.0", "blocks.1"), source="divergent",
+                     description="Blocks that append their activations to an object they are handed")
+
+
 def run_reentrant(spec: ModelSpec, **checkpoint_kwargs: object) -> None:
     """Forward, loss and backward with the spec's blocks under reentrant checkpoints (inside a recording)."""
     model = spec.model
@@ -170,3 +215,41 @@ def run_reentrant(spec: ModelSpec, **checkpoint_kwargs: object) -> None:
         with checkpointed(model, spec.checkpoint, use_reentrant=True):
             loss = spec.loss_of(model(x))
     loss.backward()
+
+
+# ---------------------------------------------------------------- broken runs (the lines a trace points at)
+
+def _cache_in_replay(run: object) -> None:
+    run_reentrant(decoder_spec(use_cache=True))  # every block is handed the live cache; each replay appends again
+
+
+def _taps_appended_twice(run: object) -> None:
+    run_reentrant(tapped_spec())  # each replay appends to the taps object again
+
+
+def _dropout_without_rng_state(run: object) -> None:
+    run_reentrant(dropout_block_spec(), preserve_rng_state=False)  # the replay draws another dropout mask
+
+
+def _batchnorm_updated_twice(run: object) -> None:
+    run_reentrant(batchnorm_spec())  # each replay updates the running statistics again
+
+
+def _register() -> None:
+    """Add the scenarios to `ckpt_viz.run.broken.BROKEN` (its NOTE [ Adding a broken scenario ], rule 2)."""
+    from ckpt_viz.run.broken import BROKEN, BrokenScenario
+
+    BROKEN.update({
+        "cache-in-replay": BrokenScenario("A KV cache handed to checkpointed blocks", "replay_lost_gradient",
+                                          _cache_in_replay, mode="reentrant"),
+        "taps-appended-twice": BrokenScenario("Blocks append to an object they are handed", "replay_input_mutated",
+                                              _taps_appended_twice, mode="reentrant"),
+        "dropout-without-rng-state": BrokenScenario("Dropout without preserve_rng_state", "replay_outputs_differ",
+                                                    _dropout_without_rng_state, mode="reentrant"),
+        "batchnorm-updated-twice": BrokenScenario("BatchNorm statistics updated in the replay",
+                                                  "replay_updated_buffers", _batchnorm_updated_twice,
+                                                  mode="reentrant"),
+    })
+
+
+_register()
