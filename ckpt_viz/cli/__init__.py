@@ -19,7 +19,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
+from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
 from ckpt_viz.cli.app import app_command, app_path, demo_command
 from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rec = sub.add_parser("record", help="record a run of a model to a trace file",
                          description=f"MODEL is a built-in ({', '.join(sorted(BUILTIN_MODEL_NAMES))}), "
-                                     "path/to/file.py:factory or package.module:factory.")
+                                     "path/to/file.py:factory or package.module:factory, or a broken run to "
+                                     f"explore ({', '.join(BROKEN_SCENARIO_NAMES)}).")
     rec.add_argument("model")
     rec.add_argument("--mode", default="split-reentrant", choices=MODES)
     rec.add_argument("-o", "--output", default="trace.json", help="trace file (.json or .json.gz)")

@@ -61,7 +61,16 @@ def record_command(args: argparse.Namespace) -> int:
 
     check_writable(args.output, "ckpt-viz record")  # a missing or read-only folder fails now, not after the run
 
+    from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES
+
     builtin = args.model in BUILTIN_MODELS
+    if args.model in BROKEN_SCENARIO_NAMES:  # a broken run to explore (ckpt_viz.run.broken): it has its own mode
+        trace = obtain_trace(RunRequest("broken", args.model, seed=args.seed, memory=not args.no_memory,
+                                        graphs=not args.no_graphs))
+        trace.save(args.output)
+        print(f"wrote {args.output}: {len(trace.events)} events (broken run {args.model!r}; "
+              f"see `ckpt-viz explain {args.output}`)")
+        return 0
     request = RunRequest("builtin" if builtin else "user", args.model, mode=args.mode, schedule=args.schedule,
                          microbatches=args.microbatches, seed=args.seed, memory=not args.no_memory,
                          graphs=not args.no_graphs, timeout_s=args.timeout, memory_mb=args.memory_mb)

@@ -17,7 +17,7 @@ from ckpt_viz.trace import Trace
 
 __all__ = ["SOURCES", "RunRequest", "obtain_trace"]
 
-SOURCES: tuple[str, ...] = ("builtin", "user", "trace")
+SOURCES: tuple[str, ...] = ("builtin", "user", "trace", "broken")
 _API = "ckpt_viz.obtain_trace"
 
 
@@ -27,8 +27,10 @@ class RunRequest:
 
     Attributes:
         source: "builtin" (a model of `BUILTIN_MODELS`), "user" (a model file, run in a
-            sandboxed child) or "trace" (a saved trace file).
-        target: the built-in model's name, the model reference "file.py:factory", or the trace file path.
+            sandboxed child), "trace" (a saved trace file) or "broken" (a broken run to explore,
+            `ckpt_viz.run.broken.BROKEN`: it uses its own mode).
+        target: the built-in model's name, the model reference "file.py:factory", the trace file path,
+            or the broken run's name.
         mode: one of `MODES` (not used for a saved trace).
         schedule, microbatches: for mode "pipeline".
         seed: the RNG seed of the run (and of the built-in model's weights).
@@ -40,7 +42,7 @@ class RunRequest:
     target: str
     mode: str = "split-reentrant"
     schedule: str = "1F1B"
-    microbatches: int = 2
+    microbatches: int = 4
     seed: int = 0
     memory: bool = True
     graphs: bool = True
@@ -51,7 +53,8 @@ class RunRequest:
         if self.source not in SOURCES:
             raise CkptVizError(f"{_API}: unknown source {self.source!r}; expected one of "
                                f"{', '.join(map(repr, SOURCES))}.\nTip: 'builtin' runs a model of BUILTIN_MODELS, "
-                               "'user' a model file, 'trace' reads a saved trace.")
+                               "'user' a model file, 'trace' reads a saved trace, 'broken' records a broken run to "
+                               "explore.")
 
 
 def obtain_trace(request: RunRequest, *, listen: Callable[[Any], None] | None = None) -> Trace:
@@ -67,6 +70,15 @@ def obtain_trace(request: RunRequest, *, listen: Callable[[Any], None] | None = 
     """
     if request.source == "trace":
         return Trace.load(request.target)
+    if request.source == "broken":
+        from ckpt_viz.run.broken import record_broken  # torch: first use
+
+        unsubscribe = bus.subscribe(listen) if listen is not None else None
+        try:
+            return record_broken(request.target, seed=request.seed, memory=request.memory, graphs=request.graphs)
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
     if request.source == "user":
         from ckpt_viz.usermodel.sandbox import EXTRA_KEYS, record_in_subprocess
 
