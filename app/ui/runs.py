@@ -59,7 +59,7 @@ class RunConfig:
     target: str
     mode: str = DEFAULT_MODE
     schedule: str = "1F1B"
-    microbatches: int = 2
+    microbatches: int = 4
     stamp: tuple[int, int] = (0, 0)
     timeout_s: float = 60.0
     memory_mb: int = 4096

@@ -75,6 +75,15 @@ def _trace_file(sb: Any) -> RunConfig | None:
     return RunConfig("trace", path, mode="", stamp=_stamp(path)) if path else None
 
 
+@st.cache_data(show_spinner=False)
+def _microbatch_choices(model: str) -> tuple[int, ...]:
+    """The micro-batch counts (1-16) the built-in `model` splits into; () when it has no pipeline stages."""
+    from ckpt_viz.run.pipeline import microbatch_choices
+    from ckpt_viz.run.zoo import build_builtin
+
+    return microbatch_choices(build_builtin(model))
+
+
 def source_sidebar() -> RunConfig | None:
     """Draw the one source picker in the sidebar and store its `RunConfig` for the pages."""
     sb = st.sidebar
@@ -94,11 +103,21 @@ def source_sidebar() -> RunConfig | None:
     if kind != SOURCES[2]:
         from ckpt_viz import MODES, SCHEDULES
 
-        mode = sb.selectbox("Mode", MODES, index=MODES.index(DEFAULT_MODE), key="src_mode",
-                            help="How the checkpointed blocks run; split-* runs DX and DW as two passes.")
+        # "pipeline" only for the built-ins split into stages, with the micro-batch counts that split their batch
+        counts = _microbatch_choices(config.target) if config is not None and kind == SOURCES[0] else None
+        modes = [m for m in MODES if m != "pipeline" or kind != SOURCES[0] or counts]
+        mode = sb.selectbox("Mode", modes, index=modes.index(DEFAULT_MODE), key="src_mode",
+                            help="How the checkpointed blocks run; split-* runs DX and DW as two passes."
+                                 + ("" if "pipeline" in modes else " Mode 'pipeline' needs a model split into "
+                                    "stages: the built-in 'pipeline'."))
         if mode == "pipeline":
             schedule = sb.selectbox("Schedule", SCHEDULES, index=SCHEDULES.index("1F1B"), key="src_schedule")
-            microbatches = sb.number_input("Micro-batches", 1, 16, 2, key="src_microbatches")
+            if counts:
+                microbatches = sb.selectbox("Micro-batches", counts, index=counts.index(4) if 4 in counts else 0,
+                                            key="src_microbatches", help="the counts that split this model's batch")
+            else:
+                microbatches = sb.number_input("Micro-batches", 1, 16, 4, key="src_microbatches_file",
+                                               help="must divide the batch your model file returns")
             config = config and replace(config, schedule=schedule, microbatches=int(microbatches))
         config = config and config.with_mode(mode)
     st.session_state[CONFIG] = config

@@ -235,6 +235,13 @@ class MemoryProbe:
         self._param_storages.add(id(param.untyped_storage()))
         self.register(param)
 
+    def assign_stage(self, tensors: Iterable[torch.Tensor], stage: Any) -> None:
+        """Count these tensors' storages (e.g. a pipeline stage's parameters) under `stage` in `by_stage`."""
+        for tensor in tensors:
+            record = self.register(tensor)
+            if record is not None:
+                record.stage = stage
+
     def hold(self, owner: Any, tensor: torch.Tensor, category: str) -> None:
         """Count `tensor`'s storage as held for `category` until `owner` is garbage-collected."""
         record = self.register(tensor)

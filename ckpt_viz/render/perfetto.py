@@ -9,7 +9,8 @@ Layout:
   instead has one process per rank and one track per stage of that rank; each schedule
   action (F, I, W, B: the events tagged with one step, stage, micro-batch and action)
   is a slice ("I mb2 (DX)") from its first event to its last, with the forwards,
-  engine visits and replays of that action nested inside it;
+  engine visits and replays of that action nested inside it (torch's metadata
+  inference on the first step is one more: "META mb-1");
 - complete slices ("X") for each handle's forward, each engine visit (backward
   entered -> grads routed / released) and each replay, nested inside the visit
   that triggered it; a track never holds two slices that overlap without nesting;
@@ -84,8 +85,8 @@ def _one_track(lane: int, name: str) -> int:
     return lane
 
 
-_ACTION_NAMES = {"I": "I", "W": "W", "DX": "DX", "DW": "DW", "F": "F", "B": "B"}
-_ACTION_PASS = {"I": " (DX)", "W": " (DW)"}
+_ACTION_NAMES = {"I": "I", "W": "W", "DX": "DX", "DW": "DW", "F": "F", "B": "B", "META": "META"}
+_ACTION_PASS = {"I": " (DX)", "W": " (DW)", "META": " (metadata inference)"}
 
 
 def _action_key(event: Event) -> tuple | None:

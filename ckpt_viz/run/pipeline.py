@@ -48,7 +48,8 @@ from ckpt_viz.run.zoo import ModelSpec
 from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
 from ckpt_viz.trace import Trace, run_meta
 
-__all__ = ["SCHEDULES", "TICKS", "Action", "ActionKind", "in_flight", "make_schedule", "run_pipeline", "simulate"]
+__all__ = ["SCHEDULES", "TICKS", "Action", "ActionKind", "in_flight", "make_schedule", "microbatch_choices",
+           "run_pipeline", "simulate"]
 
 _API = "ckpt_viz.pipeline"
 
@@ -120,9 +121,9 @@ def _stage_modules(spec: ModelSpec) -> list[tuple[str, nn.Module]]:
                            "with 'stages': [qualified names of the stage submodules, in order] from the factory, "
                            "e.g. 'stages': ['blocks.0', 'blocks.1'] for a model that is blocks.1(blocks.0(x)).")
     if not spec.stages:
-        raise CkptVizError(f"{_API}: this model has no pipeline stages (model {spec.name!r}, ModelSpec.stages is "
-                           "empty).\nTip: set ModelSpec.stages to the qualified names of the stage modules in order, "
-                           "e.g. ('stages.0', 'stages.1'), or pick the built-in 'pipeline' model.")
+        raise CkptVizError(f"{_API}: the built-in model {spec.name!r} has no pipeline stages, so mode "
+                           "'pipeline' cannot run it.\nTip: pick the built-in model 'pipeline' (2 stages) for mode "
+                           f"'pipeline', or another mode (e.g. 'split-reentrant') for {spec.name!r}.")
     found = []
     for name in spec.stages:
         try:
@@ -135,13 +136,27 @@ def _stage_modules(spec: ModelSpec) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def microbatch_choices(spec: ModelSpec, most: int = 16) -> tuple[int, ...]:
+    """The micro-batch counts up to `most` that `run_pipeline` can split `spec`'s batch into; () without stages."""
+    if not spec.stages:
+        return ()
+    choices = []
+    for m in range(1, most + 1):
+        try:
+            _microbatches(spec, m)
+        except CkptVizError:
+            continue
+        choices.append(m)
+    return tuple(choices)
+
+
 def _microbatches(spec: ModelSpec, microbatches: int) -> tuple:
     """(args, kwargs, targets) per micro-batch, each its own copy; see NOTE [ Splitting a batch ] in batch.py."""
     return tuple(split_batch(spec.inputs, spec.kwargs, spec.targets, microbatches, api=_API,
                              roots=spec.extra.get("input_keys"), single=bool(spec.extra.get("single_input"))))
 
 
-def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int = 2, seed: int = 0,
+def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int = 4, seed: int = 0,
                  memory: bool = False, graphs: bool = False) -> Trace:
     """Run `spec`'s stages as a pipeline in one process and return the recorded trace.
 
@@ -177,6 +192,8 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
     fresh_handle_ids()
     with record(memory=memory, graphs=graphs, model=spec.model,
                 tensors=(spec.inputs, spec.kwargs, spec.targets, batches)) as rec:
+        for s, (_, module) in enumerate(stages):  # each stage's parameters in its row of by_stage
+            rec.assign_stage(list(module.parameters()), s)
         for action, _ in order:
             with tag(stage=action.stage, microbatch=action.microbatch, action=action.kind):
                 pipeline.run(action)

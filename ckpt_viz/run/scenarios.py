@@ -92,7 +92,7 @@ _RUNNERS: dict[str, Callable[..., Trace]] = {mode: _run_single for mode in MODES
 _RUNNERS["pipeline"] = _run_pipeline
 
 
-def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int = 2,
+def run_scenario(spec: ModelSpec, mode: str, *, seed: int = 0, microbatches: int = 4,
                  schedule: str = "1F1B", memory: bool = False, graphs: bool = False) -> Trace:
     """Run `spec` once (forward, loss, backward) in `mode` and return the recorded trace.
 

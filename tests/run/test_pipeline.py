@@ -314,9 +314,10 @@ def test_indivisible_batch() -> None:
 def test_missing_or_unknown_stages() -> None:
     plain = build_builtin("mlp")
     assert plain.stages == ()
-    with pytest.raises(CkptVizError, match=r"^ckpt_viz\.pipeline: this model has no pipeline stages \(model 'mlp'"):
+    with pytest.raises(CkptVizError, match=r"^ckpt_viz\.pipeline: the built-in model 'mlp' has no pipeline stages, so "
+                       r"mode 'pipeline' cannot run it\.\nTip: pick the built-in model 'pipeline'"):
         run_pipeline(plain)
-    with pytest.raises(CkptVizError, match="this model has no pipeline stages"):
+    with pytest.raises(CkptVizError, match="'mlp' has no pipeline stages"):
         run_scenario(build_builtin("mlp"), "pipeline")
     spec = build_builtin("pipeline")
     spec.stages = ("stages.0", "stages.9")
@@ -330,3 +331,36 @@ def test_deadlocked_schedule_is_reported() -> None:
         simulate({0: [Action("B", 0, 0), Action("F", 0, 0)]})
     with pytest.raises(CkptVizError, match="deadlocks at tick 1"):  # stage 1 lists B before its F
         simulate({0: [Action("F", 0, 0), Action("B", 0, 0)], 1: [Action("B", 1, 0), Action("F", 1, 0)]})
+
+
+def test_pipeline_built_ins_and_their_micro_batch_counts() -> None:
+    """The app offers mode "pipeline" for the built-ins with stages only, and only micro-batch counts that run."""
+    from ckpt_viz.catalog import BUILTIN_MODEL_NAMES
+    from ckpt_viz.run.pipeline import microbatch_choices
+
+    assert {n for n in BUILTIN_MODEL_NAMES if microbatch_choices(build_builtin(n))} == {"pipeline"}
+    spec = build_builtin("pipeline")
+    batch = spec.inputs[0].shape[0]
+    choices = microbatch_choices(spec)
+    assert choices == tuple(m for m in range(1, 17) if batch % m == 0) and 4 in choices
+    for m in (choices[0], choices[-1]):
+        assert run_pipeline(build_builtin("pipeline"), schedule="1F1B", microbatches=m).meta["microbatches"] == m
+    odd = next(m for m in range(1, 17) if m not in choices)
+    with pytest.raises(CkptVizError, match=f"into {odd} equal micro-batches"):
+        run_pipeline(build_builtin("pipeline"), microbatches=odd)
+
+
+def test_default_micro_batches_tell_gpipe_from_1f1b() -> None:
+    """At the default micro-batch count the schedules differ (at 2 micro-batches on 2 stages they are one run)."""
+    orders = {name: run_pipeline(build_builtin("pipeline"), schedule=name).meta["actions"]
+              for name in ("GPipe", "1F1B")}
+    assert [r[:3] for r in orders["GPipe"]] != [r[:3] for r in orders["1F1B"]]
+
+
+def test_by_stage_memory_counts_each_stages_parameters() -> None:
+    spec = build_builtin("pipeline")
+    sizes = {str(s): sum(p.numel() * p.element_size() for p in spec.model.get_submodule(name).parameters())
+             for s, name in enumerate(spec.stages)}
+    trace = run_pipeline(spec, schedule="1F1B", microbatches=2, memory=True)
+    for sample in trace.memory:
+        assert {s: row["parameters"] for s, row in sample.by_stage.items()} == sizes
