@@ -1,8 +1,10 @@
 """The sandboxed child: `python -m ckpt_viz.usermodel.child WORKDIR`.
 
 Reads `request.json` from its folder, applies its limits (`apply_limits`, before anything else), imports
-torch, loads and runs the model, and writes `trace.json` or `error.json` (see NOTE [ Sandbox
-protocol ] in `ckpt_viz.usermodel.sandbox`). Only this process imports torch or runs the user's code.
+torch, loads and runs the model in each mode asked, and writes `trace-N.json` or `error(-N).json` (see
+NOTE [ Sandbox protocol ] in `ckpt_viz.usermodel.sandbox`). Only this process imports torch or runs the
+user's code. With `--warm` it is the warm process of `ckpt_viz.usermodel.warm` (`forked.serve`), which
+forks one such run per request, torch already imported.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 from ckpt_viz.errors import CkptVizError, ModelLoadError
 from ckpt_viz.usermodel.load import user_frame
 
-__all__ = ["MEMORY_MARKERS", "main"]
+__all__ = ["MEMORY_MARKERS", "apply_limits", "main", "run_child"]
 
 _API = "ckpt_viz.record_in_subprocess"
 # Text of a failed allocation: in torch's RuntimeError, or in the log of a child that died of one.
@@ -162,17 +164,25 @@ def _report(exc: BaseException, *, stage: str, ref: str, mode: str, memory_mb: i
             "line": line}
 
 
-def _child(workdir: Path) -> int:
-    """The child's whole life: limits, load, run, save. See NOTE [ Sandbox protocol ], rule 2."""
+def _stack_on_sigusr1() -> None:
     import faulthandler
 
     faulthandler.enable()
     if hasattr(signal, "SIGUSR1"):  # the parent's "time is up: show where you are"
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def run_child(workdir: Path, parent_pid: int | None = None) -> int:
+    """One run's whole life: limits, load, run each mode, save. See NOTE [ Sandbox protocol ], rule 2.
+
+    `parent_pid`: the process that started this one, when it is not the caller named in the request
+    (a child forked by the warm process, NOTE [ Warm child ] in `ckpt_viz.usermodel.warm`).
+    """
+    _stack_on_sigusr1()
     request = json.loads((workdir / "request.json").read_text())
-    ref, mode, extra = request["ref"], request["mode"], request["extra"]
+    ref, modes, extra = request["ref"], request["modes"], request["extra"]
     memory_mb = request["limits"].get("memory_mb")
-    stage, user_file = "starting", None
+    stage, user_file, mode = "starting", None, modes[0]
 
     def reached(step: str) -> str:  # the parent names this step if the child dies without a report
         fd = os.open(workdir / "stage", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -180,14 +190,18 @@ def _child(workdir: Path) -> int:
         os.close(fd)
         return step
 
+    def failed(exc: BaseException, name: str) -> None:
+        report = _report(exc, stage=stage, ref=ref, mode=mode, memory_mb=memory_mb, user_file=user_file)
+        (workdir / name).write_text(json.dumps(report, default=str))
+
     try:
         reached(stage)
-        apply_limits(request["limits"], request["parent_pid"])
+        apply_limits(request["limits"], request["parent_pid"] if parent_pid is None else parent_pid)
         for name in ("home", "tmp"):
             (workdir / name).mkdir(exist_ok=True)
         sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
         stage = reached("importing torch")
-        import torch  # noqa: F401  (after the limit, so that it counts)
+        import torch  # noqa: F401  (after the limit, so that it counts; already imported in a warm child)
 
         from ckpt_viz.run.scenarios import run_scenario
         from ckpt_viz.usermodel.load import load_model
@@ -196,24 +210,45 @@ def _child(workdir: Path) -> int:
         spec = load_model(request["load_ref"], seed=extra.get("seed", 0))
         spec.name = spec.extra["ref"] = ref  # as the caller wrote it (loaded by its absolute path)
         user_file = spec.extra.get("file")
-        stage = reached(f"running mode {mode!r}")
-        trace = run_scenario(spec, mode, **extra)
-        trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref,
-                                 "isolation": "bubblewrap" if request["limits"].get("isolated") else "limits only"}
-        trace.save(workdir / "trace.json")
-        return 0
     except BaseException as exc:
-        report = _report(exc, stage=stage, ref=ref, mode=mode, memory_mb=memory_mb, user_file=user_file)
-        (workdir / "error.json").write_text(json.dumps(report, default=str))
+        failed(exc, "error.json")  # nothing ran: the report stands for every mode
         return 1
+    code = 0
+    for i, mode in enumerate(modes):  # Compare: every mode in this one process, one file each
+        try:
+            if i:  # a fresh model for each mode: a run leaves state in it (its trace would differ from a run alone)
+                stage = reached("loading the model")
+                spec = load_model(request["load_ref"], seed=extra.get("seed", 0))
+                spec.name = spec.extra["ref"] = ref
+            stage = reached(f"running mode {mode!r}")
+            trace = run_scenario(spec, mode, **extra)
+            trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref, "isolation": "bubblewrap" if
+                                     request["limits"].get("isolated") else "limits only"}
+            trace.save(workdir / f"partial-{i}.json")
+            os.replace(workdir / f"partial-{i}.json", workdir / f"trace-{i}.json")  # whole, or absent
+            del trace
+        except BaseException as exc:
+            failed(exc, f"error-{i}.json")
+            code = 1
+            if not isinstance(exc, Exception):
+                return code  # KeyboardInterrupt, SystemExit: stop here
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckpt_viz.usermodel.child",
                                      description="Child side of ckpt_viz.usermodel.sandbox.record_in_subprocess.")
-    parser.add_argument("workdir", type=Path, help="folder holding request.json; receives trace.json or error.json")
+    parser.add_argument("workdir", type=Path, help="folder holding request.json; receives trace-N.json or "
+                        "error(-N).json; with --warm, the warm process's folder")
+    parser.add_argument("--warm", action="store_true", help="be the warm process: import torch once, then fork "
+                        "one child per run named on stdin (ckpt_viz.usermodel.warm)")
+    args = parser.parse_args(argv)
+    if args.warm:
+        from ckpt_viz.usermodel.forked import serve
+
+        return serve(args.workdir)
     start = time.monotonic()
-    code = _child(parser.parse_args(argv).workdir)
+    code = run_child(args.workdir)
     print(f"ckpt_viz.usermodel.child: finished with code {code} in {time.monotonic() - start:.2f} s "
           f"(pid {os.getpid()})", file=sys.stderr)
     return code

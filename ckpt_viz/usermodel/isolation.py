@@ -47,8 +47,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["ENV_ALLOWLIST", "Cgroup", "Limits", "SandboxWarning", "bwrap_problem", "child_env", "command",
-           "not_isolated"]
+__all__ = ["ENV_ALLOWLIST", "Cgroup", "Limits", "SandboxWarning", "binds", "bwrap_problem", "child_env",
+           "command", "not_isolated"]
 
 _API = "ckpt_viz.record_in_subprocess"
 # Passed through from the caller when set: locale and thread counts, never credentials.
@@ -142,7 +142,7 @@ def bwrap_problem() -> str | None:
     return None
 
 
-def _binds(paths: Sequence[str]) -> list[str]:
+def binds(paths: Sequence[str]) -> list[str]:
     """--ro-bind for the given paths that the masked folders would hide (the model's folder, sys.path entries)."""
     out: list[str] = []
     for path in dict.fromkeys(os.path.realpath(p) for p in paths if p):
@@ -160,7 +160,7 @@ def command(python_argv: list[str], *, workdir: Path, readable: Sequence[str], c
         argv = [shutil.which("bwrap") or "bwrap", *_NAMESPACES, "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *devices,
                 *[a for m in _MASKED if os.path.isdir(m) for a in ("--tmpfs", m)],
-                *_binds(readable), "--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--", *argv]
+                *binds(readable), "--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--", *argv]
     if cgroup_files:  # the shell joins the cgroup, then becomes the child: nothing runs outside it
         script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
         argv = ["/bin/sh", "-c", script, "sh", *cgroup_files, "--", *argv]

@@ -21,7 +21,8 @@ from typing import Any, NoReturn
 
 from ckpt_viz.usermodel.isolation import Cgroup
 
-__all__ = ["PREFIX", "child_pids", "dump_stack", "ending_signals", "kill_group", "signals_held", "sweep"]
+__all__ = ["PREFIX", "child_pids", "dump_stack", "ending_signals", "host_pid", "kill_group", "namespace_strays",
+           "signal_stack", "signals_held", "sweep"]
 
 PREFIX = "ckpt_viz_sandbox_"
 _STACK_GRACE_S = 3.0  # the longest a timed-out child gets to print its stack before the kill
@@ -73,6 +74,69 @@ def dump_stack(proc: subprocess.Popen, workdir: Path) -> None:
             f.seek(start)
             if b"most recent call first" in f.read(1 << 16):
                 time.sleep(0.05)  # the rest of the stack, written in the same handler
+                return
+        time.sleep(0.02)
+
+
+def _tree() -> dict[int, tuple[int, list[int]]]:
+    """pid -> (parent pid, its pids in each PID namespace, outermost first), for every live process."""
+    out: dict[int, tuple[int, list[int]]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, ValueError):
+                    fields = dict(line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text()
+                                  .splitlines() if ":" in line)
+                    if fields.get("State", "").strip()[:1] not in ("Z", "X"):
+                        out[int(entry)] = (int(fields["PPid"]), [int(p) for p in fields.get("NSpid", entry).split()])
+    return out
+
+
+def _descendants(tree: dict[int, tuple[int, list[int]]], root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in tree.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def host_pid(ancestor: int, inner: int) -> int:
+    """The host pid of the descendant of `ancestor` whose pid in its own (innermost) namespace is `inner`."""
+    tree = _tree()
+    for pid in _descendants(tree, ancestor):
+        if tree[pid][1][-1] == inner and len(tree[pid][1]) > 1:
+            return pid
+    return inner if inner in tree else 0
+
+
+def namespace_strays(warm: int) -> list[int]:
+    """Processes left in the sandbox of the warm process `warm`: everything under bubblewrap's own process
+    (its parent, pid 1 of the sandbox), except `warm` itself."""
+    tree = _tree()
+    if warm not in tree or len(tree[warm][1]) < 2:
+        return []  # not in a PID namespace of its own: nothing to scan by
+    return [pid for pid in _descendants(tree, tree[warm][0]) if pid != warm]
+
+
+def signal_stack(pid: int, log: Path) -> None:
+    """SIGUSR1 to one run's child (faulthandler prints its stack), then wait until the stack is in `log`."""
+    if not hasattr(signal, "SIGUSR1") or pid <= 0:
+        return
+    start = log.stat().st_size if log.exists() else 0
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + _STACK_GRACE_S
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+        with contextlib.suppress(OSError), open(log, "rb") as f:
+            f.seek(start)
+            if b"most recent call first" in f.read(1 << 16):
+                time.sleep(0.05)
                 return
         time.sleep(0.02)
 

@@ -13,8 +13,10 @@ NOTE [ Sandbox protocol ]
      `isolation.child_env` and the folder as working directory; stdout and stderr go to
      `output.log` there. Under bubblewrap that folder is the only writable one.
   2. The child applies its hard limits, writes each step it reaches to `stage`, imports
-     torch, runs `load_model` and `run_scenario`, and writes `trace.json` with `Trace.save`
-     (JSON; never pickle). On an exception it writes `error.json`:
+     torch, runs `load_model` and `run_scenario` for each mode of the request (a fresh model
+     per mode), and writes mode N's `trace-N.json` with `Trace.save` (JSON; never pickle;
+     renamed into place whole). An exception before any mode ran writes `error.json`, one
+     in mode N `error-N.json`:
      {"kind": "start" | "load" | "run" | "memory", "type", "message", "traceback", "file", "line"}
      with the message already written for people, and exits 1.
   3. The parent waits at most `timeout_s`; on expiry it sends SIGUSR1 to the child
@@ -155,16 +157,7 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
         cgroup = None
         try:
             cgroup = Cgroup.create(workdir.name, limits)
-            if problem and problem not in _warned:
-                _warned.add(problem)
-                warnings.warn(not_isolated(problem, cgroup), SandboxWarning, stacklevel=2)
-            elif not problem and limits.memory_mb and (cgroup is None or cgroup.memory is None) \
-                    and "cgroup" not in _warned:
-                _warned.add("cgroup")
-                warnings.warn(f"{_API}: no memory cgroup can be created here (/sys/fs/cgroup is not writable for "
-                              "this user), so the memory limit applies to each of the model's processes on its "
-                              "own, not to all of them together.\nTip: run under a delegated cgroup, e.g. "
-                              "systemd-run --user --scope -p Delegate=yes ...", SandboxWarning, stacklevel=2)
+            warn_isolation(problem, cgroup, limits.memory_mb, stacklevel=3)
             return _run(ref, load_ref, mode, extra, limits, workdir, cgroup, isolate=problem is None,
                         readable=[os.path.dirname(target) if parsed.is_file else "", *sys.path, sys.prefix,
                                   sys.base_prefix, os.path.dirname(sys.executable)])
@@ -176,10 +169,23 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
                 shutil.rmtree(workdir, ignore_errors=True)
 
 
+def warn_isolation(problem: str | None, cgroup: Cgroup | None, memory_mb: int | None, *, stacklevel: int) -> None:
+    """Say once per process what is not contained: no bubblewrap, or no memory cgroup."""
+    if problem and problem not in _warned:
+        _warned.add(problem)
+        warnings.warn(not_isolated(problem, cgroup), SandboxWarning, stacklevel=stacklevel)
+    elif not problem and memory_mb and (cgroup is None or cgroup.memory is None) and "cgroup" not in _warned:
+        _warned.add("cgroup")
+        warnings.warn(f"{_API}: no memory cgroup can be created here (/sys/fs/cgroup is not writable for "
+                      "this user), so the memory limit applies to each of the model's processes on its "
+                      "own, not to all of them together.\nTip: run under a delegated cgroup, e.g. "
+                      "systemd-run --user --scope -p Delegate=yes ...", SandboxWarning, stacklevel=stacklevel)
+
+
 def _run(ref: str, load_ref: str, mode: str, extra: dict[str, Any], limits: Limits, workdir: Path,
          cgroup: Cgroup | None, *, isolate: bool, readable: list[str]) -> Trace:
     sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-    request = {"ref": ref, "load_ref": load_ref, "mode": mode, "extra": extra, "sys_path": sys_path,
+    request = {"ref": ref, "load_ref": load_ref, "modes": [mode], "extra": extra, "sys_path": sys_path,
                "parent_pid": os.getpid(),
                "limits": {"memory_mb": limits.memory_mb, "memory_bytes": (limits.memory_mb or 0) * 2**20 or None,
                           "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes, "max_tasks": limits.max_tasks,
@@ -220,10 +226,22 @@ def _stage(workdir: Path) -> str:
 
 
 def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | None, limits: Limits,
-             oom_kills: int) -> Trace:
+             oom_kills: int, index: int = 0, last: bool = True, cancelled: float | None = None) -> Trace:
+    """The trace of the `index`-th mode of the request, or the error that says why there is none.
+
+    A mode's trace is renamed into place whole; it counts when the child succeeded, or when a later
+    mode (`last` False) is the one that failed.
+    """
+    if (returncode == 0 or not last) and (workdir / f"trace-{index}.json").exists():
+        return load_trace(workdir / f"trace-{index}.json", limits)
     output = tail(workdir / "output.log")
     where = {"pid": pid, "returncode": returncode, "output": output}
     stage = _stage(workdir) or "starting"
+    if cancelled is not None:
+        raise SandboxError(f"{_API}: the run of {ref} (mode {mode!r}) was cancelled after {cancelled:.1f} s, "
+                           f"while {stage}; the child process (pid {pid}) and every process it started were "
+                           "killed.\nTip: run it again when you are ready; a model that loops forever stops at "
+                           "its time limit.")
     if returncode is None:
         file, line = _last_user_line(output, ref)
         at = f'\n  File "{file}", line {line} (where the model file was when time ran out)' if line else ""
@@ -234,6 +252,8 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
             "pass a larger timeout_s (starting Python and importing torch alone takes a few seconds).",
             file=file, line=line, traceback=output, **where)
     raw = read(workdir / "error.json", _REPORT_BYTES, "an error report")
+    if raw is None:
+        raw = read(workdir / f"error-{index}.json", _REPORT_BYTES, "an error report")
     report = None
     if raw is not None:
         with contextlib.suppress(ValueError):
@@ -252,8 +272,6 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
             traceback=output, **where)
     if isinstance(report, dict) and isinstance(report.get("message"), str):
         _raise_report(report, **where)
-    if returncode == 0 and (workdir / "trace.json").exists():
-        return load_trace(workdir / "trace.json", limits)
     if limits.memory_mb and any(marker in output for marker in _LOG_MEMORY_MARKERS):
         if stage in _STARTING:
             what = f"could not start within its memory limit of {limits.memory_mb} MB (it died while {stage}, " \

@@ -1,0 +1,95 @@
+"""The warm process, inside the sandbox: `python -m ckpt_viz.usermodel.child --warm FOLDER`.
+
+It imports torch and ckpt_viz's runner once, never runs a model or a torch op itself, and
+forks one child per run that the parent names on stdin (see NOTE [ Warm child ] in
+`ckpt_viz.usermodel.warm`, the parent side). Each forked child is a whole run of
+`ckpt_viz.usermodel.child.run_child`: its own session, its own folder, log, limits and
+report, as a child started from scratch. Never imports the UI.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["serve"]
+
+_RUN_NAME = re.compile(r"run-\d+")
+
+
+def _forked(rundir: Path, parent: int) -> int:
+    """The forked child: a new session, the run's folder, log and environment, then the run itself."""
+    from ckpt_viz.usermodel.child import run_child
+
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    log = os.open(rundir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir(rundir)
+    os.environ.update({"HOME": str(rundir / "home"), "TMPDIR": str(rundir / "tmp")})
+    tempfile.tempdir = None  # computed again from TMPDIR
+    start = time.monotonic()
+    code = run_child(rundir, parent_pid=parent)
+    print(f"ckpt_viz.usermodel.child: finished with code {code} in {time.monotonic() - start:.2f} s "
+          f"(pid {os.getpid()}, forked from the warm process)", file=sys.stderr)
+    return code
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def serve(folder: Path) -> int:
+    """Import once, then for each line `run NAME` fork a child for FOLDER/NAME; answer `forked PID`, then
+    `exited CODE` (negative: the signal that ended it) when it ends. Ends when stdin closes."""
+    import ctypes
+
+    setup = json.loads((folder / "warm.json").read_text())
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the parent
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: a run cannot ptrace this process or read its memory
+        if os.getppid() != setup["parent_pid"] and not setup["isolated"]:
+            return 125
+    sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
+    os.environ.update({"HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp")})
+    import torch  # noqa: F401  (the point of this process: imported once, before any fork)
+
+    import ckpt_viz.run.scenarios
+    import ckpt_viz.usermodel.load  # noqa: F401
+
+    gc.collect()
+    gc.freeze()  # what is imported stays shared with the forks (no copy-on-write from the collector)
+    _say(f"ready {os.getpid()}")
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) != 2 or words[0] != "run" or not _RUN_NAME.fullmatch(words[1]):
+            _say("refused")
+            continue
+        rundir = folder / words[1]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _forked(rundir, os.getppid())
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        _say(f"forked {pid}")
+        _, status = os.waitpid(pid, 0)
+        _say(f"exited {os.waitstatus_to_exitcode(status)}")
+    return 0

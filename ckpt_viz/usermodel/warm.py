@@ -1,0 +1,338 @@
+"""A warm sandbox: one contained process that has imported torch, forking one child per run.
+
+`WarmSandbox.record(ref, modes, ...)` gives the same traces and the same errors as
+`record_in_subprocess`, without paying Python's start and torch's import for each run (3-5 s),
+and runs several modes in one child (the app's Compare). The app keeps one per session.
+Standard library plus ckpt_viz's torch-free modules; never imports the UI.
+
+NOTE [ Warm child ]
+  1. `start()` makes a folder `ckpt_viz_sandbox_<parent pid>_*` (the sweep of
+     NOTE [ Sandbox protocol ], rule 4, removes it if the parent is killed outright) and
+     starts `python -m ckpt_viz.usermodel.child --warm FOLDER` in bubblewrap (where it
+     runs), exactly as a cold child is started: same namespaces, read-only system, the
+     folder as the only writable place, the cleared environment, `--die-with-parent`,
+     in a cgroup of its own (no memory limit: it runs no model code). It imports torch
+     and the runner, runs no torch op (forking after one could hang the children), and
+     says `ready`.
+  2. Each run gets a folder `run-N` in it with its `request.json`, and a cgroup of its
+     own with the run's memory and task limits. The parent moves the warm process into
+     that cgroup, asks it to fork (`run run-N`), and moves it back: the child and every
+     process it starts are in the run's cgroup, and nothing else is. The forked child
+     starts a new session and applies the run's hard limits (time, address space, CPU,
+     file size, tasks, no capabilities) before it loads the model: every run is its own
+     process with its own limits (`ckpt_viz.usermodel.child.run_child`).
+  3. The parent waits at most the time limit (per mode), or until `cancel` is set; then
+     it asks for the stack (SIGUSR1, on a timeout), kills the run's cgroup, the child's
+     session and, under bubblewrap, every other process left in the sandbox's PID
+     namespace except the warm process and bubblewrap's own. It reads the run's folder
+     as `record_in_subprocess` does (bounded, never through a link) and removes it.
+  4. Memory: pages the warm process touched before the fork (torch's libraries) stay
+     charged to its own cgroup, so the run's cgroup counts only what the run allocates;
+     RLIMIT_AS still counts the whole address space, torch's included.
+  5. A run that kills the warm process (it shares its PID namespace) or crashes only
+     ends its own run: the next `record` starts a fresh warm process. A run can reach
+     only its own session's warm process, never another session's.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ckpt_viz.errors import CkptVizError, SandboxCrashError, SandboxError
+from ckpt_viz.trace import Trace
+from ckpt_viz.usermodel.isolation import Cgroup, Limits, binds, bwrap_problem, child_env, command
+from ckpt_viz.usermodel.load import parse_ref
+from ckpt_viz.usermodel.processes import PREFIX, host_pid, kill_group, namespace_strays, signal_stack, sweep
+from ckpt_viz.usermodel.readback import tail
+from ckpt_viz.usermodel.sandbox import (
+    DEFAULT_MAX_EVENTS,
+    DEFAULT_MAX_TRACE_MB,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    _check_extra,
+    _outcome,
+    warn_isolation,
+)
+
+__all__ = ["WarmSandbox"]
+
+_API = "ckpt_viz.WarmSandbox"
+_START_S = 120.0  # the longest the warm process may take to import torch
+_ALL: weakref.WeakSet[WarmSandbox] = weakref.WeakSet()
+
+
+class _Lines:
+    """Lines from a pipe, each awaited with a deadline."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer = fd, b""
+
+    def next(self, deadline: float, cancel: threading.Event | None = None) -> str | None:
+        """The next line; None at EOF, on the deadline, or when `cancel` is set (see `self.why`)."""
+        self.why = ""
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or (cancel is not None and cancel.is_set()):
+                self.why = "cancel" if cancel is not None and cancel.is_set() else "time"
+                return None
+            ready, _, _ = select.select([self.fd], [], [], min(left, 0.05))
+            if ready:
+                chunk = os.read(self.fd, 4096)
+                if not chunk:
+                    self.why = "eof"
+                    return None
+                self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+
+class WarmSandbox:
+    """A contained process that has imported torch and forks one contained child per run.
+
+    See NOTE [ Warm child ]. Thread-safe: runs of one sandbox take turns. `close()` (or the
+    parent's exit) ends it and removes its folder.
+    """
+
+    def __init__(self, readable: Sequence[str] = ()) -> None:
+        self._readable = [os.path.abspath(p) for p in readable]
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._folder: Path | None = None
+        self._group: Cgroup | None = None
+        self._lines: _Lines | None = None
+        self._pid = 0  # the warm process's pid as the host sees it
+        self._runs, self._dead = 0, False
+        self.starts = 0  # how many warm processes this sandbox started (a test reads it)
+        _ALL.add(self)
+
+    # -- the warm process --
+
+    def start(self) -> None:
+        """Start the warm process now (in the background); `record` waits until it is ready. Never waits
+        for a run in progress (then the process is there already)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+        finally:
+            self._lock.release()
+
+    def _start(self) -> None:
+        self._end()
+        tmp = tempfile.gettempdir()
+        sweep(tmp)
+        problem = bwrap_problem()
+        folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_warm_", dir=tmp))
+        for name in ("home", "tmp"):
+            (folder / name).mkdir()
+        self._folder, self.starts = folder, self.starts + 1
+        self._group = Cgroup.create(folder.name, Limits(_START_S, None, 1, 1))
+        warn_isolation(problem, None, None, stacklevel=4)
+        sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+        (folder / "warm.json").write_text(json.dumps({"sys_path": sys_path, "parent_pid": os.getpid(),
+                                                      "isolated": problem is None}))
+        argv = command([sys.executable, "-m", "ckpt_viz.usermodel.child", "--warm", str(folder)], workdir=folder,
+                       readable=[*self._readable, *sys_path, sys.prefix, sys.base_prefix,
+                                 os.path.dirname(sys.executable)],
+                       cgroup_files=self._group.procs_files if self._group else (), isolate=problem is None)
+        self._isolated = problem is None
+        with open(folder / "warm.log", "wb") as log:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                          cwd=folder, env=child_env(folder), start_new_session=True)
+        assert self._proc.stdout is not None
+        self._lines = _Lines(self._proc.stdout.fileno())
+        self._pid = 0
+
+    def _ready(self) -> None:
+        """Wait for the warm process's `ready`; start one if there is none (or it died)."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        if self._pid:
+            return
+        assert self._lines is not None and self._proc is not None and self._folder is not None
+        line = self._lines.next(time.monotonic() + _START_S)
+        if line is None or not line.startswith("ready "):
+            log = tail(self._folder / "warm.log")
+            self._end()
+            said = (f"said {line!r}" if line is not None else "ended" if self._lines.why == "eof" else
+                    f"took over {_START_S:g} s")
+            raise SandboxCrashError(f"{_API}: the warm sandbox process did not start (it {said})."
+                                    + (f"\nOutput (last lines):\n{log}" if log else "") +
+                                    "\nTip: check that torch imports in this Python (python -c 'import torch'); "
+                                    "record_in_subprocess runs a model without the warm process.")
+        inner = int(line.split()[1])
+        self._pid = host_pid(self._proc.pid, inner) if self._isolated else inner
+
+    def _end(self) -> None:
+        proc, folder, group = self._proc, self._folder, self._group
+        self._proc, self._folder, self._group, self._lines, self._pid = None, None, None, None, 0
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # type: ignore[union-attr]
+            kill_group(proc.pid)
+            if group is not None:
+                group.kill()
+            proc.wait()
+            with contextlib.suppress(OSError):
+                proc.stdout.close()  # type: ignore[union-attr]
+        if group is not None:
+            group.remove()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self) -> None:
+        """End the warm process and remove its folder (a later `record` starts a new one)."""
+        with self._lock:
+            self._end()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- runs --
+
+    def record(self, ref: str, modes: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S,
+               memory_mb: int | None = DEFAULT_MEMORY_MB, extra: Mapping[str, Any] | None = None,
+               max_trace_mb: int = DEFAULT_MAX_TRACE_MB, max_events: int = DEFAULT_MAX_EVENTS,
+               cancel: threading.Event | None = None) -> list[Trace | BaseException]:
+        """Run the model file `ref` in each of `modes`, in one forked child; one trace or error per mode.
+
+        Arguments as for `record_in_subprocess` (`timeout_s` is per mode); `cancel`, when set, ends
+        the run at once (its modes get a `SandboxError` that says so). Bad arguments raise.
+        """
+        parsed = parse_ref(ref)
+        extra = _check_extra(extra)
+        limits = Limits.check(timeout_s=timeout_s, memory_mb=memory_mb, max_trace_mb=max_trace_mb,
+                              max_events=max_events, error=SandboxError)
+        if not modes:
+            raise SandboxError(f"{_API}.record: no mode given.\nTip: pass modes such as ['reentrant'].")
+        target = os.path.abspath(parsed.target) if parsed.is_file else parsed.target
+        load_ref = f"{target}:{parsed.factory}" if parsed.is_file else ref.strip()
+        with self._lock:
+            folder_needed = os.path.dirname(target) if parsed.is_file else ""
+            if folder_needed and binds([folder_needed]) and not any(
+                    folder_needed == r or folder_needed.startswith(r + "/") for r in self._readable):
+                self._readable.append(folder_needed)
+                self._end()  # started without that folder in view (bubblewrap binds at start)
+            self._ready()
+            return self._run(ref, load_ref, list(modes), extra, limits, cancel)
+
+    def _run(self, ref: str, load_ref: str, modes: list[str], extra: dict[str, Any], limits: Limits,
+             cancel: threading.Event | None) -> list[Trace | BaseException]:
+        assert self._folder is not None and self._proc is not None and self._lines is not None
+        self._runs, self._dead = self._runs + 1, False
+        rundir = self._folder / f"run-{self._runs}"
+        rundir.mkdir()
+        group = None
+        try:
+            sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+            request = {"ref": ref, "load_ref": load_ref, "modes": modes, "extra": extra, "sys_path": sys_path,
+                       "parent_pid": 0,
+                       "limits": {"memory_mb": limits.memory_mb,
+                                  "memory_bytes": (limits.memory_mb or 0) * 2**20 or None,
+                                  "cpu_s": limits.cpu_s * len(modes), "file_bytes": limits.file_bytes,
+                                  "max_tasks": limits.max_tasks, "isolated": self._isolated}}
+            (rundir / "request.json").write_text(json.dumps(request))
+            group = Cgroup.create(f"{self._folder.name}_{rundir.name}", limits)
+            if self._isolated:  # (without bubblewrap, the start said what is not contained)
+                warn_isolation(None, group, limits.memory_mb, stacklevel=4)
+            pid, returncode, waited = self._fork(rundir, group, limits.timeout_s * len(modes), cancel)
+            oom = group.oom_kills() if group is not None else 0
+            out: list[Trace | BaseException] = []
+            for i, mode in enumerate(modes):
+                try:
+                    out.append(_outcome(rundir, ref, mode, pid, returncode, limits, oom, index=i,
+                                        last=i == len(modes) - 1,
+                                        cancelled=waited if cancel is not None and cancel.is_set() else None))
+                except CkptVizError as err:  # ModelLoadError, and the Sandbox* errors
+                    out.append(err)
+            return out
+        finally:
+            if group is not None:
+                group.kill()
+                group.remove()
+            shutil.rmtree(rundir, ignore_errors=True)
+            if self._dead:
+                self._end()
+
+    def _move(self, group: Cgroup | None, back: bool = False) -> None:
+        """Move the warm process into the run's `group`, or `back` out of it: into its own group where that
+        is in the same hierarchy, else into the one the run's group was made in (a v1 hierarchy that its
+        own group, a v2 one, does not cover)."""
+        if group is None:
+            return
+        own = {d.parent: d for d in (self._group.dirs if self._group else [])}
+        for folder in group.dirs:
+            target = own.get(folder.parent, folder.parent) if back else folder
+            (target / "cgroup.procs").write_text(str(self._pid))
+
+    def _fork(self, rundir: Path, group: Cgroup | None, wait_s: float,
+              cancel: threading.Event | None) -> tuple[int, int | None, float]:
+        """Fork the run's child inside `group`; wait for its end. Returns (host pid, exit code or None, seconds)."""
+        assert self._proc is not None and self._proc.stdin is not None and self._lines is not None
+        try:
+            self._move(group)  # See NOTE [ Warm child ], rule 2
+            self._proc.stdin.write(f"run {rundir.name}\n".encode())
+            self._proc.stdin.flush()
+            line = self._lines.next(time.monotonic() + 30)
+        except OSError:
+            line = None
+        finally:
+            with contextlib.suppress(OSError):
+                self._move(group, back=True)
+        if line is None or not line.startswith("forked "):
+            self._end()
+            raise SandboxCrashError(f"{_API}: the warm sandbox process did not fork the run (it said {line!r}); "
+                                    "it was ended and the next run starts a new one.\nTip: run it again.")
+        inner = int(line.split()[1])
+        pid = host_pid(self._pid, inner) if self._isolated else inner
+        start = time.monotonic()
+        line = self._lines.next(start + wait_s, cancel)
+        waited = time.monotonic() - start
+        if line is None and self._lines.why == "time":
+            signal_stack(pid, rundir / "output.log")
+        if line is None:
+            self._kill_run(pid, group)
+            if self._lines.why != "eof":
+                line = self._lines.next(time.monotonic() + 5)  # the warm process reports the kill
+        else:
+            self._kill_run(pid, group)  # what the run started and left running
+        if line is None or not line.startswith("exited "):
+            if self._lines.why == "eof" or line is not None:
+                self._dead = True  # the run ended the warm process: ended after the run is read, then restarted
+                return pid, -signal.SIGKILL, waited
+            return pid, None, waited
+        code = int(line.split()[1])
+        return pid, (None if waited >= wait_s or (cancel is not None and cancel.is_set()) else code), waited
+
+    def _kill_run(self, pid: int, group: Cgroup | None) -> None:
+        kill_group(pid)
+        if group is not None:
+            group.kill()
+        if self._isolated and self._proc is not None:
+            for stray in namespace_strays(self._pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(stray, signal.SIGKILL)
+
+
+def _close_all() -> None:
+    for sandbox in list(_ALL):
+        sandbox.close()
+
+
+atexit.register(_close_all)

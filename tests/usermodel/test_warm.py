@@ -1,0 +1,147 @@
+"""`WarmSandbox`: one warm process imports torch once and forks each run, with the run's own limits.
+
+One warm sandbox is shared by the module (its start pays the torch import once); each test
+asserts what happened to the run and that the next run still works. Cold-child containment
+is in test_hostile_models.py and test_sandbox.py.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ckpt_viz.errors import SandboxCrashError, SandboxError, SandboxMemoryError, SandboxTimeoutError
+from ckpt_viz.run.scenarios import run_scenario
+from ckpt_viz.trace import Trace
+from ckpt_viz.usermodel.load import ModelLoadError, load_model
+from ckpt_viz.usermodel.warm import WarmSandbox
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BAD = ROOT / "tests" / "data" / "bad_models"
+HOSTILE = ROOT / "tests" / "data" / "hostile_models"
+EXAMPLE = f"{ROOT / 'examples' / 'user_model.py'}:make_model"
+pytestmark = pytest.mark.slow
+
+PROBE = '''import os, sys
+def make_model():
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\\0", b" ").decode()
+    raise RuntimeError(f"pid={os.getpid()} ppid={os.getppid()} torch_loaded={'torch' in sys.modules} "
+                       f"parent=[{parent.strip()}]")
+'''
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder under /tmp (hidden in the sandbox unless bound) that the shared warm sandbox binds at start."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def warm(models: Path) -> Iterator[WarmSandbox]:
+    box = WarmSandbox(readable=[str(models)])
+    box.start()
+    yield box
+    box.close()
+
+
+def _live(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] if cmdline else "X"
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state not in ("Z", "X") and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def _one(box: WarmSandbox, ref: str, mode: str = "reentrant", **kw: object) -> Trace:
+    (out,) = box.record(ref, [mode], **kw)
+    if isinstance(out, BaseException):
+        raise out
+    return out
+
+
+def test_each_run_is_a_fresh_fork_of_one_warm_process_that_imported_torch(warm: WarmSandbox,
+                                                                         models: Path) -> None:
+    probe = models / "probe.py"
+    probe.write_text(PROBE)
+    seen = []
+    for _ in range(2):
+        with pytest.raises(ModelLoadError) as info:
+            _one(warm, f"{probe}:make_model")
+        found = re.search(r"pid=(\d+) ppid=(\d+) torch_loaded=(True|False)", str(info.value))
+        assert found, str(info.value)
+        seen.append(dict(zip(("pid", "ppid", "torch_loaded"), found.groups(), strict=True)))
+    assert [s["torch_loaded"] for s in seen] == ["True", "True"]  # imported before the model file was
+    assert "ckpt_viz.usermodel.child --warm" in str(info.value)  # its parent: the warm process
+    assert seen[0]["ppid"] == seen[1]["ppid"] and seen[0]["pid"] != seen[1]["pid"]  # one parent, two children
+    trace = _one(warm, EXAMPLE)
+    expected = run_scenario(load_model(EXAMPLE), "reentrant")
+    assert trace.kinds() == expected.kinds() and trace.count("handle_created") == 3
+    assert warm.starts == 1  # three runs, one torch import
+
+
+def test_limits_apply_to_each_run_and_a_failed_run_does_not_break_the_next(warm: WarmSandbox) -> None:
+    with pytest.raises(SandboxMemoryError) as info:
+        _one(warm, f"{BAD / 'allocates_too_much.py'}:make_model", memory_mb=2048)
+    assert "ran out of memory under the limit of 2048 MB (RLIMIT_AS, address space)" in str(info.value)
+    start = time.monotonic()
+    with pytest.raises(SandboxTimeoutError) as timed_out:
+        _one(warm, f"{BAD / 'sleeps_forever.py'}:make_model", timeout_s=3)
+    assert 3 <= time.monotonic() - start < 8
+    assert "did not finish within 3 s" in str(timed_out.value)
+    assert timed_out.value.file == str(BAD / "sleeps_forever.py")  # the stack dump named the model's line
+    with pytest.raises(SandboxCrashError, match="was killed by SIGSEGV"):
+        _one(warm, f"{BAD / 'segfaults.py'}:make_model")
+    assert _one(warm, EXAMPLE).count("handle_created") == 3  # the warm process outlived all three
+    assert warm.starts == 1
+
+
+def test_a_run_that_kills_the_warm_process_ends_only_itself(tmp_path: Path) -> None:
+    box = WarmSandbox(readable=[str(tmp_path)])
+    try:
+        model = Path(shutil.copy(HOSTILE / "kills_parent.py", tmp_path / "kills_parent.py"))
+        with pytest.raises((ModelLoadError, SandboxCrashError)):
+            _one(box, f"{model}:make_model")
+        assert _one(box, EXAMPLE).count("handle_created") == 3
+        assert box.starts == 2  # the next run started a fresh warm process (tmp_path was bound from the start)
+    finally:
+        box.close()
+
+
+def test_processes_a_run_leaves_end_with_it(warm: WarmSandbox, models: Path) -> None:
+    model = Path(shutil.copy(HOSTILE / "new_session.py", models / "new_session.py"))
+    assert _one(warm, f"{model}:make_model").count("handle_created") > 0
+    assert _live(str(model)) == []
+
+
+def test_cancel_kills_a_looping_run_at_once(warm: WarmSandbox, models: Path) -> None:
+    model = Path(shutil.copy(HOSTILE / "sleeps_with_helper.py", models / "sleeps_with_helper.py"))
+    cancel = threading.Event()
+    threading.Timer(1.5, cancel.set).start()
+    start = time.monotonic()
+    (out,) = warm.record(f"{model}:make_model", ["reentrant"], timeout_s=60, cancel=cancel)
+    assert time.monotonic() - start < 1.5 + 1.0
+    assert isinstance(out, SandboxError) and "was cancelled after" in str(out)
+    assert _live(str(model)) == []  # the helper it started is gone too
+    assert _one(warm, EXAMPLE).count("handle_created") == 3
+
+
+def test_compare_runs_every_mode_in_one_child(warm: WarmSandbox) -> None:
+    modes = ["none", "nonreentrant", "reentrant", "split-reentrant"]
+    out = warm.record(EXAMPLE, modes, extra={"memory": True, "graphs": True})
+    for mode, trace in zip(modes, out, strict=True):
+        assert isinstance(trace, Trace), trace
+        alone = run_scenario(load_model(EXAMPLE), mode, memory=True, graphs=True)  # as if run in a child of its own
+        assert trace.kinds() == alone.kinds(), mode
+        assert trace.meta["mode"] == mode
