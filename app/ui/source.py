@@ -19,7 +19,7 @@ import streamlit as st
 from ui.runs import CONFIG, DEFAULT_MODE, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-SOURCES = ("Built-in model", "Model file (.py)", "Saved trace")
+SOURCES = ("Built-in model", "Model file (.py)", "Saved trace", "Broken runs to explore")
 _UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
 
 
@@ -75,6 +75,19 @@ def _trace_file(sb: Any) -> RunConfig | None:
     return RunConfig("trace", path, mode="", stamp=_stamp(path)) if path else None
 
 
+# -- "Broken runs to explore" (the debugger's part of the picker: ckpt_viz.run.broken) --
+
+def _broken_run(sb: Any) -> RunConfig:
+    """A broken run: one recorded mistake for the Debugger page; it runs in its own mode."""
+    from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES
+
+    name = sb.selectbox("Broken run", BROKEN_SCENARIO_NAMES, key="src_broken",
+                        help="Each records one real mistake with the real runtime; open the Debugger page to see "
+                             "what went wrong and how to fix it.")
+    sb.caption("See the **Debugger** page for what went wrong.")
+    return RunConfig("broken", name, mode="")
+
+
 @st.cache_data(show_spinner=False)
 def _microbatch_choices(model: str) -> tuple[int, ...]:
     """The micro-batch counts (1-16) the built-in `model` splits into; () when it has no pipeline stages."""
@@ -98,6 +111,9 @@ def source_sidebar() -> RunConfig | None:
         config: RunConfig | None = RunConfig("builtin", model)
     elif kind == SOURCES[1]:
         config = _model_file(sb)
+    elif kind == SOURCES[3]:
+        st.session_state[CONFIG] = config = _broken_run(sb)
+        return config
     else:
         config = _trace_file(sb)
     if kind != SOURCES[2]:
