@@ -9,6 +9,7 @@ pg = st.navigation({
     "Explore": [st.Page("views/graph.py", title="Autograd graph", icon=":material/account_tree:"),
                 st.Page("views/memory.py", title="Memory", icon=":material/memory:"),
                 st.Page("views/handles.py", title="Handles", icon=":material/bug_report:"),
+                st.Page("views/debugger.py", title="Debugger", icon=":material/troubleshoot:"),
                 st.Page("views/routing.py", title="Routing (DX/DW)", icon=":material/alt_route:"),
                 st.Page("views/timeline.py", title="Schedule timeline", icon=":material/view_timeline:"),
                 st.Page("views/events.py", title="Events", icon=":material/list:")],

@@ -1,7 +1,7 @@
 """Handle lifecycles, and the debugger: why was this handle released before it could replay?"""
 import streamlit as st
 
-from ckpt_viz import STATE_MEANINGS, diagnose, diagnose_all, filter_events, format_event, lifecycle, render_lifecycles
+from ckpt_viz import STATE_MEANINGS, diagnose, filter_events, format_event, lifecycle, render_lifecycles
 from ui.cursor import cursor_bar, window
 from ui.runs import current
 from ui.show import show_chart, source_line
@@ -26,12 +26,13 @@ with st.expander("What the states mean"):
 
 st.subheader("Why was this handle released before replay?")
 if len(run.trace) <= 200_000 or st.button("Diagnose every handle", help=f"Reads all {len(run.trace):,} events once"):
-    problems = run.cached(diagnose_all)
+    problems = run.cached(diagnose)
     if problems:
-        st.dataframe([{"handle": f"h{d.handle_id}", "diagnosis": d.code, "summary": d.summary} for d in problems],
-                     hide_index=True, width="stretch")
-    first = problems[0].handle_id if problems else handles[0]
+        st.dataframe([{"handle": f"h{d.handle_id}" if d.handle_id is not None else "-", "problem": d.cause,
+                       "what happened": d.summary} for d in problems], hide_index=True, width="stretch")
+    first = next((d.handle_id for d in problems if d.handle_id in handles), handles[0])
 else:  # a big trace: start from the first refused replay, found from the kind column alone
+    problems = None
     refused = run.cached(lambda trace: [e.handle_id for e in filter_events(trace, kinds=("replay_refused",))][:1])
     first = refused[0] if refused else handles[0]
 if len(handles) <= 5_000:
@@ -43,22 +44,22 @@ if len(handles) <= 5_000:
                               f"h{h}", blocks.get(h), f"{run.index.handle_state(h, seq)} at seq {seq}"))))
 else:
     handle = int(st.number_input("Handle id", min(handles), max(handles), first, key="debug_handle_id"))
-d = run.cached(diagnose, handle)
-(st.success if d.ok else st.error)(f"**h{handle}: {d.code}**. {d.summary}")
-if not d.ok:
-    st.markdown(f"**Cause:** {d.cause}")
-for title, event in (("Released by", d.release_event), ("Replay refused at", d.refused_event),
-                     ("Error", d.error_event)):
-    if event is not None:
-        st.markdown(f"**{title}** (seq {event.seq}):")
-        st.code(format_event(event, site=True), language=None)
-if d.site:
-    st.markdown(f"**Line of code:** `{d.site}`")
-    line = source_line(d.site, run.trace)
-    if line:
-        st.code(line, language="python")
-if not d.ok:
+mine = [d for d in problems if d.handle_id == handle] if problems is not None else run.cached(diagnose, handle)
+if not mine:
+    st.success(f"**h{handle}**: no problem found.")
+for d in mine:
+    st.error(f"**h{handle}: {d.cause}** {d.summary}")
+    for title, event in (("Released by", d.release_event), ("Replay refused at", d.refused_event),
+                         ("Error", d.error_event)):
+        if event is not None:
+            st.markdown(f"**{title}** (seq {event.seq}):")
+            st.code(format_event(event, site=True), language=None, wrap_lines=True)
+    if d.site:
+        st.markdown(f"**Line of code:** `{d.site}`")
+        st.code(source_line(d.site, run.trace), language="python")
     st.info(f"**Fix:** {d.fix}")
+if mine:
+    st.page_link("views/debugger.py", label="The whole story on the Debugger page", icon=":material/bug_report:")
 
 st.subheader(f"Handle states at seq {seq}")
 life = lifecycle(run.trace)  # the same states as the lanes above

@@ -1,0 +1,68 @@
+"""The debugger: every problem of the run, what happened in order, the line of code, and the fix."""
+import streamlit as st
+
+from ckpt_viz import Trace, diagnose, format_event, render_lifecycles
+from ui.cursor import cursor_bar, set_cursor
+from ui.graphview import checkpoint_dot, show_svg
+from ui.runs import current
+from ui.show import show_chart, source_line
+
+FINDING = "debug_finding"
+
+
+def _label(findings: list, i: int) -> str:
+    f = findings[i]
+    who = f"h{f.handle_id}" if f.handle_id is not None else "run"
+    return f"{i + 1}. {who}: {f.cause or f.summary}"
+
+
+def _follow(run, findings: list) -> None:
+    """A finding was chosen: move the shared cursor to its releasing event (else its refusal or error)."""
+    i = st.session_state.get(FINDING)
+    if i is not None and findings[i].seq is not None:
+        set_cursor(run, findings[i].seq)
+
+
+def _lane(trace: Trace, handle: int) -> Trace:
+    """The handle's own events (its lane), with the run's meta."""
+    return Trace(events=trace.for_handle(handle), meta=dict(trace.meta))
+
+
+run = current()
+st.title("Debugger")
+findings = run.cached(diagnose)
+if findings and st.session_state.get(FINDING) is not None and st.session_state[FINDING] >= len(findings):
+    st.session_state[FINDING] = 0  # another run has fewer findings
+seq = cursor_bar(run)
+if not findings:
+    st.success("No problem found in this run: every replay was served, every handle released, every session "
+               "cleared.")
+    st.caption("To see the debugger at work, pick **Broken runs to explore** in the sidebar's source picker.")
+    st.stop()
+
+st.caption(f"{len(findings)} problem{'s' if len(findings) != 1 else ''} found. Choose one: the time cursor moves "
+           "to the event that caused it.")
+i = st.radio("Findings", range(len(findings)), key=FINDING, format_func=lambda i: _label(findings, i),
+             on_change=_follow, args=(run, findings), label_visibility="collapsed")
+f = findings[i or 0]
+at = f" (event #{f.seq})" if f.seq is not None else ""
+st.button(f"Move the cursor to this finding's event{at}", key="debug_goto", on_click=set_cursor,
+          args=(run, f.seq), disabled=f.seq is None or f.seq == seq)
+
+st.error(f"**{f.cause or f.summary}**")
+st.subheader("What happened")
+st.code(f.explanation, language=None, wrap_lines=True)
+if f.site:
+    st.markdown(f"**Your line of code:** `{f.site}`")
+    st.code(source_line(f.site, run.trace), language="python", wrap_lines=True)
+st.info(f"**Fix:** {f.fix}")
+
+if f.handle_id is not None:
+    st.subheader(f"h{f.handle_id}: its lane")
+    show_chart(render_lifecycles, run.cached(_lane, f.handle_id), cursor=seq)
+    dot = checkpoint_dot(run, seq, highlight=f.handle_id)
+    if dot is not None:
+        with st.expander(f"Autograd graph at the cursor, h{f.handle_id} highlighted"):
+            show_svg(dot, name=f"debugger h{f.handle_id}")
+with st.expander(f"The events of this finding ({len(f.events)})"):
+    st.code("\n".join(format_event(e, site=True) for e in f.events) or "(none)", language=None, wrap_lines=True)

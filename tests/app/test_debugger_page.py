@@ -1,0 +1,88 @@
+"""The Debugger page, driven headless with AppTest: a broken run's finding, its story, its line, the cursor moves.
+
+The expected facts (the release's seq, the recorded line of code) come from recording the same
+broken run here, independently of the app.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ckpt_viz.diagnose import diagnose
+from ckpt_viz.events import DIAGNOSIS_CODES
+from ckpt_viz.run.broken import record_broken
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+APP = str(ROOT / "app" / "streamlit_app.py")
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    (finding,) = diagnose(record_broken("dx-after-dw"))
+    return finding
+
+
+def _broken(name: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["src_kind"] = "Broken runs to explore"
+    at.session_state["src_broken"] = name
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _position(at: AppTest) -> int:
+    return at.slider(key="cursor_slider").value
+
+
+def test_the_debugger_page_shows_the_finding_and_follows_it_to_its_event(expected) -> None:
+    at = _broken("dx-after-dw")
+    at.switch_page("views/debugger.py").run()
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == ["Debugger"]
+    radio = at.radio(key="debug_finding")
+    assert len(radio.options) == 1 and DIAGNOSIS_CODES["released_by_dw"].cause in radio.options[0]
+    assert any(DIAGNOSIS_CODES["released_by_dw"].cause in e.value for e in at.error)
+    codes = [c.value for c in at.code]
+    story = next(c for c in codes if c.startswith("h0"))
+    assert story == expected.explanation and "reason dw_complete" in story
+    assert "backward_weight(loss, None, [w], handles=[h])" in story  # the line as recorded
+    assert any(c.endswith("backward_weight(loss, None, [w], handles=[h])  # DW first: it releases h") for c in codes)
+    assert any(expected.fix in i.value for i in at.info)
+    assert re.search(r"\bR\d+\b", "\n".join([*codes, *(e.value for e in at.error)])) is None  # no spec ids
+    # The new run's cursor is at its first event; following the finding moves it to the release.
+    assert _position(at) == 0
+    at.button(key="debug_goto").click().run()
+    assert not at.exception, at.exception
+    assert expected.release_event.kind == "released"
+    assert _position(at) == expected.release_event.seq  # a broken run's seqs are its positions (from 0)
+    # "Next error" on the cursor bar: the refused set_phase, right after the release.
+    at.button(key="cursor_next_error").click().run()
+    assert _position(at) == expected.refused_event.seq == expected.release_event.seq + 1
+
+
+def test_the_handles_page_names_causes_in_words() -> None:
+    at = _broken("session-cleared-early")
+    at.switch_page("views/handles.py").run()
+    assert not at.exception, at.exception
+    shown = "\n".join([*(e.value for e in at.error), *(i.value for i in at.info), *(m.value for m in at.markdown)])
+    assert DIAGNOSIS_CODES["session_cleared_early"].cause in shown
+    assert "Cause: R" not in shown and re.search(r"\bR\d+\b", shown) is None
+
+
+def test_a_clean_run_has_nothing_to_debug() -> None:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["src_kind"] = "Built-in model"
+    at.session_state["src_model"] = "closure"
+    at.run()
+    at.switch_page("views/debugger.py").run()
+    assert not at.exception, at.exception
+    assert any("No problem found" in s.value for s in at.success)
