@@ -42,7 +42,7 @@ from ckpt_viz.trace.index import TraceIndex, event_column
 from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transition, lifecycle
 
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
-    from ckpt_viz.render.memory import format_bytes, memory_peak, memory_table, other_note, render_memory
+    from ckpt_viz.render.memory import format_bytes, memory_peak, memory_table, other_note, render_memory, render_peaks
     from ckpt_viz.render.svg import dot_svg
     from ckpt_viz.render.swimlane import render_lifecycles
     from ckpt_viz.run.scenarios import MODES, run_scenario
@@ -67,6 +67,7 @@ _LAZY = {
     "record_in_subprocess": "ckpt_viz.usermodel.sandbox",
     "render_lifecycles": "ckpt_viz.render.swimlane",
     "render_memory": "ckpt_viz.render.memory",
+    "render_peaks": "ckpt_viz.render.memory",
     "run_scenario": "ckpt_viz.run.scenarios",
 }
 
@@ -125,6 +126,7 @@ __all__ = [
     "render_graph",
     "render_lifecycles",
     "render_memory",
+    "render_peaks",
     "render_perfetto",
     "render_routing",
     "render_text",

@@ -1,7 +1,16 @@
-"""The time cursor every page shares: one event position in the run, a slider and step buttons.
+"""The time cursor every page shares: one event position in the run, a slider, step buttons, a line in words.
 
 `cursor_bar(run)` draws it and returns the event seq at the cursor; `window(run, seq)` gives
 the views that read the events around the cursor a small trace on a big run.
+
+The public API other pages use (keep it stable):
+    cursor_seq(run) -> int           the seq at the cursor, without drawing anything
+    cursor_position(run) -> int      its position in run.trace.events
+    set_cursor(run, seq)             move it to the event with that seq (or the last one before it)
+    set_cursor_position(run, p)      move it to position p (clamped)
+    JUMPS                            "Next ..." buttons: button name -> the event kind it jumps to
+Use `set_cursor` in an `on_click` / `on_change` callback (it runs before the page), or call
+`st.rerun()` after it.
 
 NOTE [ State that survives page changes ]
   1. Streamlit scopes a widget's identity to the page that draws it, so a widget drawn
@@ -11,7 +20,8 @@ NOTE [ State that survives page changes ]
   2. The cursor is drawn by each page, so its truth lives in a plain session key,
      CURSOR = (config, position); the slider's key is set from it before the slider is
      drawn, and the slider and the step buttons write it back in callbacks.
-  3. A new source or mode resets the cursor to the end of the run.
+  3. A new source or mode puts the cursor at the start of the run (its first event), so a
+     learner sees the run unfold and "Next replay" has somewhere to go.
 """
 from __future__ import annotations
 
@@ -19,37 +29,66 @@ import bisect
 
 import streamlit as st
 
-from ckpt_viz import Trace, format_event
+from ckpt_viz import Trace, describe_event, event_column
 from ui.runs import Run, RunConfig
 
 CURSOR = "cursor"
 WINDOW = 2_000  # events either side of the cursor that per-cursor views read on a big trace
+JUMPS: dict[str, str] = {"replay": "replay_started", "release": "released",  # "Next <name>" -> event kind
+                         "refusal": "replay_refused", "error": "error"}
 
 
 # See NOTE [ State that survives page changes ], rules 2 and 3.
 
 
-def _set_cursor(config: RunConfig, position: int) -> None:
+def _store(config: RunConfig, position: int) -> None:
     st.session_state[CURSOR] = (config, position)
 
 
+def set_cursor_position(run: Run, position: int) -> None:
+    """Move the cursor to event position `position` of `run` (clamped to the run)."""
+    n = len(run.index.seqs)
+    _store(run.config, min(max(int(position), 0), max(n - 1, 0)))
+
+
+def set_cursor(run: Run, seq: int) -> None:
+    """Move the cursor to the event with seq `seq` (or the last one before it)."""
+    set_cursor_position(run, run.index.position(int(seq)))
+
+
 def _from_slider(config: RunConfig) -> None:
-    _set_cursor(config, int(st.session_state["cursor_slider"]))
+    _store(config, int(st.session_state["cursor_slider"]))
 
 
 def cursor_position(run: Run) -> int:
-    """The cursor's event position in `run` (the last event when the run is new)."""
+    """The cursor's event position in `run` (the first event when the run is new)."""
     n = len(run.index.seqs)
     config, position = st.session_state.get(CURSOR, (None, None))
     if config != run.config or position is None:
-        position = n - 1
-    position = min(max(int(position), 0), n - 1)
-    _set_cursor(run.config, position)
+        position = 0
+    position = min(max(int(position), 0), max(n - 1, 0))
+    _store(run.config, position)
     return position
 
 
+def cursor_seq(run: Run) -> int:
+    """The event seq at the cursor, without drawing the bar."""
+    return run.index.seq_at(cursor_position(run))
+
+
+def _jump_positions(trace: Trace, kind: str) -> list[int]:
+    return [i for i, k in enumerate(event_column(trace, "kind")) if k == kind]
+
+
+def _handle_names(trace: Trace) -> dict[int, str]:
+    """handle id -> the checkpointed function (the block's qualified name), from `handle_created`."""
+    kinds, handles, data = event_column(trace, "kind"), event_column(trace, "handle_id"), event_column(trace, "data")
+    return {h: str((d or {}).get("function")) for k, h, d in zip(kinds, handles, data)
+            if k == "handle_created" and h is not None and (d or {}).get("function")}
+
+
 def cursor_bar(run: Run) -> int:
-    """Draw the time cursor (slider and step buttons); return the event seq at the cursor."""
+    """Draw the time cursor (slider, step buttons, the event in words); return the event seq at the cursor."""
     n = len(run.index.seqs)
     if n == 0:
         st.info("This trace holds no events.")
@@ -61,19 +100,20 @@ def cursor_bar(run: Run) -> int:
             st.slider(f"Time cursor: event position (0 to {n - 1:,})", 0, n - 1, key="cursor_slider",
                       on_change=_from_slider, args=(run.config,))
         row = st.container(horizontal=True, gap="small", vertical_alignment="center")
-        steps = (("first", "First", ":material/first_page:", 0), ("prev", "−1", ":material/chevron_left:", p - 1),
-                 ("next", "+1", ":material/chevron_right:", p + 1), ("last", "Last", ":material/last_page:", n - 1))
-        for key, label, icon, target in steps:
+        steps = (("first", "First", 0), ("prev", "−1", p - 1), ("next", "+1", p + 1), ("last", "Last", n - 1))
+        for key, label, target in steps:
             target = min(max(target, 0), n - 1)
-            row.button(label, key=f"cursor_{key}", icon=icon, on_click=_set_cursor, args=(run.config, target),
-                       disabled=target == p)
-        for name, positions in run.marks.items():
+            row.button(label, key=f"cursor_{key}", on_click=_store, args=(run.config, target), disabled=target == p)
+        for name, kind in JUMPS.items():
+            positions = run.cached(_jump_positions, kind)
             i = bisect.bisect_right(positions, p)
             target = positions[i] if i < len(positions) else None
-            row.button(f"Next {name}", key=f"cursor_next_{name}", icon=":material/skip_next:", on_click=_set_cursor,
-                       args=(run.config, target if target is not None else p), disabled=target is None)
+            row.button(f"Next {name}", key=f"cursor_next_{name}", on_click=_store,
+                       args=(run.config, target if target is not None else p), disabled=target is None,
+                       help=f"Move the cursor to the next '{kind.replace('_', ' ')}' event")
         seq = run.index.seqs[p]
-        st.code(format_event(run.trace.events[p], site=True), language=None, width="stretch")
+        st.code(describe_event(run.trace.events[p], run.cached(_handle_names)), language=None, width="stretch",
+                wrap_lines=True)
     return seq
 
 

@@ -1,11 +1,16 @@
-"""Compare modes: the same model with no checkpoint, non-reentrant, reentrant and split reentrant."""
+"""Compare modes: the same model with no checkpoint, non-reentrant, reentrant and split, lined up by pass."""
 import streamlit as st
 
-from ckpt_viz import memory_peak, render_memory
+from ckpt_viz import format_bytes, memory_peak, palette, render_memory, render_peaks
 from ui.cursor import cursor_bar
 from ui.downloads import download_png_button
 from ui.runs import current, runs_for_modes
 from ui.show import show_chart
+
+SPLIT_WHY = ("**Why the split modes peak higher:** DX replays each checkpointed block to reach its inputs, and DW "
+             "needs that replay's saved activations too, so every replay is kept until DW runs. Between DX and DW "
+             "the replays of all blocks are live at once (the green *replay activations*), which costs about what "
+             "the run without checkpointing keeps. That is the price of deferring DW to fill a pipeline's bubble.")
 
 run = current()
 st.title("Compare modes")
@@ -24,25 +29,31 @@ runs = runs_for_modes(run.config, modes)
 if not runs:
     st.stop()
 
-# The cursor at the same point of each run: its position in the picked run, as a fraction of the run.
-fraction = run.index.position(seq) / max(len(run.index.seqs) - 1, 1)
-first = next(iter(runs.values())).index
-chart = show_chart(render_memory, {m: r.trace for m, r in runs.items()},
-                   cursor=first.seq_at(round(fraction * (len(first.seqs) - 1))))
+# The cursor is the sidebar run's; each run's passes (forward, DX, DW) share one axis, so it falls at the same pass.
+chart = show_chart(render_memory, {m: r.trace for m, r in runs.items()}, cursor=seq, cursor_in=run.trace,
+                   pick=run, key="compare_chart")
+st.caption(f"Each run's forward, DX and DW passes line up (a full backward spans both DX and DW), whatever the "
+           f"runs' lengths. The magenta rule is the cursor of the **{run.config.mode}** run in the sidebar; click a "
+           "line to move it to that point of the passes. Hover a point for its bytes and event.")
 download_png_button(chart, "compare_modes", key="dl_compare_png")
 
-rows, at_peaks = [], []
+peaks = {mode: r.cached(memory_peak) for mode, r in runs.items()}
+rows = []
 for mode, r in runs.items():
-    peak = r.cached(memory_peak)
+    peak = peaks[mode]
     at_peak = r.index.memory_at(peak["seq"]).bytes_by_category if peak else {}
     rows.append({"mode": mode, "events": len(r.trace), "handles": len(r.index.handles),
                  "replays": r.trace.count("replay_started"), "refused": r.trace.count("replay_refused"),
-                 "released": r.trace.count("released"), "peak bytes": peak["total"] if peak else None,
-                 **{f"peak: {c}": b for c, b in at_peak.items()}})
-    at_peaks.append({"mode": mode, **at_peak})
+                 "released": r.trace.count("released"), "peak": format_bytes(peak["total"]) if peak else "-",
+                 **{f"at the peak: {palette.category_word(c)}": format_bytes(b) for c, b in at_peak.items() if b}})
 st.subheader("Replays and peak memory by category")
 st.dataframe(rows, hide_index=True, width="stretch")
-categories = [c for c in at_peaks[0] if c != "mode" and any(row.get(c) for row in at_peaks)]
-if categories:
-    st.bar_chart(at_peaks, x="mode", y=categories, horizontal=True, stack=True, x_label="",
-                 y_label="bytes at the peak")  # horizontal: x is the mode axis, y the bytes
+show_chart(render_peaks, {m: r.trace for m, r in runs.items()})
+
+split = {m: p["total"] for m, p in peaks.items() if p and m.startswith("split")}
+checkpointed = {m: p["total"] for m, p in peaks.items() if p and m in ("reentrant", "nonreentrant")}
+if split:
+    above = [f"{m} peaks at {format_bytes(t)}, {format_bytes(t - min(checkpointed.values()))} above "
+             f"{min(checkpointed, key=checkpointed.get)}" for m, t in split.items()
+             if checkpointed and t > min(checkpointed.values())]
+    st.info(SPLIT_WHY + (" Here: " + "; ".join(above) + "." if above else ""))

@@ -1,11 +1,12 @@
-"""The event log around the cursor: filter it, read it as a table or as plain text."""
+"""The event log around the cursor: filter it, read it as a table (click a row to move the cursor) or as text."""
 import bisect
+from functools import partial
 
 import pandas as pd
 import streamlit as st
 
-from ckpt_viz import EVENT_KINDS, event_rows, filter_events, render_text
-from ui.cursor import cursor_bar
+from ckpt_viz import EVENT_KINDS, event_rows, filter_events, palette, rows_text
+from ui.cursor import cursor_bar, set_cursor
 from ui.runs import current
 
 run = current()
@@ -14,7 +15,7 @@ seq = cursor_bar(run)
 
 a, b, c, d = st.columns([3, 2, 2, 2])
 kinds = a.multiselect("Kinds", EVENT_KINDS, key="ev_kinds")
-phases = b.multiselect("Phases", ("ordinary", "dx", "dw"), key="ev_phases")
+phases = b.multiselect("Phases", ("ordinary", "dx", "dw"), key="ev_phases", format_func=palette.phase_word)
 handles_text = c.text_input("Handles", key="ev_handles", placeholder="e.g. 0, 3")
 text = d.text_input("Search", key="ev_text", placeholder="text in any field")
 rows_each_side = st.slider("Rows either side of the cursor", 5, 200, 10, key="ev_rows")
@@ -37,11 +38,31 @@ else:
     shown = run.trace.events[max(0, p - rows_each_side): p + rows_each_side + 1]
     st.caption(f"{len(run.trace):,} events; showing {len(shown)} around seq {seq} (the cursor row is marked ▶).")
 
+
+
+def _row_clicked(seqs: list[int]) -> None:
+    """A click on a table row moves the cursor to that row's event."""
+    rows = st.session_state["ev_table"].selection.rows
+    if rows and 0 <= rows[0] < len(seqs):
+        set_cursor(run, seqs[rows[0]])
+
+
+rows = event_rows(shown)
 table, plain = st.tabs(["Table", "Plain text"])
 with table:
-    rows = pd.DataFrame([{"": "▶" if r["seq"] == seq else "", **r} for r in event_rows(shown)])
-    marked = rows.style.apply(lambda row: ["background-color: #fde3d3" if row[""] else ""] * len(row), axis=1)
-    st.dataframe(marked, hide_index=True, width="stretch", height=min(38 + 35 * len(rows), 1500))
+    st.caption("Click a row to move the cursor to its event.")
+    frame = pd.DataFrame([{"": "▶" if r["seq"] == seq else "", **r} for r in rows])
+    marked = frame.style.apply(lambda row: ["background-color: #fde3d3" if row[""] else ""] * len(row), axis=1)
+    wrap = any(len(r["details"]) > 90 for r in rows)  # Streamlit wraps cell text in rows taller than 4rem
+    row_height = 72 if wrap else 35
+    st.dataframe(marked, hide_index=True, width="stretch", height=min(38 + row_height * len(rows), 1500),
+                 row_height=row_height, key="ev_table", selection_mode="single-row",
+                 on_select=partial(_row_clicked, [r["seq"] for r in rows]),
+                 column_config={"details": st.column_config.TextColumn("details", width="large"),
+                                "": st.column_config.TextColumn("", width=24)})
+    event = run.trace.events[run.index.position(seq)]
+    with st.expander(f"Every field of the event at the cursor (seq {seq})"):
+        st.json(event.to_dict(), expanded=True)
 with plain:
-    site = st.toggle("Show file:line", key="ev_site")
-    st.code(render_text(shown, site=site), language=None)
+    st.caption("The same rows and columns as the table; the cursor row starts with >.")
+    st.code(rows_text(rows, marker=seq), language=None)

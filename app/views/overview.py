@@ -3,7 +3,7 @@ from collections import Counter
 
 import streamlit as st
 
-from ckpt_viz import STATE_MEANINGS, diagnose_all, format_bytes, lifecycle, memory_peak, render_memory
+from ckpt_viz import STATE_MEANINGS, diagnose_all, format_bytes, lifecycle, memory_peak, palette, render_memory
 from ui.cursor import cursor_bar
 from ui.downloads import download_trace_buttons
 from ui.runs import current
@@ -22,6 +22,8 @@ run = current()
 meta = run.trace.meta
 st.title("Overview")
 st.caption(f"**{run.config.label}** · {meta.get('description') or meta.get('model', '')}")
+if meta.get("look_at"):
+    st.info(f"**What to look at:** {meta['look_at']}", icon=":material/visibility:")
 seq = cursor_bar(run)
 
 kinds = run.cached(lambda trace: Counter(trace.kinds()))
@@ -33,14 +35,18 @@ cols[1].metric("Handles", f"{len(run.index.handles):,}")
 cols[2].metric("Replays", f"{totals['replays']:,}")
 cols[3].metric("Refused replays", f"{kinds['replay_refused']:,}")
 cols[4].metric("Released", f"{totals['released']:,}", help="handles released by the end of the run: "
-               + (", ".join(f"{r} {n}" for r, n in totals["reasons"]) or "none"))
+               + ("; ".join(f"{n} because {palette.reason_word(r)}" for r, n in totals["reasons"]) or "none"))
 cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not sampled",
-               help=f"at seq {peak['seq']}: " + ", ".join(f"{c} {format_bytes(b)}" for c, b in peak["top"])
+               help=f"at seq {peak['seq']}: " + ", ".join(f"{palette.category_word(c)} {format_bytes(b)}"
+                                                       for c, b in peak["top"])
                if peak else None)
 
 st.subheader("Memory over the run")
 if len(run.trace.memory):
-    show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, max_points=300)
+    show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, max_points=300, pick=run,
+               key="overview_memory_chart")
+    st.caption("Hover for the bytes by category at a point; click to move the cursor there. "
+               "The Memory page has the tables.")
 else:
     st.info("This trace has no memory samples.")
 
@@ -48,7 +54,8 @@ left, right = st.columns(2, gap="large")
 with left:
     st.subheader("Handles at the cursor")
     counts = lifecycle(run.trace).counts_at(seq)
-    st.dataframe([{"state": s, "handles": n, "meaning": STATE_MEANINGS[s]} for s, n in counts.items()],
+    st.dataframe([{"state": palette.state_word(s), "handles": n, "meaning": STATE_MEANINGS[s]}
+                  for s, n in counts.items()],
                  hide_index=True, width="stretch")
 with right:
     st.subheader("Problems")

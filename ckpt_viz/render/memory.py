@@ -23,7 +23,7 @@ from ckpt_viz.trace import MEMORY_CATEGORIES, MemoryColumns, Trace
 from ckpt_viz.trace.index import TraceIndex, derived, event_column
 
 __all__ = ["CURSOR_PICK", "OTHER_NOTABLE", "format_bytes", "memory_peak", "memory_series", "memory_table",
-           "other_note", "render_memory"]
+           "other_note", "render_memory", "render_peaks"]
 
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
 CURSOR_PICK = palette.CURSOR_PICK  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
@@ -311,3 +311,40 @@ def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int,
             layers.append(_cursor_rule(xs[TraceIndex.of(source).position(cursor)], "x"))
     title = alt.TitleParams("total memory, compared by pass", subtitle=[p["label"] for p in peaks])
     return alt.layer(*layers).resolve_scale(color="independent").properties(title=title)
+
+
+def render_peaks(traces: dict[str, Trace]) -> alt.Chart:
+    """One horizontal bar per trace: its bytes by category at its peak, stacked in the palette's colours
+    (parameters first), each segment's tooltip in KiB/MiB."""
+    rows, categories = [], []
+    for name, trace in traces.items():
+        peak = memory_peak(trace)
+        if peak is None:
+            continue
+        seqs, by_category = _columns(trace)
+        i = seqs.index(peak["seq"])
+        for c, values in by_category.items():
+            if values[i]:
+                categories.append(c)
+                rows.append({"trace": name, "category": c, "what": palette.category_word(c), "bytes": values[i],
+                             "size": format_bytes(values[i]), "total": format_bytes(peak["total"]),
+                             "order": MEMORY_CATEGORIES.index(c) if c in MEMORY_CATEGORIES else 99})
+    present = [c for c in (*MEMORY_CATEGORIES, *dict.fromkeys(categories)) if c in categories]
+    present = list(dict.fromkeys(present))
+    words = [palette.category_word(c) for c in present]
+    top = max((sum(r["bytes"] for r in rows if r["trace"] == n) for n in traces), default=0)
+    return alt.Chart(alt.Data(values=rows)).mark_bar().encode(
+        y=alt.Y("trace:N", sort=list(traces), title=None),
+        x=_x_bytes(top),
+        color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
+            domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in present])),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("what:N", title="category"),
+                 alt.Tooltip("size:N", title="bytes"), alt.Tooltip("total:N", title="peak total")],
+    ).properties(title="memory at each mode's peak, by category", height=max(28 * len(traces), 60))
+
+
+def _x_bytes(top: float) -> alt.X:
+    unit, size = _unit(top)
+    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '.3~f') + ' {unit}'", title=f"memory at the peak ({unit})")
+    return alt.X("bytes:Q", stack="zero", axis=axis)
