@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,7 @@ class RunConfig:
         mode, schedule, microbatches: how to run the model (not used for a saved trace).
         stamp: (mtime_ns, size) of the file, so that an edited file is read or run again.
         timeout_s, memory_mb: the sandbox's limits for a model file.
+        name: the user's name of an uploaded file (shown instead of its temporary path).
     """
 
     source: str
@@ -63,6 +65,7 @@ class RunConfig:
     stamp: tuple[int, int] = (0, 0)
     timeout_s: float = 60.0
     memory_mb: int = 4096
+    name: str = ""
 
     @property
     def runs_model(self) -> bool:
@@ -81,7 +84,8 @@ class RunConfig:
     def label(self) -> str:
         if self.source == "trace":
             return Path(self.target).name
-        name = self.target if self.source == "builtin" else Path(self.target.rpartition(":")[0] or self.target).name
+        name = self.target if self.source == "builtin" else \
+            self.name or Path(self.target.rpartition(":")[0] or self.target).name
         pipe = f" · {self.schedule} × {self.microbatches} mb" if self.mode == "pipeline" else ""
         return f"{name} · {self.mode}{pipe}"
 
@@ -115,7 +119,7 @@ class Loaded:
 # -- the loader --
 
 
-def _marks(trace: Trace) -> dict[str, list[int]]:
+def marks(trace: Trace) -> dict[str, list[int]]:
     kinds = event_column(trace, "kind")  # shared with the TraceIndex: read once
     return {name: [i for i, k in enumerate(kinds) if k == kind] for name, kind in JUMP_KINDS.items()}
 
@@ -132,7 +136,7 @@ def load_run(config: RunConfig) -> Loaded:
         # torch garbage that the collector must still see.
         with _gc_paused() if config.source != "builtin" else contextlib.nullcontext():
             trace = obtain_trace(config.request)
-            return Loaded(run=Run(config, trace, TraceIndex(trace), _marks(trace)))
+            return Loaded(run=Run(config, trace, TraceIndex(trace), marks(trace)))
     except Exception as err:  # shown on the page; the app keeps working
         return Loaded(error=err)
 
@@ -152,16 +156,32 @@ def _gc_paused() -> Iterator[None]:
 # -- what the pages call --
 
 
-def show_error(err: BaseException) -> None:
-    """The error's message (written for users) and, folded, its traceback."""
-    st.error(str(err) or type(err).__name__)
+_MARKDOWN = re.compile(r"([\\`*$<>\[\]|~#])|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
+def as_markdown(text: str) -> str:
+    """Plain text for st.error/st.info: its line breaks and indents kept, nothing read as markdown."""
+    escaped = _MARKDOWN.sub(lambda m: "\\" + m.group(0), text)
+    lines = [re.sub(r"^ +", lambda m: "\u00a0" * len(m.group(0)), line) for line in escaped.splitlines()]
+    return "  \n".join(lines)
+
+
+def show_error(err: BaseException, config: RunConfig | None = None) -> None:
+    """The error's message (written for users, its lines kept) and, folded, its traceback; "Try again"
+    records or reads `config` again (and only it)."""
+    from ui.sandbox import forget, shown
+
+    st.error(as_markdown(shown(str(err) or type(err).__name__, config)))
     text = getattr(err, "traceback", "") or (
         "" if isinstance(err, CkptVizError) else "".join(traceback.format_exception(type(err), err, err.__traceback__)))
     if text:
         with st.expander("Traceback"):
-            st.code(text, language="text")
+            st.code(shown(text, config), language="text")
     if st.button("Try again", key="retry"):
-        load_run.clear()
+        if config is not None and config.source == "user":
+            forget(config)
+        elif config is not None:
+            load_run.clear(config)
         st.rerun()
 
 
@@ -177,20 +197,33 @@ def current() -> Run:
     if config is None:
         st.info("Pick a source in the sidebar: a built-in model, a model file, or a saved trace.")
         st.stop()
-    loaded = load_run(config)
+    loaded = _obtain([config])[config]
     if loaded.error is not None:
-        show_error(loaded.error)
+        show_error(loaded.error, config)
         st.stop()
     return loaded.run
+
+
+def _obtain(configs: list[RunConfig]) -> dict[RunConfig, Loaded]:
+    """Each config's run: a model file's from this session's sandbox (all its missing modes in one child),
+    the others from the process-wide cache."""
+    if configs and configs[0].source == "user":
+        from ui.sandbox import obtain
+
+        return obtain(configs)
+    return {c: load_run(c) for c in configs}
 
 
 def runs_for_modes(config: RunConfig, modes: list[str]) -> dict[str, Run]:
     """One run per mode of the same model; a mode that fails is reported and left out."""
     runs = {}
+    got = _obtain([config.with_mode(mode) for mode in modes])
     for mode in modes:
-        loaded = load_run(config.with_mode(mode))
+        loaded = got[config.with_mode(mode)]
         if loaded.error is not None:
-            st.warning(f"Mode {mode!r} failed: {loaded.error}")
+            from ui.sandbox import shown
+
+            st.warning(as_markdown(f"Mode {mode!r} failed: {shown(str(loaded.error), config)}"))
         elif not len(loaded.run.trace):
             st.caption(f"Mode {mode!r} recorded no events (nothing to compare).")
         else:

@@ -8,8 +8,6 @@ model source is drawn, so a saved trace opens without torch.
 from __future__ import annotations
 
 import os
-import re
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,6 @@ from ui.runs import CONFIG, DEFAULT_MODE, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SOURCES = ("Built-in model", "Model file (.py)", "Saved trace", "Broken runs to explore")
-_UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
 
 
 def _stamp(path: str) -> tuple[int, int]:
@@ -31,14 +28,11 @@ def _stamp(path: str) -> tuple[int, int]:
     return (info.st_mtime_ns, info.st_size)
 
 
-def _store_upload(upload: Any) -> Path:
-    """Write an uploaded file once to a temporary folder (named by its upload id); return its path."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", upload.name) or "upload"
-    path = _UPLOADS / re.sub(r"[^A-Za-z0-9_-]", "_", str(upload.file_id)) / safe
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(upload.getbuffer())
-    return path
+def _store_upload(upload: Any, kind: str) -> Path:
+    """The uploaded file in this session's folder (one per kind: a new upload replaces the last one)."""
+    from ui.sandbox import session_sandbox
+
+    return session_sandbox().store_upload(upload, kind)
 
 
 def _example_ref() -> str:
@@ -48,7 +42,17 @@ def _example_ref() -> str:
 
 
 def _model_file(sb: Any) -> RunConfig | None:
+    from ui.sandbox import restore_limits, session_sandbox
+
+    session_sandbox(warm=True)  # its warm process imports torch while the user picks a file
+    restore_limits(src_timeout=60, src_memory=4096)  # kept while another source is shown, and across uploads
+    limits = sb.expander("Sandbox limits", expanded=True)
+    timeout_s = limits.number_input("Time limit (s)", 5, 600, step=5, key="src_timeout",
+                                    help="Per mode. The run is stopped, and every process it started killed.")
+    memory_mb = limits.number_input("Memory limit (MB)", 1024, 262144, step=512, key="src_memory",
+                                    help="All of the run's processes together (torch itself needs about 1 GB).")
     how = sb.radio("Model file", ("Path", "Upload"), horizontal=True, key="src_file_how")
+    name = ""
     if how == "Path":
         ref = sb.text_input("Model reference", _example_ref(), key="src_ref",
                             help="path/to/file.py:factory (a bare file.py means factory make_model)").strip()
@@ -57,22 +61,20 @@ def _model_file(sb: Any) -> RunConfig | None:
         factory = sb.text_input("Factory function", "make_model", key="src_factory").strip()
         if upload is None:
             return None
-        ref = f"{_store_upload(upload)}:{factory or 'make_model'}"
-    limits = sb.expander("Sandbox limits")
-    timeout_s = limits.number_input("Time limit (s)", 5, 600, 60, step=5, key="src_timeout")
-    memory_mb = limits.number_input("Memory limit (MB)", 1024, 262144, 4096, step=512, key="src_memory")
+        ref, name = f"{_store_upload(upload, 'model')}:{factory or 'make_model'}", upload.name
     return RunConfig("user", ref, stamp=_stamp(ref.rpartition(":")[0] or ref), timeout_s=float(timeout_s),
-                     memory_mb=int(memory_mb))
+                     memory_mb=int(memory_mb), name=name)
 
 
 def _trace_file(sb: Any) -> RunConfig | None:
     how = sb.radio("Trace file", ("Upload", "Path"), horizontal=True, key="src_trace_how")
     if how == "Upload":
         upload = sb.file_uploader("Trace (.json or .json.gz)", type=["json", "gz"], key="src_trace_upload")
-        path = str(_store_upload(upload)) if upload is not None else ""
+        path = str(_store_upload(upload, "trace")) if upload is not None else ""
     else:
         path = sb.text_input("Trace file path", "", key="src_trace_path", placeholder="runs/trace.json.gz").strip()
-    return RunConfig("trace", path, mode="", stamp=_stamp(path)) if path else None
+    return RunConfig("trace", path, mode="", stamp=_stamp(path), name=upload.name if how == "Upload" and upload
+                     else "") if path else None
 
 
 # -- "Broken runs to explore" (the debugger's part of the picker: ckpt_viz.run.broken) --

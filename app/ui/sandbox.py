@@ -1,0 +1,229 @@
+"""Model files in the app: one session's uploads, warm sandbox, runs, and the run in progress.
+
+Every session has its own `SessionSandbox` (in its session state, so two sessions never see
+each other's runs or files): its upload folder, its `WarmSandbox` (torch imported once, one
+forked child per run; NOTE [ Warm child ] in ckpt_viz.usermodel.warm), the runs it recorded,
+and at most one run in progress, in a thread, that the page shows with its elapsed time and a
+Cancel button. The session's folder and warm process go when the session ends (its state is
+dropped), when the app exits, or, for an app killed outright, at the next app's start.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from ckpt_viz import TraceIndex
+from ckpt_viz.usermodel.warm import WarmSandbox
+from ui.runs import Loaded, Run, RunConfig, marks
+
+UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
+KEY = "sandbox_session"
+WAIT_S: float | None = None  # how long a page waits for a run before it polls instead (None: until it ends)
+_KEEP = 16  # runs kept per session
+_LIVE: weakref.WeakSet[SessionSandbox] = weakref.WeakSet()
+
+
+@dataclass
+class Job:
+    """A run in progress: one child for all of `configs` (the modes of one model file)."""
+
+    configs: tuple[RunConfig, ...]
+    started: float = field(default_factory=time.monotonic)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    results: dict[RunConfig, Loaded] = field(default_factory=dict)
+    thread: threading.Thread | None = None
+
+
+class SessionSandbox:
+    """One session's model files: see the module docstring."""
+
+    def __init__(self, session: str) -> None:
+        self.folder = UPLOADS / f"{os.getpid()}_{re.sub(r'[^A-Za-z0-9_-]', '_', session)}"
+        (self.folder / "model").mkdir(parents=True, exist_ok=True)
+        self.warm = WarmSandbox(readable=[str(self.folder / "model")])
+        self.runs: OrderedDict[RunConfig, Loaded] = OrderedDict()
+        self.job: Job | None = None
+        self.uploaded: dict[str, str] = {}  # kind -> the upload's file id
+        _LIVE.add(self)
+
+    def store_upload(self, upload: Any, kind: str) -> Path:
+        """The upload as the one file of `kind` in this session's folder; a new upload replaces the last."""
+        folder = self.folder / kind
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", upload.name) or "upload"
+        path = folder / safe
+        if self.uploaded.get(kind) != upload.file_id or not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            for old in folder.iterdir():  # the folder stays (the warm sandbox sees it), its file is replaced
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+            path.write_bytes(upload.getbuffer())
+            self.uploaded[kind] = upload.file_id
+        return path
+
+    # -- runs --
+
+    def start(self, configs: list[RunConfig]) -> Job:
+        """Run `configs` (one model file, several modes) in one child, in a thread; cancel any other run."""
+        if self.job is not None and not self.job.done.is_set():
+            self.job.cancel.set()
+        job = Job(tuple(configs))
+        job.thread = threading.Thread(target=_record, args=(self.warm, job), daemon=True,
+                                      name="ckpt_viz sandbox run")
+        self.job = job
+        job.thread.start()
+        return job
+
+    def finish(self, job: Job) -> None:
+        """Keep a finished job's runs (the newest `_KEEP`)."""
+        for config, loaded in job.results.items():
+            self.runs[config] = loaded
+            self.runs.move_to_end(config)
+        while len(self.runs) > _KEEP:
+            self.runs.popitem(last=False)
+        if self.job is job:
+            self.job = None
+
+    def close(self) -> None:
+        if self.job is not None:
+            self.job.cancel.set()
+        self.warm.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __del__(self) -> None:  # the session's state was dropped: the session ended
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _record(warm: WarmSandbox, job: Job) -> None:
+    first = job.configs[0]
+    try:
+        out = warm.record(first.target, [c.mode for c in job.configs], timeout_s=first.timeout_s,
+                          memory_mb=first.memory_mb, cancel=job.cancel,
+                          extra={"seed": 0, "microbatches": first.microbatches, "schedule": first.schedule,
+                                 "memory": True, "graphs": True})
+    except Exception as err:  # bad arguments, or the warm process could not start: every mode says so
+        out = [err] * len(job.configs)
+    for config, result in zip(job.configs, out, strict=True):
+        if isinstance(result, BaseException):
+            job.results[config] = Loaded(error=result)
+        else:
+            if config.name:  # the user's file name, not the temporary upload path
+                result.meta["model"] = f"{config.name}:{config.target.rpartition(':')[2]}"
+            job.results[config] = Loaded(run=Run(config, result, TraceIndex(result), marks(result)))
+    job.done.set()
+
+
+def session_sandbox(*, warm: bool = False) -> SessionSandbox:
+    """This session's `SessionSandbox`, made on first use; `warm`: start its warm process now (it imports
+    torch while the user picks a file)."""
+    if KEY not in st.session_state:
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        ctx = get_script_run_ctx()
+        st.session_state[KEY] = SessionSandbox(ctx.session_id if ctx is not None else str(id(st.session_state)))
+    box: SessionSandbox = st.session_state[KEY]
+    if warm:
+        box.warm.start()
+    return box
+
+
+def obtain(configs: list[RunConfig]) -> dict[RunConfig, Loaded]:
+    """The runs of `configs` (model files) for this session: recorded once, in one child for all missing
+    modes, while the page shows the elapsed time and a Cancel button. Stops the page while a run lasts."""
+    box = session_sandbox(warm=True)
+    job = box.job
+    if job is not None and st.session_state.get("sandbox_cancel") and not job.done.is_set():
+        job.cancel.set()  # the Cancel button: the child is killed at once
+        job.done.wait(5)
+    if job is not None and job.done.is_set():
+        box.finish(job)
+    missing = [c for c in configs if c not in box.runs]
+    if missing:
+        job = box.job
+        if job is None or not set(missing) <= set(job.configs):
+            job = box.start(missing)
+        _wait(job, box)
+    return {c: box.runs[c] for c in configs}
+
+
+def forget(config: RunConfig) -> None:
+    """Drop one run (Try again), so that only it is recorded again."""
+    box = st.session_state.get(KEY)
+    if box is not None:
+        box.runs.pop(config, None)
+
+
+def _progress(job: Job) -> str:
+    first = job.configs[0]
+    modes = ", ".join(c.mode for c in job.configs)
+    return (f"Running **{first.name or Path(first.target.rpartition(':')[0]).name}** in the sandbox ({modes}): "
+            f"{time.monotonic() - job.started:.1f} s (time limit {first.timeout_s:g} s per mode)")
+
+
+def _wait(job: Job, box: SessionSandbox) -> None:
+    """Show the run's elapsed time and a Cancel button until it ends (or `WAIT_S`, then poll)."""
+    line = st.empty()
+    st.button("Cancel", key="sandbox_cancel", help="Stop this run now (its processes are killed).")
+    deadline = None if WAIT_S is None else time.monotonic() + WAIT_S
+    while not job.done.wait(0.2):
+        line.info(_progress(job))  # a rerun (the Cancel click) interrupts the page here
+        if deadline is not None and time.monotonic() > deadline:
+            _poll(job)
+            st.stop()
+    box.finish(job)
+    line.empty()
+
+
+@st.fragment(run_every=0.5)
+def _poll(job: Job) -> None:
+    if job.done.is_set():
+        st.rerun(scope="app")
+    st.caption(_progress(job))
+
+
+def restore_limits(**defaults: object) -> None:
+    """Keep the values of widgets that are not drawn on every run (Streamlit drops those); the widgets
+    then take their value from the session state (`defaults` the first time)."""
+    for key, default in defaults.items():
+        st.session_state[key] = st.session_state.get(key, default)
+
+
+def shown(text: str, config: RunConfig | None) -> str:
+    """`text` with an upload's temporary path replaced by the user's file name."""
+    if config is None or not config.name:
+        return text
+    path = config.target.rpartition(":")[0] or config.target
+    return text.replace(path, config.name)
+
+
+def _sweep() -> None:
+    """Remove upload folders of app processes that are gone (killed outright)."""
+    with contextlib.suppress(OSError):
+        for folder in UPLOADS.iterdir():
+            pid = folder.name.split("_", 1)[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+@atexit.register
+def _close_all() -> None:
+    for box in list(_LIVE):
+        box.close()
+
+
+_sweep()
+
+__all__ = ["Job", "SessionSandbox", "forget", "obtain", "restore_limits", "session_sandbox", "shown"]
