@@ -1,9 +1,17 @@
-"""ckpt_viz app: `streamlit run app` (from the repository root). Routes to the pages in app/views/."""
+"""ckpt_viz app: `streamlit run app` (from the repository root). Routes to the pages in app/views/.
+
+Nothing the browser loads leaves 127.0.0.1: the page icon is a local file (a `:material/...` page
+icon makes the browser fetch its picture from fonts.gstatic.com); the icons of the navigation and
+the buttons are drawn with the Material Symbols font that Streamlit serves itself.
+"""
+from pathlib import Path
+
 import streamlit as st
 
 from ui.source import source_sidebar
 
-st.set_page_config(page_title="ckpt_viz", page_icon=":material/replay:", layout="wide")
+st.set_page_config(page_title="ckpt_viz", page_icon=str(Path(__file__).parent / "assets" / "icon.png"),
+                   layout="wide")
 pg = st.navigation({
     "Run": [st.Page("views/overview.py", title="Overview", icon=":material/home:", default=True)],
     "Explore": [st.Page("views/graph.py", title="Autograd graph", icon=":material/account_tree:"),
