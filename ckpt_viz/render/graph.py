@@ -1,7 +1,8 @@
-"""Graph snapshots as Graphviz DOT: the annotated checkpoint view and the plain torchviz-style view.
+"""Graph snapshots as Graphviz DOT: the annotated checkpoint view and torchviz's own view.
 
 Pure functions of a `GraphSnapshot` (see `ckpt_viz.probe.graph` for what a snapshot
-holds); they return DOT source text and never import torch, graphviz or a UI.
+holds); they return DOT source text and never import torch, graphviz or a UI. Colours
+and words come from `ckpt_viz.render.palette`; `ckpt_viz.render.svg` draws the SVG.
 
 NOTE [ Collapsing repeated blocks ]
   1. A region is one handle's nodes: nodes whose handle_id is set (non-reentrant
@@ -13,7 +14,8 @@ NOTE [ Collapsing repeated blocks ]
      have as many internal edges, and they are in the same state.
   3. When the graph has more than `collapse_above` nodes, each run of at least
      `min_repeat` identical regions with consecutive handle ids becomes one node
-     "Block xN"; edges into or out of the run are redirected to it.
+     "Block xN"; edges into or out of the run are redirected to it. A highlighted or
+     refused handle is never collapsed: it must stay visible.
 """
 from __future__ import annotations
 
@@ -21,51 +23,65 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckpt_viz.trace import GraphSnapshot
+from ckpt_viz.render.palette import (
+    ACTION_COLOURS,
+    CATEGORY_COLOURS,
+    CURSOR_COLOUR,
+    MARK_COLOURS,
+    STATE_FILLS,
+    state_word,
+)
+from ckpt_viz.trace import GraphSnapshot, Trace
+from ckpt_viz.trace.cache import event_column
 
 __all__ = [
     "EDGE_COLOURS",
+    "EXCLUDED_FILL",
     "GRAPH_LEGEND",
     "NODE_COLOURS",
-    "STATE_COLOURS",
+    "REGION_FILLS",
+    "TORCHVIZ_LEGEND",
+    "collapse_runs",
     "dot_attrs",
     "dot_quote",
+    "refused_handles",
     "render_graph",
     "render_torchviz_view",
 ]
 
 NODE_COLOURS: dict[str, str] = {
-    "backward": "#d9d9d9",    # grey box
-    "leaf": "#a6cee3",        # blue box: parameter
-    "input": "#b2df8a",       # green oval: input tensor
-    "trigger": "#fdbf6f",     # orange diamond: backward trigger
-    "checkpoint": "#ffd92f",  # yellow 3-D box: checkpoint node
-    "block": "#ffffff",       # collapsed run; filled with its state colour
+    "backward": "#ffffff",                        # white box: backward node
+    "leaf": CATEGORY_COLOURS["parameters"],        # grey box: parameter
+    "input": CATEGORY_COLOURS["other"],            # teal oval: input tensor
+    "trigger": "#fdae6b",                          # orange diamond: backward trigger (DW's hue)
+    "checkpoint": CATEGORY_COLOURS["checkpoint_inputs"],  # yellow 3-D box: checkpoint node
+    "block": "#ffffff",                            # collapsed run; filled with its state colour
 }
 _NODE_SHAPES: dict[str, str] = {"backward": "box", "leaf": "box", "input": "ellipse", "trigger": "diamond",
                                 "checkpoint": "box3d", "block": "folder"}
-STATE_COLOURS: dict[str, str] = {  # one per `ckpt_viz.trace.lifecycle.STATES`, in its order
-    "not_created": "#ffffff",
-    "recorded": "#fff7bc",
-    "phase_dx": "#deebf7",
-    "phase_dw": "#fee6ce",
-    "replaying": "#fdd0a2",
-    "replayed": "#c7e9c0",
-    "retained": "#e5f5e0",
-    "released": "#f0f0f0",
-    "collected": "#fcbba1",
-}
+REGION_FILLS: dict[str, str] = STATE_FILLS  # one per `ckpt_viz.trace.lifecycle.STATES`: the light state colours
+EXCLUDED_FILL = "#eadccf"  # a light version of the excluded_outputs brown
 _DASHED_STATES = {"not_created", "released", "collected"}
-EDGE_COLOURS: dict[str, str] = {"dx": "#2171b5", "dw": "#e6550d", "both": "#756bb1", "none": "#bdbdbd"}
+EDGE_COLOURS: dict[str, str] = {"dx": ACTION_COLOURS["DX"], "dw": ACTION_COLOURS["DW"], "both": ACTION_COLOURS["B"],
+                                "none": "#bdbdbd"}
+_FONT = {"fontname": "Helvetica", "fontsize": 10}
 
 GRAPH_LEGEND = "\n".join([
-    "Grey box: backward node. Blue box: parameter (with its shape). Green oval: input tensor.",
+    "White box: backward node. Grey box: parameter (with its shape). Teal oval: input tensor.",
     "Orange diamond: backward trigger of a split handle. Yellow 3-D box: checkpoint node.",
-    "Cluster h<id> · <state>: one checkpoint region, in the states of the Handles page; yellow recorded,",
-    "light blue phase_dx, light orange phase_dw, orange replaying, green replayed, pale green retained,",
-    "grey dashed released, red dashed collected.",
+    "Region h<id> · <state>: one checkpoint region, in the states of the Handles page; yellow recorded,",
+    "light blue waiting for DX, light orange waiting for DW, green replaying / replayed / retained,",
+    "grey dashed released, red dashed collected. A dark red border: its replay was refused;",
+    "a magenta border: the handle picked elsewhere (Debugger).",
+    "Brown dashed box inside a region: an excluded region, kept from the forward and not recomputed.",
     "Edges: blue reached by DX (input grads), orange reached by DW (weight grads), purple both, grey neither.",
     "Folder \"Block xN\": N identical regions drawn as one node.",
+])
+TORCHVIZ_LEGEND = "\n".join([
+    "Drawn by torchviz.make_dot itself, at snapshot time (no replay): grey box: backward node;",
+    "blue box: a leaf tensor that requires grad (a parameter with its name, or an input), with its shape;",
+    "green box: the output (the loss); dark green: the base of an output that is a view.",
+    "No checkpoint regions and no DX/DW colours: this is the autograd graph as torch holds it.",
 ])
 
 
@@ -104,7 +120,7 @@ def _label(node: Mapping[str, Any]) -> str:
         return "dummy\n(0)"  # the checkpoint's zero-size input that makes every output require grad
     if kind in ("leaf", "input"):
         return f"{name}\n{_shape_text(node.get('shape'))}".rstrip()
-    return name + ("\n(excluded)" if node.get("exclude") is not None else "")
+    return name
 
 
 def _edge_kind(dx: bool, dw: bool) -> str:
@@ -131,7 +147,8 @@ _DIGITS = re.compile(r"\d+")
 
 
 def render_graph(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = None, collapse: bool = True,
-                 rankdir: str = "TB", collapse_above: int = 100, min_repeat: int = 3) -> str:
+                 rankdir: str = "TB", collapse_above: int = 100, min_repeat: int = 3, highlight: int | None = None,
+                 refused: Iterable[int] = ()) -> str:
     """Draw one autograd graph snapshot with its checkpoint regions as DOT source.
 
     Args:
@@ -141,19 +158,77 @@ def render_graph(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = 
             checkpoint node's own flags.
         collapse: collapse runs of identical regions (see NOTE [ Collapsing repeated blocks ]).
         rankdir: "TB" (loss at the top) or "LR".
-        collapse_above: collapse only graphs with more nodes than this.
+        collapse_above: collapse only graphs with more nodes than this (0: any graph).
         min_repeat: the shortest run of identical regions that is collapsed.
+        highlight: a handle id to point out (a magenta border), e.g. the Debugger's handle.
+        refused: handle ids whose replay was refused (`refused_handles`): a dark red border.
 
     Returns:
-        DOT source: clusters "cluster_h<id>" labelled "h<id> · <state>", nodes "n<index>",
-        collapsed runs "block<k>".
+        DOT source: clusters "cluster_h<id>" labelled "h<id> · <state word>", excluded
+        regions "cluster_x<id>_h<handle>" inside them, nodes "n<index>", collapsed runs
+        "block<k>".
 
     Legend:
     """
     nodes = list(snapshot.nodes)
-    index = {n["id"]: i for i, n in enumerate(nodes)}
-    edges = [(index[s], index[d]) for s, d in snapshot.edges if s in index and d in index]
+    edges = _edges(snapshot, nodes)
+    regions, region_state = _regions(nodes, states)
+    refused = {h for h in refused if h in regions}
+    keep = refused | ({highlight} if highlight in regions else set())
+    block_of: dict[int, int] = {}  # node index -> block number
+    blocks: list[tuple[list[int], int]] = []  # (handle ids, nodes per region)
+    if collapse and len(nodes) > collapse_above and len(regions) >= min_repeat:
+        block_of, blocks = _collapse(nodes, edges, regions, region_state, min_repeat, keep)
+    collapsed = {h for handles, _ in blocks for h in handles}
 
+    graph = dot_attrs(rankdir=rankdir, label=snapshot.label, labelloc="t", fontname="Helvetica", fontsize=12)
+    out = ["digraph autograd {", f"  graph {graph};", f"  node {dot_attrs(**_FONT, style='filled')};",
+           f"  edge {dot_attrs(arrowsize='0.6')};"]
+    for h in sorted(regions, key=_sort_key):
+        if h not in collapsed:
+            out.extend(_region_lines(h, nodes, regions[h], region_state[h], h in refused, h == highlight))
+    for i, n in enumerate(nodes):
+        if _region_of(n) is None and i not in block_of:
+            out.append("  " + _node_line(i, n))
+    for k, (handles, size) in enumerate(blocks):
+        state = region_state[handles[0]]
+        label = f"Block x{len(handles)}\nh{handles[0]} – h{handles[-1]} · {state_word(state)}\n{size} nodes each"
+        out.append(f"  block{k} " + dot_attrs(label=label, shape=_NODE_SHAPES["block"],
+                                           fillcolor=REGION_FILLS.get(state, NODE_COLOURS["block"]),
+                                           tooltip=", ".join(f"h{h}" for h in handles)) + ";")
+    out.extend(_edge_lines(nodes, edges, block_of))
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def collapse_runs(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = None, min_repeat: int = 3,
+                  keep: Iterable[int] = ()) -> list[list[int]]:
+    """The runs of identical regions `render_graph(collapse=True)` would draw as one block, as handle-id lists."""
+    nodes = list(snapshot.nodes)
+    regions, region_state = _regions(nodes, states)
+    if len(regions) < min_repeat:
+        return []
+    _, blocks = _collapse(nodes, _edges(snapshot, nodes), regions, region_state, min_repeat, set(keep))
+    return [handles for handles, _ in blocks]
+
+
+def refused_handles(trace: Trace, seq: int | None) -> list[int]:
+    """The handles whose replay was refused at or before `seq` (all of them when seq is None), in order."""
+    found: list[int] = []
+    for s, kind, h in zip(event_column(trace, "seq"), event_column(trace, "kind"), event_column(trace, "handle_id")):
+        if seq is not None and s > seq:
+            break
+        if kind == "replay_refused" and h is not None and h not in found:
+            found.append(h)
+    return found
+
+
+def _edges(snapshot: GraphSnapshot, nodes: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    index = {n["id"]: i for i, n in enumerate(nodes)}
+    return [(index[s], index[d]) for s, d in snapshot.edges if s in index and d in index]
+
+
+def _regions(nodes: list[dict[str, Any]], states: Mapping[int, str] | None) -> tuple[dict, dict]:
     regions: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         h = _region_of(n)
@@ -161,40 +236,38 @@ def render_graph(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = 
             regions.setdefault(h, []).append(i)
     region_state = {h: (states.get(h) if states is not None and h in states else None)
                     or _default_state(nodes[i] for i in members) for h, members in regions.items()}
+    return regions, region_state
 
-    block_of: dict[int, int] = {}  # node index -> block number
-    blocks: list[tuple[list[int], int]] = []  # (handle ids, nodes per region)
-    if collapse and len(nodes) > collapse_above and len(regions) >= min_repeat:
-        block_of, blocks = _collapse(nodes, edges, regions, region_state, min_repeat)
-    collapsed = {h for handles, _ in blocks for h in handles}
 
-    graph = dot_attrs(rankdir=rankdir, label=snapshot.label, labelloc="t", fontname="Helvetica", fontsize=12)
-    out = ["digraph autograd {", f"  graph {graph};",
-           f"  node {dot_attrs(fontname='Helvetica', fontsize=10, style='filled')};",
-           f"  edge {dot_attrs(arrowsize='0.6')};"]
-    for h in sorted(regions, key=_sort_key):
-        if h in collapsed:
-            continue
-        state = region_state[h]
-        style = "filled,dashed" if state in _DASHED_STATES else "filled,rounded"
-        out.append(f"  subgraph cluster_h{h} {{")
-        cluster = dot_attrs(label=f"h{h} · {state}", style=style, fillcolor=STATE_COLOURS.get(state, "#ffffff"),
-                            color="#636363")
-        out.append(f"    graph {cluster};")
-        out.extend("    " + _node_line(i, nodes[i]) for i in regions[h])
-        out.append("  }")
-    for i, n in enumerate(nodes):
-        if _region_of(n) is None and i not in block_of:
-            out.append("  " + _node_line(i, n))
-    for k, (handles, size) in enumerate(blocks):
-        state = region_state[handles[0]]
-        label = f"Block x{len(handles)}\nh{handles[0]} – h{handles[-1]} · {state}\n{size} nodes each"
-        out.append(f"  block{k} " + dot_attrs(label=label, shape=_NODE_SHAPES["block"],
-                                           fillcolor=STATE_COLOURS.get(state, NODE_COLOURS["block"]),
-                                           tooltip=", ".join(f"h{h}" for h in handles)) + ";")
-    out.extend(_edge_lines(nodes, edges, block_of))
-    out.append("}")
-    return "\n".join(out) + "\n"
+def _region_lines(h: int, nodes: list[dict[str, Any]], members: list[int], state: str, refused: bool,
+                  highlight: bool) -> list[str]:
+    style = "filled,dashed" if state in _DASHED_STATES else "filled,rounded"
+    label = ("▶ " if highlight else "") + f"h{h} · {state_word(state)}" + (" · replay refused" if refused else "")
+    colour = CURSOR_COLOUR if highlight else MARK_COLOURS["refused"] if refused else "#636363"
+    cluster = dot_attrs(label=label, style=style, fillcolor=REGION_FILLS.get(state, "#ffffff"), color=colour,
+                        penwidth="3" if highlight or refused else "1", fontcolor=colour if refused else None,
+                        tooltip=f"h{h}: {state}")
+    out = [f"  subgraph cluster_h{h} {{", f"    graph {cluster};"]
+    excluded: dict[Any, list[int]] = {}
+    for i in members:
+        if nodes[i].get("exclude") is not None:
+            excluded.setdefault(nodes[i]["exclude"], []).append(i)
+        else:
+            out.append("    " + _node_line(i, nodes[i]))
+    for x, inner in excluded.items():  # an excluded region inside the checkpoint: kept, not recomputed
+        box = dot_attrs(label=f"excluded region {x} · kept, not recomputed", style="filled,dashed",
+                        fillcolor=EXCLUDED_FILL, color=CATEGORY_COLOURS["excluded_outputs"], penwidth="2",
+                        fontcolor=CATEGORY_COLOURS["excluded_outputs"])
+        out.append(f"    subgraph cluster_x{_ident(x)}_h{h} {{")
+        out.append(f"      graph {box};")
+        out.extend("      " + _node_line(i, nodes[i]) for i in inner)
+        out.append("    }")
+    out.append("  }")
+    return out
+
+
+def _ident(value: Any) -> str:
+    return re.sub(r"\W", "_", str(value))
 
 
 # The legend lives in the docstring (pytorchviz style) and in GRAPH_LEGEND, the app's caption.
@@ -208,8 +281,9 @@ def _sort_key(h: Any) -> tuple[int, Any]:
 
 def _node_line(i: int, node: Mapping[str, Any]) -> str:
     kind = node.get("kind", "backward")
-    style = "filled,rounded" if kind == "leaf" else "filled,dashed" if node.get("exclude") is not None else "filled"
+    style = "filled,rounded" if kind == "leaf" else "filled"
     owner = f" · h{node['handle_id']}" if node.get("handle_id") is not None else ""
+    owner += f" · excluded region {node['exclude']}" if node.get("exclude") is not None else ""
     reached = f" · dx {'yes' if node.get('dx_reached') else 'no'} · dw {'yes' if node.get('dw_reached') else 'no'}"
     tooltip = f"{node.get('name')} · {kind}{owner}{reached}"
     return f"n{i} " + dot_attrs(label=_label(node), shape=_NODE_SHAPES.get(kind, "box"),
@@ -236,7 +310,8 @@ def _edge_lines(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], block
 
 
 def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions: dict[int, list[int]],
-              region_state: dict[int, str], min_repeat: int) -> tuple[dict[int, int], list[tuple[list[int], int]]]:
+              region_state: dict[int, str], min_repeat: int,
+              keep: set[int]) -> tuple[dict[int, int], list[tuple[list[int], int]]]:
     """See NOTE [ Collapsing repeated blocks ]."""
     member_of = {i: h for h, members in regions.items() for i in members}
     parents: dict[int, set[Any]] = {}
@@ -278,7 +353,7 @@ def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions
 
     previous = None
     for h in ordered:
-        sig = signature(h)
+        sig = signature(h) if h not in keep else ("kept", h)  # NOTE rule 3: kept handles break a run
         if run and sig == previous and h == run[-1] + 1:
             run.append(h)
         else:
@@ -289,28 +364,17 @@ def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions
     return block_of, blocks
 
 
-def render_torchviz_view(snapshot: GraphSnapshot) -> str:
-    """The plain autograd graph, torchviz style: grey boxes for backward nodes, blue boxes for leaves.
+def render_torchviz_view(snapshot: GraphSnapshot, *, rankdir: str = "TB") -> str | None:
+    """torchviz's own drawing of the snapshot (`GraphSnapshot.torchviz`), labelled and laid out in `rankdir`.
 
-    No checkpoint annotations: no regions, no DX/DW colours, and no retained replay
-    nodes (they hang off a handle, not off the autograd graph).
+    Returns None when the snapshot holds no make_dot DOT (a trace recorded before it
+    was kept, or without torchviz installed). See TORCHVIZ_LEGEND for its colours.
     """
-    nodes = list(snapshot.nodes)
-    index = {n["id"]: i for i, n in enumerate(nodes) if not n.get("replay")}
-    out = ["digraph autograd {", f"  graph {dot_attrs(label=snapshot.label, labelloc='t', fontname='Helvetica')};",
-           f"  node {dot_attrs(style='filled', shape='box', fontsize=10, height='0.2')};"]
-    for n in nodes:
-        if n.get("replay"):
-            continue
-        i = index[n["id"]]
-        if n.get("kind") in ("leaf", "input", "trigger"):
-            name = "backward_trigger" if n.get("kind") == "trigger" else n.get("name", "?")
-            out.append(f"  n{i} " + dot_attrs(label=f"{name}\n {_shape_text(n.get('shape'))}".rstrip(),
-                                           fillcolor="lightblue") + ";")
-        else:
-            out.append(f"  n{i} " + dot_attrs(label=n.get("name", "?"), fillcolor="lightgrey") + ";")
-    for s, d in snapshot.edges:  # torchviz draws from an input's node to its user: leaves on top
-        if s in index and d in index:
-            out.append(f"  n{index[d]} -> n{index[s]};")
-    out.append("}")
-    return "\n".join(out) + "\n"
+    source = snapshot.torchviz
+    if not source:
+        return None
+    head, sep, body = source.partition("{")
+    if not sep:
+        return None
+    graph = dot_attrs(rankdir=rankdir, label=snapshot.label, labelloc="t", fontname="Helvetica", fontsize=12)
+    return f"{head}{{\n\tgraph {graph};{body}"

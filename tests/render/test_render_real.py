@@ -16,6 +16,7 @@ from ckpt_viz.diagnose import diagnose_all
 from ckpt_viz.render.eventlog import event_rows, filter_events
 from ckpt_viz.render.graph import render_graph, render_torchviz_view
 from ckpt_viz.render.memory import memory_peak, memory_series, render_memory
+from ckpt_viz.render.palette import state_word
 from ckpt_viz.render.routing import backward_passes, render_routing, routing_at
 from ckpt_viz.render.swimlane import lifecycle_intervals, render_lifecycles
 from ckpt_viz.render.text import render_text
@@ -59,7 +60,7 @@ def test_graph_snapshots_render_with_their_regions(split: Trace) -> None:
         dot = render_graph(snapshot, states=states)
         for h in split.handle_ids():
             assert f"subgraph cluster_h{h} {{" in dot
-            assert f'label="h{h} · {states[h]}"' in dot
+            assert f'label="h{h} · {state_word(states[h])}"' in dot
         assert "<svg" in _svg(dot) and "<svg" in _svg(render_torchviz_view(snapshot))
     dw_states = index.handle_states(split.graphs[1].seq)
     assert set(dw_states.values()) == {"retained"}  # DW snapshot: every replay retained by DX
