@@ -45,6 +45,14 @@ if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and edito
     from ckpt_viz.render.memory import format_bytes, memory_peak, memory_table, other_note, render_memory, render_peaks
     from ckpt_viz.render.svg import dot_svg
     from ckpt_viz.render.swimlane import render_lifecycles
+    from ckpt_viz.render.timeline import (
+        planned_vs_executed,
+        render_stage_memory,
+        render_timeline,
+        stage_memory_rows,
+        timeline_actions,
+    )
+    from ckpt_viz.run.pipeline import microbatch_choices
     from ckpt_viz.run.scenarios import MODES, run_scenario
     from ckpt_viz.run.schedules import SCHEDULES
     from ckpt_viz.run.zoo import BUILTIN_MODELS, DEFAULT_MODEL, build_builtin
@@ -63,12 +71,18 @@ _LAZY = {
     "format_bytes": "ckpt_viz.render.memory",
     "memory_peak": "ckpt_viz.render.memory",
     "memory_table": "ckpt_viz.render.memory",
+    "microbatch_choices": "ckpt_viz.run.pipeline",
+    "planned_vs_executed": "ckpt_viz.render.timeline",
     "other_note": "ckpt_viz.render.memory",
     "record_in_subprocess": "ckpt_viz.usermodel.sandbox",
     "render_lifecycles": "ckpt_viz.render.swimlane",
     "render_memory": "ckpt_viz.render.memory",
     "render_peaks": "ckpt_viz.render.memory",
+    "render_stage_memory": "ckpt_viz.render.timeline",
+    "render_timeline": "ckpt_viz.render.timeline",
     "run_scenario": "ckpt_viz.run.scenarios",
+    "stage_memory_rows": "ckpt_viz.render.timeline",
+    "timeline_actions": "ckpt_viz.render.timeline",
 }
 
 __all__ = [
@@ -116,10 +130,12 @@ __all__ = [
     "lifecycle",
     "memory_peak",
     "memory_table",
+    "microbatch_choices",
     "obtain_trace",
     "other_note",
     "palette",
     "phase_spans",
+    "planned_vs_executed",
     "record",
     "record_in_subprocess",
     "refused_handles",
@@ -129,13 +145,17 @@ __all__ = [
     "render_peaks",
     "render_perfetto",
     "render_routing",
+    "render_stage_memory",
     "render_text",
+    "render_timeline",
     "render_torchviz_view",
     "routing_at",
     "rows_text",
     "run_scenario",
+    "stage_memory_rows",
     "subscribe",
     "tag",
+    "timeline_actions",
 ]
 
 

@@ -93,8 +93,7 @@ def _broken_run(sb: Any) -> RunConfig:
 @st.cache_data(show_spinner=False)
 def _microbatch_choices(model: str) -> tuple[int, ...]:
     """The micro-batch counts (1-16) the built-in `model` splits into; () when it has no pipeline stages."""
-    from ckpt_viz.run.pipeline import microbatch_choices
-    from ckpt_viz.run.zoo import build_builtin
+    from ckpt_viz import build_builtin, microbatch_choices
 
     return microbatch_choices(build_builtin(model))
 

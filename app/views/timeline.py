@@ -3,9 +3,8 @@ from dataclasses import replace
 
 import streamlit as st
 
-from ckpt_viz.render.palette import action_word
-from ckpt_viz.render.timeline import (
-    default_x,
+from ckpt_viz import (
+    palette,
     planned_vs_executed,
     render_stage_memory,
     render_timeline,
@@ -36,17 +35,18 @@ for kind in ("F", "DX", "DW", "B"):
     later = [a for a in actions if a["action"] == kind and a["start_seq"] > seq]
     target = run.index.position(later[0]["start_seq"]) if later else None
     row.button(f"Next {kind}", key=f"timeline_next_{kind}", on_click=_go, args=(target,), disabled=target is None,
-               help=f"move the cursor to the start of the next {action_word(kind)} action")
+               help=f"move the cursor to the start of the next {palette.action_word(kind)} action")
 if here:
     for a in here:
         torch_name = f" (torch's {a['torch_action']})" if a["torch_action"] in ("I", "W") else ""
         step = f", step {a['step']}" if a["step"] is not None else ""
-        st.markdown(f"**At the cursor:** {a['lane']} runs **{action_word(a['action'])}**{torch_name} of "
+        st.markdown(f"**At the cursor:** {a['lane']} runs **{palette.action_word(a['action'])}**{torch_name} of "
                     f"micro-batch {a['microbatch']}{step}; {a['replays']} replay(s) in it.")
 else:
     st.markdown("**At the cursor:** between actions.")
 
-modes = ["tick", "time", "events"] if default_x(run.trace) == "tick" else ["time", "events"]
+in_process = any(a["tick"] is not None for a in actions) and not run.trace.meta.get("distributed")
+modes = ["tick", "time", "events"] if in_process else ["time", "events"]
 x = st.radio("x axis", modes, horizontal=True, key="timeline_x",
              help="time: the recorded clock (merged ranks aligned to rank 0); tick: the schedule's unit ticks; "
                   "events: event positions")
@@ -63,7 +63,7 @@ if run.cached(stage_memory_rows):
     st.subheader("Memory per stage")
     show_chart(render_stage_memory, run.trace, cursor=seq)
 
-if run.config.runs_model and run.config.mode == "pipeline":
+if run.config.source == "builtin" and run.config.mode == "pipeline":
     from ckpt_viz import SCHEDULES
 
     st.subheader("Two schedules side by side")
