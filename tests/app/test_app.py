@@ -262,9 +262,10 @@ def test_the_cursor_survives_a_page_change_and_drives_the_graph() -> None:
 
 
 def _graphviz(at: AppTest) -> str:
-    charts = at.get("graphviz_chart")
-    assert charts, "no graphviz chart on the page"
-    return charts[0].proto.spec
+    """The graph page's drawing: an SVG drawn on the server by `dot` (app/ui/graphview.py), in an st.html element."""
+    charts = [h.proto.body for h in at.get("html") if 'class="ckpt-graph"' in h.proto.body]
+    assert charts, "no graph on the page"
+    return charts[0]
 
 
 def test_a_new_source_resets_the_cursor_to_the_end_of_its_run() -> None:
