@@ -1,0 +1,110 @@
+"""The schedule timeline: boxes per action from the recorded tags, replays nested, the cursor, the plan."""
+from __future__ import annotations
+
+import os
+
+from ckpt_viz.cli.merge import merge_run
+from ckpt_viz.render import palette
+from ckpt_viz.render.timeline import (
+    planned_vs_executed,
+    render_stage_memory,
+    render_timeline,
+    stage_memory_rows,
+    timeline_actions,
+)
+from ckpt_viz.trace import MemorySample
+from traces import Builder
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "distributed")
+
+
+def _two_rank_trace():
+    """rank 0 stage 0 and rank 1 stage 1, one micro-batch: F0 F1, then I1 (a replay inside), I0, W1, W0.
+
+    Seqs: 0-1 0F0, 2-3 1F0, 4-7 1I0 (replay 5-6), 8 0I0, 9-10 1W0, 11-12 0W0 (replay 11-12).
+    """
+    b = Builder()
+
+    def tags(rank, stage, action):
+        return {"rank": rank, "stage": stage, "microbatch": 0, "action": action, "step": 0}
+    for rank in (0, 1):
+        b.ev("handle_created", rank, mode="reentrant", tags=tags(rank, rank, "F"))
+        b.ev("forward_started", rank, mode="reentrant", tags=tags(rank, rank, "F"))
+    b.ev("backward_entered", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
+    b.ev("replay_started", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
+    b.ev("replay_finished", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
+    b.ev("grads_routed", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
+    b.ev("phase_set", 0, phase="dx", mode="reentrant", tags=tags(0, 0, "I"))
+    b.ev("backward_entered", 1, phase="dw", mode="reentrant", tags=tags(1, 1, "W"))
+    b.ev("released", 1, phase="dw", mode="reentrant", tags=tags(1, 1, "W"), reason="dw_done")
+    b.ev("replay_started", 0, phase="dw", mode="reentrant", tags=tags(0, 0, "W"))
+    b.ev("replay_finished", 0, phase="dw", mode="reentrant", tags=tags(0, 0, "W"))
+    b.memory.append(MemorySample(seq=12, t_ns=12_000, bytes_by_category={"activations": 10},
+                                 by_stage={"0": {"activations": 4}, "1": {"activations": 6}}))
+    planned = {"0": ["0F0", "0I0", "0W0"], "1": ["1F0", "1W0", "1I0"]}  # rank 1's plan differs on purpose
+    return b.trace(schedule="ZBV", distributed={"planned_order": planned})
+
+
+def test_one_box_per_action_with_torch_names_as_dx_and_dw() -> None:
+    rows = timeline_actions(_two_rank_trace())
+    got = [(r["lane"], r["action"], r["torch_action"], r["start_seq"], r["end_seq"], r["replays"]) for r in rows]
+    assert got == [("rank 0 · stage 0", "F", "F", 0, 1, 0), ("rank 1 · stage 1", "F", "F", 2, 3, 0),
+                   ("rank 1 · stage 1", "DX", "I", 4, 7, 1), ("rank 0 · stage 0", "DX", "I", 8, 8, 0),
+                   ("rank 1 · stage 1", "DW", "W", 9, 10, 0), ("rank 0 · stage 0", "DW", "W", 11, 12, 1)]
+    assert [s[1:3] for s in rows[2]["replay_spans"]] == [(5, 6)]
+
+
+def test_planned_against_executed_order() -> None:
+    plan = planned_vs_executed(_two_rank_trace())
+    assert plan[0] == {"lane": "rank 0", "planned": "0F0 0DX0 0DW0", "executed": "0F0 0DX0 0DW0", "same": True,
+                       "first_difference": None}
+    assert plan[1]["same"] is False and plan[1]["first_difference"] == 1
+
+
+def test_chart_colours_actions_nests_replays_and_marks_the_cursor() -> None:
+    trace = _two_rank_trace()
+    spec = render_timeline(trace, cursor=5, x="events").to_dict()
+    boxes, _text, replays, cursor = spec["layer"]
+    colour = boxes["encoding"]["color"]["scale"]
+    assert dict(zip(colour["domain"], colour["range"])) == palette.ACTION_COLOURS
+    box_rows = boxes["data"]["values"]
+    assert [(r["lane"], r["x0"], r["x1"], r["label"]) for r in box_rows][2] == ("rank 1 · stage 1", 4.0, 8.0, "DX0")
+    replay_rows = replays["data"]["values"]
+    assert [(r["lane"], r["x0"], r["x1"]) for r in replay_rows] == [("rank 1 · stage 1", 5.0, 7.0),
+                                                                    ("rank 0 · stage 0", 11.0, 13.0)]
+    for r in replay_rows:  # inside a box of the same lane
+        assert any(b["lane"] == r["lane"] and b["x0"] <= r["x0"] and r["x1"] <= b["x1"] for b in box_rows)
+    assert cursor["mark"]["color"] == palette.CURSOR_COLOUR and cursor["data"]["values"][0]["x"] == 5.0
+    timed = render_timeline(trace, cursor=5, x="time").to_dict()["layer"][-1]["data"]["values"][0]["x"]
+    assert timed == 5.0  # µs: the Builder's events are 1 µs apart
+
+
+def test_stage_memory() -> None:
+    trace = _two_rank_trace()
+    assert stage_memory_rows(trace) == [{"seq": 12, "stage": "stage 0", "bytes": 4},
+                                        {"seq": 12, "stage": "stage 1", "bytes": 6}]
+    layers = render_stage_memory(trace, cursor=3).to_dict()["layer"]
+    assert layers[-1]["data"]["values"] == [{"seq": 3}]
+
+
+def test_an_in_process_pipeline_run_draws_by_tick() -> None:
+    b = Builder()
+    for kind, stage, mb in (("F", 0, 0), ("F", 1, 0), ("B", 1, 0), ("B", 0, 0)):
+        b.ev("phase_set", 0, tags={"stage": stage, "microbatch": mb, "action": kind})
+    trace = b.trace(actions=[["F", 0, 0, 0], ["F", 1, 0, 1], ["B", 1, 0, 2], ["B", 0, 0, 4]])
+    spec = render_timeline(trace).to_dict()  # x defaults to ticks here
+    rows = spec["layer"][0].get("data", spec.get("data"))["values"]
+    assert [(r["lane"], r["x0"], r["x1"]) for r in rows] == [("stage 0", 0.0, 1.0), ("stage 1", 1.0, 2.0),
+                                                             ("stage 1", 2.0, 4.0), ("stage 0", 4.0, 6.0)]
+    assert [p["same"] for p in planned_vs_executed(trace)] == [True, True]
+
+
+def test_a_merged_real_run() -> None:
+    merged, _ = merge_run(DATA)
+    rows = timeline_actions(merged)
+    assert {r["lane"] for r in rows} == {"rank 0 · stage 0", "rank 0 · stage 3", "rank 1 · stage 1",
+                                         "rank 1 · stage 2"}
+    assert {r["action"] for r in rows} == {"F", "DX", "DW"}
+    assert sum(r["replays"] for r in rows) == merged.count("replay_started") - sum(
+        1 for e in merged if e.kind == "replay_started" and e.tags.get("action") == "META")
+    render_timeline(merged, cursor=len(merged) // 2).to_dict()
