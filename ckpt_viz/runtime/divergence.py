@@ -20,12 +20,13 @@ NOTE [ Replay divergence checks ]
      levels deep). After it, each floating output gets a value fingerprint (float64
      sum and L1 norm and up to 32 evenly strided elements), kept on the device.
   3. Replay: before it, the inputs' fingerprints again and the buffers' versions;
-     after it, the leaves its graph reaches from its outputs, the buffers' versions
-     and the outputs' fingerprints (one device sync). Each kind found gives one
+     after it, the buffers' versions and the outputs' fingerprints (one device sync);
+     around the region's backward over the replay, a hook on each parameter the
+     forward used sees the gradient it gets (one more sync). Each kind found gives one
      `replay_diverged` event (data: divergence, code, region, details, count):
-       gradient_lost    a parameter the forward used is not reached by the replay's
-                        graph (the HF KV-cache case: the values are identical, the
-                        key/value projections get no gradient);
+       gradient_lost    a parameter the forward used gets no gradient, or an all-zero
+                        one while others get one (the HF KV-cache case: the values are
+                        identical, the key/value projections get no gradient);
        input_mutated    a non-tensor input's state changed since the forward;
        outputs_differ   the outputs' fingerprints differ beyond float tolerance
                         (randomness without preserve_rng_state, an input changed);
@@ -154,7 +155,7 @@ class ReplayWatch:
         self.output_prints: list[tuple[torch.Tensor | None, int, torch.dtype]] | None = None
         self.reported: set[str] = set()
         self._before: list[int] = []  # the buffers' versions when the replay started
-        self.watched: list[torch.Tensor] = []  # parameters the replay's graph reaches
+        self.watched: list[torch.Tensor] = []  # parameters whose gradient the region's backward is to give
         names = fp.argument_names(frame.function, args, kwargs)
         self.objects = [(name, value) for name, value in names if fp.mutable(value)]
         self.states = [fp.state_of(value, name) for name, value in self.objects]
@@ -201,14 +202,8 @@ class ReplayWatch:
             differ = outputs is not None and self._outputs_differ(outputs)
             if differ:
                 found["outputs_differ"] = differ
-            reachable = [o for o in outputs if o.requires_grad]
-            if reachable and self.params:
-                reached = fp.reached_leaves(reachable)
-                lost = [p for key, p in self.params.items() if key not in reached]
-                self.watched = [p for key, p in self.params.items() if key in reached]
-                if lost:
-                    found["gradient_lost"] = [f"{self._name(p, function)} (not reached by the replay's graph)"
-                                              for p in lost]
+            if any(o.requires_grad for o in outputs):
+                self.watched = list(self.params.values())
         self.params = {}
         self._emit_found(emit, found)
 
@@ -223,14 +218,15 @@ class ReplayWatch:
     def _name(self, p: torch.Tensor, function: Any) -> str:
         return bus.name_of(p) or fp.names_in(function, "parameters").get(id(p)) or fp.tensor_label(p)
 
-    # The replay's graph reaches a parameter, yet none of the gradient reaches it (the HF cache case:
-    # the replay's keys are cut off by a slice or a mask). Hooks on the parameters see this region's
-    # own backward only: they exist while its `torch.autograd.backward` runs, and return nothing.
+    # A parameter the forward used that the replay's graph does not reach, or that it reaches but
+    # none of the gradient does (the HF cache case: the replay's keys are cut off by a slice or a
+    # mask). Hooks on the parameters see this region's own backward only: they exist while its
+    # `torch.autograd.backward` runs, and return nothing. No graph walk: a hook that never fired
+    # is a parameter not reached.
 
     @contextlib.contextmanager
     def gradients(self, emit: Callable[..., Any]) -> Iterator[None]:
-        """Around the region's backward over its replay: a parameter the replay's graph reaches that gets no
-        gradient, or an all-zero one, while others get one, lost its gradient."""
+        """Around the region's backward over its replay (the code after the yield runs only when it succeeded)."""
         nonzero: dict[int, torch.Tensor] = {}
 
         def seen(key: int, grad: torch.Tensor) -> None:
@@ -243,14 +239,15 @@ class ReplayWatch:
         finally:
             for hook in hooks:
                 hook.remove()
-        if not nonzero:  # nothing flowed at all: nothing to compare
+        counts = dict(zip(nonzero, torch.stack(list(nonzero.values())).tolist())) if nonzero else {}
+        if counts and not any(counts.values()):  # every gradient zero (a zero loss): nothing to tell apart
             return
-        counts = dict(zip(nonzero, torch.stack(list(nonzero.values())).tolist()))
-        lost = [p for p in watched if not counts.get(id(p))] if any(counts.values()) else []
+        lost = [(p, "zero gradient" if id(p) in counts else "not reached by the replay's graph")
+                for p in watched if not counts.get(id(p))]
         if lost:
             frame = self._frame()
             function = frame.function if frame is not None else None
-            self._emit_found(emit, {"gradient_lost": [f"{self._name(p, function)} (zero gradient)" for p in lost]})
+            self._emit_found(emit, {"gradient_lost": [f"{self._name(p, function)} ({why})" for p, why in lost]})
 
     def _outputs_differ(self, outputs: list[torch.Tensor]) -> list[str]:
         prints = self.output_prints

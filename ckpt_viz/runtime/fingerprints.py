@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 __all__ = ["argument_names", "buffer_names", "differs", "fingerprint", "mutable", "names_in", "owner_of",
-           "reached_leaves", "state_changes", "state_of", "tensor_label"]
+           "state_changes", "state_of", "tensor_label"]
 
 _SAMPLES = 32
 _STATE_ENTRIES = 256
@@ -137,22 +137,6 @@ def owner_of(function: Any) -> torch.nn.Module | None:
         return function
     owner = getattr(function, "__self__", None)
     return owner if isinstance(owner, torch.nn.Module) else None
-
-
-def reached_leaves(values: list[torch.Tensor]) -> set[int]:
-    seen: set[int] = set()
-    found: set[int] = set()
-    stack = [v.grad_fn for v in values if v.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            found.add(id(variable))
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
 
 
 def _positional_names(function: Any, count: int) -> list[str]:

@@ -131,6 +131,25 @@ def test_a_captured_tensor_edited_in_place_after_the_forward_changes_the_replay(
     assert _diverged(rec.trace) == {(0, "outputs_differ")}
 
 
+def test_a_replay_that_reuses_the_forwards_result_does_not_reach_its_parameters() -> None:
+    lin, memo = torch.nn.Linear(8, 8), {}
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        if "k" not in memo:  # computed in the forward, reused (detached) by the replay
+            memo["k"] = lin(t)
+        return torch.tanh(t + memo["k"])
+
+    x = torch.randn(4, 8, requires_grad=True)
+    fresh_handle_ids()
+    with record() as rec:
+        checkpoint(block, x, use_reentrant=True).sum().backward()
+    assert lin.weight.grad is None and x.grad is not None
+    (event,) = rec.trace.of_kind("replay_diverged")
+    assert event.data["divergence"] == "gradient_lost"
+    assert event.data["details"] == [f"a tensor of shape {shape} (not reached by the replay's graph)"
+                                     for shape in ([8, 8], [8])]
+
+
 def test_non_reentrant_recomputes_see_the_mutated_cache_and_the_batchnorm_update() -> None:
     found = {}
     for spec in (divergent.decoder_spec(use_cache=True), divergent.batchnorm_spec()):
