@@ -102,9 +102,10 @@ def _leaf(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, requires_grad=True)
 
 
-def _block(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def _block(w: torch.Tensor, name: str = "block") -> Callable[[torch.Tensor], torch.Tensor]:
     def block(x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x @ w)
+    block.__qualname__ = block.__name__ = name  # what the trace calls the handle's block
     return block
 
 
@@ -215,8 +216,8 @@ def _session_mismatch(run: BrokenRun) -> None:
 def _dw_skips_a_handle(run: BrokenRun) -> None:
     x, w1, w2 = _leaf(4, 8), _leaf(8, 8), _leaf(8, 8)
     with reentrant_checkpoint_scope([w1, w2]) as handles:
-        mid = checkpoint(_block(w1), x, use_reentrant=True)
-        out = checkpoint(_block(w2), mid, use_reentrant=True)
+        mid = checkpoint(_block(w1, "block1"), x, use_reentrant=True)
+        out = checkpoint(_block(w2, "block2"), mid, use_reentrant=True)
     loss = (out * out).sum()
     run.cleanup(handles[0].release)
     backward_input(loss, None, [x], handles=handles)
