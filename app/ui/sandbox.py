@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ class SessionSandbox:
     """One session's model files: see the module docstring."""
 
     def __init__(self, session: str) -> None:
-        self.folder = UPLOADS / f"{os.getpid()}_{re.sub(r'[^A-Za-z0-9_-]', '_', session)}"
+        self.folder = UPLOADS / f"{os.getpid()}_{re.sub(r'[^A-Za-z0-9_-]', '_', session)}_{uuid.uuid4().hex[:12]}"
         (self.folder / "model").mkdir(parents=True, exist_ok=True)
         self.warm = WarmSandbox(readable=[str(self.folder / "model")])
         self.runs: OrderedDict[RunConfig, Loaded] = OrderedDict()

@@ -29,13 +29,17 @@ NOTE [ Warm child ]
   4. Memory: pages the warm process touched before the fork (torch's libraries) stay
      charged to its own cgroup, so the run's cgroup counts only what the run allocates;
      RLIMIT_AS still counts the whole address space, torch's included.
-  5. A run that kills the warm process (it shares its PID namespace) or crashes only
+  5. The warm process is started from one thread that lasts as long as the parent:
+     `--die-with-parent` (PR_SET_PDEATHSIG) fires when the *thread* that started it
+     ends, and a Streamlit script run's thread ends with the run.
+  6. A run that kills the warm process (it shares its PID namespace) or crashes only
      ends its own run: the next `record` starts a fresh warm process. A run can reach
      only its own session's warm process, never another session's.
 """
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -73,6 +77,7 @@ __all__ = ["WarmSandbox"]
 _API = "ckpt_viz.WarmSandbox"
 _START_S = 120.0  # the longest the warm process may take to import torch
 _ALL: weakref.WeakSet[WarmSandbox] = weakref.WeakSet()
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt_viz-warm-launcher")
 
 
 class _Lines:
@@ -151,9 +156,10 @@ class WarmSandbox:
                                  os.path.dirname(sys.executable)],
                        cgroup_files=self._group.procs_files if self._group else (), isolate=problem is None)
         self._isolated = problem is None
-        with open(folder / "warm.log", "wb") as log:
-            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          cwd=folder, env=child_env(folder), start_new_session=True)
+        with open(folder / "warm.log", "wb") as log:  # started by a thread that lives as long as the process:
+            self._proc = _LAUNCHER.submit(  # --die-with-parent follows the thread that started it, and a
+                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,  # Streamlit
+                cwd=folder, env=child_env(folder), start_new_session=True).result()  # run's thread soon ends
         assert self._proc.stdout is not None
         self._lines = _Lines(self._proc.stdout.fileno())
         self._pid = 0

@@ -1,0 +1,156 @@
+"""The sandbox panel, driven headless with AppTest: limits, uploads, a run in progress, Cancel, errors, Try again.
+
+Each AppTest is a session with its own warm sandbox (one torch import in a child, 2-8 s);
+runs of a model file are forks of it (about a second each).
+"""
+from __future__ import annotations
+
+import gc
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ckpt_viz.usermodel.load import ModelLoadError, load_model
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+APP = str(ROOT / "app" / "streamlit_app.py")
+EXAMPLE = ROOT / "examples" / "user_model.py"
+BAD = ROOT / "tests" / "data" / "bad_models"
+pytestmark = pytest.mark.slow
+
+sys.path.insert(0, str(ROOT / "app"))  # the modules AppTest runs the app with (`streamlit run` puts app/ there)
+from ui import sandbox  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def _app(**state: object) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=90)
+    for key, value in state.items():
+        at.session_state[key] = value
+    return at.run()
+
+
+def _errors(at: AppTest) -> list[str]:
+    return [str(e.value) for e in at.exception] + [str(e.value) for e in at.error]
+
+
+def _box(at: AppTest) -> sandbox.SessionSandbox:
+    return at.session_state[sandbox.KEY]
+
+
+def _upload(at: AppTest, name: str, text: str) -> AppTest:
+    return at.file_uploader(key="src_py").upload(name, text.encode(), "text/x-python").run()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_limits_show_before_the_first_upload_and_stay_across_uploads() -> None:
+    at = _app(src_kind="Model file (.py)", src_file_how="Upload")
+    assert at.number_input(key="src_timeout").value == 60 and at.number_input(key="src_memory").value == 4096
+    assert any("Pick a source" in i.value for i in at.info)  # nothing uploaded yet, the limits already there
+    at.number_input(key="src_timeout").set_value(45)
+    at.number_input(key="src_memory").set_value(3072).run()
+    source = EXAMPLE.read_text()
+    at = _upload(at, "first_model.py", source)
+    assert not _errors(at), _errors(at)
+    folder = _box(at).folder / "model"
+    assert [p.name for p in folder.iterdir()] == ["first_model.py"]
+    at = _upload(at, "second_model.py", source + "\n# edited\n")
+    assert not _errors(at), _errors(at)
+    assert (at.number_input(key="src_timeout").value, at.number_input(key="src_memory").value) == (45, 3072)
+    config = at.session_state["run_config"]
+    assert (config.timeout_s, config.memory_mb, config.name) == (45.0, 3072, "second_model.py")
+    assert [p.name for p in folder.iterdir()] == ["second_model.py"]  # the first upload was replaced
+    # The user's file name on the page, never the temporary upload path.
+    shown = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    assert any("second_model.py" in text for text in shown), shown
+    assert not any("ckpt_viz_uploads" in text for text in shown), shown
+    # Leaving the source and coming back keeps the limits too.
+    at.radio(key="src_kind").set_value("Saved trace").run()
+    at.radio(key="src_kind").set_value("Model file (.py)").run()
+    assert (at.number_input(key="src_timeout").value, at.number_input(key="src_memory").value) == (45, 3072)
+    # The session ends: its upload folder and its warm process go with it.
+    session, warm = _box(at).folder, _box(at).warm
+    assert session.exists() and warm.alive
+    del at, folder
+    gc.collect()
+    assert not session.exists()
+    assert not warm.alive
+
+
+def test_cancel_stops_a_looping_file_within_two_seconds_and_try_again_reruns_only_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(src_kind="Model file (.py)", src_file_how="Path", src_ref=f"{EXAMPLE}:make_model")
+    assert not _errors(at), _errors(at)
+    good = at.session_state["run_config"]
+    kept = _box(at).runs[good]
+    monkeypatch.setattr(sandbox, "WAIT_S", 1.0)  # the page stops waiting after 1 s and polls (as in a browser)
+    at.text_input(key="src_ref").set_value(f"{BAD / 'sleeps_forever.py'}:make_model").run()
+    assert [b.label for b in at.button if b.key == "sandbox_cancel"] == ["Cancel"]
+    running = next(i.value for i in at.info if "Running" in i.value)
+    assert "sleeps_forever.py" in running and re.search(r": \d+\.\d s \(time limit 60 s per mode\)", running)
+    warm = _box(at).warm
+    assert len(_children(warm._pid)) == 1  # the run's child, forked from the warm process
+    time.sleep(1.0)
+    start = time.monotonic()
+    at.button(key="sandbox_cancel").click().run()
+    assert time.monotonic() - start < 2.0
+    assert _children(warm._pid) == []  # the child was killed
+    (message,) = [e.value for e in at.error]
+    assert "was cancelled after" in message and "sleeps" in message
+    assert [b.label for b in at.button if b.key == "retry"] == ["Try again"]
+    # The app stays usable: the good run is still there (not recorded again); Try again re-runs only this one.
+    bad = at.session_state["run_config"]
+    at.button(key="retry").click().run()
+    assert any("Running" in i.value for i in at.info)  # it runs again
+    assert _box(at).runs[good] is kept and bad not in _box(at).runs
+    at.button(key="sandbox_cancel").click().run()
+    at.text_input(key="src_ref").set_value(f"{EXAMPLE}:make_model").run()
+    assert not _errors(at), _errors(at)
+    assert _box(at).runs[good] is kept
+
+
+def test_an_error_keeps_its_line_breaks() -> None:
+    ref = f"{BAD / 'factory_raises.py'}:make_model"
+    with pytest.raises(ModelLoadError) as expected:
+        load_model(ref)  # the same message as the sandbox's, in-process
+    at = _app(src_kind="Model file (.py)", src_file_how="Path", src_ref=ref)
+    (shown,) = [e.value for e in at.error]
+    lines = [re.sub(r"\\(.)", r"\1", line).replace("\u00a0", " ") for line in shown.split("  \n")]
+    assert lines == str(expected.value).splitlines()
+    assert len(lines) >= 3 and lines[-1].startswith("Tip: ")
+
+
+def test_compare_on_a_model_file_runs_every_mode_in_one_child() -> None:
+    at = _app(src_kind="Model file (.py)", src_file_how="Upload")
+    at = _upload(at, "user_model.py", EXAMPLE.read_text())
+    assert not _errors(at), _errors(at)
+    warm = _box(at).warm
+    runs_before = warm._runs
+    at.switch_page("views/compare.py").run()
+    assert not _errors(at), _errors(at)
+    assert warm._runs == runs_before + 1  # the three modes not yet recorded: one child
+    assert warm.starts == 1
+    modes = at.multiselect(key="compare_modes").value
+    assert all(at.session_state["run_config"].with_mode(m) in _box(at).runs for m in modes)
+
+
+def test_sessions_never_see_each_others_runs_or_files() -> None:
+    first = _upload(_app(src_kind="Model file (.py)", src_file_how="Upload"), "mine.py", EXAMPLE.read_text())
+    second = _app(src_kind="Model file (.py)", src_file_how="Upload")
+    assert not _errors(first), _errors(first)
+    assert _box(first).folder != _box(second).folder and _box(first).warm is not _box(second).warm
+    assert _box(second).runs == {} and not (_box(second).folder / "model" / "mine.py").exists()
