@@ -33,7 +33,7 @@ from ckpt_viz.render.graph import (
 )
 from ckpt_viz.render.perfetto import render_perfetto
 from ckpt_viz.render.phases import aligned_seq, phase_spans
-from ckpt_viz.render.routing import render_routing, routing_at
+from ckpt_viz.render.routing import input_words, pass_title, release_words, render_routing, routing_at
 from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace import Trace
@@ -127,6 +127,7 @@ __all__ = [
     "filter_events",
     "format_bytes",
     "format_event",
+    "input_words",
     "lifecycle",
     "memory_peak",
     "memory_table",
@@ -134,11 +135,13 @@ __all__ = [
     "obtain_trace",
     "other_note",
     "palette",
+    "pass_title",
     "phase_spans",
     "planned_vs_executed",
     "record",
     "record_in_subprocess",
     "refused_handles",
+    "release_words",
     "render_graph",
     "render_lifecycles",
     "render_memory",

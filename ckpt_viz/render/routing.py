@@ -10,18 +10,31 @@ NOTE [ Backward passes ]
      the stage/micro-batch tags change, or when a handle enters a second time.
      memory_sampled and node_collected neither join nor end a pass.
   3. `routing_at(trace, c)` describes the pass containing c, or the last one before
-     c, as of c: a cursor in the middle of DX shows the handles routed so far.
+     c, as of c: a cursor in the middle of DX shows the handles routed so far. A handle
+     is "replayed" once its replay finished (or stopped early), "replaying" before.
+
+NOTE [ The flow of DX ]
+  1. DX goes from block to block: the gradient of one region's input is the gradient
+     of the output of the region that produced it. The graph snapshot taken last at
+     or before the pass says who feeds whom: from each region, follow the edges
+     through nodes of no region until another region, the model input, or a dead end.
+  2. Without a snapshot covering the pass's handles (graphs=False, a pipeline stage's
+     own graph), the handles are chained in the order the pass reached them, drawn
+     dashed: the engine reaches the next region once the gradient arrived there.
 """
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import pairwise
 from typing import Any
 
 from ckpt_viz.render.graph import EDGE_COLOURS, NODE_COLOURS, dot_attrs, dot_quote
-from ckpt_viz.trace import Trace
+from ckpt_viz.render.palette import CATEGORY_COLOURS, MARK_COLOURS, STATE_FILLS
+from ckpt_viz.trace import GraphSnapshot, Trace
 from ckpt_viz.trace.index import derived, event_column
 
-__all__ = ["backward_passes", "render_routing", "routing_at"]
+__all__ = ["backward_passes", "handle_flow", "input_words", "pass_title", "release_words", "render_routing",
+           "routing_at"]
 
 _JOIN = {"backward_entered", "replay_started", "replay_finished", "replay_failed", "early_stopped", "replay_refused",
          "grads_routed", "released", "tensor_unpacked", "exclude_reused", "error"}
@@ -84,7 +97,8 @@ def _passes(trace: Trace) -> list[dict[str, Any]]:
 
 def _empty() -> dict[str, Any]:
     return {"phase": None, "start_seq": None, "end_seq": None, "site": None, "stage": None, "microbatch": None,
-            "complete": True, "handles": [], "handles_replayed": [], "targets": {}, "explicit_params": {},
+            "complete": True, "handles": [], "handles_replaying": [], "handles_replayed": [], "targets": {},
+            "explicit_params": {},
             "discarded": {}, "captured": {}, "captured_missed": {}, "released": [], "release_reasons": {},
             "refused": []}
 
@@ -94,7 +108,8 @@ def routing_at(trace: Trace, cursor: int | None) -> dict[str, Any]:
 
     Returns:
         {phase, start_seq, end_seq, site, stage, microbatch, complete (the pass ended
-        by the cursor), handles (entered or replayed, in order), handles_replayed,
+        by the cursor), handles (entered or replayed, in order), handles_replaying
+        (replay started, not finished by the cursor), handles_replayed (finished),
         targets {handle: input indices that received gradients}, explicit_params
         {handle: indices}, discarded {handle: activation grads DW dropped}, captured
         {handle: [parameter names or shapes whose .grad was accumulated]},
@@ -124,8 +139,12 @@ def routing_at(trace: Trace, cursor: int | None) -> dict[str, Any]:
         if h is not None and h not in out["handles"] and e.kind in ("backward_entered", "replay_started",
                                                                      "grads_routed", "tensor_unpacked"):
             out["handles"].append(h)
-        if e.kind == "replay_started" and h not in out["handles_replayed"]:
-            out["handles_replayed"].append(h)
+        if e.kind == "replay_started" and h not in out["handles_replaying"] + out["handles_replayed"]:
+            out["handles_replaying"].append(h)
+        elif e.kind in ("replay_finished", "early_stopped") and h not in out["handles_replayed"]:
+            if h in out["handles_replaying"]:
+                out["handles_replaying"].remove(h)
+                out["handles_replayed"].append(h)
         elif e.kind == "grads_routed":
             out["targets"][h] = list(e.data.get("targets", []))
             out["explicit_params"][h] = list(e.data.get("explicit_params", []))
@@ -145,67 +164,202 @@ def routing_at(trace: Trace, cursor: int | None) -> dict[str, Any]:
     return out
 
 
-_PHASE_TITLE = {"dx": "DX pass (input grads)", "dw": "DW pass (weight grads)", "ordinary": "ordinary backward"}
+_PHASE_TITLE = {"dx": "DX pass (input grads)", "dw": "DW pass (weight grads)", "ordinary": "full backward"}
+_RELEASE_WORDS = {"ordinary_backward_complete": "its backward is done", "dw_complete": "DW is done",
+                  "backward_exception": "the backward failed", "forward_exception": "the forward failed",
+                  "session_cleared": "its session was cleared", "explicit_release": "released by the code"}
+
+
+def release_words(reason: str | None) -> str:
+    """A release reason in words: "dw_complete" -> "DW is done"."""
+    return _RELEASE_WORDS.get(reason or "", (reason or "").replace("_", " "))
+
+
+def pass_title(r: dict[str, Any]) -> str:
+    """What the pass of `routing_at` is, in words: phase, pipeline stage and micro-batch, events, call site."""
+    if r["start_seq"] is None:
+        return "no backward pass yet"
+    parts = [_PHASE_TITLE.get(r["phase"] or "ordinary", "backward pass")]
+    if r["stage"] is not None or r["microbatch"] is not None:
+        parts.append(", ".join(p for p in (f"stage {r['stage']}" if r["stage"] is not None else "",
+                                           f"micro-batch {r['microbatch']}" if r["microbatch"] is not None else "")
+                               if p))
+    parts.append(f"events {r['start_seq']}–{r['end_seq']}" + ("" if r["complete"] else " (running)"))
+    if r["site"]:
+        parts.append(r["site"])
+    return " · ".join(parts)
+
+
+def _created(trace: Trace) -> dict[Any, dict[str, Any]]:
+    found: dict[Any, dict[str, Any]] = {}
+    for kind, h, data in zip(event_column(trace, "kind"), event_column(trace, "handle_id"),
+                             event_column(trace, "data")):
+        if kind == "handle_created" and h not in found:
+            found[h] = dict(data or {})
+    return found
+
+
+def input_words(trace: Trace, h: Any, index: int, *, parameter: bool = False) -> str:
+    """A checkpoint input in words: "x, the block's input (512, 32)" or "input 2 of 3 (a parameter, (4, 4))"."""
+    created = derived(trace, "routing:created", _created).get(h, {})
+    inputs = created.get("inputs") or []
+    mask = created.get("param_input_mask") or []
+    shape = inputs[index].get("shape") if index < len(inputs) and isinstance(inputs[index], dict) else None
+    size = f"({', '.join(str(d) for d in shape)})" if shape is not None else ""
+    if parameter or (index < len(mask) and mask[index]):
+        return f"parameter input {index + 1} {size}".rstrip()
+    if len(inputs) <= 1:
+        return f"the block's input {size}".rstrip()
+    return f"input {index + 1} of {len(inputs)} {size}".rstrip()
+
+
+def handle_flow(snapshot: GraphSnapshot | None, handles: list[Any]) -> list[tuple[Any, Any, bool]]:
+    """Who feeds whom among `handles` (see NOTE [ The flow of DX ]): (from, to, from the graph) triples.
+
+    `to` is a handle id or "input" (the model input). The first handle also gets
+    ("loss", first, ...). Triples from the graph have True; the fallback chain False.
+    """
+    if not handles:
+        return []
+    flow: list[tuple[Any, Any, bool]] = []
+    if snapshot is not None:
+        flow = _graph_flow(snapshot, set(handles))
+    if not flow or not {h for edge in flow for h in edge[:2]} >= set(handles):
+        chain: list[Any] = ["loss", *handles]
+        return [(a, b, False) for a, b in pairwise(chain)]
+    return flow
+
+
+def _graph_flow(snapshot: GraphSnapshot, wanted: set[Any]) -> list[tuple[Any, Any, bool]]:
+    region = {n["id"]: n.get("handle_id") for n in snapshot.nodes
+              if n.get("kind") != "trigger" and n.get("handle_id") is not None and not n.get("replay")}
+    kind = {n["id"]: n.get("kind") for n in snapshot.nodes}
+    inner = {n["id"] for n in snapshot.nodes if n.get("replay")}  # a retained replay: not the outer graph
+    empty = {n["id"] for n in snapshot.nodes if n.get("shape") is not None and 0 in n["shape"]}
+    children: dict[Any, list[Any]] = {}
+    has_parent: set[Any] = set()
+    for s, d in snapshot.edges:
+        children.setdefault(s, []).append(d)
+        has_parent.add(d)
+
+    def reached(starts: list[Any], owner: Any) -> list[Any]:
+        found, stack, seen = [], list(starts), set()
+        while stack:
+            nid = stack.pop()
+            if nid in seen or nid in inner:
+                continue
+            seen.add(nid)
+            h = region.get(nid)
+            if h is not None and h != owner:
+                found.append(h)
+            elif h is None and kind.get(nid) == "input" and nid not in empty:
+                found.append("input")
+            elif h is None or h == owner:
+                stack.extend(children.get(nid, ()))
+        return found
+
+    flow: list[tuple[Any, Any, bool]] = []
+    roots = [n for n in children if n not in has_parent and n not in region]
+    for h in reached(roots, None):
+        if h in wanted and ("loss", h, True) not in flow:
+            flow.append(("loss", h, True))
+    for h in sorted(wanted, key=str):
+        members = [nid for nid, owner in region.items() if owner == h]
+        for to in reached(members, h):
+            if (to in wanted or to == "input") and (h, to, True) not in flow:
+                flow.append((h, to, True))
+    return flow
 
 
 def render_routing(trace: Trace, cursor: int | None) -> str:
-    """The pass of `routing_at` as DOT: handles on the left, the gradients they routed on the right.
+    """The pass of `routing_at` as DOT: the flow of DX from block to block, and where each block's DW went.
 
-    Blue edges: input gradients (DX, or the activations of an ordinary pass).
-    Orange edges: parameter gradients through an input edge (explicit parameters).
-    Dashed orange: captured parameters, accumulated into .grad by the inner backward.
-    Dashed grey: activation gradients DW computed and the engine dropped.
-    A handle box is green when it replayed in this pass, grey dashed when the pass released it,
-    red when its replay was refused.
+    Loss on the left, then the checkpoint regions in the order DX reaches them, then the
+    model input (see NOTE [ The flow of DX ]). Blue edges: DX (input grads) flowing on;
+    grey dashed: the DW pass computed that input grad and dropped it, or nothing flowed
+    yet. Orange: DW (weight grads): parameters given through an input, dashed to the
+    parameters whose .grad the block's inner backward accumulated. A region is green
+    once it replayed in this pass, pale green while replaying, grey dashed when the pass
+    released it, dark red when its replay was refused.
     """
     r = routing_at(trace, cursor)
-    title = "no backward pass yet" if r["start_seq"] is None else (
-        f"{_PHASE_TITLE.get(r['phase'] or '', 'backward pass')} · events {r['start_seq']}–{r['end_seq']}"
-        + ("" if r["complete"] else " (running)") + (f" · {r['site']}" if r["site"] else ""))
-    out = ["digraph routing {", f"  graph {dot_attrs(rankdir='LR', label=title, labelloc='t', fontname='Helvetica')};",
+    graph = dot_attrs(rankdir="LR", label=pass_title(r), labelloc="t", fontname="Helvetica", fontsize=12)
+    out = ["digraph routing {", f"  graph {graph};",
            f"  node {dot_attrs(fontname='Helvetica', fontsize=10, style='filled')};",
            f"  edge {dot_attrs(fontname='Helvetica', fontsize=9)};"]
     if not r["handles"]:
         out.append(f"  empty {dot_attrs(label='no checkpoint reached', shape='plaintext', style='')};")
+        out.append("}")
+        return "\n".join(out) + "\n"
+    snapshot = _snapshot_before(trace, r["start_seq"])
+    flow = handle_flow(snapshot, r["handles"])
+    start = "loss" if r["stage"] is None else "grad of the stage's output"
+    out.append(f"  loss {dot_attrs(label=start, shape='ellipse', fillcolor='#ffffff')};")
+    if any(to == "input" for _, to, _ in flow):
+        out.append(f"  input {dot_attrs(label='model input', shape='ellipse', fillcolor=NODE_COLOURS['input'])};")
     for h in r["handles"]:
-        out.extend(_handle_lines(h, r))
+        out.extend(_handle_lines(trace, h, r))
+    for a, b, known in flow:
+        out.append(_flow_line(a, b, known, r))
     out.append("}")
     return "\n".join(out) + "\n"
 
 
-def _handle_lines(h: int, r: dict[str, Any]) -> list[str]:
-    notes = []
+def _snapshot_before(trace: Trace, seq: int) -> GraphSnapshot | None:
+    before = [g for g in trace.graphs if g.seq <= seq]
+    return before[-1] if before else (trace.graphs[0] if trace.graphs else None)
+
+
+def _flow_line(a: Any, b: Any, known: bool, r: dict[str, Any]) -> str:
+    src, dst = ("loss" if a == "loss" else f"h{a}"), ("input" if b == "input" else f"h{b}")
+    routed = a == "loss" or a in r["targets"] or (r["phase"] != "dx" and a in r["handles_replayed"])
+    if r["phase"] == "dw":
+        label = "DX dropped" if a != "loss" and r["discarded"].get(a) else ""
+        attrs = dot_attrs(color=EDGE_COLOURS["none"], style="dashed", label=label or None, fontcolor="#969696")
+    elif routed and (a == "loss" or r["targets"].get(a, [0])):
+        attrs = dot_attrs(color=EDGE_COLOURS["dx"], label="DX", fontcolor=EDGE_COLOURS["dx"], penwidth="1.8",
+                          style=None if known else "dashed")
+    else:
+        attrs = dot_attrs(color=EDGE_COLOURS["none"], style="dashed")
+    return f"  {src} -> {dst} {attrs};"
+
+
+def _handle_lines(trace: Trace, h: Any, r: dict[str, Any]) -> list[str]:
+    name = derived(trace, "routing:created", _created).get(h, {}).get("function")
+    notes = [f"h{h}" + (f" · {name}" if name else "")]
     if h in r["handles_replayed"]:
         notes.append("replayed here")
+    elif h in r["handles_replaying"]:
+        notes.append("replaying")
     if h in r["refused"]:
         notes.append("replay refused")
     if h in r["released"]:
-        notes.append(f"released ({r['release_reasons'].get(h)})")
-    fill = "#fcbba1" if h in r["refused"] else "#f0f0f0" if h in r["released"] else \
-        "#c7e9c0" if h in r["handles_replayed"] else NODE_COLOURS["checkpoint"]
-    style = "filled,dashed" if h in r["released"] else "filled"
-    box = dot_attrs(label="\n".join([f"h{h}", *notes]), shape="box3d", fillcolor=fill, style=style)
+        notes.append(f"released: {release_words(r['release_reasons'].get(h))}")
+    if h in r["targets"] and not r["targets"][h] and r["phase"] != "dw":
+        notes.append("no inputs got a gradient")
+    fill = CATEGORY_COLOURS["checkpoint_inputs"]
+    if h in r["refused"]:
+        fill = "#fcbba1"
+    elif h in r["released"]:
+        fill = STATE_FILLS["released"]
+    elif h in r["handles_replayed"]:
+        fill = STATE_FILLS["replayed"]
+    elif h in r["handles_replaying"]:
+        fill = STATE_FILLS["replaying"]
+    box = dot_attrs(label="\n".join(notes), shape="box3d", fillcolor=fill,
+                    style="filled,dashed" if h in r["released"] else "filled",
+                    color=MARK_COLOURS["refused"] if h in r["refused"] else None,
+                    penwidth="3" if h in r["refused"] else None)
     lines = [f"  h{h} {box};"]
-    explicit = set(r["explicit_params"].get(h, []))
-    activation_colour = EDGE_COLOURS["dx"]
-    for idx in r["targets"].get(h, []):
-        is_param = idx in explicit
-        kind = "leaf" if is_param else "input"
-        lines.append(f"  h{h}_in{idx} " + dot_attrs(label=f"{'param' if is_param else 'input'} {idx}",
-                                                 shape="box" if is_param else "ellipse",
-                                                 fillcolor=NODE_COLOURS[kind]) + ";")
-        colour = EDGE_COLOURS["dw"] if is_param else activation_colour
-        lines.append(f"  h{h} -> h{h}_in{idx} " + dot_attrs(color=colour, label="dW" if is_param else "dX",
-                                                        fontcolor=colour, penwidth="1.6") + ";")
-    for idx in r["discarded"].get(h, []):
-        lines.append(f"  h{h}_in{idx} " + dot_attrs(label=f"input {idx}", shape="ellipse",
-                                                 fillcolor=NODE_COLOURS["input"]) + ";")
-        lines.append(f"  h{h} -> h{h}_in{idx} " + dot_attrs(color=EDGE_COLOURS["none"], style="dashed",
-                                                        label="dropped", fontcolor="#969696") + ";")
+    for idx in r["explicit_params"].get(h, []):
+        lines.append(f"  h{h}_in{idx} " + dot_attrs(label=input_words(trace, h, idx, parameter=True), shape="box",
+                                                 style="filled,rounded", fillcolor=NODE_COLOURS["leaf"]) + ";")
+        lines.append(f"  h{h} -> h{h}_in{idx} " + dot_attrs(color=EDGE_COLOURS["dw"], label="DW",
+                                                        fontcolor=EDGE_COLOURS["dw"], penwidth="1.6") + ";")
     for k, name in enumerate(r["captured"].get(h, [])):
         lines.append(f"  h{h}_cap{k} [label={dot_quote(name)}, shape=\"box\", style=\"filled,rounded\", "
                      f"fillcolor=\"{NODE_COLOURS['leaf']}\"];")
-        lines.append(f"  h{h} -> h{h}_cap{k} " + dot_attrs(color=EDGE_COLOURS["dw"], style="dashed", label=".grad",
+        lines.append(f"  h{h} -> h{h}_cap{k} " + dot_attrs(color=EDGE_COLOURS["dw"], style="dashed", label="DW: .grad",
                                                         fontcolor=EDGE_COLOURS["dw"]) + ";")
     for k, name in enumerate(r["captured_missed"].get(h, [])):
         lines.append(f"  h{h}_miss{k} [label={dot_quote(name + ' (no grad)')}, shape=\"box\", style=\"dashed\"];")

@@ -1,4 +1,5 @@
-"""routing_at / render_routing on hand-built traces: pass boundaries, state as of the cursor, DOT edges."""
+"""routing_at / render_routing on hand-built traces: pass boundaries, state as of the cursor, the flow of DX
+from block to block, words instead of raw lists, DOT edges."""
 from __future__ import annotations
 
 import re
@@ -6,8 +7,16 @@ import re
 import graphviz
 
 from ckpt_viz.render.graph import EDGE_COLOURS
-from ckpt_viz.render.routing import backward_passes, render_routing, routing_at
-from traces import Builder, refused_trace, split_trace
+from ckpt_viz.render.routing import (
+    backward_passes,
+    handle_flow,
+    input_words,
+    pass_title,
+    release_words,
+    render_routing,
+    routing_at,
+)
+from traces import Builder, block_snapshot, refused_trace, split_trace
 
 
 def _svg(dot: str) -> str:
@@ -23,7 +32,7 @@ def test_passes_of_the_split_trace() -> None:
 def test_cursor_inside_dx_shows_the_handles_routed_so_far() -> None:
     r = routing_at(split_trace(), 12)
     assert (r["phase"], r["start_seq"], r["end_seq"], r["complete"]) == ("dx", 8, 12, False)
-    assert r["handles"] == [1, 0] and r["handles_replayed"] == [1]
+    assert r["handles"] == [1, 0] and r["handles_replayed"] == [1] and r["handles_replaying"] == []
     assert r["targets"] == {1: [0]} and r["explicit_params"] == {1: []}
     assert r["released"] == [] and r["stage"] is None
 
@@ -76,16 +85,62 @@ def test_same_site_splits_on_tags_and_on_a_handle_entering_twice() -> None:
     assert routing_at(b.trace(), 6)["microbatch"] == 1
 
 
-def test_dot_colours_dx_and_dw_routes() -> None:
+def test_a_handle_is_replayed_only_once_its_replay_finished() -> None:
+    r = routing_at(split_trace(), 9)  # seq 9: h1's replay_started
+    assert r["handles_replaying"] == [1] and r["handles_replayed"] == []
+    dot = render_routing(split_trace(), 9)
+    assert "replayed here" not in dot and 'label="h1 · Block.forward\\nreplaying"' in dot
+    assert 'label="h1 · Block.forward\\nreplayed here"' in render_routing(split_trace(), 10)
+
+
+def test_dx_flows_from_block_to_block() -> None:
     dot = render_routing(split_trace(), 15)
-    assert f'h1 -> h1_in0 [color="{EDGE_COLOURS["dx"]}", label="dX"' in dot
-    assert 'label="h1\\nreplayed here"' in dot
+    # The snapshot (two chained regions) says who feeds whom: loss -> h1 -> h0 -> the model input.
+    for edge in ("loss -> h1", "h1 -> h0", "h0 -> input"):
+        assert f'{edge} [color="{EDGE_COLOURS["dx"]}", label="DX"' in dot
     assert "DX pass (input grads) · events 8–15 · train.py:21" in dot
+    assert "dX" not in dot and "[0]" not in dot and "input 0" not in dot
+    assert "<svg" in _svg(dot)
+
+
+def test_dw_routes_and_the_dropped_dx() -> None:
     dw = render_routing(split_trace(), None)
-    assert f'h1 -> h1_cap0 [color="{EDGE_COLOURS["dw"]}", style="dashed", label=".grad"' in dw
-    assert f'h1 -> h1_in0 [color="{EDGE_COLOURS["none"]}", style="dashed", label="dropped"' in dw
-    assert 'label="h1\\nreleased (dw_complete)"' in dw and 'label="tensor(4,) (no grad)"' in dw
-    assert "<svg" in _svg(dot) and "<svg" in _svg(dw)
+    assert f'h1 -> h1_cap0 [color="{EDGE_COLOURS["dw"]}", style="dashed", label="DW: .grad"' in dw
+    assert f'h1 -> h0 [color="{EDGE_COLOURS["none"]}", style="dashed", label="DX dropped"' in dw
+    assert 'label="h1 · Block.forward\\nreleased: DW is done"' in dw and 'label="tensor(4,) (no grad)"' in dw
+    assert "dw_complete" not in dw and "<svg" in _svg(dw)
+
+
+def test_without_a_snapshot_the_handles_chain_in_the_order_reached() -> None:
+    assert handle_flow(None, [3, 2]) == [("loss", 3, False), (3, 2, False)]
+    assert handle_flow(block_snapshot(2), [1, 0]) == [("loss", 1, True), (0, "input", True), (1, 0, True)]
+    # A snapshot that does not hold the pass's handles (another stage's graph) falls back to the chain.
+    assert handle_flow(block_snapshot(2), [5]) == [("loss", 5, False)]
+
+
+def test_words_instead_of_raw_lists() -> None:
+    b = Builder()
+    b.ev("handle_created", 0, function="blocks.0", inputs=[{"shape": [2, 4]}], param_input_mask=[False])
+    b.ev("handle_created", 1, function="attn", inputs=[{"shape": [2, 4]}, {"shape": [4, 4]}],
+         param_input_mask=[False, True])
+    b.ev("backward_entered", 0, phase="dx", site="t.py:1")
+    b.ev("grads_routed", 0, phase="dx", site="t.py:1", targets=[], explicit_params=[])
+    trace = b.trace()
+    assert input_words(trace, 0, 0) == "the block's input (2, 4)"
+    assert input_words(trace, 1, 0) == "input 1 of 2 (2, 4)" and input_words(trace, 1, 1) == "parameter input 2 (4, 4)"
+    assert release_words("ordinary_backward_complete") == "its backward is done"
+    dot = render_routing(trace, None)
+    assert "h0 · blocks.0" in dot and "no inputs got a gradient" in dot and "[]" not in dot
+
+
+def test_pipeline_passes_say_their_stage_and_micro_batch() -> None:
+    r = routing_at(split_trace(), 12)
+    assert pass_title(r) == "DX pass (input grads) · events 8–12 (running) · train.py:21"
+    b = Builder()
+    b.ev("backward_entered", 0, phase="dx", site="pipe.py:1", tags={"stage": 1, "microbatch": 3})
+    r = routing_at(b.trace(), None)
+    assert pass_title(r) == "DX pass (input grads) · stage 1, micro-batch 3 · events 0–0 · pipe.py:1"
+    assert "stage 1, micro-batch 3" in render_routing(b.trace(), None)
 
 
 def test_explicit_parameter_inputs_get_dw_edges() -> None:
@@ -95,6 +150,6 @@ def test_explicit_parameter_inputs_get_dw_edges() -> None:
          discarded_activations=[0])
     b.ev("released", 0, phase="dw", site="t.py:1", reason="dw_complete")
     dot = render_routing(b.trace(), None)
-    assert re.search(r'h0_in1 \[label="param 1", shape="box", fillcolor="#[0-9a-f]+"\]', dot)
-    assert f'h0 -> h0_in1 [color="{EDGE_COLOURS["dw"]}", label="dW"' in dot
+    assert re.search(r'h0_in1 \[label="parameter input 2", shape="box", style="filled,rounded"', dot)
+    assert f'h0 -> h0_in1 [color="{EDGE_COLOURS["dw"]}", label="DW"' in dot
     assert "<svg" in _svg(dot)
