@@ -35,7 +35,8 @@ NOTE [ What a recording captures ]
   7. Source lines: when the block closes, the line of code of each distinct event
      `site` ("file:line") is read here, by the process that ran that code, and kept
      in `trace.meta["sources"]` (site -> the stripped line; at most
-     MAX_SOURCE_SITES sites and MAX_SOURCE_CHARS characters each). Viewers show
+     MAX_SOURCE_SITES sites, those of the events a debugger finding shows first, and
+     MAX_SOURCE_CHARS characters each). Viewers show
      these, never the file a site names: a saved trace shows the code as it was
      when it ran, and a crafted site cannot make the app read a file.
 """
@@ -241,9 +242,16 @@ class Recording:
                 probe.__exit__(*exc)
 
 
+_STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",
+                          "node_collected", "replay_refused", "error", "session_cleared", "replay_started",
+                          "grads_routed"})
+
+
 def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
-    sites = dict.fromkeys(e.site for e in trace.events if e.site)
+    # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/debug/findings.py).
+    sites = dict.fromkeys(e.site for e in trace.events if e.site and e.kind in _STORY_KINDS)
+    sites.update(dict.fromkeys(e.site for e in trace.events if e.site))
     sources = trace.meta.get("sources")
     if not sites or (sources is not None and type(sources) is not dict):
         return
