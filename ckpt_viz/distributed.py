@@ -155,7 +155,8 @@ def save_rank_trace(trace: Any, folder: str | PathLike[str], header: dict[str, A
     """
     from ckpt_viz.trace import run_meta
 
-    script = os.path.splitext(os.path.basename(sys.argv[0] or "distributed"))[0] or "distributed"
+    argv0 = os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "")
+    script = os.path.splitext(argv0)[0] if argv0.endswith(".py") else "distributed"
     defaults = run_meta(model=script, mode="pipeline", schedule=header.get("schedule"),
                         microbatches=header.get("microbatches"), stages=header.get("stages"))
     for key, value in defaults.items():
