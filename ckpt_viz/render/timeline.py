@@ -220,11 +220,15 @@ def _lane_key(lane: str) -> tuple:
 
 
 def stage_memory_rows(trace: Trace) -> list[dict[str, Any]]:
-    """Bytes held per stage after each memory sample that has a by-stage reading: {seq, stage, bytes}."""
+    """Bytes held per stage after each memory sample with a by-stage reading: {seq, stage, bytes}; in a merged
+    trace the stage is named with its rank ("rank 1 · stage 2")."""
+    by_rank = (trace.meta.get("distributed") or {}).get("stages_by_rank") or {}
+    rank_of = {str(stage): rank for rank, stages in by_rank.items() for stage in stages or ()}
     rows = []
     for sample in trace.memory:
         for stage, cats in (sample.by_stage or {}).items():
-            rows.append({"seq": sample.seq, "stage": f"stage {stage}", "bytes": sum(cats.values())})
+            lane = _lane(rank_of.get(str(stage)), stage)
+            rows.append({"seq": sample.seq, "stage": lane, "bytes": sum(cats.values())})
     return rows
 
 

@@ -68,6 +68,9 @@ def test_merged_trace_opens_on_the_timeline(merged: Path) -> None:
     assert _at_cursor(at).startswith(f"**At the cursor:** {first_dw['lane']} runs **DW (weight grads)** "
                                      f"(torch's W) of micro-batch {first_dw['microbatch']}")
     assert at.session_state["cursor"][1] == first_dw["start_seq"]
+    for page in ("overview", "graph", "memory", "handles", "routing", "events"):  # the other pages open it too
+        at.switch_page(f"views/{page}.py").run()
+        assert not _errors(at), (page, _errors(at))
 
 
 def test_in_process_pipeline_run_with_two_schedules_side_by_side() -> None:
