@@ -227,10 +227,10 @@ class ReplayWatch:
     @contextlib.contextmanager
     def gradients(self, emit: Callable[..., Any]) -> Iterator[None]:
         """Around the region's backward over its replay (the code after the yield runs only when it succeeded)."""
-        nonzero: dict[int, torch.Tensor] = {}
+        seen_grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def seen(key: int, grad: torch.Tensor) -> None:
-            nonzero[key] = torch.count_nonzero(grad)
+            seen_grads[key] = (grad, fp.sample_sum(grad))
 
         watched, self.watched = self.watched, []
         hooks = [p.register_hook(functools.partial(seen, id(p))) for p in watched]
@@ -239,7 +239,10 @@ class ReplayWatch:
         finally:
             for hook in hooks:
                 hook.remove()
-        counts = dict(zip(nonzero, torch.stack(list(nonzero.values())).tolist())) if nonzero else {}
+        # A sample first (cheap); a full count only for the gradients whose sample is all zero.
+        looks = torch.stack([look for _, look in seen_grads.values()]).tolist() if seen_grads else []
+        counts = {key: look or int(torch.count_nonzero(grad))
+                  for (key, (grad, _)), look in zip(seen_grads.items(), looks)}
         if counts and not any(counts.values()):  # every gradient zero (a zero loss): nothing to tell apart
             return
         lost = [(p, "zero gradient" if id(p) in counts else "not reached by the replay's graph")

@@ -50,3 +50,15 @@ def test_bench_runtime_quick(tmp_path: Path) -> None:
         assert item["passed"] is True, item
     for name in ("ours_reentrant", "ours_nonreentrant"):
         assert replays[name]["agree"] is True, replays[name]
+
+
+def test_bench_divergence_quick(tmp_path: Path) -> None:
+    """The divergence-checking benchmark at tiny sizes: every workload row, unchanged gradients, no divergence."""
+    out_json = tmp_path / "divergence.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_divergence.py"), "--quick", "--json",
+                           str(out_json)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "gradients: the same with and without the checks; no divergence in these clean runs" in proc.stdout
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["workload"].split(",")[-1].strip() for r in rows] == ["reentrant", "non-reentrant", "reentrant",
+                                                                     "split-reentrant"]
