@@ -40,9 +40,9 @@ else:
 
 
 
-def _row_clicked(seqs: list[int]) -> None:
+def _row_clicked(key: str, seqs: list[int]) -> None:
     """A click on a table row moves the cursor to that row's event."""
-    rows = st.session_state["ev_table"].selection.rows
+    rows = st.session_state[key].selection.rows
     if rows and 0 <= rows[0] < len(seqs):
         set_cursor(run, seqs[rows[0]])
 
@@ -50,15 +50,19 @@ def _row_clicked(seqs: list[int]) -> None:
 rows = event_rows(shown)
 table, plain = st.tabs(["Table", "Plain text"])
 with table:
-    st.caption("Click a row to move the cursor to its event.")
+    st.caption("Click a row's box to move the cursor to its event.")
     frame = pd.DataFrame([{"": "▶" if r["seq"] == seq else "", **r} for r in rows])
     marked = frame.style.apply(lambda row: ["background-color: #fde3d3" if row[""] else ""] * len(row), axis=1)
-    wrap = any(len(r["details"]) > 90 for r in rows)  # Streamlit wraps cell text in rows taller than 4rem
-    row_height = 72 if wrap else 35
+    # Streamlit wraps a cell's text only in rows taller than 4rem: give the longest details room (about 75
+    # characters a line in a 560 px column, 4 lines at most; the expander below has every field).
+    longest = max((len(r["details"]) for r in rows), default=0)
+    row_height = 35 if longest <= 75 else min(24 + 19 * -(-longest // 75), 100)
+    shown_columns = ["", *(c for c in frame.columns if c and (c in ("seq", "kind", "details") or frame[c].any()))]
+    key = f"ev_table_{rows[0]['seq'] if rows else 0}_{len(rows)}"  # a fresh selection for each window of rows
     st.dataframe(marked, hide_index=True, width="stretch", height=min(38 + row_height * len(rows), 1500),
-                 row_height=row_height, key="ev_table", selection_mode="single-row",
-                 on_select=partial(_row_clicked, [r["seq"] for r in rows]),
-                 column_config={"details": st.column_config.TextColumn("details", width="large"),
+                 row_height=row_height, key=key, selection_mode="single-row", column_order=shown_columns,
+                 on_select=partial(_row_clicked, key, [r["seq"] for r in rows]),
+                 column_config={"details": st.column_config.TextColumn("details", width=560),
                                 "": st.column_config.TextColumn("", width=24)})
     event = run.trace.events[run.index.position(seq)]
     with st.expander(f"Every field of the event at the cursor (seq {seq})"):
