@@ -79,7 +79,8 @@ def _run_single(spec: ModelSpec, mode: str, *, seed: int, memory: bool, graphs: 
         del loss
         milestone(memory, "end")
     rec.trace.meta.update(run_meta(model=spec.name, mode=mode, source=spec.source, description=spec.description,
-                                   checkpoint=list(spec.checkpoint), seed=seed, grad_sha256=grad_digest(model)))
+                                   look_at=spec.look_at, checkpoint=list(spec.checkpoint), seed=seed,
+                                   grad_sha256=grad_digest(model)))
     return rec.trace
 
 

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ckpt_viz.lessons.glossary import SPLIT_COST
 from ckpt_viz.run.rng import RNG
 from ckpt_viz.runtime import checkpoint_exclude_wrapper
 from ckpt_viz.runtime.exclude import CheckpointExcludeWrapper
 
-__all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "ModelSpec", "build_builtin"]
+__all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "SPLIT_COST", "ModelSpec", "build_builtin"]
 
 
 def sum_of_squares(output: Any) -> torch.Tensor:
@@ -43,6 +44,7 @@ class ModelSpec:
         checkpoint: qualified names of the submodules to checkpoint.
         stages: for pipeline scenarios, the qualified names of the stage modules in order.
         description: one line for people.
+        look_at: one line for people: what this model shows, and where to look.
         kwargs: keyword arguments of `model(...)`.
         targets: what the loss compares the output with (a tensor or a pytree of them), or
             None; the pipeline splits it into micro-batches with the inputs.
@@ -55,6 +57,7 @@ class ModelSpec:
     checkpoint: tuple[str, ...] = ()
     stages: tuple[str, ...] = ()
     description: str = ""
+    look_at: str = ""
     source: str = "builtin"
     extra: dict[str, Any] = field(default_factory=dict)
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -123,16 +126,17 @@ class ClosureBlock(nn.Module):
 
 
 class ExcludedNormBlock(nn.Module):
-    """A block whose LayerNorm is an excluded region: kept from the forward, never recomputed."""
+    """A wide MLP whose closing LayerNorm is an excluded region: kept from the forward, never recomputed."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, hidden: int | None = None) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(width, width)
+        hidden = hidden or 4 * width
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
         self.norm = checkpoint_exclude_wrapper(nn.LayerNorm(width))
-        self.fc2 = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.norm(self.fc1(x))))
+        return x + self.norm(self.fc2(torch.relu(self.fc1(x))))
 
 
 class PipelineModel(nn.Module):
@@ -150,44 +154,70 @@ class PipelineModel(nn.Module):
         return x
 
 
+# NOTE [ Sizes: activations dominate ]
+#   A model teaches checkpointing only if its activations outweigh its parameters and
+#   gradients: then mode "none" keeps every block's activations until backward and has
+#   the highest peak, while a checkpointed run keeps each block's input and recomputes
+#   one block at a time. So batches (and sequences) are large and widths small: memory
+#   recording sends every op through Python, so the cost of a run is the number of ops,
+#   not their size, and these runs stay well under a second. tests/lessons checks that
+#   every model's checkpointed modes peak below "none".
+#   The split modes peak above the others: DX replays every checkpoint and keeps each
+#   replay's saved activations for DW, so at the peak all blocks' activations are live
+#   at once (SPLIT_COST, in ckpt_viz.lessons.glossary, says it for people).
+
+
+
 def _mlp() -> ModelSpec:
-    model = Stack([MLPBlock(16, 32) for _ in range(4)], 16)
-    return ModelSpec("mlp", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(4)),
-                     description="4 residual MLP blocks, each checkpointed")
+    model = Stack([MLPBlock(32, 128) for _ in range(4)], 32)
+    return ModelSpec("mlp", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(4)),
+                     description="4 residual MLP blocks, each checkpointed",
+                     look_at="Memory: compare the peak with mode 'none'; checkpointing keeps only each "
+                             "block's input, then recomputes one block at a time in backward")
 
 
 def _transformer() -> ModelSpec:
     model = Stack([TransformerBlock(32, 4) for _ in range(3)], 32)
-    return ModelSpec("transformer", model, (torch.randn(2, 8, 32),),
+    return ModelSpec("transformer", model, (torch.randn(4, 64, 32),),
                      checkpoint=tuple(f"blocks.{i}" for i in range(3)),
-                     description="3 pre-norm transformer blocks (attention + MLP), each checkpointed")
+                     description="3 pre-norm transformer blocks (attention + MLP), each checkpointed",
+                     look_at="Memory: attention and MLP activations dominate; checkpointed modes keep a block's "
+                             "input instead of its activations")
 
 
 def _dropout() -> ModelSpec:
-    model = Stack([MLPBlock(16, 32, dropout=0.25) for _ in range(3)], 16)
-    return ModelSpec("dropout", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
-                     description="3 MLP blocks with dropout: the replay must reuse the forward's RNG state")
+    model = Stack([MLPBlock(32, 128, dropout=0.25) for _ in range(3)], 32)
+    return ModelSpec("dropout", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
+                     description="3 MLP blocks with dropout: the replay must reuse the forward's RNG state",
+                     look_at="Overview: the gradients match mode 'none' bit for bit, so the replay drew the "
+                             "same dropout mask")
 
 
 def _closure() -> ModelSpec:
-    model = Stack([ClosureBlock(16) for _ in range(3)], 16)
-    return ModelSpec("closure", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
+    model = Stack([ClosureBlock(32) for _ in range(3)], 32)
+    return ModelSpec("closure", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
                      description="3 blocks whose checkpointed function captures its parameters in a closure "
-                                 "(DW reaches them only through the backward trigger)")
+                                 "(DW reaches them only through the backward trigger)",
+                     look_at="Routing (split-reentrant): DW reaches the captured weights through the backward "
+                             "trigger, not through the block's inputs")
 
 
 def _excluded() -> ModelSpec:
-    model = Stack([ExcludedNormBlock(16) for _ in range(3)], 16)
-    return ModelSpec("excluded", model, (torch.randn(8, 16),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
-                     description="3 blocks with an excluded LayerNorm: its output is kept, never recomputed")
+    model = Stack([ExcludedNormBlock(32) for _ in range(3)], 32)
+    return ModelSpec("excluded", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
+                     description="3 blocks with an excluded LayerNorm: its output is kept, never recomputed",
+                     look_at="Memory: the 'excluded_outputs' band is the LayerNorm output kept from the forward; "
+                             "the replay skips it")
 
 
 def _pipeline() -> ModelSpec:
-    model = PipelineModel(16, n_stages=2, blocks_per_stage=2)
-    return ModelSpec("pipeline", model, (torch.randn(8, 16),),
+    model = PipelineModel(8, n_stages=2, blocks_per_stage=2)
+    return ModelSpec("pipeline", model, (torch.randn(32, 8),),
                      checkpoint=tuple(f"stages.{s}.{b}" for s in range(2) for b in range(2)),
                      stages=("stages.0", "stages.1"),
-                     description="2 pipeline stages of 2 checkpointed MLP blocks each")
+                     description="2 pipeline stages of 2 checkpointed MLP blocks each",
+                     look_at="Lanes and memory per stage (mode 'pipeline'): compare schedules GPipe, 1F1B and "
+                             "ZB-H1 by how long each stage holds its handles")
 
 
 BUILTIN_MODELS: dict[str, Callable[[], ModelSpec]] = {
