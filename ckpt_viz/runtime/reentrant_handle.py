@@ -269,25 +269,17 @@ class ReentrantCheckpointHandle:
                 "ckpt_viz.ReentrantCheckpointHandle.set_phase", "Cannot set phase on a released reentrant checkpoint",
                 self.handle_id, self.release_reason, self.release_seq, self.release_site), "set_phase", self)
         old, self.phase = self.phase, phase
-        if bus.enabled:
-            if phase == "dw":  # the fact that tells a DW without the trigger from a DX without retain_graph
-                self._emit("phase_set", old=old, new=phase, outer_graph_freed=self._outer_graph_freed())
-            else:
-                self._emit("phase_set", old=old, new=phase)
+        if bus.enabled:  # to dw: the fact that tells a DW without the trigger from a DX without retain_graph
+            extra = {"outer_graph_freed": self._outer_graph_freed()} if phase == "dw" else {}
+            self._emit("phase_set", old=old, new=phase, **extra)
 
     def _outer_graph_freed(self) -> bool:
-        """Whether the outer graph freed this checkpoint's saved inputs (a backward without retain_graph ran).
-
-        Reads the node's raw saved tensors, which never unpacks them (no saved-tensor hook runs).
-        """
+        """Whether a backward without retain_graph freed this checkpoint's saved inputs (read, never unpacked)."""
         ctx = self.context_ref() if self.context_ref is not None else None
-        if ctx is None:
-            return True
         try:
-            ctx._raw_saved_tensors  # noqa: B018 -- raises once the graph freed them
+            return ctx is None or ctx._raw_saved_tensors is None  # raises once the graph freed them
         except RuntimeError:
             return True
-        return False
 
     def release(self) -> None:
         """Release the replay graph and excluded-region tapes now (reason `explicit_release`)."""
