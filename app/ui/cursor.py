@@ -109,8 +109,7 @@ def cursor_bar(run: Run) -> int:
             i = bisect.bisect_right(positions, p)
             target = positions[i] if i < len(positions) else None
             row.button(f"Next {name}", key=f"cursor_next_{name}", on_click=_store,
-                       args=(run.config, target if target is not None else p), disabled=target is None,
-                       help=f"Move the cursor to the next '{kind.replace('_', ' ')}' event")
+                       args=(run.config, target if target is not None else p), disabled=target is None)
         seq = run.index.seqs[p]
         st.code(describe_event(run.trace.events[p], run.cached(_handle_names)), language=None, width="stretch",
                 wrap_lines=True)
