@@ -7,6 +7,7 @@
     ckpt-viz merge traces/                                         one trace from a distributed run's rank files
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
+    ckpt-viz lesson [N]                                            list the lessons, or walk lesson N
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
 Start-up imports no torch: `info` and `export` never load it; `record` and `demo` load it when they run.
@@ -23,6 +24,7 @@ from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT
 from ckpt_viz.cli.app import app_command, app_path, demo_command
 from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
+from ckpt_viz.cli.lesson import lesson_command
 from ckpt_viz.cli.merge import merge_command
 from ckpt_viz.cli.record import record_command
 
@@ -88,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--mode", default="split-reentrant", choices=[m for m in MODES if m != "pipeline"])
     demo.add_argument("--site", action="store_true", help="show the user's file:line of each event")
     demo.set_defaults(run=demo_command)
+
+    lesson = sub.add_parser("lesson", help="list the lessons, or walk lesson N in the terminal")
+    lesson.add_argument("number", type=int, nargs="?", metavar="N")
+    lesson.add_argument("--no-pause", action="store_true", help="run straight through, even on a terminal")
+    lesson.set_defaults(run=lesson_command)
     return parser
 
 
