@@ -1,0 +1,65 @@
+"""Lessons: pick one, step with Next and Back; the prose beside the live views of the step's own run, at its cursor."""
+import streamlit as st
+
+from ckpt_viz import lifecycle, render_graph, render_lifecycles, render_memory, render_routing
+from ckpt_viz.lessons.loader import load_lessons
+from ckpt_viz.lessons.runner import check_step, run_source, step_trace
+from ckpt_viz.render.eventlog import event_rows, rows_text
+from ui.show import show_chart
+
+LESSONS = {f"{le.number}. {le.title}": le for le in load_lessons()}
+st.title("Lessons")
+name = st.selectbox("Lesson", list(LESSONS), key="lesson_pick")
+lesson = LESSONS[name]
+step_key = f"lesson_step_{lesson.number}"
+i = st.session_state.setdefault(step_key, 0)
+step = lesson.steps[i]
+st.progress((i + 1) / len(lesson.steps), text=f"Step {i + 1} of {len(lesson.steps)}: {step.title}")
+
+
+def _move(by: int) -> None:
+    st.session_state[step_key] = min(max(st.session_state[step_key] + by, 0), len(lesson.steps) - 1)
+
+
+with st.spinner("Recording this step's run..."):
+    result = check_step(lesson, step)
+    trace = step_trace(lesson, step)
+seq = result.seq
+left, right = st.columns([2, 3], gap="large")
+with left:
+    st.markdown(step.prose)
+    with st.expander("The code this step runs", expanded=False):
+        st.code(run_source(lesson, step), language="python")
+    if step.question:
+        q = step.question
+        pick = st.radio(q.ask, q.choices, index=None, key=f"answer_{lesson.number}_{i}")
+        if pick is None:
+            st.caption("Predict first: pick an answer to reveal it.")
+        elif q.choices.index(pick) == q.answer:
+            st.success(f"Right. {q.explain}")
+        else:
+            st.error(f"Not quite: the answer is **{q.choices[q.answer]}**. {q.explain}")
+    st.info(f"**Checked on the run:** {result.fact}", icon=":material/check_circle:")
+    back, nxt = st.columns(2)
+    back.button("Back", on_click=_move, args=(-1,), disabled=i == 0, width="stretch")
+    if i < len(lesson.steps) - 1:
+        nxt.button("Next", on_click=_move, args=(1,), type="primary", width="stretch")
+    else:
+        nxt.success("End of the lesson.")
+with right:
+    st.caption(f"This step's run, at the cursor: seq {seq} ({trace.meta.get('model', 'a run')}, "
+               f"{trace.meta.get('mode', '')})")
+    for view in step.views:
+        if view == "memory" and len(trace.memory):
+            show_chart(render_memory, {"this step": trace}, cursor=seq, max_points=300)
+        elif view == "lanes" and trace.handle_ids():
+            show_chart(render_lifecycles, trace, cursor=seq)
+        elif view == "routing" and trace.handle_ids():
+            st.graphviz_chart(render_routing(trace, seq))
+        elif view == "graph" and trace.graphs:
+            snap = max((g for g in trace.graphs if g.seq <= seq), key=lambda g: g.seq, default=trace.graphs[0])
+            st.graphviz_chart(render_graph(snap, states=lifecycle(trace).states_at(seq)))
+        elif view == "events":
+            events = trace.events
+            at = next((k for k, e in enumerate(events) if e.seq >= seq), len(events) - 1)
+            st.code(rows_text(event_rows(events[max(0, at - 8): at + 9]), marker=seq), language=None)

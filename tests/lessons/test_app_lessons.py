@@ -1,0 +1,39 @@
+"""AppTest of the Lessons and Glossary pages: a lesson's first step, its question before the answer, Next."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = Path(__file__).resolve().parents[2] / "app"
+
+
+def _page(name: str) -> AppTest:
+    import sys
+
+    sys.path.insert(0, str(APP))
+    return AppTest.from_file(str(APP / "views" / name), default_timeout=240)
+
+
+def test_lessons_page_steps_with_next_and_reveals_the_answer_after_a_pick() -> None:
+    at = _page("lessons.py").run()
+    assert not at.exception, at.exception
+    assert at.selectbox[0].value.startswith("1. What does autograd save")
+    assert "Step 1 of 2" in at.get("progress")[0].proto.text
+    assert not at.success and at.radio[0].value is None  # the question comes before the answer
+    at.radio[0].set_value(at.radio[0].options[1]).run()
+    assert at.success and "Right." in at.success[0].value
+    next(b for b in at.button if b.label == "Next").click().run()
+    assert not at.exception, at.exception
+    assert "Step 2 of 2" in at.get("progress")[0].proto.text
+    assert any("Checked on the run: activations rise" in i.value.replace("**", "") for i in at.info)
+
+
+def test_glossary_lists_states_categories_and_terms() -> None:
+    from ckpt_viz.trace.lifecycle import STATE_MEANINGS
+
+    at = _page("glossary.py").run()
+    assert not at.exception, at.exception
+    assert [s.value for s in at.subheader][:3] == ["Terms", "Memory categories", "Handle states"]
+    words = set(at.dataframe[2].value["word"])
+    assert words == set(STATE_MEANINGS)
