@@ -22,6 +22,9 @@ pg = st.navigation({
                 st.Page("views/timeline.py", title="Schedule timeline", icon=":material/view_timeline:"),
                 st.Page("views/events.py", title="Events", icon=":material/list:")],
     "Compare": [st.Page("views/compare.py", title="Compare modes", icon=":material/compare:")],
+    "Learn": [st.Page("views/lessons.py", title="Lessons", icon=":material/school:"),
+              st.Page("views/glossary.py", title="Glossary", icon=":material/menu_book:")],
 })
+st.sidebar.page_link("views/glossary.py", label="Glossary: the words on every page", icon=":material/menu_book:")
 source_sidebar()  # drawn here, not in a page, so the choice survives page changes (NOTE in cursor.py)
 pg.run()
