@@ -8,6 +8,7 @@ the `dot` binary and shows it as a new HTML element, with no animated transition
 from __future__ import annotations
 
 import html
+import re
 
 import streamlit as st
 
@@ -45,10 +46,16 @@ def snapshot_note(run: Run, seq: int) -> str:
 
 
 def show_svg(dot: str, zoom: int = 100, *, name: str = "graph") -> None:
-    """`dot` as an SVG at `zoom` percent (fixed font size) in a frame that scrolls to pan."""
+    """`dot` as an SVG at `zoom` percent (fixed font size) in a frame that scrolls to pan.
+
+    The frame is an iframe document (st.html's sanitizer drops SVG elements), rebuilt on every
+    cursor move; the SVG is Graphviz's own output, whose text dot escapes.
+    """
     svg = _svg(dot, zoom)
-    st.html(f'<div class="ckpt-graph" data-graph="{html.escape(name)}" style="overflow:auto; max-height:78vh; '
-            f'border:1px solid #d0d7de; border-radius:6px; background:#ffffff; padding:4px">{svg}</div>')
+    size = re.match(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
+    height = int(float(size.group(2)) * 4 / 3) + 16 if size else 600  # points -> CSS pixels
+    st.iframe(f'<body style="margin:0"><div class="ckpt-graph" data-graph="{html.escape(name)}">{svg}</div></body>',
+              height=min(max(height, 120), 820))
 
 
 def zoom_picker(key: str, container=st) -> int:
