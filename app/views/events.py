@@ -39,7 +39,6 @@ else:
     st.caption(f"{len(run.trace):,} events; showing {len(shown)} around seq {seq} (the cursor row is marked ▶).")
 
 
-
 def _row_clicked(key: str, seqs: list[int]) -> None:
     """A click on a table row moves the cursor to that row's event."""
     rows = st.session_state[key].selection.rows

@@ -1,0 +1,106 @@
+"""The chart pages with AppTest: units in the tables, "other" explained, Compare's split note, the Events
+plain text, state words, and the clicks' selection turned into a cursor seq.
+
+One recording of the default model (cached by the app's loader across the tests of this process).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ckpt_viz import DEFAULT_MODEL, RunRequest, aligned_seq, format_bytes, memory_peak, obtain_trace, palette
+from ckpt_viz.trace.index import TraceIndex
+from traces import split_trace
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+APP = str(ROOT / "app" / "streamlit_app.py")
+UNIT = r"^\d+(\.\d)? (B|KiB|MiB|GiB)$"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    """Independent recordings of the default model (recordings are deterministic)."""
+    return {m: obtain_trace(RunRequest("builtin", DEFAULT_MODEL, mode=m))
+            for m in ("split-reentrant", "reentrant", "none", "nonreentrant")}
+
+
+def _app() -> AppTest:
+    return AppTest.from_file(APP, default_timeout=120).run()
+
+
+def _errors(at: AppTest) -> list[str]:
+    return [str(e.value) for e in at.exception] + [str(e.value) for e in at.error]
+
+
+def test_memory_tables_are_in_the_units_of_the_metrics_and_other_is_explained(runs: dict) -> None:
+    trace = runs["split-reentrant"]
+    at = _app()
+    at.switch_page("views/memory.py").run()
+    assert not _errors(at), _errors(at)
+    assert at.slider(key="cursor_slider").value == 0  # a new run starts at its first event
+    sample = TraceIndex(trace).memory_at(trace.events[0].seq)
+    at_cursor, at_peak = (t.value for t in at.dataframe[:2])
+    assert list(at_cursor.columns) == ["category", "size", "share", "what it is"]
+    assert at_cursor["size"].str.match(UNIT).all() and at_peak["size"].str.match(UNIT).all()
+    expected = {palette.category_word(c): format_bytes(b) for c, b in sample.bytes_by_category.items()}
+    assert dict(zip(at_cursor["category"], at_cursor["size"])) == expected
+    peak = memory_peak(trace)
+    shares = [s.bytes_by_category.get("other", 0) / s.total_nbytes
+              for s in (sample, TraceIndex(trace).memory_at(peak["seq"]))]
+    notes = [i.value for i in at.info if i.value.startswith('"other" is')]
+    assert [f"{100 * x:.0f}%" for x in shares if x >= 0.2] == [n.split()[2] for n in notes], (shares, notes)
+    assert next(m.value for m in at.metric if m.label == "Total at the peak") == format_bytes(peak["total"])
+    assert "split modes peak higher" in " ".join(c.value for c in at.caption)
+
+
+def test_compare_explains_the_split_peak_with_its_numbers(runs: dict) -> None:
+    at = _app()
+    at.switch_page("views/compare.py").run()
+    assert not _errors(at), _errors(at)
+    table = at.dataframe[0].value
+    peaks = {m: memory_peak(t)["total"] for m, t in runs.items()}
+    assert dict(zip(table["mode"], table["peak"])) == {m: format_bytes(p) for m, p in peaks.items()}
+    assert all(table[c].dropna().str.match(UNIT).all() for c in table.columns if c.startswith("at the peak: "))
+    note = next(i.value for i in at.info if "Why the split modes peak higher" in i.value)
+    assert "every replay is kept until DW runs" in note
+    lowest = min(("reentrant", "nonreentrant"), key=peaks.get)
+    if peaks["split-reentrant"] > peaks[lowest]:
+        assert (f"split-reentrant peaks at {format_bytes(peaks['split-reentrant'])}, "
+                f"{format_bytes(peaks['split-reentrant'] - peaks[lowest])} above {lowest}") in note
+
+
+def test_events_plain_text_keeps_every_column_and_the_overview_speaks_in_state_words(runs: dict) -> None:
+    at = _app()
+    at.button(key="cursor_next_replay").click().run()
+    states = dict(zip(at.dataframe[0].value["state"], at.dataframe[0].value["handles"]))
+    assert "waiting for DX" in states and "phase_dx" not in states
+    at.switch_page("views/events.py").run()
+    assert not _errors(at), _errors(at)
+    table = at.dataframe[0].value
+    text = at.code[1].value
+    lines = text.splitlines()[1:]
+    assert len(lines) == len(table)
+    for (_, row), line in zip(table.iterrows(), lines):
+        for column in ("seq", "kind", "handle", "phase", "session", "tags", "site", "details"):
+            assert str(row[column]) in line, (column, line)
+    cursor_line = at.code[0].value
+    assert cursor_line.startswith("seq ") and " · replay started · " in cursor_line and "=" not in cursor_line
+
+
+def test_a_chart_click_becomes_a_cursor_seq() -> None:
+    sys.path.insert(0, str(ROOT / "app"))
+    from ui.show import picked_seq
+
+    run = SimpleNamespace(trace=split_trace())
+    assert picked_seq(run, {palette.CURSOR_PICK: [{"seq": 12}]}) == 12
+    assert picked_seq(run, {palette.CURSOR_PICK: [{"x": 2.0}]}) == aligned_seq(run.trace, 2.0) == 16
+    assert picked_seq(run, {palette.CURSOR_PICK: []}) is None and picked_seq(run, {}) is None
