@@ -262,8 +262,8 @@ def test_the_cursor_survives_a_page_change_and_drives_the_graph() -> None:
 
 
 def _graphviz(at: AppTest) -> str:
-    """The graph page's drawing: an SVG drawn on the server by `dot` (app/ui/graphview.py), in an st.html element."""
-    charts = [h.proto.body for h in at.get("html") if 'class="ckpt-graph"' in h.proto.body]
+    """The graph page's drawing: an SVG drawn on the server by `dot` (app/ui/graphview.py), in an iframe document."""
+    charts = [f.proto.srcdoc for f in at.get("iframe") if 'class="ckpt-graph"' in f.proto.srcdoc]
     assert charts, "no graph on the page"
     return charts[0]
 
