@@ -113,8 +113,9 @@ def test_first_screen_shows_a_recorded_run_of_the_default_model() -> None:
     assert _metric(at, "Refused replays") == "0"
     assert at.radio(key="src_kind").value == "Built-in model"
     assert at.selectbox(key="src_mode").value == "split-reentrant"
-    # the cursor starts at the end of the run
-    assert at.slider(key="cursor_slider").value == len(shown) - 1
+    # the cursor starts at the first event of the run, so "Next replay" has somewhere to go
+    assert at.slider(key="cursor_slider").value == 0
+    assert not at.button(key="cursor_next_replay").disabled
 
 
 def test_every_page_renders_for_a_built_in_model() -> None:
@@ -186,6 +187,7 @@ def test_pipeline_mode_offers_a_schedule_and_micro_batches() -> None:
 def test_moving_the_cursor_changes_what_the_pages_show() -> None:
     at = _app()
     at.switch_page("views/handles.py").run()
+    _move(at, "last")
     # Handles in order of first appearance: h_a, h_b, h_c, h_d (their ids depend on earlier recordings)
     assert list(_handle_table(at).values()) == ["released"] * 4
     _move(at, "first")
@@ -205,7 +207,7 @@ def test_moving_the_cursor_changes_what_the_pages_show() -> None:
     _move(at, "prev")
     assert at.slider(key="cursor_slider").value == position - 1
     after = [c.value for c in at.code]
-    assert "replay_finished" in before[0] and "replay_started" in after[0]  # the cursor's own event
+    assert "replay finished" in before[0] and "replay started" in after[0]  # the cursor's own event, in words
     assert before[1] != after[1]  # the plain-text log window moved with it
     table = at.dataframe[0].value
     assert list(table.loc[table[""] == "▶", "kind"]) == ["replay_started"]
@@ -216,6 +218,7 @@ def test_nonreentrant_frames_count_as_released_on_the_overview_and_the_handles_p
     assert not _errors(at), _errors(at)
     assert _shown_trace(at).count("released") == 0  # non-reentrant frames emit no `released` event
     assert _metric(at, "Released") == "4" and _metric(at, "Replays") == "4"
+    _move(at, "last")
     table = at.dataframe[0].value
     assert list(table["state"]) == ["released"] and list(table["handles"]) == [4]
     assert table["meaning"][0].startswith("Its rebuilt activations are freed")
@@ -235,6 +238,7 @@ def test_nonreentrant_frames_count_as_released_on_the_overview_and_the_handles_p
 def test_the_cursor_survives_a_page_change_and_drives_the_graph() -> None:
     at = _app()
     at.switch_page("views/graph.py").run()
+    _move(at, "last")
     dot_end = _graphviz(at)
     at.slider(key="cursor_slider").set_value(20).run()
     dot_20 = _graphviz(at)
@@ -268,13 +272,13 @@ def _graphviz(at: AppTest) -> str:
     return charts[0]
 
 
-def test_a_new_source_resets_the_cursor_to_the_end_of_its_run() -> None:
+def test_a_new_source_resets_the_cursor_to_the_start_of_its_run() -> None:
     at = _app()
-    _move(at, "first")
+    _move(at, "last")
     at.selectbox(key="src_mode").set_value("nonreentrant").run()
     shown = _shown_trace(at)
     assert shown.meta["mode"] == "nonreentrant"
-    assert at.slider(key="cursor_slider").value == len(shown) - 1
+    assert at.slider(key="cursor_slider").value == 0
 
 
 # 3. Failures show a message; the app keeps working.
