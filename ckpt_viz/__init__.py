@@ -9,7 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ckpt_viz.bus import subscribe, tag
-from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, explain
+from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, diagnose_handle, explain
 from ckpt_viz.errors import (
     CheckpointError,
     CheckpointUsageError,
@@ -120,6 +120,7 @@ __all__ = [
     "describe_event",
     "diagnose",
     "diagnose_all",
+    "diagnose_handle",
     "dot_svg",
     "event_column",
     "event_rows",

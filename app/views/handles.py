@@ -1,7 +1,15 @@
 """Handle lifecycles, and the debugger: why was this handle released before it could replay?"""
 import streamlit as st
 
-from ckpt_viz import STATE_MEANINGS, diagnose, filter_events, format_event, lifecycle, render_lifecycles
+from ckpt_viz import (
+    STATE_MEANINGS,
+    diagnose,
+    diagnose_handle,
+    filter_events,
+    format_event,
+    lifecycle,
+    render_lifecycles,
+)
 from ui.cursor import cursor_bar, window
 from ui.runs import current
 from ui.show import show_chart, source_line
@@ -45,10 +53,8 @@ if len(handles) <= 5_000:
 else:
     handle = int(st.number_input("Handle id", min(handles), max(handles), first, key="debug_handle_id"))
 mine = [d for d in problems if d.handle_id == handle] if problems is not None else run.cached(diagnose, handle)
-if not mine:
-    st.success(f"**h{handle}**: no problem found.")
-for d in mine:
-    st.error(f"**h{handle}: {d.cause}** {d.summary}")
+for d in mine or [run.cached(diagnose_handle, handle)]:  # no problem: how the handle ended, and where
+    (st.success if d.ok else st.error)(f"**h{handle}: {d.cause or 'no problem found.'}** {d.summary}")
     for title, event in (("Released by", d.release_event), ("Replay refused at", d.refused_event),
                          ("Error", d.error_event)):
         if event is not None:
@@ -57,7 +63,8 @@ for d in mine:
     if d.site:
         st.markdown(f"**Line of code:** `{d.site}`")
         st.code(source_line(d.site, run.trace), language="python")
-    st.info(f"**Fix:** {d.fix}")
+    if not d.ok:
+        st.info(f"**Fix:** {d.fix}")
 if mine:
     st.page_link("views/debugger.py", label="The whole story on the Debugger page", icon=":material/bug_report:")
 
