@@ -52,12 +52,11 @@ def test_every_page_in_a_real_browser(browser_page) -> None:
 
     page = browser_page
     SHOTS.mkdir(parents=True, exist_ok=True)
-    # Put the cursor at the first replay: every page then shows the middle of a backward pass.
-    page.locator(".st-key-cursor_first button").click()
-    settle(page)
+    # Put the cursor at the first replay (it starts at the first event): every page then shows the middle of a
+    # backward pass.
     page.locator(".st-key-cursor_next_replay button").click()
+    expect(page.locator('[data-testid="stCode"]').first).to_contain_text("replay started", timeout=30_000)
     settle(page)
-    assert "replay_started" in page.locator('[data-testid="stCode"]').first.inner_text()
     for label, title, shot in PAGES:
         goto_page(page, label, title)
         assert page.locator('[data-testid="stException"]').count() == 0, title
