@@ -9,6 +9,7 @@ forks one such run per request, torch already imported.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import linecache
 import os
@@ -217,7 +218,8 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
     for i, mode in enumerate(modes):  # Compare: every mode in this one process, one file each
         try:
             if i:  # a fresh model for each mode: a run leaves state in it (its trace would differ from a run alone)
-                stage = reached("loading the model")
+                gc.collect()  # and the collector as a run alone finds it: when a checkpoint's node is collected
+                stage = reached("loading the model")  # (node_collected) depends on it
                 spec = load_model(request["load_ref"], seed=extra.get("seed", 0))
                 spec.name = spec.extra["ref"] = ref
             stage = reached(f"running mode {mode!r}")

@@ -1,7 +1,8 @@
 """The warm process, inside the sandbox: `python -m ckpt_viz.usermodel.child --warm FOLDER`.
 
-It imports torch and ckpt_viz's runner once, never runs a model or a torch op itself, and
-forks one child per run that the parent names on stdin (see NOTE [ Warm child ] in
+It imports torch and ckpt_viz's runner once, records one of ckpt_viz's own built-in models
+with a single thread (the warm-up: never the user's code), and forks one child per run that
+the parent names on stdin (see NOTE [ Warm child ] in
 `ckpt_viz.usermodel.warm`, the parent side). Each forked child is a whole run of
 `ckpt_viz.usermodel.child.run_child`: its own session, its own folder, log, limits and
 report, as a child started from scratch. Never imports the UI.
@@ -44,6 +45,18 @@ def _forked(rundir: Path, parent: int) -> int:
     return code
 
 
+def _warm_up(folder: Path) -> None:
+    """Record a built-in model once in each common mode and save it: a process's first recording pays for
+    torch's and ckpt_viz's lazy set-up (0.3 s runs took 10 s on a loaded machine); the forks inherit it done.
+    Only ckpt_viz's own model runs here, never the user's code."""
+    from ckpt_viz.run.scenarios import run_scenario
+    from ckpt_viz.run.zoo import build_builtin
+
+    for mode in ("none", "nonreentrant", "reentrant", "split-reentrant"):
+        run_scenario(build_builtin("mlp"), mode, memory=True, graphs=True).save(folder / "tmp" / "warm-up.json")
+    os.unlink(folder / "tmp" / "warm-up.json")
+
+
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -63,11 +76,13 @@ def serve(folder: Path) -> int:
             return 125
     sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
     os.environ.update({"HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp")})
-    import torch  # noqa: F401  (the point of this process: imported once, before any fork)
+    import torch  # the point of this process: imported once, before any fork
 
-    import ckpt_viz.run.scenarios
     import ckpt_viz.usermodel.load  # noqa: F401
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # no intra-op thread pool before a fork (a forked pool would hang)
+    _warm_up(folder)
     gc.collect()
     gc.freeze()  # what is imported stays shared with the forks (no copy-on-write from the collector)
     _say(f"ready {os.getpid()}")
@@ -83,6 +98,7 @@ def serve(folder: Path) -> int:
         if pid == 0:
             code = 1
             try:
+                torch.set_num_threads(threads)  # the run's own pool, made in the child
                 code = _forked(rundir, os.getppid())
             finally:
                 with contextlib.suppress(Exception):

@@ -11,9 +11,11 @@ NOTE [ Warm child ]
      starts `python -m ckpt_viz.usermodel.child --warm FOLDER` in bubblewrap (where it
      runs), exactly as a cold child is started: same namespaces, read-only system, the
      folder as the only writable place, the cleared environment, `--die-with-parent`,
-     in a cgroup of its own (no memory limit: it runs no model code). It imports torch
-     and the runner, runs no torch op (forking after one could hang the children), and
-     says `ready`.
+     in a cgroup of its own (no memory limit: it runs none of the user's code). It
+     imports torch and the runner, records a built-in model once in each common mode
+     with one torch thread (a process's first recording pays for lazy set-up: 10 s
+     against 0.3 s measured on a loaded machine; a thread pool made before a fork would
+     hang the children, so each child makes its own), and says `ready`.
   2. Each run gets a folder `run-N` in it with its `request.json`, and a cgroup of its
      own with the run's memory and task limits. The parent moves the warm process into
      that cgroup, asks it to fork (`run run-N`), and moves it back: the child and every
@@ -164,6 +166,11 @@ class WarmSandbox:
         self._lines = _Lines(self._proc.stdout.fileno())
         self._pid = 0
 
+    def wait_ready(self) -> None:
+        """Start the warm process if needed and wait until it has imported torch."""
+        with self._lock:
+            self._ready()
+
     def _ready(self) -> None:
         """Wait for the warm process's `ready`; start one if there is none (or it died)."""
         if self._proc is None or self._proc.poll() is not None:
@@ -174,9 +181,9 @@ class WarmSandbox:
         line = self._lines.next(time.monotonic() + _START_S)
         if line is None or not line.startswith("ready "):
             log = tail(self._folder / "warm.log")
-            self._end()
             said = (f"said {line!r}" if line is not None else "ended" if self._lines.why == "eof" else
                     f"took over {_START_S:g} s")
+            self._end()
             raise SandboxCrashError(f"{_API}: the warm sandbox process did not start (it {said})."
                                     + (f"\nOutput (last lines):\n{log}" if log else "") +
                                     "\nTip: check that torch imports in this Python (python -c 'import torch'); "

@@ -20,6 +20,7 @@ from ckpt_viz.errors import SandboxCrashError, SandboxError, SandboxMemoryError,
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.trace import Trace
 from ckpt_viz.usermodel.load import ModelLoadError, load_model
+from ckpt_viz.usermodel.sandbox import record_in_subprocess
 from ckpt_viz.usermodel.warm import WarmSandbox
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -91,6 +92,19 @@ def test_each_run_is_a_fresh_fork_of_one_warm_process_that_imported_torch(warm: 
     assert warm.starts == 1  # three runs, one torch import
 
 
+def test_a_warm_run_records_the_same_trace_as_a_cold_child(warm: WarmSandbox) -> None:
+    def facts(trace: Trace) -> list[tuple]:
+        return [(e.seq, e.kind, e.handle_id, e.phase, e.session_id, e.data) for e in trace]
+
+    extra = {"memory": True, "graphs": True}
+    (hot,) = warm.record(EXAMPLE, ["split-reentrant"], extra=extra)
+    cold = record_in_subprocess(EXAMPLE, "split-reentrant", extra=extra)
+    assert isinstance(hot, Trace) and facts(hot) == facts(cold)  # the warm-up left nothing in the recording
+    assert [m.bytes_by_category for m in hot.memory] == [m.bytes_by_category for m in cold.memory]
+    status = Path(f"/proc/{warm._pid}/status").read_text()
+    assert "Threads:\t1\n" in status  # no thread pool to break the next fork
+
+
 def test_limits_apply_to_each_run_and_a_failed_run_does_not_break_the_next(warm: WarmSandbox) -> None:
     with pytest.raises(SandboxMemoryError) as info:
         _one(warm, f"{BAD / 'allocates_too_much.py'}:make_model", memory_mb=2048)
@@ -142,6 +156,7 @@ def test_compare_runs_every_mode_in_one_child(warm: WarmSandbox) -> None:
     out = warm.record(EXAMPLE, modes, extra={"memory": True, "graphs": True})
     for mode, trace in zip(modes, out, strict=True):
         assert isinstance(trace, Trace), trace
-        alone = run_scenario(load_model(EXAMPLE), mode, memory=True, graphs=True)  # as if run in a child of its own
-        assert trace.kinds() == alone.kinds(), mode
+        (alone,) = warm.record(EXAMPLE, [mode], extra={"memory": True, "graphs": True})  # a child of its own
+        assert isinstance(alone, Trace) and trace.kinds() == alone.kinds(), mode
+        assert [e.data for e in trace] == [e.data for e in alone], mode
         assert trace.meta["mode"] == mode
