@@ -127,15 +127,16 @@ def distributed_parser() -> argparse.ArgumentParser:
                     "its stages with ckpt_viz.pipelining.PipelineStage. Multi-node: the torchrun flags below are "
                     "passed through (without --nnodes, --standalone is used); run the same command on every node "
                     "and `ckpt-viz merge` the folder afterwards.")
-    parser.add_argument("--distributed", action="store_true", required=True)
+    parser.add_argument("--distributed", action="store_true", required=True, help="this mode (required)")
     parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default="1",
                         help="processes per node (torchrun's --nproc-per-node)")
     parser.add_argument("--out", default="traces", help="folder for <run id>/rank-<R>.json (default: traces)")
     parser.add_argument("--no-merge", action="store_true", help="keep the rank files only")
+    torchrun = parser.add_argument_group("passed to torchrun (see `torchrun --help`)")
     for flag in _TORCHRUN_VALUE_FLAGS:
-        parser.add_argument(flag, dest="torchrun_" + flag[2:].replace("-", "_"), help=argparse.SUPPRESS)
-    parser.add_argument("script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+        torchrun.add_argument(flag, dest="torchrun_" + flag[2:].replace("-", "_"), metavar="VALUE")
+    parser.add_argument("script", help="the training script every rank runs")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     return parser
 
 
