@@ -220,29 +220,24 @@ class ReplayWatch:
 
     # A parameter the forward used that the replay's graph does not reach, or that it reaches but
     # none of the gradient does (the HF cache case: the replay's keys are cut off by a slice or a
-    # mask). Hooks on the parameters see this region's own backward only: they exist while its
-    # `torch.autograd.backward` runs, and return nothing. No graph walk: a hook that never fired
-    # is a parameter not reached.
+    # mask). A parameter whose .grad was None before the region's backward holds this backward's
+    # gradient after it; for the others a hook sees it (hooks exist only while this backward runs,
+    # and return nothing). No graph walk: no gradient at all is a parameter not reached.
 
     @contextlib.contextmanager
     def gradients(self, emit: Callable[..., Any]) -> Iterator[None]:
         """Around the region's backward over its replay (the code after the yield runs only when it succeeded)."""
-        seen_grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def seen(key: int, grad: torch.Tensor) -> None:
-            seen_grads[key] = (grad, fp.sample_sum(grad))
-
         watched, self.watched = self.watched, []
-        hooks = [p.register_hook(functools.partial(seen, id(p))) for p in watched]
+        fresh = [p for p in watched if p.grad is None]
+        seen: dict[int, torch.Tensor] = {}
+        hooks = [p.register_hook(functools.partial(seen.__setitem__, id(p))) for p in watched if p.grad is not None]
         try:
             yield
         finally:
             for hook in hooks:
                 hook.remove()
-        # A sample first (cheap); a full count only for the gradients whose sample is all zero.
-        looks = torch.stack([look for _, look in seen_grads.values()]).tolist() if seen_grads else []
-        counts = {key: look or int(torch.count_nonzero(grad))
-                  for (key, (grad, _)), look in zip(seen_grads.items(), looks)}
+        seen.update((id(p), p.grad) for p in fresh if p.grad is not None)
+        counts = _nonzero(seen)
         if counts and not any(counts.values()):  # every gradient zero (a zero loss): nothing to tell apart
             return
         lost = [(p, "zero gradient" if id(p) in counts else "not reached by the replay's graph")
@@ -272,6 +267,24 @@ class ReplayWatch:
             if fp.differs(a, b, n, dtype):
                 found.append(f"output {i}: sum {a[0]:.6g} in the forward, {b[0]:.6g} in the replay")
         return found
+
+
+def _nonzero(grads: dict[int, torch.Tensor]) -> dict[int, int]:
+    """key -> nonzero count (or a positive stand-in): 32 strided elements of each first, read in one sync
+    per device; a full count only where that sample is all zero."""
+    by_device: dict[torch.device, list[int]] = {}
+    for key, grad in grads.items():
+        by_device.setdefault(grad.device, []).append(key)
+    counts: dict[int, int] = {}
+    for keys in by_device.values():
+        samples = [fp.strided(grads[k].reshape(-1)) for k in keys]
+        values = torch.cat([s.to(torch.float32) for s in samples]).tolist()
+        at = 0
+        for key, sample in zip(keys, samples):
+            look = any(values[at:at + sample.numel()])
+            at += sample.numel()
+            counts[key] = 1 if look else int(torch.count_nonzero(grads[key]))
+    return counts
 
 
 class _Off:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 __all__ = ["argument_names", "buffer_names", "differs", "fingerprint", "mutable", "names_in", "owner_of",
-           "sample_sum", "state_changes", "state_of", "tensor_label"]
+           "state_changes", "state_of", "strided", "tensor_label"]
 
 _SAMPLES = 32
 _STATE_ENTRIES = 256
@@ -104,7 +104,7 @@ def state_changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str
 
 # ---------------------------------------------------------------- value fingerprints
 
-def _strided(flat: torch.Tensor) -> torch.Tensor:
+def strided(flat: torch.Tensor) -> torch.Tensor:
     """Up to _SAMPLES evenly strided elements of a 1-d tensor, as a view (one op)."""
     step = max(1, flat.numel() // _SAMPLES)
     return flat.as_strided((min(_SAMPLES, -(-flat.numel() // step)),), (step * flat.stride(0),), flat.storage_offset())
@@ -117,7 +117,7 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor | None:
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
     with torch.no_grad():
         flat = t.reshape(-1)
-        return torch.cat((flat.sum(0, True, dtype=acc), _strided(flat).to(acc)))
+        return torch.cat((flat.sum(0, True, dtype=acc), strided(flat).to(acc)))
 
 
 def differs(a: list[float], b: list[float], numel: int, dtype: torch.dtype) -> bool:
@@ -130,11 +130,6 @@ def differs(a: list[float], b: list[float], numel: int, dtype: torch.dtype) -> b
     if abs(a[0] - b[0]) > rtol * mean_abs * max(numel, 1) + 1e-12:
         return True
     return any(abs(x - y) > rtol * (abs(x) + mean_abs) + 1e-12 for x, y in zip(a[1:], b[1:]))
-
-
-def sample_sum(t: torch.Tensor) -> torch.Tensor:
-    """The sum of |x| over up to 32 evenly strided elements (a cheap first look at a gradient)."""
-    return torch.linalg.vector_norm(_strided(t.reshape(-1)), 1)
 
 
 def owner_of(function: Any) -> torch.nn.Module | None:
