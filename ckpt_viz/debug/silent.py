@@ -42,10 +42,11 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
     dw_passes = [e for hs in f.by_handle.values() for e in hs if e.kind == "backward_entered" and e.phase == "dw"]
     dw_passes.sort(key=lambda e: e.seq)
     for h, events in f.by_handle.items():
-        if h in leaked or f.lifecycle.released(h) is not None:
+        dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.mode == "reentrant"]
+        if not dx or h in leaked or any(e.kind == "released" or (e.kind == "phase_set" and e.data.get("new") == "dw")
+                                        for e in events):
             continue
-        dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx"]
-        if not dx or any(e.kind == "phase_set" and e.data.get("new") == "dw" for e in events):
+        if f.lifecycle.released(h) is not None:
             continue
         if any(e.kind == "backward_entered" and e.seq > dx[-1].seq for e in events):
             continue
