@@ -48,3 +48,21 @@ def test_example_runs_under_ckpt_viz_record_distributed(tmp_path) -> None:
     check = merged.meta["distributed"]["alignment"]
     assert check["edges_checked"] > 0 and check["receives_before_send"] == 0
     assert "every receive comes after its send" in done.stdout
+
+
+def test_example_runs_under_plain_torchrun(tmp_path) -> None:
+    """The script's own `ckpt_viz.distributed.enable(--out)` (before init_process_group) records every rank."""
+    out = tmp_path / "traces"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("CKPT_VIZ_DISTRIBUTED_DIR", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", EXAMPLE,
+         "--out", str(out), "--schedule", "GPipe", "--steps", "1", "--microbatches", "2"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (run_id,) = os.listdir(out)
+    assert sorted(os.listdir(out / run_id)) == ["rank-0.json", "rank-1.json"]
+    for rank in range(2):
+        header = Trace.load(out / run_id / f"rank-{rank}.json").meta["distributed"]
+        assert (header["rank"], header["stages"], header["schedule"]) == (rank, [rank], "ScheduleGPipe")
+    assert "rank 1: loss of the last step" in done.stdout
