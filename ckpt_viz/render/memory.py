@@ -13,6 +13,7 @@ the chart and never torch or a UI runtime.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import altair as alt
@@ -137,10 +138,20 @@ def _unit(top: float) -> tuple[str, int]:
     return "B", 1
 
 
+def _ticks(top: float, size: int) -> list[float]:
+    """About five round tick values (1, 2 or 5 times a power of ten of the unit) from 0 past `top`, in bytes."""
+    span = top / size if top > 0 else 1.0
+    raw = span / 5
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [round(i * step, 10) * size for i in range(int(span / step) + 2)]
+
+
 def _y(field: str, top: float, *, stack: Any = None) -> alt.Y:
-    """A bytes axis labelled in the unit of the largest value (KiB, MiB, ...), the values still in bytes."""
+    """A bytes axis labelled in the unit of the largest value (KiB, MiB, ...) at round ticks, the values in bytes."""
     unit, size = _unit(top)
-    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '.3~f') + ' {unit}'", title=f"memory ({unit})")
+    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '~g') + ' {unit}'", title=f"memory ({unit})",
+                    values=_ticks(top, size))
     return alt.Y(f"{field}:Q", stack=stack, axis=axis)
 
 
@@ -178,8 +189,8 @@ def _bands(spans: list[dict[str, Any]], x: str, x2: str) -> alt.Chart:
     colour = alt.Color("action:N", scale=alt.Scale(domain=list(palette.ACTIONS),
                                                    range=[palette.ACTION_COLOURS[a] for a in palette.ACTIONS]),
                        legend=None)
-    rects = alt.Chart(alt.Data(values=rows)).mark_rect(opacity=0.10).encode(x=f"{x}:Q", x2=f"{x2}:Q", color=colour,
-                                                 tooltip=[alt.Tooltip("what:N", title="pass")])
+    rects = alt.Chart(alt.Data(values=rows)).mark_rect(opacity=0.10, clip=True).encode(
+        x=f"{x}:Q", x2=f"{x2}:Q", color=colour, tooltip=[alt.Tooltip("what:N", title="pass")])
     labels = alt.Chart(alt.Data(values=rows)).mark_text(align="left", baseline="top", dx=3, dy=3, fontSize=11,
                                                         opacity=0.8).encode(
         x=f"{x}:Q", y=alt.value(0), text="label:N", color=colour)
@@ -253,7 +264,7 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
     tooltip = [alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
                alt.Tooltip("pass:N", title="pass"), alt.Tooltip("total:N", title="total")]
     tooltip += [alt.Tooltip(f"c{j}:N", title=palette.category_word(c)) for j, c in enumerate(categories)]
-    return alt.Chart(alt.Data(values=rows)).mark_rect(color=palette.PEAK_COLOUR).encode(
+    return alt.Chart(alt.Data(values=rows)).mark_rect(color=palette.PEAK_COLOUR, clip=True).encode(
         x=alt.X("seq:Q", scale=x_scale), x2="next:Q", y="zero:Q", y2="top:Q", tooltip=tooltip,
         opacity=alt.condition(hover, alt.value(0.08), alt.value(0.001)),
     ).add_params(hover, pick)
@@ -346,5 +357,6 @@ def render_peaks(traces: dict[str, Trace]) -> alt.Chart:
 
 def _x_bytes(top: float) -> alt.X:
     unit, size = _unit(top)
-    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '.3~f') + ' {unit}'", title=f"memory at the peak ({unit})")
+    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '~g') + ' {unit}'", title=f"memory at the peak ({unit})",
+                    values=_ticks(top, size))
     return alt.X("bytes:Q", stack="zero", axis=axis)

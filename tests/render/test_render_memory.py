@@ -123,6 +123,7 @@ def test_axis_labels_are_in_the_unit_of_the_peak() -> None:
     area = next(layer for layer in spec["layer"] if layer.get("mark", {}).get("type") == "area")
     assert area["encoding"]["y"]["axis"]["title"] == "memory (MiB)"
     assert "/ 1048576" in area["encoding"]["y"]["axis"]["labelExpr"]
+    assert area["encoding"]["y"]["axis"]["values"] == [i * 1024 ** 2 for i in range(5)]  # round MiB ticks
 
 
 def test_compare_draws_one_line_per_trace_aligned_by_pass() -> None:
