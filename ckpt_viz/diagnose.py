@@ -1,8 +1,9 @@
 """`diagnose(trace)`: every problem of a recorded run, each a `Finding` with its story and fix; `explain()`.
 
 The entry point of the debugger (`ckpt_viz.debug`): refused replays and leaked handles
-(NOTE [ Reading a cause from the trace ] in debug/findings.py) and the problems that
-raise nothing (NOTE [ Silent problems ] in debug/silent.py), each under a code of
+(NOTE [ Reading a cause from the trace ] in debug/findings.py), the problems that
+raise nothing (NOTE [ Silent problems ] in debug/silent.py) and replays that did not
+reproduce their forward (NOTE [ Divergence findings ] in debug/divergence.py), each under a code of
 `ckpt_viz.events.DIAGNOSIS_CODES`. Pure and standard library only: it never imports
 torch, the runtime or a UI, so the app and `ckpt-viz explain` read a saved trace.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from ckpt_viz.debug.divergence import divergence_findings
 from ckpt_viz.debug.findings import Facts, Finding, handle_finding
 from ckpt_viz.debug.silent import silent_findings
 from ckpt_viz.trace import Trace
@@ -26,6 +28,7 @@ def _all(trace: Trace) -> list[Finding]:
     problems = [d for d in found if not d.ok]
     leaked = {d.handle_id for d in problems if d.handle_id is not None}
     problems += silent_findings(facts, trace.events, leaked)
+    problems += divergence_findings(facts, trace.events)  # replays that did not reproduce their forward
     return sorted(problems, key=lambda d: (d.seq if d.seq is not None else -1, d.handle_id or 0))
 
 
