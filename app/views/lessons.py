@@ -1,10 +1,12 @@
 """Lessons: pick one, step with Next and Back; the prose beside the live views of the step's own run, at its cursor."""
 import streamlit as st
 
-from ckpt_viz import lifecycle, render_graph, render_lifecycles, render_memory, render_routing
+from ckpt_viz import TraceIndex, lifecycle, render_graph, render_lifecycles, render_memory, render_routing
 from ckpt_viz.lessons.loader import load_lessons
 from ckpt_viz.lessons.runner import check_step, run_source, step_trace
 from ckpt_viz.render.eventlog import event_rows, rows_text
+from ui.cursor import cursor_bar, set_cursor
+from ui.runs import Run, RunConfig, marks
 from ui.show import show_chart
 
 LESSONS = {f"{le.number}. {le.title}": le for le in load_lessons()}
@@ -24,7 +26,12 @@ def _move(by: int) -> None:
 with st.spinner("Recording this step's run..."):
     result = check_step(lesson, step)
     trace = step_trace(lesson, step)
-seq = result.seq
+# The lesson's own run, on the shared cursor; a step opens at its cursor, and the learner may move it.
+config = RunConfig("trace", f"lesson {lesson.number} step {i + 1}", mode=trace.meta.get("mode", ""))
+run = Run(config, trace, TraceIndex(trace), marks(trace))
+if st.session_state.get("lesson_cursor_for") != config:
+    st.session_state["lesson_cursor_for"] = config
+    set_cursor(run, result.seq)
 left, right = st.columns([2, 3], gap="large")
 with left:
     st.markdown(step.prose)
@@ -47,8 +54,9 @@ with left:
     else:
         nxt.success("End of the lesson.")
 with right:
-    st.caption(f"This step's run, at the cursor: seq {seq} ({trace.meta.get('model', 'a run')}, "
-               f"{trace.meta.get('mode', '')})")
+    st.caption(f"This step's own run ({trace.meta.get('model', 'a run')}, {trace.meta.get('mode', '')}); "
+               f"the step's cursor is seq {result.seq}")
+    seq = cursor_bar(run)
     for view in step.views:
         if view == "memory" and len(trace.memory):
             show_chart(render_memory, {"this step": trace}, cursor=seq, max_points=300)

@@ -29,12 +29,13 @@ def test_walk_lesson_one_to_its_end_answering_its_question(browser_page) -> None
     settle(page)
     expect(main.get_by_text("Right.", exact=False)).to_be_visible()
     expect(main.locator('[data-testid="stVegaLiteChart"]').first).to_be_visible()  # the step's memory view
+    expect(main.locator('[data-testid="stSliderThumbValue"]').first).to_be_visible()  # the shared cursor
     for n in range(2, len(lesson.steps) + 1):
-        main.get_by_role("button", name="Next").click()
+        main.get_by_role("button", name="Next", exact=True).click()
         settle(page)
         expect(main.get_by_text(f"Step {n} of {len(lesson.steps)}: {lesson.steps[n - 1].title}")).to_be_visible()
     expect(main.get_by_text("End of the lesson.")).to_be_visible()
-    expect(main.get_by_role("button", name="Next")).to_have_count(0)
+    expect(main.get_by_role("button", name="Next", exact=True)).to_have_count(0)
     SHOTS.mkdir(parents=True, exist_ok=True)
     screenshot(page, SHOTS / "20_lessons.png")
     assert not page.errors, page.errors

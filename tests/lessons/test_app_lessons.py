@@ -20,6 +20,13 @@ def test_lessons_page_steps_with_next_and_reveals_the_answer_after_a_pick() -> N
     assert not at.exception, at.exception
     assert at.selectbox[0].value.startswith("1. What does autograd save")
     assert "Step 1 of 2" in at.get("progress")[0].proto.text
+    from ckpt_viz import TraceIndex
+    from ckpt_viz.lessons.loader import load_lessons
+    from ckpt_viz.lessons.runner import check_step, step_trace
+
+    lesson = load_lessons()[0]
+    at_peak = check_step(lesson, lesson.steps[0]).seq  # the step opens the shared cursor at its own cursor
+    assert at.slider[0].value == TraceIndex(step_trace(lesson, lesson.steps[0])).position(at_peak)
     assert not at.success and at.radio[0].value is None  # the question comes before the answer
     at.radio[0].set_value(at.radio[0].options[1]).run()
     assert at.success and "Right." in at.success[0].value
