@@ -13,6 +13,7 @@ from ckpt_viz.render.memory import (
     memory_table,
     other_note,
     render_memory,
+    render_peaks,
 )
 from ckpt_viz.trace import MemorySample, Trace
 from traces import Builder, split_trace
@@ -202,3 +203,20 @@ def test_tables_use_the_metric_units_and_other_is_explained_when_large() -> None
 def test_format_bytes() -> None:
     assert [format_bytes(n) for n in (0, 512, 1536, 5 * 1024 ** 2, 3 * 1024 ** 3)] == [
         "0 B", "512 B", "1.5 KiB", "5.0 MiB", "3.0 GiB"]
+
+
+def test_peaks_by_category_use_the_palette_with_parameters_first() -> None:
+    a, b = split_trace(), split_trace()
+    b.memory = [MemorySample(seq=m.seq, t_ns=m.t_ns, bytes_by_category={"activations": 100, "parameters": 50})
+                for m in b.memory]
+    chart = render_peaks({"split": a, "flat": b})
+    spec = chart.to_dict()
+    rows = chart.data.values
+    assert [(r["trace"], r["category"], r["bytes"]) for r in rows] == [
+        ("split", "parameters", 2048), ("split", "gradients", 2048), ("split", "checkpoint_inputs", 256),
+        ("split", "replay_activations", 512), ("flat", "parameters", 50), ("flat", "activations", 100)]
+    assert rows[0]["size"] == "2.0 KiB" and rows[0]["total"] == "4.8 KiB" and rows[0]["order"] == 0
+    scale = spec["encoding"]["color"]["scale"]
+    assert dict(zip(scale["domain"], scale["range"])) == {
+        palette.category_word(c): palette.CATEGORY_COLOURS[c]
+        for c in ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")}

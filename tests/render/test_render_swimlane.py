@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+from ckpt_viz.render import palette
 from ckpt_viz.render.swimlane import LIFECYCLE_COLOURS, lane_label, lifecycle_intervals, render_lifecycles
 from ckpt_viz.trace.index import TraceIndex
 from ckpt_viz.trace.lifecycle import STATES, lifecycle
@@ -98,7 +99,9 @@ def test_chart_layers_bars_refusals_and_cursor() -> None:
     assert rule.data.values == [{"seq": 8}]
     colour = spec["layer"][0]["encoding"]["color"]["scale"]
     assert colour["domain"] == list(STATES)
-    assert colour["range"] == [LIFECYCLE_COLOURS[s] for s in STATES]
+    assert colour["range"] == [LIFECYCLE_COLOURS[s] for s in STATES] == [palette.STATE_COLOURS[s] for s in STATES]
+    assert rule.mark.color == palette.CURSOR_COLOUR and crosses.mark.color == palette.MARK_COLOURS["refused"]
+    assert "'phase_dx': 'waiting for DX'" in spec["layer"][0]["encoding"]["color"]["legend"]["labelExpr"]
 
 
 def test_chart_without_refusals_or_cursor() -> None:
