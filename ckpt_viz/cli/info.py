@@ -72,7 +72,9 @@ def summarize(trace: Any, *, at: int | None = None) -> str:
 
     problems = diagnose_all(trace)
     lines.append(f"problems: {len(problems)}" if problems else "problems: none")
-    lines.extend(f"  h{d.handle_id}: {d.code}: {d.summary}" for d in problems)
+    lines.extend(f"  {'-' if d.handle_id is None else f'h{d.handle_id}'}: {d.code}: {d.summary}" for d in problems)
+    if problems:
+        lines.append("  (`ckpt-viz explain TRACE` tells what happened, in order, and the fix)")
     return "\n".join(lines)
 
 
