@@ -11,7 +11,11 @@ NOTE [ Snapshots never replay ]
      the region (torchviz's `show_saved` does exactly that).
   2. A retained reentrant replay (`handle.replay_outputs`) is walked too, and drawn
      inside its handle's region; reading it does not replay anything.
-  3. The snapshot also keeps `torchviz.make_dot`'s own DOT of the same roots (the
+  3. In a reentrant replay an excluded region is one bridge node (`_ExcludeBridge`,
+     whose ctx has the handle as `frame` and the region's tape as `tape`); it is drawn
+     as a node of its handle's region with `exclude` set, and the region's own local
+     graph (the tape's outputs, e.g. the LayerNorm kept from the forward) hangs off it.
+  4. The snapshot also keeps `torchviz.make_dot`'s own DOT of the same roots (the
      app's "plain autograd (torchviz)" view), drawn without a replay: see NOTE
      [ make_dot without a replay ] in `ckpt_viz.probe.makedot`.
 """
@@ -44,7 +48,7 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
         label: what the snapshot shows, e.g. "before backward".
         seq: the event seq it belongs to.
         names: id(parameter) -> qualified name, e.g. from `model.named_parameters()`.
-        torchviz: also keep `torchviz.make_dot`'s DOT of the roots (NOTE rule 3).
+        torchviz: also keep `torchviz.make_dot`'s DOT of the roots (NOTE rule 4).
 
     Returns:
         A `GraphSnapshot`; nodes carry id, name, kind, handle_id, dx_reached,
@@ -68,7 +72,7 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
         keep_alive.append(obj)
         return ids[key], True
 
-    def add(obj: Any, handle_id: int | None, replay: bool) -> int:
+    def add(obj: Any, handle_id: int | None, replay: bool, exclude: Any = None) -> int:
         index, new = node_id(obj)
         if not new:
             return index
@@ -77,9 +81,17 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
                                  "dx_reached": False, "dw_reached": False, "shape": None}
         if replay:
             entry["replay"] = True
+        if exclude is not None:
+            entry["exclude"] = exclude
         nodes.append(entry)
         frame = getattr(obj, "frame", None)
-        if isinstance(frame, ReentrantCheckpointHandle):
+        tape = getattr(obj, "tape", None)
+        if isinstance(frame, ReentrantCheckpointHandle) and tape is not None:  # NOTE rule 3: an excluded region
+            region = getattr(tape, "wrapper_id", None)
+            entry.update(handle_id=frame.handle_id, exclude=region)
+            for root in _grad_fns(getattr(tape, "outputs", None) or ()):
+                edges.append([index, add(root, frame.handle_id, True, region)])
+        elif isinstance(frame, ReentrantCheckpointHandle):
             entry.update(kind="checkpoint", handle_id=frame.handle_id, split=frame.split,
                          released=frame.released, replayed=frame.replay_count > 0, phase=frame.phase)
             if frame.backward_trigger is not None:
@@ -105,7 +117,7 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
                 entry.update(kind="input", name="input")
         for child, _ in getattr(obj, "next_functions", ()):
             if child is not None:
-                edges.append([index, add(child, entry["handle_id"] if replay else None, replay)])
+                edges.append([index, add(child, entry["handle_id"] if replay else None, replay, exclude)])
         return index
 
     dot = None

@@ -105,3 +105,19 @@ def test_record_graphs_snapshots_every_top_level_backward_with_zero_extra_replay
         assert len(labels) == expected, (mode, labels)
         first = with_graphs.graphs[0]
         assert any(n["kind"] == "leaf" and n["name"] == "head.weight" for n in first.nodes)
+
+
+def test_a_reentrant_replay_shows_its_excluded_region() -> None:
+    """In a reentrant replay the excluded LayerNorm sits behind one bridge node; the snapshot before DW draws the
+    bridge and the region's own graph (kept from the forward) with `exclude` set, and nothing else of the replay."""
+    from ckpt_viz import RunRequest, obtain_trace
+
+    trace = obtain_trace(RunRequest("builtin", "excluded", mode="split-reentrant"))
+    before_dw = trace.graphs[-1]
+    excluded = [n for n in before_dw.nodes if n.get("exclude") is not None]
+    assert sorted({(n["handle_id"], n["exclude"]) for n in excluded}) == [(0, 0), (1, 1), (2, 2)]
+    names = sorted(n["name"] for n in excluded if n["handle_id"] == 0)
+    assert names == ["NativeLayerNormBackward0", "_ExcludeBridgeBackward", "blocks.0.norm.module.bias",
+                     "blocks.0.norm.module.weight", "input"]
+    assert all(n["kind"] != "checkpoint" for n in excluded)  # the bridge is not a second checkpoint node
+    assert [n["handle_id"] for n in before_dw.nodes if n["kind"] == "checkpoint"] == [2, 1, 0]

@@ -1,0 +1,116 @@
+"""The graph page headless (AppTest): which snapshot it says it shows, torchviz's own view, Collapse, zoom,
+an old trace without make_dot's drawing, and the excluded model's excluded regions."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ckpt_viz import RunRequest, obtain_trace
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+APP = str(ROOT / "app" / "streamlit_app.py")
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def _graph_page(**state: object) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page("views/graph.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _svg(at: AppTest) -> str:
+    frames = [f.proto.srcdoc for f in at.get("iframe") if 'class="ckpt-graph"' in f.proto.srcdoc]
+    assert len(frames) == 1
+    return frames[0]
+
+
+def _captions(at: AppTest) -> str:
+    return "\n".join(c.value for c in at.caption)
+
+
+def _size(svg: str) -> tuple[float, float]:
+    w, h = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups()
+    return float(w), float(h)
+
+
+def test_the_page_says_which_snapshot_it_shows_and_zooms() -> None:
+    trace = obtain_trace(RunRequest("builtin", "mlp", mode="split-reentrant"))
+    first, last = trace.graphs[0], trace.graphs[-1]
+    at = _graph_page()
+    at.slider(key="cursor_slider").set_value(0).run()
+    assert (f"No snapshot was taken by seq 0 yet: this is the first one, snapshot **{first.label}** "
+            f"(taken at seq {first.seq}, {len(first.nodes)} nodes)") in _captions(at)
+    at.button(key="cursor_last").click().run()
+    assert f"Showing snapshot **{last.label}** (taken at seq {last.seq}" in _captions(at)
+    full = _size(_svg(at))
+    at.select_slider(key="graph_zoom").set_value(50).run()
+    half = _size(_svg(at))
+    assert abs(half[0] - full[0] / 2) <= 1 and abs(half[1] - full[1] / 2) <= 1
+
+
+def test_torchviz_view_is_make_dots_drawing_with_direction_and_its_own_legend() -> None:
+    at = _graph_page()
+    at.radio(key="graph_view").set_value("Plain autograd (torchviz)").run()
+    svg = _svg(at)
+    assert "AccumulateGrad" in svg and 'fill="lightblue"' in svg and "cluster" not in svg
+    assert "torchviz.make_dot itself" in _captions(at) and "Region h&lt;id&gt;" not in _captions(at)
+    assert "White box" not in _captions(at)
+    assert not [t for t in at.toggle if t.key == "graph_collapse"]  # Collapse is hidden, and says why
+    assert "Collapse applies to the checkpoint view only" in _captions(at)
+    tall = _size(svg)
+    at.radio(key="graph_rankdir").set_value("LR").run()
+    wide = _size(_svg(at))
+    assert tall[1] > tall[0] and wide[0] > wide[1]
+
+
+def test_collapse_says_what_it_collapsed() -> None:
+    from ckpt_viz.render.graph import collapse_runs
+    from ckpt_viz.trace.index import TraceIndex
+
+    trace = obtain_trace(RunRequest("builtin", "mlp", mode="split-reentrant"))
+    at = _graph_page()
+    at.button(key="cursor_last").click().run()
+    at.toggle(key="graph_collapse").set_value(True).run()
+    seq = trace.events[-1].seq
+    runs = collapse_runs(trace.graphs[-1], states=TraceIndex(trace).handle_states(seq))
+    if runs:
+        assert f"Collapsed: h{runs[0][0]}–h{runs[0][-1]} ({len(runs[0])} identical regions)" in _captions(at)
+        assert f"Block x{len(runs[0])}" in _svg(at)
+    else:
+        assert "Nothing to collapse here" in _captions(at) and "Block x" not in _svg(at)
+
+
+def test_an_old_trace_without_make_dots_drawing_still_opens(tmp_path: Path) -> None:
+    trace = obtain_trace(RunRequest("builtin", "mlp", mode="split-reentrant"))
+    old = type(trace)(events=list(trace.events), memory=list(trace.memory), meta=dict(trace.meta),
+                      graphs=[type(g)(seq=g.seq, label=g.label, nodes=g.nodes, edges=g.edges) for g in trace.graphs])
+    path = tmp_path / "old.json"
+    old.save(path)
+    assert '"torchviz"' not in path.read_text()
+    at = _graph_page(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(path))
+    assert "cluster_h0" in _svg(at)
+    at.radio(key="graph_view").set_value("Plain autograd (torchviz)").run()
+    assert any("does not store torchviz's drawing" in i.value for i in at.info)
+    assert not at.exception
+
+
+def test_the_excluded_models_excluded_regions_are_drawn() -> None:
+    """Default mode (split-reentrant): an excluded region is part of the retained replay, so it shows in the
+    snapshot before DW, each LayerNorm boxed in its handle's region."""
+    at = _graph_page(src_model="excluded")
+    at.button(key="cursor_last").click().run()
+    svg = _svg(at)
+    assert svg.count(">NativeLayerNormBackward0</text>") == 3  # one drawn node per region
+    for region in range(3):
+        assert f"excluded region {region} · kept, not recomputed" in svg
