@@ -199,7 +199,8 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
                 pipeline.run(action)
     rec.trace.meta.update(run_meta(
         model=spec.name, mode="pipeline", schedule=name, source=spec.source, description=spec.description,
-        checkpoint=list(spec.checkpoint), seed=seed, stages=list(spec.stages), microbatches=microbatches,
+        look_at=spec.look_at, checkpoint=list(spec.checkpoint), seed=seed, stages=list(spec.stages),
+        microbatches=microbatches,
         grad_sha256=grad_digest(spec.model),
         actions=[[a.kind, a.stage, a.microbatch, tick] for a, tick in order],
         loss=sum(pipeline.losses),
