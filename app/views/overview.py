@@ -67,8 +67,9 @@ with right:
         st.warning(f"{kinds['replay_refused']:,} refused replays and {kinds['error']:,} errors in this run.")
     if problems:
         for d in problems[:5]:
-            st.warning(f"**h{d.handle_id} · {d.code}**: {d.summary}")
-        st.page_link("views/handles.py", label="Debug these handles", icon=":material/bug_report:")
+            st.warning(f"**{'run' if d.handle_id is None else f'h{d.handle_id}'}**: {d.cause}")
+        st.page_link("views/debugger.py", label="What happened, and the fix: the Debugger",
+                     icon=":material/troubleshoot:")
     elif problems is not None:
         st.success("No problem found: no refused replay, and every handle was released.")
     st.caption("Downloads")
