@@ -190,8 +190,16 @@ class _Rank:
             self.header = rank_header()
 
     def save(self, end_clock: bool) -> str | None:
-        if self.saved is not None or self.header is None:
+        if self.saved is not None:
             return self.saved
+        self.take_header()  # not taken yet: init_process_group was imported before enable() wrapped it
+        if self.header is None:
+            sys.stderr.write("ckpt_viz.distributed: no trace written for this process: its rank header needs the "
+                             "process group, which never existed or was destroyed unseen.\nTip: call "
+                             "ckpt_viz.distributed.enable() before `from torch.distributed import ...`, or use "
+                             "torch.distributed.init_process_group / destroy_process_group through the module.\n")
+            self.saved = ""
+            return None
         header = dict(self.header)
         if end_clock and dist.is_initialized():
             dist.barrier()
