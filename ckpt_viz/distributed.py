@@ -192,7 +192,8 @@ class _Rank:
     def save(self, end_clock: bool) -> str | None:
         if self.saved is not None:
             return self.saved
-        self.take_header()  # not taken yet: init_process_group was imported before enable() wrapped it
+        if end_clock:  # in destroy_process_group, where every rank is: init_process_group was called unwrapped
+            self.take_header()
         if self.header is None:
             sys.stderr.write("ckpt_viz.distributed: no trace written for this process: its rank header needs the "
                              "process group, which never existed or was destroyed unseen.\nTip: call "
