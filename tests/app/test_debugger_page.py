@@ -69,6 +69,38 @@ def test_the_debugger_page_shows_the_finding_and_follows_it_to_its_event(expecte
     assert _position(at) == expected.refused_event.seq == expected.release_event.seq + 1
 
 
+def test_choosing_another_finding_moves_the_cursor_to_its_event(tmp_path: Path) -> None:
+    import ckpt_viz
+    from ckpt_viz.run.broken import BrokenRun, _released_by_hand, _session_never_cleared
+
+    run = BrokenRun()
+    with ckpt_viz.record() as rec:  # two mistakes in one run: a handle released by hand, a session never cleared
+        try:
+            _released_by_hand(run)
+        except Exception:
+            pass
+        _session_never_cleared(run)
+    for cleanup in run.cleanups:
+        cleanup()
+    first, second = diagnose(rec.trace)
+    assert (first.code, second.code) == ("released_explicitly", "session_never_cleared")
+    rec.trace.save(tmp_path / "two.json")
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["src_kind"] = "Saved trace"
+    at.session_state["src_trace_how"] = "Path"
+    at.session_state["src_trace_path"] = str(tmp_path / "two.json")
+    at.run()
+    at.switch_page("views/debugger.py").run()
+    assert not at.exception, at.exception
+    assert len(at.radio(key="debug_finding").options) == 2
+    at.radio(key="debug_finding").set_value(1).run()
+    assert not at.exception, at.exception
+    assert _position(at) == second.seq  # a saved recording's seqs are its positions
+    assert any(second.fix in i.value for i in at.info)
+    at.radio(key="debug_finding").set_value(0).run()
+    assert _position(at) == first.seq == first.release_event.seq
+
+
 def test_the_handles_page_names_causes_in_words() -> None:
     at = _broken("session-cleared-early")
     at.switch_page("views/handles.py").run()
