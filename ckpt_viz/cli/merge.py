@@ -215,7 +215,7 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run") -> Trace:
                 continue
             nodes = [{**n, "handle_id": hid(rank, n.get("handle_id"))} for n in g.nodes]
             graphs.append(GraphSnapshot(seq=new_seq.get((rank, g.seq), -1), label=f"rank {rank}: {g.label}",
-                                        nodes=nodes, edges=g.edges))
+                                        nodes=nodes, edges=g.edges, torchviz=g.torchviz))
     graphs.sort(key=lambda g: g.seq)
     first = traces[0].meta
     meta = {k: v for k, v in first.items() if k not in ("distributed", "leftover", "sources")}
