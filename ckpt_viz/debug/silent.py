@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ckpt_viz.debug.divergence import divergence_findings
 from ckpt_viz.debug.findings import Facts, Finding, code_of, finding
 from ckpt_viz.events import Event
 
@@ -148,4 +147,4 @@ def _error_findings(f: Facts, events: list[Event]) -> list[Finding]:
 def silent_findings(f: Facts, events: list[Event], leaked: set[int]) -> list[Finding]:
     """Every silent problem of NOTE [ Silent problems ] (handles in `leaked` already have a finding)."""
     return [*_dw_skipped(f, leaked), *_params_without_grad(f), *_sessions_never_cleared(f, events),
-            *_replayed_twice(f), *_error_findings(f, events), *divergence_findings(f, events)]
+            *_replayed_twice(f), *_error_findings(f, events)]

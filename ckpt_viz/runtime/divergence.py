@@ -8,12 +8,17 @@ never the UI or the renderers. The trace side (torch-free) is `ckpt_viz.trace.di
 NOTE [ Replay divergence checks ]
   1. Cost: a watch is made only while a recording listens in this context and the
      switch is on (`active()`); otherwise the hook points cost one attribute read.
-  2. Forward: a TorchFunctionMode sees every torch call of the region's own forward
-     (its excluded regions are skipped: their replay serves the forward's output).
-     Leaves that require grad and are not checkpoint inputs are the *parameters the
-     forward used*; tensors that do not require grad, are not inputs and were not
-     made in the region are *outside state*, and those whose version counter moved
-     during the forward are the *buffers it updates*. Before the function runs, each
+  2. Forward: when the function belongs to a module (a Module, its bound method, a
+     functools.partial of one, or `__self__` set), the module's parameters that
+     require grad are the *parameters the forward used* and its buffers whose version
+     counter moved during the forward are the *buffers it updates* (cheap: no mode).
+     Otherwise a TorchFunctionMode sees every torch call of the region's own forward
+     (its excluded regions are skipped: their replay serves the forward's output):
+     leaves that require grad and are not checkpoint inputs are the parameters used;
+     tensors that do not require grad, are not inputs and were not made in the region
+     are outside state, and those whose version moved are the buffers it updates. A
+     module may own parameters its forward does not use, so for a module only a
+     parameter the replay reaches with an all-zero gradient counts as lost. Before the function runs, each
      mutable non-tensor input (an object, list or dict, also inside a
      functools.partial) gets a fingerprint of its state (`state_of`: lengths, ids,
      shapes and version counters of the tensors it holds, small scalars; a few
@@ -95,6 +100,7 @@ def active() -> bool:
 
 # ---------------------------------------------------------------- the forward's view of the world
 
+_NULL = contextlib.nullcontext()
 _IGNORED_NAMES = frozenset({"__get__", "__set__", "detach", "detach_", "requires_grad_", "size", "dim", "numel",
                             "data_ptr", "element_size", "is_floating_point", "is_complex", "stride",
                             "__repr__", "__format__", "__len__", "__hash__", "__eq__"})
@@ -156,6 +162,11 @@ class ReplayWatch:
         self.reported: set[str] = set()
         self._before: list[int] = []  # the buffers' versions when the replay started
         self.watched: list[torch.Tensor] = []  # parameters whose gradient the region's backward is to give
+        owner = fp.owner_of(frame.function)
+        self.by_owner = owner is not None  # NOTE rule 2: the module's own parameters and buffers, no mode
+        if owner is not None:
+            self.params = {id(p): p for p in owner.parameters() if p.requires_grad and id(p) not in self.inputs}
+            self.outside = {id(b): (b, b._version) for b in owner.buffers()}
         names = fp.argument_names(frame.function, args, kwargs)
         self.objects = [(name, value) for name, value in names if fp.mutable(value)]
         self.states = [fp.state_of(value, name) for name, value in self.objects]
@@ -164,8 +175,8 @@ class ReplayWatch:
         frame = self._frame()
         return frame is not None and getattr(frame, "recording_exclude", False)
 
-    def mode(self) -> _ForwardMode:
-        return _ForwardMode(self)
+    def mode(self) -> contextlib.AbstractContextManager[Any]:
+        return _NULL if self.by_owner else _ForwardMode(self)
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
@@ -241,7 +252,7 @@ class ReplayWatch:
         if counts and not any(counts.values()):  # every gradient zero (a zero loss): nothing to tell apart
             return
         lost = [(p, "zero gradient" if id(p) in counts else "not reached by the replay's graph")
-                for p in watched if not counts.get(id(p))]
+                for p in watched if not counts.get(id(p)) and (id(p) in counts or not self.by_owner)]
         if lost:
             frame = self._frame()
             function = frame.function if frame is not None else None

@@ -153,6 +153,22 @@ def test_a_replay_that_reuses_the_forwards_result_does_not_reach_its_parameters(
                                      for shape in ([8, 8], [8])]
 
 
+def test_a_module_parameter_its_forward_never_uses_is_no_lost_gradient() -> None:
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.spare = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)  # spare: never called
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.used(t))
+
+    block, x = Block(), torch.randn(4, 8, requires_grad=True)
+    with record() as rec:
+        checkpoint(block, x, use_reentrant=True).sum().backward()
+    assert block.spare.weight.grad is None and rec.trace.of_kind("replay_started")
+    assert not rec.trace.of_kind("replay_diverged")
+
+
 def test_non_reentrant_recomputes_see_the_mutated_cache_and_the_batchnorm_update() -> None:
     found = {}
     for spec in (divergent.decoder_spec(use_cache=True), divergent.batchnorm_spec()):
