@@ -20,6 +20,8 @@ from ckpt_viz.errors import (
     TraceError,
 )
 from ckpt_viz.events import EVENT_KINDS, RELEASE_REASONS, Event
+from ckpt_viz.lessons.glossary import SPLIT_COST
+from ckpt_viz import lessons  # the lessons: loader, runner, glossary, runs (torch-free at import)
 from ckpt_viz.recording import Recording, record
 from ckpt_viz.render import palette  # the one palette and vocabulary (NOTE [ One palette ])
 from ckpt_viz.render.eventlog import describe_event, event_rows, filter_events, rows_text
@@ -94,6 +96,7 @@ __all__ = [
     "MODES",
     "RELEASE_REASONS",
     "SCHEDULES",
+    "SPLIT_COST",
     "STATES",
     "STATE_MEANINGS",
     "TORCHVIZ_LEGEND",
@@ -129,6 +132,7 @@ __all__ = [
     "format_bytes",
     "format_event",
     "input_words",
+    "lessons",
     "lifecycle",
     "memory_peak",
     "memory_table",

@@ -1,16 +1,11 @@
 """Compare modes: the same model with no checkpoint, non-reentrant, reentrant and split, lined up by pass."""
 import streamlit as st
 
-from ckpt_viz import format_bytes, memory_peak, palette, render_memory, render_peaks
+from ckpt_viz import SPLIT_COST, format_bytes, memory_peak, palette, render_memory, render_peaks
 from ui.cursor import cursor_bar
 from ui.downloads import download_png_button
 from ui.runs import current, runs_for_modes
 from ui.show import show_chart
-
-SPLIT_WHY = ("**Why the split modes peak higher:** DX replays each checkpointed block to reach its inputs, and DW "
-             "needs that replay's saved activations too, so every replay is kept until DW runs. Between DX and DW "
-             "the replays of all blocks are live at once (the green *replay activations*), which costs about what "
-             "the run without checkpointing keeps. That is the price of deferring DW to fill a pipeline's bubble.")
 
 run = current()
 st.title("Compare modes")
@@ -56,4 +51,4 @@ if split:
     above = [f"{m} peaks at {format_bytes(t)}, {format_bytes(t - min(checkpointed.values()))} above "
              f"{min(checkpointed, key=checkpointed.get)}" for m, t in split.items()
              if checkpointed and t > min(checkpointed.values())]
-    st.info(SPLIT_WHY + (" Here: " + "; ".join(above) + "." if above else ""))
+    st.info(SPLIT_COST + (" Here: " + "; ".join(above) + "." if above else ""))  # the glossary's words

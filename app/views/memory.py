@@ -1,8 +1,7 @@
 """Memory by category over the run: passes as bands, the cursor and the peak marked; a click moves the cursor."""
 import streamlit as st
 
-from ckpt_viz import format_bytes, memory_peak, memory_table, other_note, render_memory
-from ckpt_viz.lessons.glossary import SPLIT_COST
+from ckpt_viz import SPLIT_COST, format_bytes, memory_peak, memory_table, other_note, render_memory
 from ui.cursor import cursor_bar
 from ui.downloads import download_png_button
 from ui.runs import current
