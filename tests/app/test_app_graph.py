@@ -114,3 +114,16 @@ def test_the_excluded_models_excluded_regions_are_drawn() -> None:
     assert svg.count(">NativeLayerNormBackward0</text>") == 3  # one drawn node per region
     for region in range(3):
         assert f"excluded region {region} · kept, not recomputed" in svg
+
+
+def test_a_refused_replay_is_marked_on_the_graph_from_its_refusal_on() -> None:
+    """Broken run "second-backward": h0's replay is refused by the second backward; its region says so after that
+    event, not before."""
+    trace = obtain_trace(RunRequest("broken", "second-backward"))
+    refusal = trace.of_kind("replay_refused")[0]
+    at = _graph_page(src_kind="Broken runs to explore", src_broken="second-backward")
+    at.button(key="cursor_last").click().run()
+    assert f"h{refusal.handle_id} · released · replay refused" in _svg(at)
+    before = [i for i, e in enumerate(trace.events) if e.seq < refusal.seq][-1]
+    at.slider(key="cursor_slider").set_value(before).run()
+    assert "replay refused" not in _svg(at)
