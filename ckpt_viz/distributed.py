@@ -28,7 +28,8 @@ NOTE [ Recording a rank ]
      exists (a wrapped `init_process_group`, or at once when it already exists).
   2. It wraps the `step` of torch's pipeline schedules: each call is tagged `step=k`
      (counted per process) and the last schedule stepped gives the header its name,
-     micro-batches, stages and planned order.
+     micro-batches, stages and planned order; its stages' parameters are counted in
+     their stage's row of the memory samples (`by_stage`).
   3. The file is written once: inside a wrapped `destroy_process_group` (every rank calls
      it, so a second clock measurement, `clock_end`, is taken there for the merge's
      drift fit), else at interpreter exit (no second measurement).
@@ -300,6 +301,10 @@ def _counted(step: Any) -> Any:
         rank = _STATE.get("rank")
         if rank is None:
             return step(self, *args, **kwargs)
+        if rank.schedule is not self:  # a new schedule: count each stage's parameters in its by_stage row
+            for stage in getattr(self, "_stages", None) or [getattr(self, "_stage", None)]:
+                if stage is not None:
+                    rank.recording.assign_stage(list(stage.submod.parameters()), stage.stage_index)
         rank.schedule = self
         with tag(step=rank.steps):
             try:
