@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ckpt_viz import lessons  # the lessons: loader, runner, glossary, runs (torch-free at import)
 from ckpt_viz.bus import subscribe, tag
 from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, diagnose_handle, explain
 from ckpt_viz.errors import (
@@ -21,7 +22,6 @@ from ckpt_viz.errors import (
 )
 from ckpt_viz.events import EVENT_KINDS, RELEASE_REASONS, Event
 from ckpt_viz.lessons.glossary import SPLIT_COST
-from ckpt_viz import lessons  # the lessons: loader, runner, glossary, runs (torch-free at import)
 from ckpt_viz.recording import Recording, record
 from ckpt_viz.render import palette  # the one palette and vocabulary (NOTE [ One palette ])
 from ckpt_viz.render.eventlog import describe_event, event_rows, filter_events, rows_text
@@ -36,6 +36,7 @@ from ckpt_viz.render.graph import (
 from ckpt_viz.render.perfetto import render_perfetto
 from ckpt_viz.render.phases import aligned_seq, phase_spans
 from ckpt_viz.render.routing import input_words, pass_title, release_words, render_routing, routing_at
+from ckpt_viz.render.routing_table import routing_rows
 from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace import Trace
@@ -158,6 +159,7 @@ __all__ = [
     "render_timeline",
     "render_torchviz_view",
     "routing_at",
+    "routing_rows",
     "rows_text",
     "run_scenario",
     "stage_memory_rows",

@@ -1,15 +1,22 @@
 """Lessons: pick one, step with Next and Back; the prose beside the live views of the step's own run, at its cursor."""
 import streamlit as st
 
-from ckpt_viz import TraceIndex, lifecycle, render_graph, render_lifecycles, render_memory, render_routing
-from ckpt_viz.lessons.loader import load_lessons
-from ckpt_viz.lessons.runner import check_step, run_source, step_trace
-from ckpt_viz.render.eventlog import event_rows, rows_text
+from ckpt_viz import (
+    TraceIndex,
+    event_rows,
+    lessons,
+    lifecycle,
+    render_graph,
+    render_lifecycles,
+    render_memory,
+    render_routing,
+    rows_text,
+)
 from ui.cursor import cursor_bar, set_cursor
 from ui.runs import Run, RunConfig, marks
 from ui.show import show_chart
 
-LESSONS = {f"{le.number}. {le.title}": le for le in load_lessons()}
+LESSONS = {f"{le.number}. {le.title}": le for le in lessons.load_lessons()}
 st.title("Lessons")
 name = st.selectbox("Lesson", list(LESSONS), key="lesson_pick")
 lesson = LESSONS[name]
@@ -24,8 +31,8 @@ def _move(by: int) -> None:
 
 
 with st.spinner("Recording this step's run..."):
-    result = check_step(lesson, step)
-    trace = step_trace(lesson, step)
+    result = lessons.check_step(lesson, step)
+    trace = lessons.step_trace(lesson, step)
 # The lesson's own run, on the shared cursor; a step opens at its cursor, and the learner may move it.
 config = RunConfig("trace", f"lesson {lesson.number} step {i + 1}", mode=trace.meta.get("mode", ""))
 run = Run(config, trace, TraceIndex(trace), marks(trace))
@@ -36,7 +43,7 @@ left, right = st.columns([2, 3], gap="large")
 with left:
     st.markdown(step.prose)
     with st.expander("The code this step runs", expanded=False):
-        st.code(run_source(lesson, step), language="python")
+        st.code(lessons.run_source(lesson, step), language="python")
     if step.question:
         q = step.question
         pick = st.radio(q.ask, q.choices, index=None, key=f"answer_{lesson.number}_{i}")

@@ -3,17 +3,21 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ckpt_viz import RunRequest, Trace, format_bytes, memory_peak, obtain_trace
+from ckpt_viz.trace import Trace
+
+__all__ = ["builtin", "kib", "peak", "peak_by_category", "replays"]
 
 
 def builtin(model: str, mode: str, **options) -> Trace:
     """Record the built-in `model` in `mode`, with memory samples and graph snapshots."""
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
+
     return obtain_trace(RunRequest("builtin", model, mode=mode, **options))
 
 
 def peak(trace: Trace) -> int:
     """The largest total of live bytes over the run."""
-    return memory_peak(trace)["total"]
+    return max(sum(s.bytes_by_category.values()) for s in trace.memory)
 
 
 def peak_by_category(trace: Trace) -> dict[str, int]:
@@ -28,4 +32,6 @@ def replays(trace: Trace) -> Counter:
 
 
 def kib(nbytes: int) -> str:
+    from ckpt_viz.render.memory import format_bytes
+
     return format_bytes(nbytes)

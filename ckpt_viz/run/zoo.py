@@ -15,12 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ckpt_viz.lessons.glossary import SPLIT_COST
 from ckpt_viz.run.rng import RNG
 from ckpt_viz.runtime import checkpoint_exclude_wrapper
 from ckpt_viz.runtime.exclude import CheckpointExcludeWrapper
 
-__all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "SPLIT_COST", "ModelSpec", "build_builtin"]
+__all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "ModelSpec", "build_builtin"]
 
 
 def sum_of_squares(output: Any) -> torch.Tensor:

@@ -1,17 +1,18 @@
 """Lesson 1: the built-in mlp without checkpointing; where its memory goes."""
-from ckpt_viz.lessons.helpers import builtin, kib, peak_by_category
+from ckpt_viz import lessons
 
 
 def record_none():
-    return builtin("mlp", "none")
+    return lessons.builtin("mlp", "none")
 
 
 def check_activations_dominate(trace, runs):
-    at_peak = peak_by_category(trace)
+    at_peak = lessons.peak_by_category(trace)
     largest = max(at_peak, key=at_peak.get)
     assert largest == "activations", f"the largest category at the peak is {largest}"
     assert at_peak["activations"] > 4 * at_peak["parameters"], at_peak
-    return f"at the peak: activations {kib(at_peak['activations'])}, parameters {kib(at_peak['parameters'])}"
+    acts, params = lessons.kib(at_peak["activations"]), lessons.kib(at_peak["parameters"])
+    return f"at the peak: activations {acts}, parameters {params}"
 
 
 def check_grows_then_falls(trace, runs):
@@ -21,4 +22,4 @@ def check_grows_then_falls(trace, runs):
     rising = acts[:top + 1]
     assert rising == sorted(rising), "activations shrink during the forward"
     assert acts[-1] == 0, f"{acts[-1]} bytes of activations are left after the backward"
-    return f"activations rise to {kib(acts[top])} over the forward and fall to 0 in the backward"
+    return f"activations rise to {lessons.kib(acts[top])} over the forward and fall to 0 in the backward"

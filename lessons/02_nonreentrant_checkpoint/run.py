@@ -1,13 +1,13 @@
 """Lesson 2: the built-in mlp with torch's non-reentrant checkpoint on every block."""
-from ckpt_viz.lessons.helpers import builtin, kib, peak, replays
+from ckpt_viz import lessons
 
 
 def record_nonreentrant():
-    return builtin("mlp", "nonreentrant")
+    return lessons.builtin("mlp", "nonreentrant")
 
 
 def record_none():
-    return builtin("mlp", "none")
+    return lessons.builtin("mlp", "none")
 
 
 def check_holders(trace, runs):
@@ -18,7 +18,7 @@ def check_holders(trace, runs):
 
 
 def check_one_replay_each_in_reverse(trace, runs):
-    counts = replays(trace)
+    counts = lessons.replays(trace)
     assert set(counts.values()) == {1}, counts
     order = [e.handle_id for e in trace.of_kind("replay_started")]
     assert order == sorted(order, reverse=True), order
@@ -27,6 +27,6 @@ def check_one_replay_each_in_reverse(trace, runs):
 
 def check_early_stop_and_lower_peak(trace, runs):
     assert trace.count("early_stopped") == trace.count("replay_started") == 4
-    with_ckpt, without = peak(trace), peak(runs("record_none"))
+    with_ckpt, without = lessons.peak(trace), lessons.peak(runs("record_none"))
     assert with_ckpt < 0.9 * without, (with_ckpt, without)
-    return f"4 early stops; peak {kib(with_ckpt)} checkpointed versus {kib(without)} without"
+    return f"4 early stops; peak {lessons.kib(with_ckpt)} checkpointed versus {lessons.kib(without)} without"

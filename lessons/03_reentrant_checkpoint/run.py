@@ -1,9 +1,9 @@
 """Lesson 3: the built-in mlp with the reentrant checkpoint."""
-from ckpt_viz.lessons.helpers import builtin
+from ckpt_viz import lessons
 
 
 def record_reentrant():
-    return builtin("mlp", "reentrant")
+    return lessons.builtin("mlp", "reentrant")
 
 
 def check_no_holders(trace, runs):

@@ -1,17 +1,17 @@
 """Lesson 4: the built-in mlp in split-reentrant mode (DX, then DW), beside reentrant and none."""
-from ckpt_viz.lessons.helpers import builtin, kib, peak
+from ckpt_viz import lessons
 
 
 def record_split():
-    return builtin("mlp", "split-reentrant")
+    return lessons.builtin("mlp", "split-reentrant")
 
 
 def record_reentrant():
-    return builtin("mlp", "reentrant")
+    return lessons.builtin("mlp", "reentrant")
 
 
 def record_none():
-    return builtin("mlp", "none")
+    return lessons.builtin("mlp", "none")
 
 
 def check_dx_then_dw(trace, runs):
@@ -23,6 +23,6 @@ def check_dx_then_dw(trace, runs):
 
 
 def check_split_costs_memory(trace, runs):
-    split, plain, none = peak(trace), peak(runs("record_reentrant")), peak(runs("record_none"))
+    split, plain, none = (lessons.peak(t) for t in (trace, runs("record_reentrant"), runs("record_none")))
     assert split > none > plain, (split, none, plain)
-    return f"peak: split {kib(split)}, none {kib(none)}, reentrant {kib(plain)}"
+    return f"peak: split {lessons.kib(split)}, none {lessons.kib(none)}, reentrant {lessons.kib(plain)}"

@@ -1,9 +1,9 @@
 """Lesson 5: the built-in closure model in split-reentrant mode."""
-from ckpt_viz.lessons.helpers import builtin
+from ckpt_viz import lessons
 
 
 def record_closure():
-    return builtin("closure", "split-reentrant")
+    return lessons.builtin("closure", "split-reentrant")
 
 
 def check_phases(trace, runs):

@@ -1,15 +1,13 @@
 """Lesson 6: release at the end of DW; DW before DX is refused (the debugger's broken run "dx-after-dw")."""
-from ckpt_viz.lessons.helpers import builtin
+from ckpt_viz import lessons
 
 
 def record_split():
-    return builtin("mlp", "split-reentrant")
+    return lessons.builtin("mlp", "split-reentrant")
 
 
 def record_dw_first():
-    from ckpt_viz.run.broken import record_broken
-
-    return record_broken("dx-after-dw")
+    return lessons.runs.broken("dx-after-dw")
 
 
 def check_released_after_dw(trace, runs):

@@ -1,17 +1,17 @@
 """Lesson 10: the built-in pipeline model, 4 micro-batches, under GPipe, 1F1B and ZB-H1."""
-from ckpt_viz.lessons.helpers import builtin
+from ckpt_viz import lessons
 
 
 def record_gpipe():
-    return builtin("pipeline", "pipeline", schedule="GPipe", microbatches=4)
+    return lessons.builtin("pipeline", "pipeline", schedule="GPipe", microbatches=4)
 
 
 def record_1f1b():
-    return builtin("pipeline", "pipeline", schedule="1F1B", microbatches=4)
+    return lessons.builtin("pipeline", "pipeline", schedule="1F1B", microbatches=4)
 
 
 def record_zbh1():
-    return builtin("pipeline", "pipeline", schedule="ZB-H1", microbatches=4)
+    return lessons.builtin("pipeline", "pipeline", schedule="ZB-H1", microbatches=4)
 
 
 def lifetimes(trace):
