@@ -164,11 +164,6 @@ class Recording:
         if self._probe is not None:
             self._probe.assign_stage(_tensors_in(tensors), stage)
 
-    def assign_stage(self, tensors: Any, stage: Any) -> None:
-        """Count `tensors` (a pipeline stage's parameters) under `stage` in the memory samples' `by_stage`."""
-        if self._probe is not None:
-            self._probe.assign_stage(_tensors_in(tensors), stage)
-
     def snapshot(self, roots: Any, label: str) -> None:
         """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
         from ckpt_viz.probe.graph import capture_graph
