@@ -1,7 +1,7 @@
 """DX/DW routing: in the backward pass at the cursor, how DX flows from block to block and where DW went."""
 import streamlit as st
 
-from ckpt_viz import input_words, pass_title, release_words, render_routing, routing_at
+from ckpt_viz import pass_title, render_routing, routing_at, routing_rows
 from ui.cursor import cursor_bar
 from ui.downloads import download_svg_button
 from ui.graphview import show_svg
@@ -29,29 +29,4 @@ dot = render_routing(run.trace, seq)
 show_svg(dot, name=f"routing seq {seq}")
 download_svg_button(dot, f"routing_seq{seq}", key="dl_routing_svg")
 
-
-def _state(h: int) -> str:
-    if h in routing["refused"]:
-        return "replay refused"
-    if h in routing["released"]:
-        return "released: " + release_words(routing["release_reasons"].get(h))
-    if h in routing["handles_replayed"]:
-        return "replayed here"
-    return "replaying" if h in routing["handles_replaying"] else "reached (no replay in this pass)"
-
-
-def _dx(h: int) -> str:
-    if h not in routing["targets"]:
-        return "not routed yet" if routing["phase"] != "dw" else "none (DW pass)"
-    explicit = set(routing["explicit_params"].get(h, []))
-    words = [input_words(run.trace, h, i) for i in routing["targets"][h] if i not in explicit]
-    return ", ".join(words) if words else "no inputs got a gradient"
-
-
-st.dataframe([{"handle": f"h{h}", "in this pass": _state(h), "DX went to": _dx(h),
-               "DW to parameter inputs": ", ".join(input_words(run.trace, h, i, parameter=True)
-                                                   for i in routing["explicit_params"].get(h, [])) or "none",
-               "parameters given .grad": ", ".join(routing["captured"].get(h, [])) or "none",
-               "DX dropped (DW pass)": ", ".join(input_words(run.trace, h, i)
-                                                 for i in routing["discarded"].get(h, [])) or "none"}
-              for h in routing["handles"]], hide_index=True, width="stretch")
+st.dataframe(routing_rows(run.trace, seq), hide_index=True, width="stretch")

@@ -306,6 +306,7 @@ def render_routing(trace: Trace, cursor: int | None) -> str:
 
 
 def _snapshot_before(trace: Trace, seq: int) -> GraphSnapshot | None:
+    """The last snapshot at or before `seq` (the first one when none is)."""
     before = [g for g in trace.graphs if g.seq <= seq]
     return before[-1] if before else (trace.graphs[0] if trace.graphs else None)
 

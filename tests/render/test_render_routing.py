@@ -153,3 +153,19 @@ def test_explicit_parameter_inputs_get_dw_edges() -> None:
     assert re.search(r'h0_in1 \[label="parameter input 2", shape="box", style="filled,rounded"', dot)
     assert f'h0 -> h0_in1 [color="{EDGE_COLOURS["dw"]}", label="DW"' in dot
     assert "<svg" in _svg(dot)
+
+
+def test_the_table_rows_say_where_dx_went_and_on_to_whom() -> None:
+    from ckpt_viz.render.routing_table import routing_rows
+
+    rows = routing_rows(split_trace(), 15)
+    assert [r["handle"] for r in rows] == ["h1", "h0"]
+    assert rows[0]["in this pass"] == "replayed here"
+    assert rows[0]["DX went to"] == "the block's input, on to h0"
+    assert rows[1]["DX went to"] == "the block's input, on to the model input"
+    dw = routing_rows(split_trace(), None)
+    assert dw[0]["in this pass"] == "released: DW is done" and dw[0]["parameters given .grad"] == "blocks.1.weight"
+    assert dw[0]["DX went to"] == "none (DW pass)" and dw[0]["DX dropped (DW pass)"] == "the block's input"
+    assert routing_rows(split_trace(), 5) == []
+    assert routing_rows(split_trace(), 9)[0]["DX went to"] == "not routed yet"  # replaying, not routed
+    assert not [v for r in rows + dw for v in r.values() if "[" in v or "input 0" in v]
