@@ -37,7 +37,6 @@ from ckpt_viz.render.perfetto import render_perfetto
 from ckpt_viz.render.phases import aligned_seq, phase_spans
 from ckpt_viz.render.routing import input_words, pass_title, release_words, render_routing, routing_at
 from ckpt_viz.render.routing_table import routing_rows
-from ckpt_viz.render.routing_table import routing_rows
 from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace import Trace
@@ -160,7 +159,6 @@ __all__ = [
     "render_timeline",
     "render_torchviz_view",
     "routing_at",
-    "routing_rows",
     "routing_rows",
     "rows_text",
     "run_scenario",
