@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_viz import lessons  # the lessons: loader, runner, glossary, runs (torch-free at import)
 from ckpt_viz.bus import subscribe, tag
+from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES
 from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, diagnose_handle, explain
 from ckpt_viz.errors import (
     CheckpointError,
@@ -89,6 +90,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BROKEN_SCENARIO_NAMES",
     "BUILTIN_MODELS",
     "DEFAULT_MODEL",
     "EVENT_KINDS",

@@ -81,7 +81,7 @@ def _trace_file(sb: Any) -> RunConfig | None:
 
 def _broken_run(sb: Any) -> RunConfig:
     """A broken run: one recorded mistake for the Debugger page; it runs in its own mode."""
-    from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES
+    from ckpt_viz import BROKEN_SCENARIO_NAMES
 
     name = sb.selectbox("Broken run", BROKEN_SCENARIO_NAMES, key="src_broken",
                         help="Each records one real mistake with the real runtime; open the Debugger page to see "
