@@ -110,6 +110,16 @@ def test_the_handles_page_names_causes_in_words() -> None:
     assert "Cause: R" not in shown and re.search(r"\bR\d+\b", shown) is None
 
 
+@pytest.mark.parametrize("name", ["dx-without-retain-graph", "outputs-dropped"])
+def test_every_page_opens_on_a_broken_run(name: str) -> None:
+    at = _broken(name)
+    pages = sorted(p.relative_to(ROOT / "app").as_posix() for p in (ROOT / "app" / "views").glob("*.py"))
+    registered = (ROOT / "app" / "streamlit_app.py").read_text()
+    for page in [p for p in pages if f'"{p}"' in registered]:
+        at.switch_page(page).run()
+        assert not at.exception, (page, at.exception)
+
+
 def test_a_clean_run_has_nothing_to_debug() -> None:
     at = AppTest.from_file(APP, default_timeout=60)
     at.session_state["src_kind"] = "Built-in model"
