@@ -80,7 +80,7 @@ def serve(folder: Path) -> int:
 
     import ckpt_viz.usermodel.load  # noqa: F401
 
-    threads = torch.get_num_threads()
+    threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     torch.set_num_threads(1)  # no intra-op thread pool before a fork (a forked pool would hang)
     _warm_up(folder)
     gc.collect()
@@ -98,7 +98,7 @@ def serve(folder: Path) -> int:
         if pid == 0:
             code = 1
             try:
-                torch.set_num_threads(threads)  # the run's own pool, made in the child
+                torch.set_num_threads(threads)  # See NOTE [ Warm child ], rule 2: the run's own pool, made here
                 code = _forked(rundir, os.getppid())
             finally:
                 with contextlib.suppress(Exception):
