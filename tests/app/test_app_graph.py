@@ -64,7 +64,7 @@ def test_torchviz_view_is_make_dots_drawing_with_direction_and_its_own_legend() 
     at.radio(key="graph_view").set_value("Plain autograd (torchviz)").run()
     svg = _svg(at)
     assert "AccumulateGrad" in svg and 'fill="lightblue"' in svg and "cluster" not in svg
-    assert "torchviz.make_dot itself" in _captions(at) and "Region h&lt;id&gt;" not in _captions(at)
+    assert "torchviz.make_dot itself" in _captions(at) and "Region h<id>" not in _captions(at)
     assert "White box" not in _captions(at)
     assert not [t for t in at.toggle if t.key == "graph_collapse"]  # Collapse is hidden, and says why
     assert "Collapse applies to the checkpoint view only" in _captions(at)
