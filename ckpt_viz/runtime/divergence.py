@@ -158,15 +158,20 @@ class ReplayWatch:
         self.params: dict[int, torch.Tensor] = {}
         self.outside: dict[int, tuple[torch.Tensor, int]] = {}
         self.buffers: list[tuple[weakref.ref, int]] = []
-        self.output_prints: list[tuple[torch.Tensor | None, int, torch.dtype]] | None = None
+        self.output_prints: list[tuple[Any, int, torch.dtype]] | None = None
         self.reported: set[str] = set()
         self._before: list[int] = []  # the buffers' versions when the replay started
         self.watched: list[torch.Tensor] = []  # parameters whose gradient the region's backward is to give
         owner = fp.owner_of(frame.function)
         self.by_owner = owner is not None  # NOTE rule 2: the module's own parameters and buffers, no mode
         if owner is not None:
-            self.params = {id(p): p for p in owner.parameters() if p.requires_grad and id(p) not in self.inputs}
-            self.outside = {id(b): (b, b._version) for b in owner.buffers()}
+            for module in owner.modules():  # one walk for both
+                for p in module._parameters.values():
+                    if p is not None and p.requires_grad and id(p) not in self.inputs:
+                        self.params[id(p)] = p
+                for b in module._buffers.values():
+                    if b is not None:
+                        self.outside[id(b)] = (b, b._version)
         names = fp.argument_names(frame.function, args, kwargs)
         self.objects = [(name, value) for name, value in names if fp.mutable(value)]
         self.states = [fp.state_of(value, name) for name, value in self.objects]
@@ -191,7 +196,7 @@ class ReplayWatch:
         self.outside = {}
         self.made = set()
         if outputs is not None:
-            self.output_prints = [(fp.fingerprint(o), o.numel(), o.dtype) for o in outputs]
+            self.output_prints = [(fp.fingerprint(o, keep=True), o.numel(), o.dtype) for o in outputs]
 
     def replay_starting(self) -> None:
         self._before = [t._version if (t := ref()) is not None else -1 for ref, _ in self.buffers]
@@ -267,35 +272,21 @@ class ReplayWatch:
         pairs = [(i, old, fp.fingerprint(o), n, dtype) for i, ((old, n, dtype), o) in enumerate(zip(prints, outputs))
                  if old is not None]
         pairs = [p for p in pairs if p[2] is not None]
-        if not pairs:
-            return []
-        sizes = [len(p[1]) for p in pairs]
-        flat = torch.cat([torch.cat([p[1], p[2].to(p[1].device)]) for p in pairs]).tolist()
-        found, at = [], 0
-        for (i, _, again, n, dtype), size in zip(pairs, sizes):
-            a, b = flat[at:at + size], flat[at + size:at + size + len(again)]
-            at += size + len(again)
-            if fp.differs(a, b, n, dtype):
-                found.append(f"output {i}: sum {a[0]:.6g} in the forward, {b[0]:.6g} in the replay")
+        values = fp.read([t for _, old, again, _, _ in pairs for t in (*old, *again)])
+        found = []
+        for k, (i, _, _, n, dtype) in enumerate(pairs):
+            sum_a, a, sum_b, b = values[4 * k:4 * k + 4]
+            if fp.differs([*sum_a, *a], [*sum_b, *b], n, dtype):
+                found.append(f"output {i}: sum {sum_a[0]:.6g} in the forward, {sum_b[0]:.6g} in the replay")
         return found
 
 
 def _nonzero(grads: dict[int, torch.Tensor]) -> dict[int, int]:
-    """key -> nonzero count (or a positive stand-in): 32 strided elements of each first, read in one sync
-    per device; a full count only where that sample is all zero."""
-    by_device: dict[torch.device, list[int]] = {}
-    for key, grad in grads.items():
-        by_device.setdefault(grad.device, []).append(key)
-    counts: dict[int, int] = {}
-    for keys in by_device.values():
-        samples = [fp.strided(grads[k].reshape(-1)) for k in keys]
-        values = torch.cat([s.to(torch.float32) for s in samples]).tolist()
-        at = 0
-        for key, sample in zip(keys, samples):
-            look = any(values[at:at + sample.numel()])
-            at += sample.numel()
-            counts[key] = 1 if look else int(torch.count_nonzero(grads[key]))
-    return counts
+    """key -> nonzero count (or a positive stand-in): 32 strided elements of each first (`fp.read`), a full
+    count only where that sample is all zero."""
+    looks = fp.read([fp.strided(g) for g in grads.values()]) if grads else []
+    return {key: 1 if any(look) else int(torch.count_nonzero(grad))
+            for (key, grad), look in zip(grads.items(), looks)}
 
 
 class _Off:
