@@ -15,6 +15,7 @@ from typing import TextIO
 from ckpt_viz.debug.divergence import divergence_findings
 from ckpt_viz.debug.findings import Facts, Finding, handle_finding
 from ckpt_viz.debug.silent import silent_findings
+from ckpt_viz.errors import CkptVizError
 from ckpt_viz.trace import Trace
 
 __all__ = ["Diagnosis", "Finding", "diagnose", "diagnose_all", "diagnose_handle", "explain", "format_findings"]
@@ -72,14 +73,14 @@ def explain(trace: Trace | None = None, *, file: TextIO | None = None) -> str:
     """Print (and return) the findings of `trace`, by default the last run recorded in this process.
 
     Raises:
-        LookupError: no trace given and nothing was recorded yet.
+        CkptVizError: no trace given and nothing was recorded yet in this process.
     """
     if trace is None:
         from ckpt_viz.recording import last_trace
 
         trace = last_trace()
         if trace is None:
-            raise LookupError("ckpt_viz.explain: no run was recorded in this process yet.\nTip: record one with "
+            raise CkptVizError("ckpt_viz.explain: no run was recorded in this process yet.\nTip: record one with "
                               "`with ckpt_viz.record() as rec: ...`, or pass a trace: explain(Trace.load(path)).")
     text = format_findings(diagnose(trace), title=str(trace.meta.get("model") or "this run"))
     print(text, file=file if file is not None else sys.stdout)

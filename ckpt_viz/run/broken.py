@@ -46,7 +46,7 @@ from ckpt_viz.runtime import (
 )
 from ckpt_viz.trace import Trace, run_meta
 
-__all__ = ["BROKEN", "BrokenRun", "BrokenScenario", "record_broken"]
+__all__ = ["BROKEN", "BrokenRun", "BrokenScenario", "broken_scenarios", "record_broken"]
 
 _API = "ckpt_viz.record_broken"
 
@@ -346,6 +346,12 @@ _EXTRA_MODULES: tuple[str, ...] = ("ckpt_viz.run.divergent",)
 def _load_extras() -> None:
     for module in _EXTRA_MODULES:
         importlib.import_module(module)
+
+
+def broken_scenarios() -> dict[str, BrokenScenario]:
+    """Every broken scenario, those that other modules add included (NOTE rule 2): `BROKEN`, complete."""
+    _load_extras()
+    return BROKEN
 
 
 def record_broken(name: str, *, seed: int = 0, memory: bool = False, graphs: bool = False) -> Trace:

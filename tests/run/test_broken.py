@@ -22,7 +22,7 @@ import ckpt_viz
 from ckpt_viz import catalog
 from ckpt_viz.diagnose import diagnose, explain
 from ckpt_viz.events import DIAGNOSIS_CODES
-from ckpt_viz.run.broken import BROKEN, record_broken
+from ckpt_viz.run.broken import BROKEN, broken_scenarios, record_broken
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace import Trace
 
@@ -32,12 +32,11 @@ BROKEN_PY = "ckpt_viz/run/broken.py"
 
 @pytest.fixture(scope="module")
 def broken() -> dict[str, Trace]:
-    return {name: record_broken(name) for name in BROKEN}
+    return {name: record_broken(name) for name in list(broken_scenarios())}
 
 
 def test_the_catalog_names_the_broken_runs() -> None:
-    record_broken("dx-after-dw")  # loads the modules that add scenarios
-    assert catalog.BROKEN_SCENARIO_NAMES == tuple(BROKEN)
+    assert catalog.BROKEN_SCENARIO_NAMES == tuple(broken_scenarios())
     for name, scenario in BROKEN.items():
         assert scenario.expected_code in DIAGNOSIS_CODES, name
 
@@ -153,6 +152,12 @@ def test_explain_prints_the_last_recorded_run(broken: dict[str, Trace]) -> None:
     assert out.getvalue() == text + "\n"
     assert text.startswith("phase-never-set: 1 problem found.") and "[1] phase_not_set" in text
     assert diagnose(trace)[0].explanation in text
+
+
+def test_explain_before_any_recording_says_what_to_do() -> None:
+    code = ("import ckpt_viz\ntry:\n    ckpt_viz.explain()\nexcept ckpt_viz.CkptVizError as exc:\n    print(exc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.stdout.startswith("ckpt_viz.explain: no run was recorded") and "\nTip: " in proc.stdout, proc
 
 
 def test_ckpt_viz_explain_reads_a_saved_trace_without_torch(broken: dict[str, Trace], tmp_path: Path) -> None:
