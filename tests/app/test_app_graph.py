@@ -85,7 +85,8 @@ def test_collapse_says_what_it_collapsed() -> None:
     seq = trace.events[-1].seq
     runs = collapse_runs(trace.graphs[-1], states=TraceIndex(trace).handle_states(seq))
     if runs:
-        assert f"Collapsed: h{runs[0][0]}–h{runs[0][-1]} ({len(runs[0])} identical regions)" in _captions(at)
+        # handle ids count on from earlier recordings in the process: compare the run's length
+        assert re.search(rf"Collapsed: h\d+–h\d+ \({len(runs[0])} identical regions\)", _captions(at))
         assert f"Block x{len(runs[0])}" in _svg(at)
     else:
         assert "Nothing to collapse here" in _captions(at) and "Block x" not in _svg(at)
@@ -99,7 +100,7 @@ def test_an_old_trace_without_make_dots_drawing_still_opens(tmp_path: Path) -> N
     old.save(path)
     assert '"torchviz"' not in path.read_text()
     at = _graph_page(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(path))
-    assert "cluster_h0" in _svg(at)
+    assert re.search(r"<title>cluster_h\d+</title>", _svg(at))
     at.radio(key="graph_view").set_value("Plain autograd (torchviz)").run()
     assert any("does not store torchviz's drawing" in i.value for i in at.info)
     assert not at.exception
@@ -123,7 +124,7 @@ def test_a_refused_replay_is_marked_on_the_graph_from_its_refusal_on() -> None:
     refusal = trace.of_kind("replay_refused")[0]
     at = _graph_page(src_kind="Broken runs to explore", src_broken="second-backward")
     at.button(key="cursor_last").click().run()
-    assert f"h{refusal.handle_id} · released · replay refused" in _svg(at)
+    assert len(re.findall(r"h\d+ · released · replay refused", _svg(at))) == 1
     before = [i for i, e in enumerate(trace.events) if e.seq < refusal.seq][-1]
     at.slider(key="cursor_slider").set_value(before).run()
     assert "replay refused" not in _svg(at)
