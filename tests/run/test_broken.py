@@ -176,6 +176,14 @@ def test_ckpt_viz_explain_reads_a_saved_trace_without_torch(broken: dict[str, Tr
     assert strict.returncode == 1 and "[1] session_cleared_early" in strict.stdout
 
 
+def test_ckpt_viz_record_records_a_broken_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ckpt_viz.cli import main
+
+    assert main(["record", "released-by-hand", "-o", str(tmp_path / "b.json"), "--no-memory", "--no-graphs"]) == 0
+    assert "ckpt-viz explain" in capsys.readouterr().out
+    assert [f.code for f in diagnose(Trace.load(tmp_path / "b.json"))] == ["released_explicitly"]
+
+
 def test_the_broken_runs_are_offered_by_obtain_trace() -> None:
     trace = obtain_trace(RunRequest("broken", "dx-after-dw", memory=True, graphs=True))
     assert [f.code for f in diagnose(trace)] == ["released_by_dw"]
