@@ -3,7 +3,8 @@
 Builds a realistic trace (default 1,000,000 events: handles created, packed,
 phased, replayed, routed and released, in tagged micro-batches, with memory
 samples and a few graph snapshots), then times save and load, median of 3, for
-.json and .json.gz, and checks them against the target (2 s each).
+.json and .json.gz, and checks them against the target (0.8 s each). Beside each wall time the
+process's CPU time is shown: on a loaded machine the wall time includes waiting for a core.
 
     python benchmarks/bench_trace_io.py                 # 1,000,000 events
     python benchmarks/bench_trace_io.py --events 20000  # quick
@@ -24,7 +25,7 @@ from ckpt_viz.events import Event
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace, run_meta
 from ckpt_viz.trace import io as trace_io
 
-TARGET_S = 2.0
+TARGET_S = 0.8  # the performance issue's target, per save and per load of the .json.gz file
 
 # One handle's life in a split (DX/DW) schedule: (kind, phase, data).
 _LIFE = (
@@ -101,14 +102,16 @@ def _graph(seq: int) -> GraphSnapshot:
     return GraphSnapshot(seq=seq, label=f"after event {seq}", nodes=nodes, edges=edges)
 
 
-def _median_time(fn, repeats: int) -> tuple[float, object]:
-    times, result = [], None
+def _median_time(fn, repeats: int) -> tuple[float, float, object]:
+    """(median wall seconds, median CPU seconds of this process, the last result)."""
+    times, cpus, result = [], [], None
     for _ in range(repeats):
         result = None  # free the last result outside the timed region
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(times), statistics.median(cpus), result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,20 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for suffix in (".json", ".json.gz"):
             path = os.path.join(folder, "trace" + suffix)
-            save_s, _ = _median_time(lambda path=path: trace.save(path), args.repeats)
-            load_s, loaded = _median_time(lambda path=path: Trace.load(path), args.repeats)
+            save_s, save_cpu, _ = _median_time(lambda path=path: trace.save(path), args.repeats)
+            load_s, load_cpu, loaded = _median_time(lambda path=path: Trace.load(path), args.repeats)
             _spot_check(trace, loaded)
             size_mb = os.path.getsize(path) / 1e6
-            rows.append((suffix, size_mb, save_s, load_s))
+            rows.append((suffix, size_mb, save_s, load_s, save_cpu, load_cpu))
             ok = ok and save_s <= TARGET_S and load_s <= TARGET_S
         start = time.perf_counter()
         n_materialized = sum(1 for _ in loaded.events)
         iterate_s = time.perf_counter() - start
 
-    print(f"{'file':<9} {'size MB':>8} {'save s':>7} {'load s':>7}  result")
-    for suffix, size_mb, save_s, load_s in rows:
+    print(f"{'file':<9} {'size MB':>8} {'save s':>7} {'load s':>7} {'save CPU s':>10} {'load CPU s':>10}  result")
+    for suffix, size_mb, save_s, load_s, save_cpu, load_cpu in rows:
         verdict = "PASS" if save_s <= TARGET_S and load_s <= TARGET_S else "FAIL"
-        print(f"{suffix:<9} {size_mb:8.1f} {save_s:7.2f} {load_s:7.2f}  {verdict}")
+        print(f"{suffix:<9} {size_mb:8.1f} {save_s:7.2f} {load_s:7.2f} {save_cpu:10.2f} {load_cpu:10.2f}  {verdict}")
     print(f"\n(for scale, not part of the target: building all {n_materialized:,} Event objects of a loaded "
           f"trace by iterating it once took {iterate_s:.2f} s; load builds them lazily)")
     print("PASS: save and load within target" if ok else f"FAIL: a median is over {TARGET_S:.1f} s")

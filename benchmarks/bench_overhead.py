@@ -1,0 +1,204 @@
+"""What leaving `record()` on costs a training step: the figures of the performance issue's table.
+
+    .venv/bin/python benchmarks/bench_overhead.py                # every row, a few minutes
+    .venv/bin/python benchmarks/bench_overhead.py --rows linear8 # one group: linear8, gpt2, transformer, runtime
+    .venv/bin/python benchmarks/bench_overhead.py --quick        # tiny smoke run; its ratios mean nothing
+    .venv/bin/python benchmarks/bench_overhead.py --json out.json
+
+Rows (a step = forward + loss + whole backward; every ratio is the median over rounds of
+case_i / baseline_i measured in the same interleaved round, see `_common.interleaved`):
+  linear8      8 checkpointed blocks of Linear(512) + GELU, batch 64, reentrant, at 1 and 2
+               threads: `record()` with the replay checks off ("events only") and as it
+               comes (replay-divergence checks on), each / the same step unrecorded. Target <= 1.02.
+  gpt2         a 4-layer GPT-2 config (random init, batch 4, sequence 64), every layer
+               checkpointed through HF's own mechanism with ckpt_viz's checkpoint: events only
+               (target <= 1.02) and `record(memory=True)` (target <= 1.3) / unrecorded.
+  transformer  the built-in transformer, one split-reentrant step (DX then DW): events only and
+               `record(memory=True)` / unrecorded (memory target <= 1.5).
+  runtime      our checkpoint / torch.utils.checkpoint on the linear8 model, both kinds, no
+               recording (target <= 1.01).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+import ckpt_viz
+from _common import format_table, interleaved, paired_ratio
+from ckpt_viz.runtime import checkpoint as our_checkpoint
+
+try:  # the replay-divergence checks (on by default in record()); absent from older builds
+    from ckpt_viz.runtime.divergence import set_checks
+except ImportError:  # an older build measured for a before/after: it has no checks to turn off
+    def set_checks(on: bool) -> bool:
+        return False
+
+GROUPS = ("linear8", "gpt2", "transformer", "runtime")
+Step = Callable[[], None]
+
+
+def recorded(step: Step, *, checks: bool = False, **options: Any) -> Step:
+    """`step` inside a fresh `record(**options)`; `checks` turns the replay-divergence checks on for it."""
+    def run() -> None:
+        previous = set_checks(checks)
+        try:
+            with ckpt_viz.record(**options):
+                step()
+        finally:
+            set_checks(previous)
+    return run
+
+
+def unrecorded(step: Step) -> Step:
+    return step
+
+
+# ---------------------------------------------------------------- models
+
+def linear8(width: int, batch: int, blocks: int = 8) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(blocks))
+    return model, torch.randn(batch, width)
+
+
+def linear8_step(model: nn.Module, x0: torch.Tensor, checkpoint: Callable, use_reentrant: bool) -> Step:
+    def step() -> None:
+        x = x0.detach().requires_grad_(True)
+        for block in model:
+            x = checkpoint(block, x, use_reentrant=use_reentrant)
+        x.sum().backward()
+    return step
+
+
+def gpt2_step(layers: int, batch: int, seq: int, width: int) -> tuple[Step, nn.Module, torch.Tensor]:
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from ckpt_viz.usermodel.hf import own_checkpointing
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = GPT2Config(bos_token_id=0, eos_token_id=0, n_layer=layers, n_embd=width, n_head=max(1, width // 64),
+                        n_positions=max(seq, 64),
+                        vocab_size=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    named = {f"transformer.h.{i}": h for i, h in enumerate(model.transformer.h)}
+
+    def make(name: str, layer: Any) -> Callable:
+        return functools.partial(our_checkpoint, use_reentrant=True)
+
+    def step() -> None:
+        with own_checkpointing(model, named, make):
+            model(ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+    return step, model, ids
+
+
+def transformer_step() -> tuple[Step, Any]:
+    """One split-reentrant step (forward, loss, DX, DW) of the built-in transformer, as `bench_record` runs it."""
+    from ckpt_viz.run.scenarios import checkpointed
+    from ckpt_viz.run.zoo import build_builtin
+    from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
+
+    spec = build_builtin("transformer")
+    params = list(spec.model.parameters())
+
+    def step() -> None:
+        x = spec.inputs[0].detach().requires_grad_(True)
+        with checkpointed(spec.model, spec.checkpoint, use_reentrant=True), \
+                reentrant_checkpoint_scope(lambda: params) as handles:
+            loss = spec.loss(spec.model(x))
+        backward_input(loss, None, [x], handles=handles)
+        backward_weight(loss, None, params, handles=handles)
+        spec.model.zero_grad(set_to_none=True)
+    return step, spec
+
+
+# ---------------------------------------------------------------- rows
+
+def measure(groups: list[str], quick: bool, repeats: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+
+    def add(group: str, name: str, times: dict[str, list[float]], case: str, base: str, target: float | None,
+            threads: int) -> None:
+        ratio = paired_ratio(times[case], times[base])
+        rows.append({"group": group, "name": name, "threads": threads, "ratio": ratio, "target": target,
+                     "passed": None if target is None else ratio <= target,
+                     "case_ms": sorted(times[case])[len(times[case]) // 2],
+                     "base_ms": sorted(times[base])[len(times[base]) // 2]})
+
+    width, batch = (64, 8) if quick else (512, 64)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        model, x0 = linear8(width, batch)
+        ours_r = linear8_step(model, x0, our_checkpoint, True)
+        if "linear8" in groups:
+            times = interleaved({"unrecorded": ours_r, "events": recorded(ours_r),
+                                 "events+checks": recorded(ours_r, checks=True)}, repeats=repeats)
+            add("linear8", "events only / unrecorded", times, "events", "unrecorded", 1.02, threads)
+            add("linear8", "record() as it comes (replay checks on) / unrecorded", times, "events+checks",
+                "unrecorded", None, threads)
+        if "runtime" in groups and threads == 1:
+            times = interleaved({
+                "ours_r": ours_r, "torch_r": linear8_step(model, x0, torch_checkpoint, True),
+                "ours_n": linear8_step(model, x0, our_checkpoint, False),
+                "torch_n": linear8_step(model, x0, torch_checkpoint, False)}, repeats=repeats)
+            add("runtime", "our reentrant checkpoint / torch's", times, "ours_r", "torch_r", 1.01, threads)
+            add("runtime", "our non-reentrant checkpoint / torch's", times, "ours_n", "torch_n", 1.01, threads)
+    torch.set_num_threads(1)
+    if "gpt2" in groups:
+        step, model, _ = gpt2_step(1 if quick else 4, 2 if quick else 4, 16 if quick else 64, 64 if quick else 768)
+        times = interleaved({"unrecorded": step, "events": recorded(step),
+                             "memory": recorded(step, memory=True, model=model)}, repeats=max(3, repeats // 3))
+        add("gpt2", "events only / unrecorded", times, "events", "unrecorded", 1.02, 1)
+        add("gpt2", "memory by category / unrecorded", times, "memory", "unrecorded", 1.3, 1)
+    if "transformer" in groups:
+        step, spec = transformer_step()
+        times = interleaved({"unrecorded": step, "events": recorded(step),
+                             "memory": recorded(step, memory=True, model=spec.model, tensors=spec.inputs)},
+                            repeats=max(3, repeats // 3))
+        add("transformer", "events only / unrecorded", times, "events", "unrecorded", None, 1)
+        add("transformer", "memory by category / unrecorded", times, "memory", "unrecorded", 1.5, 1)
+    return rows
+
+
+def report(rows: list[dict[str, Any]], repeats: int) -> str:
+    header = ["group", "figure", "threads", "case ms", "base ms", "ratio", "target", "result"]
+    body = [[r["group"], r["name"], str(r["threads"]), f"{r['case_ms']:.2f}", f"{r['base_ms']:.2f}",
+             f"{r['ratio']:.3f}", "-" if r["target"] is None else f"<= {r['target']}",
+             "-" if r["passed"] is None else ("PASS" if r["passed"] else "MISS")] for r in rows]
+    return (f"bench_overhead: torch {torch.__version__}, {repeats} interleaved rounds (gpt2/transformer: a third); "
+            "ratio = median of per-round ratios\n" + format_table(header, body))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="*", choices=GROUPS, default=list(GROUPS))
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    repeats = 3 if args.quick else args.repeats
+    rows = measure(args.rows, args.quick, repeats)
+    print(report(rows, repeats))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"repeats": repeats, "quick": args.quick, "rows": rows}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
