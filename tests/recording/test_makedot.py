@@ -97,3 +97,19 @@ def test_torchviz_imports_with_the_distutils_of_setuptools() -> None:
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     deps = pyproject.split("dependencies = [", 1)[1].split("]", 1)[0]
     assert '"torchviz>=0.0.3"' in deps and "\"setuptools>=68; python_version >= '3.12'\"" in deps
+
+
+def test_a_trace_file_with_a_bad_torchviz_field_is_refused(tmp_path) -> None:
+    import json
+
+    from ckpt_viz import TraceError
+    from ckpt_viz.trace import GraphSnapshot
+
+    trace = Trace(graphs=[GraphSnapshot(seq=-1, label="x", torchviz="digraph {}")])
+    trace.save(tmp_path / "ok.json")
+    assert Trace.load(tmp_path / "ok.json").graphs[0].torchviz == "digraph {}"
+    doc = json.loads((tmp_path / "ok.json").read_text())
+    doc["graphs"][0]["torchviz"] = 5
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"'graphs\[0\]\.torchviz' is 5 \(an integer\), expected a string or null"):
+        Trace.load(tmp_path / "bad.json")
