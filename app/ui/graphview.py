@@ -40,9 +40,14 @@ def snapshot_note(run: Run, seq: int) -> str:
         return ""
     what = f"snapshot **{snapshot.label}** (taken at seq {snapshot.seq}, {len(snapshot.nodes)} nodes)"
     if snapshot.seq > seq:
-        return (f"No snapshot was taken by seq {seq} yet: this is the first one, {what}. "
+        note = (f"No snapshot was taken by seq {seq} yet: this is the first one, {what}. "
                 f"Handle states are as of seq {seq}.")
-    return f"Showing {what}; handle states as of seq {seq}."
+    else:
+        note = f"Showing {what}; handle states as of seq {seq}."
+    if run.trace.count("exclude_saved") and not any(n.get("exclude") is not None for n in snapshot.nodes):
+        note += (" This run has excluded regions, but none is in this snapshot: in a reentrant checkpoint they live "
+                 "inside the replay, so they show in a snapshot taken while a replay is retained (before DW).")
+    return note
 
 
 def show_svg(dot: str, zoom: int = 100, *, name: str = "graph") -> None:

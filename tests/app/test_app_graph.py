@@ -110,7 +110,10 @@ def test_the_excluded_models_excluded_regions_are_drawn() -> None:
     """Default mode (split-reentrant): an excluded region is part of the retained replay, so it shows in the
     snapshot before DW, each LayerNorm boxed in its handle's region."""
     at = _graph_page(src_model="excluded")
+    at.slider(key="cursor_slider").set_value(0).run()  # the snapshot before DX: no replay retained yet
+    assert "This run has excluded regions, but none is in this snapshot" in _captions(at)
     at.button(key="cursor_last").click().run()
+    assert "none is in this snapshot" not in _captions(at)
     svg = _svg(at)
     assert svg.count(">NativeLayerNormBackward0</text>") == 3  # one drawn node per region
     for region in range(3):
