@@ -177,7 +177,7 @@ def _mlp() -> ModelSpec:
 
 def _transformer() -> ModelSpec:
     model = Stack([TransformerBlock(32, 4) for _ in range(3)], 32)
-    return ModelSpec("transformer", model, (torch.randn(4, 64, 32),),
+    return ModelSpec("transformer", model, (torch.randn(6, 64, 32),),
                      checkpoint=tuple(f"blocks.{i}" for i in range(3)),
                      description="3 pre-norm transformer blocks (attention + MLP), each checkpointed",
                      look_at="Memory: attention and MLP activations dominate; checkpointed modes keep a block's "
