@@ -49,23 +49,23 @@ def _row_clicked(key: str, seqs: list[int]) -> None:
 rows = event_rows(shown)
 table, plain = st.tabs(["Table", "Plain text"])
 with table:
-    st.caption("Click a row's box to move the cursor to its event.")
+    st.caption("The cursor's row is selected (and marked ▶); select another row to move the cursor there. Its "
+               "details are shown whole below the table.")
     frame = pd.DataFrame([{"": "▶" if r["seq"] == seq else "", **r} for r in rows])
-    marked = frame.style.apply(lambda row: ["background-color: #fde3d3" if row[""] else ""] * len(row), axis=1)
-    # Streamlit wraps a cell's text only in rows taller than 4rem: give the longest details room (about 75
-    # characters a line in a 560 px column, 4 lines at most; the expander below has every field).
-    longest = max((len(r["details"]) for r in rows), default=0)
-    row_height = 35 if longest <= 75 else min(24 + 19 * -(-longest // 75), 100)
     shown_columns = ["", *(c for c in frame.columns if c and (c in ("seq", "kind", "details") or frame[c].any()))]
-    key = f"ev_table_{rows[0]['seq'] if rows else 0}_{len(rows)}"  # a fresh selection for each window of rows
-    st.dataframe(marked, hide_index=True, width="stretch", height=min(38 + row_height * len(rows), 1500),
-                 row_height=row_height, key=key, selection_mode="single-row", column_order=shown_columns,
+    key = f"ev_table_{seq}_{rows[0]['seq'] if rows else 0}_{len(rows)}"  # a fresh selection at each cursor
+    at_cursor = [i for i, r in enumerate(rows) if r["seq"] == seq]
+    st.dataframe(frame, hide_index=True, width="stretch", height=min(38 + 35 * len(rows), 1500), key=key,
+                 selection_mode="single-row", column_order=shown_columns,
+                 selection_default={"selection": {"rows": at_cursor}},
                  on_select=partial(_row_clicked, key, [r["seq"] for r in rows]),
-                 column_config={"details": st.column_config.TextColumn("details", width=560),
-                                "": st.column_config.TextColumn("", width=24)})
+                 column_config={"": st.column_config.TextColumn("", width=24),
+                                "details": st.column_config.TextColumn("details", width="large")})
+    # A table cell shows one line (Streamlit wraps cells only in some layouts): the cursor row's details, whole.
     event = run.trace.events[run.index.position(seq)]
-    with st.expander(f"Every field of the event at the cursor (seq {seq})"):
-        st.json(event.to_dict(), expanded=True)
+    st.caption(f"Details of the event at the cursor (seq {event.seq}, {event.kind}), every field")
+    st.code("\n".join(f"{k}={v}" for k, v in (event.data or {}).items()) or "(no data)", language=None,
+            wrap_lines=True)
 with plain:
     st.caption("The same rows and columns as the table; the cursor row starts with >.")
     st.code(rows_text(rows, marker=seq), language=None)

@@ -86,12 +86,15 @@ def test_events_plain_text_keeps_every_column_and_the_overview_speaks_in_state_w
     at.switch_page("views/events.py").run()
     assert not _errors(at), _errors(at)
     table = at.dataframe[0].value
-    text = at.code[1].value
+    text = at.code[-1].value  # the plain-text tab
     lines = text.splitlines()[1:]
     assert len(lines) == len(table)
     for (_, row), line in zip(table.iterrows(), lines):
         for column in ("seq", "kind", "handle", "phase", "session", "tags", "site", "details"):
             assert str(row[column]) in line, (column, line)
+    details = at.code[1].value  # the cursor's event, every field, whole
+    event = runs["split-reentrant"].events[int(at.slider(key="cursor_slider").value)]
+    assert details.splitlines() == [f"{k}={v}" for k, v in event.data.items()]
     cursor_line = at.code[0].value
     assert cursor_line.startswith("seq ") and " · replay started · " in cursor_line and "=" not in cursor_line
 
