@@ -72,7 +72,10 @@ def settle(page, timeout_ms: int = 60_000) -> None:
     page.wait_for_function(  # graphviz (wasm) and vega draw after the script ends
         "() => [...document.querySelectorAll('[data-testid=\"stGraphVizChart\"]')].every(c => c.querySelector('svg'))"
         " && [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')].every("
-        "c => c.querySelector('canvas, svg'))", timeout=timeout_ms)
+        "c => c.querySelector('canvas, svg'))"
+        " && [...document.querySelectorAll('[data-testid=\"stMain\"] iframe')].every(f => {"
+        " try { const d = f.contentDocument; return !d || (d.readyState === 'complete' && d.body"
+        " && d.body.childElementCount > 0); } catch (e) { return true; } })", timeout=timeout_ms)  # and graph frames
     page.wait_for_timeout(500)  # let the last transitions finish before a screenshot
 
 
