@@ -55,7 +55,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ckpt_viz import bus
 from ckpt_viz.runtime import memtags
@@ -102,16 +101,34 @@ class _Tracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         probes = self.layer.probes
-        for value in tree_flatten((args, kwargs))[0]:
-            if isinstance(value, torch.Tensor):
-                for probe in probes:
-                    probe.register(value)
+        for value in _tensors_of(args, kwargs):
+            for probe in probes:
+                probe.register(value)
         out = func(*args, **(kwargs or {}))
-        for value in tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor):
-                for probe in probes:
-                    probe.register(value)
+        for value in _tensors_of(out, None):
+            for probe in probes:
+                probe.register(value)
         return out
+
+
+_Tensor = torch.Tensor
+
+
+def _tensors_of(value: Any, kwargs: dict | None) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or result: ATen's schema allows only tensors, scalars and
+    (nested) lists, tuples and dicts of them, so this walk finds what `tree_flatten` would, at a
+    fraction of its cost on every op (the tracker's hot path)."""
+    found: list[torch.Tensor] = []
+    stack: list[Any] = [value] if kwargs is None else [value, *kwargs.values()]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):  # named tuples too (torch.return_types.max)
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return found
 
 
 def _unpack(saved: _Saved) -> torch.Tensor:
