@@ -30,7 +30,15 @@ def _all(trace: Trace) -> list[Finding]:
     leaked = {d.handle_id for d in problems if d.handle_id is not None}
     problems += silent_findings(facts, trace.events, leaked)
     problems += divergence_findings(facts, trace.events)  # replays that did not reproduce their forward
-    return sorted(problems, key=lambda d: (d.seq if d.seq is not None else -1, d.handle_id or 0))
+    return sorted(problems, key=_order)
+
+
+def _order(d: Finding) -> tuple[int, int]:
+    """In order: by the release, refusal or error, else by where the finding's story starts (the handle's creation)."""
+    key = next((e for e in (d.release_event, d.refused_event, d.error_event) if e is not None), None)
+    if key is None and d.events:
+        key = d.events[0]
+    return (key.seq if key is not None else -1, d.handle_id or 0)
 
 
 def diagnose(trace: Trace, handle: int | None = None) -> list[Finding]:

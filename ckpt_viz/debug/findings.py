@@ -108,11 +108,11 @@ class Finding:
 
     @property
     def seq(self) -> int | None:
-        """Where the cursor goes for this finding: the releasing event, else the refusal or error, else the first."""
+        """Where the cursor goes: the releasing event, else the refusal or error, else the last event (the symptom)."""
         for event in (self.release_event, self.refused_event, self.error_event):
             if event is not None:
                 return event.seq
-        return self.events[0].seq if self.events else None
+        return self.events[-1].seq if self.events else None
 
 
 class Facts:
