@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 from ckpt_viz.trace import Trace
 
 __all__ = ["builtin", "kib", "peak", "peak_by_category", "replays"]
 
 
+@lru_cache(maxsize=64)
 def builtin(model: str, mode: str, **options) -> Trace:
-    """Record the built-in `model` in `mode`, with memory samples and graph snapshots."""
+    """Record the built-in `model` in `mode`, with memory samples and graph snapshots (once per process: a
+    built-in run records the same trace every time, and several lessons read the same run)."""
     from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     return obtain_trace(RunRequest("builtin", model, mode=mode, **options))

@@ -44,3 +44,17 @@ def test_glossary_lists_states_categories_and_terms() -> None:
     assert [s.value for s in at.subheader][:3] == ["Terms", "Memory categories", "Handle states"]
     words = set(at.dataframe[2].value["word"])
     assert words == set(STATE_MEANINGS)
+
+
+def test_overview_says_what_to_look_at_and_memory_explains_the_split_cost() -> None:
+    from ckpt_viz import DEFAULT_MODEL, SPLIT_COST, build_builtin
+
+    at = AppTest.from_file(str(APP / "streamlit_app.py"), default_timeout=240).run()
+    assert not at.exception, at.exception
+    look_at = build_builtin(DEFAULT_MODEL).look_at
+    assert look_at and any(look_at in i.value for i in at.info), [i.value for i in at.info]
+    at.switch_page("views/memory.py").run()  # the default mode is split-reentrant
+    assert not at.exception, at.exception
+    assert any(SPLIT_COST in c.value for c in at.caption), [c.value for c in at.caption]
+    at.switch_page("views/glossary.py").run()
+    assert [t.value for t in at.title] == ["Glossary"]
