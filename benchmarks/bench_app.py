@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         for page in PAGES:
             name = page.split("/")[1].removesuffix(".py")
             _timed(f"{name}: first visit", lambda page=page: at.switch_page(page).run(), None, results)
-            _timed(f"{name}: cursor -1 (step button)", lambda: at.button(key="cursor_prev").click().run(),
-                   CURSOR_S, results)
+            step = "cursor_prev" if not at.button(key="cursor_prev").disabled else "cursor_next"  # at 0: "+1"
+            _timed(f"{name}: cursor {'-1' if step == 'cursor_prev' else '+1'} (step button)",
+                   lambda step=step: at.button(key=step).click().run(), CURSOR_S, results)
             target = n // 3 if at.slider(key="cursor_slider").value > n // 2 else 2 * n // 3
             _timed(f"{name}: cursor jump (slider to {target:,})",
                    lambda target=target: at.slider(key="cursor_slider").set_value(target).run(), CURSOR_S, results)

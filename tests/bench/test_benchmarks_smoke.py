@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_runtime.py"
 
@@ -62,6 +64,65 @@ def test_bench_divergence_quick(tmp_path: Path) -> None:
     rows = json.loads(out_json.read_text())["rows"]
     assert [r["workload"].split(",")[-1].strip() for r in rows] == ["reentrant", "non-reentrant", "reentrant",
                                                                      "split-reentrant"]
+
+
+# ---------------------------------------------------------------- the other benchmarks, each on a tiny size
+# A timing script exits 1 when a target is missed, which a tiny run on a busy CI machine may do; that is
+# not a failure here. A crash is (a traceback), and so is a missing row or an error shown by the app (2).
+
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in proc.stderr, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode in (0, 1), f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def test_bench_overhead_quick(tmp_path: Path) -> None:
+    out_json = tmp_path / "overhead.json"
+    proc = _run("benchmarks/bench_overhead.py", "--quick", "--json", str(out_json))
+    assert proc.returncode == 0, proc.stdout
+    rows = json.loads(out_json.read_text())["rows"]
+    figures = {(r["group"], r["name"], r["threads"]) for r in rows}
+    wanted = (("linear8", "events only / unrecorded", 1), ("linear8", "events only / unrecorded", 2),
+              ("gpt2", "events only / unrecorded", 1), ("gpt2", "memory by category / unrecorded", 1),
+              ("transformer", "memory by category / unrecorded", 1),
+              ("runtime", "our reentrant checkpoint / torch's", 1),
+              ("runtime", "our non-reentrant checkpoint / torch's", 1))
+    for group, name, threads in wanted:
+        assert (group, name, threads) in figures, (group, name, threads, proc.stdout)
+    assert all(r["ratio"] > 0 and r["case_ms"] > 0 for r in rows), rows
+
+
+def test_bench_cli_quick() -> None:
+    proc = _run("benchmarks/bench_cli.py", "--quick")
+    assert "median wall" in proc.stdout and "torch imported: False" in proc.stdout, proc.stdout
+
+
+def test_bench_trace_io_tiny() -> None:
+    proc = _run("benchmarks/bench_trace_io.py", "--events", "2000", "--repeats", "1")
+    assert ".json.gz" in proc.stdout, proc.stdout
+
+
+def test_bench_record_quick() -> None:
+    proc = _run("benchmarks/bench_record.py", "--quick")
+    assert "events+memory+graphs" in proc.stdout, proc.stdout
+
+
+def test_bench_views_quick() -> None:
+    proc = _run("benchmarks/bench_views.py", "--quick")
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_bench_app_tiny() -> None:
+    proc = _run("benchmarks/bench_app.py", "--events", "2000", timeout=600)
+    assert "first page" in proc.stdout and "cursor jump" in proc.stdout, proc.stdout
+
+
+def test_bench_app_browser_tiny() -> None:
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("/usr/bin/chromium is missing (apt-get install chromium)")
+    proc = _run("benchmarks/bench_app.py", "--browser", "--events", "2000", "--steps", "1", timeout=600)
+    assert "first page (Enter -> Overview drawn)" in proc.stdout and "cursor step" in proc.stdout, proc.stdout
 
 
 def test_bench_usermodel_one_round() -> None:
