@@ -125,7 +125,8 @@ def transformer_step() -> tuple[Step, Any]:
 
 # ---------------------------------------------------------------- rows
 
-def measure(groups: list[str], quick: bool, repeats: int) -> list[dict[str, Any]]:
+def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[int, ...] = (1, 2)
+            ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def add(group: str, name: str, times: dict[str, list[float]], case: str, base: str, target: float | None,
@@ -137,7 +138,7 @@ def measure(groups: list[str], quick: bool, repeats: int) -> list[dict[str, Any]
                      "base_ms": sorted(times[base])[len(times[base]) // 2]})
 
     width, batch = (64, 8) if quick else (512, 64)
-    for threads in (1, 2):
+    for threads in thread_counts:
         torch.set_num_threads(threads)
         model, x0 = linear8(width, batch)
         ours_r = linear8_step(model, x0, our_checkpoint, True)
@@ -147,7 +148,7 @@ def measure(groups: list[str], quick: bool, repeats: int) -> list[dict[str, Any]
             add("linear8", "events only / unrecorded", times, "events", "unrecorded", 1.02, threads)
             add("linear8", "record() as it comes (replay checks on) / unrecorded", times, "events+checks",
                 "unrecorded", None, threads)
-        if "runtime" in groups and threads == 1:
+        if "runtime" in groups and threads == thread_counts[0]:
             times = interleaved({
                 "ours_r": ours_r, "torch_r": linear8_step(model, x0, torch_checkpoint, True),
                 "ours_n": linear8_step(model, x0, our_checkpoint, False),
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", choices=GROUPS, default=list(GROUPS))
     parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads for linear8 (1 2)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError:
         pass
     repeats = 3 if args.quick else args.repeats
-    rows = measure(args.rows, args.quick, repeats)
+    rows = measure(args.rows, args.quick, repeats, tuple(args.threads))
     print(report(rows, repeats))
     if args.json:
         with open(args.json, "w") as out:
