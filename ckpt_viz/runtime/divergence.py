@@ -38,9 +38,11 @@ NOTE [ Replay divergence checks ]
        buffers_updated  the replay updated the forward's buffers again (BatchNorm).
   4. Gradients are never touched: the checks read graphs, versions and values (under
      no_grad), and change nothing autograd sees.
-  5. A non-reentrant recompute checks input_mutated and buffers_updated (its
-     gradients come from the forward's own graph, so none is lost there, and its
-     early stop leaves no outputs to compare), once per kind and frame.
+  5. A non-reentrant recompute checks input_mutated, buffers_updated and, in place of
+     the outputs, the activations it saves again (outputs_differ: the fingerprint of
+     each saved activation, taken when the forward packed it, against the tensor the
+     recompute packs in its place); its gradients come from the forward's own graph,
+     so none is lost there. Each kind once per frame.
 """
 from __future__ import annotations
 
@@ -162,6 +164,8 @@ class ReplayWatch:
         self.reported: set[str] = set()
         self._before: list[int] = []  # the buffers' versions when the replay started
         self.watched: list[torch.Tensor] = []  # parameters whose gradient the region's backward is to give
+        self.saved_prints: dict[int, tuple[Any, int, torch.dtype]] = {}  # non-reentrant: saved activations
+        self.repacked_prints: list[tuple[int, Any]] = []
         owner = fp.owner_of(frame.function)
         self.by_owner = owner is not None  # NOTE rule 2: the module's own parameters and buffers, no mode
         if owner is not None:
@@ -198,7 +202,20 @@ class ReplayWatch:
         if outputs is not None:
             self.output_prints = [(fp.fingerprint(o, keep=True), o.numel(), o.dtype) for o in outputs]
 
+    def packed(self, index: int, x: torch.Tensor) -> None:
+        """A non-reentrant forward saved `x`: keep its fingerprint if it is an activation (no parameter,
+        no buffer: a buffer the replay updates again is buffers_updated)."""
+        if (not (x.is_leaf and x.requires_grad) and id(x) not in self.outside
+                and (print_ := fp.fingerprint(x, keep=True)) is not None):
+            self.saved_prints[index] = (print_, x.numel(), x.dtype)
+
+    def repacked(self, index: int, x: torch.Tensor) -> None:
+        """Its recompute saved `x` in that place."""
+        if index in self.saved_prints:
+            self.repacked_prints.append((index, fp.fingerprint(x)))
+
     def replay_starting(self) -> None:
+        self.repacked_prints = []
         self._before = [t._version if (t := ref()) is not None else -1 for ref, _ in self.buffers]
 
     def replay_done(self, emit: Callable[..., Any], outputs: list[torch.Tensor] | None) -> None:
@@ -214,12 +231,11 @@ class ReplayWatch:
                    if ref() is not None and ref()._version != old]
         if updated:
             found["buffers_updated"] = fp.buffer_names([t for t, _ in updated], fp.names_in(function, "buffers"))
-        if outputs is not None:
-            differ = outputs is not None and self._outputs_differ(outputs)
-            if differ:
-                found["outputs_differ"] = differ
-            if any(o.requires_grad for o in outputs):
-                self.watched = list(self.params.values())
+        differ = self._outputs_differ(outputs) if outputs is not None else self._saved_differ()
+        if differ:
+            found["outputs_differ"] = differ
+        if outputs is not None and any(o.requires_grad for o in outputs):
+            self.watched = list(self.params.values())
         self.params = {}
         self._emit_found(emit, found)
 
@@ -269,16 +285,28 @@ class ReplayWatch:
             return []
         if len(prints) != len(outputs):
             return [f"{len(prints)} tensor outputs in the forward, {len(outputs)} in the replay"]
-        pairs = [(i, old, fp.fingerprint(o), n, dtype) for i, ((old, n, dtype), o) in enumerate(zip(prints, outputs))
-                 if old is not None]
-        pairs = [p for p in pairs if p[2] is not None]
-        values = fp.read([t for _, old, again, _, _ in pairs for t in (*old, *again)])
-        found = []
-        for k, (i, _, _, n, dtype) in enumerate(pairs):
-            sum_a, a, sum_b, b = values[4 * k:4 * k + 4]
-            if fp.differs([*sum_a, *a], [*sum_b, *b], n, dtype):
-                found.append(f"output {i}: sum {sum_a[0]:.6g} in the forward, {sum_b[0]:.6g} in the replay")
-        return found
+        return _compare([(f"output {i}", old, fp.fingerprint(o), n, dtype)
+                         for i, ((old, n, dtype), o) in enumerate(zip(prints, outputs))])
+
+    def _saved_differ(self) -> list[str]:
+        if not self.repacked_prints:
+            return []
+        pairs = [(f"saved tensor {i}", *self.saved_prints[i][:1], again, *self.saved_prints[i][1:])
+                 for i, again in self.repacked_prints]
+        self.repacked_prints = []
+        return _compare(pairs)
+
+
+def _compare(pairs: list[tuple[str, tuple, tuple | None, int, torch.dtype]]) -> list[str]:
+    """(what, forward print, replay print, numel, dtype) -> a line for each pair that differs."""
+    pairs = [p for p in pairs if p[1] is not None and p[2] is not None]
+    values = fp.read([t for _, old, again, _, _ in pairs for t in (*old, *again)]) if pairs else []
+    found = []
+    for k, (what, _, _, n, dtype) in enumerate(pairs):
+        sum_a, a, sum_b, b = values[4 * k:4 * k + 4]
+        if fp.differs([*sum_a, *a], [*sum_b, *b], n, dtype):
+            found.append(f"{what}: sum {sum_a[0]:.6g} in the forward, {sum_b[0]:.6g} in the replay")
+    return found
 
 
 def _nonzero(grads: dict[int, torch.Tensor]) -> dict[int, int]:
@@ -296,6 +324,12 @@ class _Off:
 
     def forward(self) -> contextlib.AbstractContextManager[None]:
         return self._NULL
+
+    def packed(self, index: int, x: torch.Tensor) -> None:
+        pass
+
+    def repacked(self, index: int, x: torch.Tensor) -> None:
+        pass
 
     def replay_starting(self) -> None:
         pass

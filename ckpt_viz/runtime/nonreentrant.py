@@ -127,6 +127,7 @@ class NonReentrantFrame:
             self._emit("tensor_packed", capture_site=False, index=holder.index, shape=list(x.shape),
                        dtype=str(x.dtype).replace("torch.", ""), nbytes=_nbytes(x),
                        is_parameter=isinstance(x, torch.nn.Parameter))
+            self.divergence.packed(holder.index, x)
         return holder
 
     def _key(self) -> tuple[Hashable, str, bool]:
@@ -183,6 +184,8 @@ class NonReentrantFrame:
         x = x.detach() if x.requires_grad else x
         index = self.recomp_counter.get(key, 0)
         self.recomp_counter[key] = index + 1
+        if bus.enabled:
+            self.divergence.repacked(index, x)
         if index >= len(self.weak_holders):
             if not self.early_stop and not self.forward_completed:
                 self.ignore_saved_mismatch = True

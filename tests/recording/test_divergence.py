@@ -182,6 +182,19 @@ def test_non_reentrant_recomputes_see_the_mutated_cache_and_the_batchnorm_update
     assert found == {"cached-decoder": ["input_mutated"] * 2, "batchnorm": ["buffers_updated"] * 2}
 
 
+@pytest.mark.parametrize("preserve", [False, True])
+def test_non_reentrant_dropout_without_rng_state_saves_other_activations(preserve: bool) -> None:
+    spec = divergent.dropout_block_spec()
+    with record(model=spec.model) as rec:
+        h = spec.inputs[0].clone().requires_grad_(True)
+        for block in spec.model.blocks:
+            h = checkpoint(block, h, use_reentrant=False, preserve_rng_state=preserve)
+        h.sum().backward()
+    kinds = [e.data["divergence"] for e in rec.trace.of_kind("replay_diverged")]
+    assert kinds == ([] if preserve else ["outputs_differ"] * 2)
+    assert all(d.startswith("saved tensor ") for e in rec.trace.of_kind("replay_diverged") for d in e.data["details"])
+
+
 def test_checks_switched_off_record_nothing_and_never_change_gradients() -> None:
     grads = {}
     for on in (True, False):
