@@ -177,7 +177,8 @@ def _progress(job: Job) -> str:
 def _wait(job: Job, box: SessionSandbox) -> None:
     """Show the run's elapsed time and a Cancel button until it ends (or `WAIT_S`, then poll)."""
     line = st.empty()
-    st.button("Cancel", key="sandbox_cancel", help="Stop this run now (its processes are killed).")
+    st.button("Cancel", key="sandbox_cancel", help="Stop this run now (its processes are killed).",
+              on_click=job.cancel.set)  # first thing in the click's rerun, before the sidebar is drawn
     deadline = None if WAIT_S is None else time.monotonic() + WAIT_S
     while not job.done.wait(0.2):
         line.info(_progress(job))  # a rerun (the Cancel click) interrupts the page here

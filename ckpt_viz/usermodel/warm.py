@@ -83,6 +83,7 @@ _API = "ckpt_viz.WarmSandbox"
 _START_S = 120.0  # the longest the warm process may take to import torch
 _ALL: weakref.WeakSet[WarmSandbox] = weakref.WeakSet()
 _LAUNCHER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt_viz-warm-launcher")
+_CLEANER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt_viz-warm-cleaner")
 
 
 class _Lines:
@@ -280,9 +281,8 @@ class WarmSandbox:
             return out
         finally:
             if group is not None:
-                group.kill()
-                group.remove()
-            shutil.rmtree(rundir, ignore_errors=True)
+                group.kill()  # every process of the run is gone before this returns
+            _CLEANER.submit(_remove, group, rundir)  # the kernel frees an emptied cgroup a little later
             if self._dead:
                 self._end()
 
@@ -346,7 +346,14 @@ class WarmSandbox:
                     os.kill(stray, signal.SIGKILL)
 
 
+def _remove(group: Cgroup | None, rundir: Path) -> None:
+    if group is not None:
+        group.remove()
+    shutil.rmtree(rundir, ignore_errors=True)
+
+
 def _close_all() -> None:
+    _CLEANER.shutdown(wait=True)
     for sandbox in list(_ALL):
         sandbox.close()
 
