@@ -205,7 +205,8 @@ class ReplayWatch:
     def packed(self, index: int, x: torch.Tensor) -> None:
         """A non-reentrant forward saved `x`: keep its fingerprint if it is an activation (no parameter,
         no buffer: a buffer the replay updates again is buffers_updated)."""
-        if (not (x.is_leaf and x.requires_grad) and id(x) not in self.outside
+        base = x._base if x._is_view() else x  # a parameter's view (weight.t()) is no activation either
+        if (not (base.is_leaf and base.requires_grad) and id(base) not in self.outside
                 and (print_ := fp.fingerprint(x, keep=True)) is not None):
             self.saved_prints[index] = (print_, x.numel(), x.dtype)
 

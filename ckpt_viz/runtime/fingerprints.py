@@ -106,11 +106,19 @@ def state_changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str
 # ---------------------------------------------------------------- value fingerprints
 
 def strided(t: torch.Tensor) -> torch.Tensor:
-    """Up to _SAMPLES evenly strided elements of `t` in its flat order, as a view (one op when contiguous)."""
-    flat = t if t.is_contiguous() or t.dim() == 1 else t.reshape(-1)  # contiguous, or 1-d with a stride
-    stride = 1 if flat.is_contiguous() else flat.stride(0)
-    step = max(1, flat.numel() // _SAMPLES)
-    return flat.as_strided((min(_SAMPLES, -(-flat.numel() // step)),), (step * stride,), flat.storage_offset())
+    """Up to _SAMPLES evenly strided elements of `t` in its flat order: a view when `t` is contiguous or
+    1-d, else gathered with `torch.take` (never a copy of the whole tensor)."""
+    step = max(1, t.numel() // _SAMPLES)
+    count = min(_SAMPLES, -(-t.numel() // step))
+    if t.is_contiguous() or t.dim() == 1:
+        stride = 1 if t.is_contiguous() else t.stride(0)
+        return t.as_strided((count,), (step * stride,), t.storage_offset())
+    return torch.take(t, _indexes(step, count, t.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _indexes(step: int, count: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(0, step * count, step, device=device)
 
 
 def fingerprint(t: torch.Tensor, keep: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
