@@ -169,7 +169,7 @@ class PipelineModel(nn.Module):
 
 def _mlp() -> ModelSpec:
     model = Stack([MLPBlock(32, 128) for _ in range(4)], 32)
-    return ModelSpec("mlp", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(4)),
+    return ModelSpec("mlp", model, (torch.randn(384, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(4)),
                      description="4 residual MLP blocks, each checkpointed",
                      look_at="Memory: compare the peak with mode 'none'; checkpointing keeps only each "
                              "block's input, then recomputes one block at a time in backward")
@@ -177,7 +177,7 @@ def _mlp() -> ModelSpec:
 
 def _transformer() -> ModelSpec:
     model = Stack([TransformerBlock(32, 4) for _ in range(3)], 32)
-    return ModelSpec("transformer", model, (torch.randn(6, 64, 32),),
+    return ModelSpec("transformer", model, (torch.randn(4, 64, 32),),
                      checkpoint=tuple(f"blocks.{i}" for i in range(3)),
                      description="3 pre-norm transformer blocks (attention + MLP), each checkpointed",
                      look_at="Memory: attention and MLP activations dominate; checkpointed modes keep a block's "
