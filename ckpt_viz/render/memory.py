@@ -29,6 +29,8 @@ __all__ = ["CURSOR_PICK", "OTHER_NOTABLE", "format_bytes", "memory_peak", "memor
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
 CURSOR_PICK = palette.CURSOR_PICK  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
 OTHER_NOTABLE = 0.2  # "other" this share of the total or more gets a note (see `other_note`)
+_MAX_BANDS, _MAX_LABELS = 60, 12  # more passes than this: no bands (a pipeline's), no labels
+_MAX_HOVER = 400  # hover/click columns at most: a pointer cannot tell more apart on one chart
 _PASS_LABELS = {"F": "forward", "DX": "DX", "DW": "DW", "B": "backward"}
 
 
@@ -183,18 +185,20 @@ def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_po
     return _compare(traces, cursor, max_points, cursor_in)
 
 
-def _bands(spans: list[dict[str, Any]], x: str, x2: str) -> alt.Chart:
-    """The passes as light bands behind the data, labelled at the top."""
+def _bands(spans: list[dict[str, Any]], x: str, x2: str) -> list[alt.Chart]:
+    """The passes as light bands behind the data, labelled at the top (when they are few)."""
     rows = [dict(s, label=_PASS_LABELS[s["action"]], what=palette.action_word(s["action"])) for s in spans]
     colour = alt.Color("action:N", scale=alt.Scale(domain=list(palette.ACTIONS),
                                                    range=[palette.ACTION_COLOURS[a] for a in palette.ACTIONS]),
                        legend=None)
     rects = alt.Chart(alt.Data(values=rows)).mark_rect(opacity=0.10, clip=True).encode(
         x=f"{x}:Q", x2=f"{x2}:Q", color=colour, tooltip=[alt.Tooltip("what:N", title="pass")])
+    if len(rows) > _MAX_LABELS:
+        return [rects]
     labels = alt.Chart(alt.Data(values=rows)).mark_text(align="left", baseline="top", dx=3, dy=3, fontSize=11,
                                                         opacity=0.8).encode(
         x=f"{x}:Q", y=alt.value(0), text="label:N", color=colour)
-    return rects + labels
+    return [rects, labels]
 
 
 def _cursor_rule(value: float, field: str) -> alt.Chart:
@@ -206,7 +210,6 @@ def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
     seqs_all, by_category = _columns(trace)
     categories = [c for c, values in by_category.items() if any(values)]
     points = min(max_points, max(_ALTAIR_MAX_ROWS // max(len(categories) + 1, 1) - 2, 2))
-    picked = _picked(_totals(trace), points)
     order = {c: i for i, c in enumerate(categories)}  # parameters first: the base band (palette NOTE rule 2)
     rows = [dict(r, what=palette.category_word(r["category"]), order=order[r["category"]])
             for r in memory_series(trace, max_points=points, categories=categories)]
@@ -226,10 +229,10 @@ def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
     )
     layers: list[Any] = []
     spans = phase_spans(trace)
-    if spans:
-        layers.append(_bands(spans, "start_seq", "end_seq"))
+    if 0 < len(spans) <= _MAX_BANDS:  # interleaved passes (a pipeline) read better on the schedule timeline
+        layers += _bands(spans, "start_seq", "end_seq")
     layers.append(area)
-    layers.append(_hover_columns(trace, picked, categories, x_scale, top))
+    layers.append(_hover_columns(trace, _picked(_totals(trace), _MAX_HOVER), categories, x_scale, top))
     if peak is not None:
         mark = alt.Data(values=[{"seq": peak["seq"], "bytes": peak["total"], "label": _peak_text(peak)}])
         layers.append(alt.Chart(mark).mark_point(color=palette.PEAK_COLOUR, filled=True, size=60).encode(
@@ -238,8 +241,7 @@ def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
         layers.append(_cursor_rule(cursor, "seq"))
     # The peak's contributors go in the subtitle: a label next to the point would run over the legend.
     title = alt.TitleParams(trace.meta.get("model", "memory"), subtitle=[_peak_text(peak)] if peak else [])
-    # Independent colour scales: the bands' passes, the categories and the modes each keep their palette.
-    return alt.layer(*layers).resolve_scale(color="independent").properties(title=title)
+    return _layered(layers, title)
 
 
 def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_scale: alt.Scale,
@@ -310,7 +312,7 @@ def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int,
                  alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
                  alt.Tooltip("pass:N", title="pass")]).add_params(pick)
     split_bands = [{"action": a, "start": AXIS[a][0], "end": AXIS[a][1]} for a in ("F", "DX", "DW")]
-    layers: list[Any] = [_bands(split_bands, "start", "end"), lines, dots]
+    layers: list[Any] = [*_bands(split_bands, "start", "end"), lines, dots]
     if peaks:
         layers.append(alt.Chart(alt.Data(values=peaks)).mark_point(filled=True, size=90, shape="diamond").encode(
             x="x:Q", y="bytes:Q", color=same_colour, tooltip=["label:N"]))
@@ -321,7 +323,14 @@ def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int,
         if seqs:
             layers.append(_cursor_rule(xs[TraceIndex.of(source).position(cursor)], "x"))
     title = alt.TitleParams("total memory, compared by pass", subtitle=[p["label"] for p in peaks])
-    return alt.layer(*layers).resolve_scale(color="independent").properties(title=title)
+    return _layered(layers, title)
+
+
+def _layered(layers: list[Any], title: alt.TitleParams) -> alt.LayerChart:
+    """One layer chart built in one step (each altair method call copies every row of every layer), with
+    independent colour scales: the bands' passes, the categories and the modes each keep their palette."""
+    return alt.LayerChart(layer=layers, resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="independent")),
+                          title=title)
 
 
 def render_peaks(traces: dict[str, Trace]) -> alt.Chart:

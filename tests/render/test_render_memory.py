@@ -108,9 +108,10 @@ def test_hover_columns_explain_each_sample_and_a_click_selects_its_seq() -> None
     at_22 = rows[22]
     assert at_22["total"] == "4.8 KiB" and at_22["pass"] == "DW (weight grads)"
     assert at_22["at"] == "grads routed (h0)" and at_22["next"] == 23
-    titles = [t["title"] for t in spec["layer"][2]["encoding"]["tooltip"]]
+    hover = next(layer for layer in spec["layer"] if "y2" in layer.get("encoding", {}))
+    titles = [t["title"] for t in hover["encoding"]["tooltip"]]
     assert titles[:4] == ["event seq", "event", "pass", "total"] and "replay activations" in titles
-    values = {t["title"]: at_22[t["field"]] for t in spec["layer"][2]["encoding"]["tooltip"]}
+    values = {t["title"]: at_22[t["field"]] for t in hover["encoding"]["tooltip"]}
     assert values["gradients"] == "2.0 KiB" and values["replay activations"] == "512 B"
     params = {p["name"]: p for p in spec["params"]}
     assert params[CURSOR_PICK]["select"] == {"type": "point", "on": "click", "fields": ["seq"], "clear": False}
@@ -220,3 +221,18 @@ def test_peaks_by_category_use_the_palette_with_parameters_first() -> None:
     assert dict(zip(scale["domain"], scale["range"])) == {
         palette.category_word(c): palette.CATEGORY_COLOURS[c]
         for c in ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")}
+
+
+def test_many_interleaved_passes_draw_no_bands_and_few_hover_columns() -> None:
+    b = Builder()
+    for i in range(300):  # forward and backward events alternating: 300 passes (as in a pipeline)
+        b.ev("handle_created" if i % 2 == 0 else "backward_entered", i, phase="ordinary")
+        b.mem(activations=i)
+    b.ev("memory_sampled")
+    for i in range(1000):
+        b.ev("memory_sampled")
+        b.mem(activations=i)
+    chart = render_memory({"run": b.trace()})
+    chart.to_dict()
+    (hover,) = _by_mark(chart, "rect")  # the passes' bands are left out
+    assert len(hover.data.values) <= 400 and not _by_mark(chart, "text")
