@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and edito
     from ckpt_viz.run.schedules import SCHEDULES
     from ckpt_viz.run.zoo import BUILTIN_MODELS, DEFAULT_MODEL, build_builtin
     from ckpt_viz.usermodel.sandbox import EXTRA_KEYS, record_in_subprocess
+    from ckpt_viz.usermodel.warm import WarmSandbox
 
 # name -> the module that defines it, imported on first access (PEP 562). These modules import torch or
 # altair, or (the sandbox) run as `python -m`, which warns when the package has already imported the module.
@@ -70,6 +71,7 @@ _LAZY = {
     "EXTRA_KEYS": "ckpt_viz.usermodel.sandbox",
     "MODES": "ckpt_viz.run.scenarios",
     "SCHEDULES": "ckpt_viz.run.schedules",
+    "WarmSandbox": "ckpt_viz.usermodel.warm",
     "build_builtin": "ckpt_viz.run.zoo",
     "dot_svg": "ckpt_viz.render.svg",
     "format_bytes": "ckpt_viz.render.memory",
@@ -119,6 +121,7 @@ __all__ = [
     "TraceError",
     "TraceIndex",
     "Transition",
+    "WarmSandbox",
     "aligned_seq",
     "build_builtin",
     "collapse_runs",

@@ -26,8 +26,7 @@ from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import TraceIndex
-from ckpt_viz.usermodel.warm import WarmSandbox
+from ckpt_viz import TraceIndex, WarmSandbox
 from ui.runs import Loaded, Run, RunConfig, marks
 
 UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"

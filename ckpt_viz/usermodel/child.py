@@ -3,8 +3,8 @@
 Reads `request.json` from its folder, applies its limits (`apply_limits`, before anything else), imports
 torch, loads and runs the model in each mode asked, and writes `trace-N.json` or `error(-N).json` (see
 NOTE [ Sandbox protocol ] in `ckpt_viz.usermodel.sandbox`). Only this process imports torch or runs the
-user's code. With `--warm` it is the warm process of `ckpt_viz.usermodel.warm` (`forked.serve`), which
-forks one such run per request, torch already imported.
+user's code. The warm process (`python -m ckpt_viz.usermodel.forked`, for `ckpt_viz.usermodel.warm`)
+forks one such run per request, torch already imported, and calls `run_child` in the fork.
 """
 from __future__ import annotations
 
@@ -241,14 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckpt_viz.usermodel.child",
                                      description="Child side of ckpt_viz.usermodel.sandbox.record_in_subprocess.")
     parser.add_argument("workdir", type=Path, help="folder holding request.json; receives trace-N.json or "
-                        "error(-N).json; with --warm, the warm process's folder")
-    parser.add_argument("--warm", action="store_true", help="be the warm process: import torch once, then fork "
-                        "one child per run named on stdin (ckpt_viz.usermodel.warm)")
+                        "error(-N).json")
     args = parser.parse_args(argv)
-    if args.warm:
-        from ckpt_viz.usermodel.forked import serve
-
-        return serve(args.workdir)
     start = time.monotonic()
     code = run_child(args.workdir)
     print(f"ckpt_viz.usermodel.child: finished with code {code} in {time.monotonic() - start:.2f} s "

@@ -1,4 +1,4 @@
-"""The warm process, inside the sandbox: `python -m ckpt_viz.usermodel.child --warm FOLDER`.
+"""The warm process, inside the sandbox: `python -m ckpt_viz.usermodel.forked FOLDER`.
 
 It imports torch and ckpt_viz's runner once, records one of ckpt_viz's own built-in models
 with a single thread (the warm-up: never the user's code), and forks one child per run that
@@ -109,3 +109,7 @@ def serve(folder: Path) -> int:
         _, status = os.waitpid(pid, 0)
         _say(f"exited {os.waitstatus_to_exitcode(status)}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(serve(Path(sys.argv[1])))

@@ -230,19 +230,18 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
     """The trace of the `index`-th mode of the request, or the error that says why there is none.
 
     A mode's trace is renamed into place whole; it counts when the child succeeded, or when a later
-    mode (`last` False) is the one that failed.
+    mode (`last` False) is the one that failed, and no memory limit was hit.
     """
-    if (returncode == 0 or not last) and (workdir / f"trace-{index}.json").exists():
-        return load_trace(workdir / f"trace-{index}.json", limits)
+    done = (returncode == 0 or not last) and (workdir / f"trace-{index}.json").exists()
     output = tail(workdir / "output.log")
     where = {"pid": pid, "returncode": returncode, "output": output}
     stage = _stage(workdir) or "starting"
-    if cancelled is not None:
+    if cancelled is not None and not done:
         raise SandboxError(f"{_API}: the run of {ref} (mode {mode!r}) was cancelled after {cancelled:.1f} s, "
                            f"while {stage}; the child process (pid {pid}) and every process it started were "
                            "killed.\nTip: run it again when you are ready; a model that loops forever stops at "
                            "its time limit.")
-    if returncode is None:
+    if returncode is None and not done:
         file, line = _last_user_line(output, ref)
         at = f'\n  File "{file}", line {line} (where the model file was when time ran out)' if line else ""
         raise SandboxTimeoutError(_with_output(
@@ -272,6 +271,8 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
             traceback=output, **where)
     if isinstance(report, dict) and isinstance(report.get("message"), str):
         _raise_report(report, **where)
+    if done:
+        return load_trace(workdir / f"trace-{index}.json", limits)
     if limits.memory_mb and any(marker in output for marker in _LOG_MEMORY_MARKERS):
         if stage in _STARTING:
             what = f"could not start within its memory limit of {limits.memory_mb} MB (it died while {stage}, " \

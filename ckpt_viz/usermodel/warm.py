@@ -8,7 +8,7 @@ Standard library plus ckpt_viz's torch-free modules; never imports the UI.
 NOTE [ Warm child ]
   1. `start()` makes a folder `ckpt_viz_sandbox_<parent pid>_*` (the sweep of
      NOTE [ Sandbox protocol ], rule 4, removes it if the parent is killed outright) and
-     starts `python -m ckpt_viz.usermodel.child --warm FOLDER` in bubblewrap (where it
+     starts `python -m ckpt_viz.usermodel.forked FOLDER` in bubblewrap (where it
      runs), exactly as a cold child is started: same namespaces, read-only system, the
      folder as the only writable place, the cleared environment, `--die-with-parent`,
      in a cgroup of its own (no memory limit: it runs none of the user's code). It
@@ -157,7 +157,7 @@ class WarmSandbox:
         sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
         (folder / "warm.json").write_text(json.dumps({"sys_path": sys_path, "parent_pid": os.getpid(),
                                                       "isolated": problem is None}))
-        argv = command([sys.executable, "-m", "ckpt_viz.usermodel.child", "--warm", str(folder)], workdir=folder,
+        argv = command([sys.executable, "-m", "ckpt_viz.usermodel.forked", str(folder)], workdir=folder,
                        readable=[*self._readable, *sys_path, sys.prefix, sys.base_prefix,
                                  os.path.dirname(sys.executable)],
                        cgroup_files=self._group.procs_files if self._group else (), isolate=problem is None)

@@ -84,7 +84,7 @@ def test_each_run_is_a_fresh_fork_of_one_warm_process_that_imported_torch(warm: 
         assert found, str(info.value)
         seen.append(dict(zip(("pid", "ppid", "torch_loaded"), found.groups(), strict=True)))
     assert [s["torch_loaded"] for s in seen] == ["True", "True"]  # imported before the model file was
-    assert "ckpt_viz.usermodel.child --warm" in str(info.value)  # its parent: the warm process
+    assert "-m ckpt_viz.usermodel.forked " in str(info.value)  # its parent: the warm process
     assert seen[0]["ppid"] == seen[1]["ppid"] and seen[0]["pid"] != seen[1]["pid"]  # one parent, two children
     trace = _one(warm, EXAMPLE)
     expected = run_scenario(load_model(EXAMPLE), "reentrant")
