@@ -211,7 +211,7 @@ def _excluded() -> ModelSpec:
 
 def _pipeline() -> ModelSpec:
     model = PipelineModel(8, n_stages=2, blocks_per_stage=2)
-    return ModelSpec("pipeline", model, (torch.randn(32, 8),),
+    return ModelSpec("pipeline", model, (torch.randn(64, 8),),
                      checkpoint=tuple(f"stages.{s}.{b}" for s in range(2) for b in range(2)),
                      stages=("stages.0", "stages.1"),
                      description="2 pipeline stages of 2 checkpointed MLP blocks each",

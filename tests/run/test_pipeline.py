@@ -304,9 +304,9 @@ def test_unknown_schedule_lists_the_valid_ones() -> None:
 
 
 def test_indivisible_batch() -> None:
-    with pytest.raises(CkptVizError, match=r"^ckpt_viz\.pipeline: cannot split a batch of 32 into 3 equal") as info:
+    with pytest.raises(CkptVizError, match=r"^ckpt_viz\.pipeline: cannot split a batch of 64 into 3 equal") as info:
         run_pipeline(build_builtin("pipeline"), microbatches=3)
-    assert str(info.value).splitlines()[-1] == "Tip: pick microbatches dividing 32, e.g. 1, 2, 4, 8, 16, 32."
+    assert str(info.value).splitlines()[-1] == "Tip: pick microbatches dividing 64, e.g. 1, 2, 4, 8, 16, 32, 64."
     with pytest.raises(CkptVizError, match="microbatches must be a positive int, got 0"):
         run_pipeline(build_builtin("pipeline"), microbatches=0)
 
