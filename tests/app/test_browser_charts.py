@@ -1,6 +1,6 @@
 """Charts, the event table and the cursor in a real browser; and no request leaves the local server.
 
-Clicks the Memory chart and a row of the Events table and checks that the shared cursor
+Clicks the Memory chart, a row of the Events table and the Compare chart, and checks that the shared cursor
 moved to the event under the click (read back from the slider and the cursor line), then
 walks every page of the navigation and checks Playwright's request log: only the server's
 own URLs (and data:, blob:, about:) were requested. Skipped when /usr/bin/chromium is missing.
@@ -45,7 +45,7 @@ def _default_run():
     return obtain_trace(RunRequest("builtin", DEFAULT_MODEL, mode="split-reentrant"))
 
 
-def test_clicking_the_memory_chart_and_an_event_row_moves_the_cursor(browser_page) -> None:
+def test_clicking_a_chart_and_an_event_row_moves_the_cursor(browser_page) -> None:
     from playwright.sync_api import expect
 
     page = browser_page
@@ -83,6 +83,19 @@ def test_clicking_the_memory_chart_and_an_event_row_moves_the_cursor(browser_pag
     settle(page)
     assert _cursor_seq(page) == seqs[row]
     assert page.locator('[data-testid="stMain"]').get_by_text(f"showing 15 around seq {seqs[row]}").count() == 1
+
+    # Compare lines runs up by pass: a click in the middle of the DX band puts the cursor in this run's DX pass.
+    from ckpt_viz import phase_spans
+
+    goto_page(page, "Compare modes")
+    chart = page.locator(".st-key-compare_chart")
+    chart.scroll_into_view_if_needed()
+    box = chart.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.6)
+    expect(page.locator('[data-testid="stSliderThumbValue"]').first).not_to_have_text(str(row), timeout=30_000)
+    settle(page)
+    dx = next(s for s in phase_spans(trace) if s["action"] == "DX")
+    assert dx["start_seq"] <= _cursor_seq(page) < dx["end_seq"], (_cursor_seq(page), dx)
     assert not page.errors, page.errors
 
 
