@@ -20,9 +20,16 @@ NOTE [ make_dot without a replay ]
      is that custom Functions' saved tensors (orange in torchviz) are not drawn.
   4. make_dot names nodes by `id()`; they are renumbered n0, n1, ... in order of
      first appearance, so two runs of the same model give the same text.
+  5. make_dot's recursive inner function is a reference cycle whose `seen` set holds
+     the views and the parameters (AccumulateGrad's `variable`). Left to the garbage
+     collector it would free them at a collector-dependent moment of a later run (its
+     node_collected events and its "other" bytes would move). So make_dot runs with
+     the collector paused, every view is hollowed and the params dict emptied once
+     drawn, and the youngest generation, which holds the whole cycle, is collected.
 """
 from __future__ import annotations
 
+import gc
 import re
 import warnings
 from typing import Any
@@ -61,8 +68,9 @@ def _view(real: Any, views: dict[int, Any]) -> Any:
 class _Root:
     """What make_dot reads of a root tensor: size, grad_fn, and its view base."""
 
-    def __init__(self, tensor: Any, views: dict[int, Any]) -> None:
-        self._tensor, self._views = tensor, views
+    def __init__(self, tensor: Any, views: dict[int, Any], made: list[_Root]) -> None:
+        self._tensor, self._views, self._made = tensor, views, made
+        made.append(self)
         self.grad_fn = _view(tensor.grad_fn, views) if tensor.grad_fn is not None else None
 
     def size(self) -> Any:
@@ -73,7 +81,7 @@ class _Root:
 
     @property
     def _base(self) -> _Root:
-        return _Root(self._tensor._base, self._views)
+        return _Root(self._tensor._base, self._views, self._made)
 
 
 _NAME = re.compile(r"^(\s*)(\d+)( -> (\d+))?(?=[\s\[;]|$)")
@@ -112,9 +120,13 @@ def make_dot_source(tensors: list[Any], params: dict[str, Any]) -> str | None:
     except ImportError:  # an optional extra at run time: the snapshot keeps its own graph
         return None
     views: dict[int, Any] = {}
-    roots = [_Root(t, views) for t in tensors]
+    params = dict(params)  # make_dot's closures keep this dict; it is emptied once drawn (NOTE rule 5)
+    made: list[_Root] = []  # every root view, those make_dot makes of view bases included
+    roots = [_Root(t, views, made) for t in tensors]
     if not roots:
         return None
+    collecting = gc.isenabled()
+    gc.disable()  # make_dot's cycle stays in the youngest generation, collected below (NOTE rule 5)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchviz 0.0.3 imports distutils' LooseVersion
@@ -124,4 +136,20 @@ def make_dot_source(tensors: list[Any], params: dict[str, Any]) -> str | None:
     except RecursionError:  # make_dot recurses once per node: a graph thousands of nodes deep
         return None
     finally:
-        views.clear()
+        _hollow(views, made)
+        params.clear()
+        if collecting:
+            gc.enable()
+        gc.collect(0)
+
+
+def _hollow(views: dict[int, Any], roots: list[_Root]) -> None:
+    """Cut every view from its real node and tensor (NOTE [ make_dot without a replay ], rule 5)."""
+    for view, _ in views.values():
+        view._real = None
+        if hasattr(view, "variable"):
+            del view.variable
+    for root in roots:
+        root._tensor = root.grad_fn = None
+    roots.clear()
+    views.clear()
