@@ -5,14 +5,13 @@ from ckpt_viz import (
     TraceIndex,
     event_rows,
     lessons,
-    lifecycle,
-    render_graph,
     render_lifecycles,
     render_memory,
     render_routing,
     rows_text,
 )
 from ui.cursor import cursor_bar, set_cursor
+from ui.graphview import checkpoint_dot, show_svg
 from ui.runs import Run, RunConfig, marks
 from ui.show import show_chart
 
@@ -70,10 +69,9 @@ with right:
         elif view == "lanes" and trace.handle_ids():
             show_chart(render_lifecycles, trace, cursor=seq)
         elif view == "routing" and trace.handle_ids():
-            st.graphviz_chart(render_routing(trace, seq))
+            show_svg(render_routing(trace, seq), name=f"lesson routing seq {seq}")
         elif view == "graph" and trace.graphs:
-            snap = max((g for g in trace.graphs if g.seq <= seq), key=lambda g: g.seq, default=trace.graphs[0])
-            st.graphviz_chart(render_graph(snap, states=lifecycle(trace).states_at(seq)))
+            show_svg(checkpoint_dot(run, seq), name=f"lesson graph seq {seq}")
         elif view == "events":
             events = trace.events
             at = next((k for k, e in enumerate(events) if e.seq >= seq), len(events) - 1)

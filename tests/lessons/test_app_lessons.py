@@ -58,3 +58,15 @@ def test_overview_says_what_to_look_at_and_memory_explains_the_split_cost() -> N
     assert any(SPLIT_COST in c.value for c in at.caption), [c.value for c in at.caption]
     at.switch_page("views/glossary.py").run()
     assert [t.value for t in at.title] == ["Glossary"]
+
+
+def test_a_graph_step_draws_the_server_side_svg_of_its_own_run() -> None:
+    """Lesson 3's first step shows the graph: drawn by `dot` in an iframe document (as on the graph page, so
+    nothing morphs between cursor positions), with the checkpoint region of the step's own run."""
+    at = _page("lessons.py").run()
+    at.selectbox(key="lesson_pick").set_value(next(o for o in at.selectbox(key="lesson_pick").options
+                                                   if o.startswith("3."))).run()
+    assert not at.exception, at.exception
+    graphs = [f.proto.srcdoc for f in at.get("iframe") if 'class="ckpt-graph"' in f.proto.srcdoc]
+    assert len(graphs) == 1 and "<svg" in graphs[0] and "h0" in graphs[0], graphs[:1]
+    assert not at.get("graphviz_chart")
