@@ -15,6 +15,7 @@
     ├── CheckpointUsageError (ValueError) checkpoint_usage                bad arguments or an unsupported nesting
     │   └── SessionMismatchError          session_mismatch                E10: bind_session under another id
     ├── RecordingError (RuntimeError)     recording_misused               a record() block entered twice, or not open
+    ├── LessonError                       lesson_invalid                  a lesson's data is wrong, or its check fails
     ├── TraceError (ValueError)           trace_invalid                   a trace file wrong, truncated or too new
     │   └── TraceFileError (OSError)      trace_file_failed               the OS refused a read or write of a trace file
     └── ModelLoadError                    model_load_failed               a user model failed to load or its checks
@@ -53,6 +54,7 @@ __all__ = [
     "ExcludedRegionError",
     "GraphReleasedError",
     "HandleReleasedError",
+    "LessonError",
     "ModelLoadError",
     "PhaseNotSetError",
     "RecordingError",
@@ -101,6 +103,12 @@ class RecordingError(CkptVizError, RuntimeError):
     """A `record()` block was used in a way it does not support (entered twice, attached while not open)."""
 
     code = "recording_misused"
+
+
+class LessonError(CkptVizError):
+    """A lesson's data does not fit the format, or its check does not hold on its run (`ckpt_viz.lessons`)."""
+
+    code = "lesson_invalid"
 
 
 class TraceError(CkptVizError, ValueError):

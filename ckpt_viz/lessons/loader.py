@@ -25,7 +25,7 @@ from typing import Any
 
 import tomllib
 
-from ckpt_viz.errors import CkptVizError
+from ckpt_viz.errors import LessonError
 
 __all__ = ["CURSORS", "VIEWS", "Lesson", "LessonError", "Question", "Step", "lessons_dir", "load_lesson",
            "load_lessons"]
@@ -37,10 +37,6 @@ _CURSOR = re.compile(r"^(start|end|peak|(first|last) [a-z_]+( h\d+)?)$")
 _LESSON_KEYS = {"title", "summary", "steps"}
 _STEP_KEYS = {"title", "prose", "run", "views", "cursor", "check", "question"}
 _QUESTION_KEYS = {"ask", "choices", "answer", "explain"}
-
-
-class LessonError(CkptVizError):
-    """A lesson's data does not fit the format, or its check does not hold on its run."""
 
 
 @dataclass(frozen=True)
