@@ -59,8 +59,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -68,9 +66,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from ckpt_viz.events import Event
+from ckpt_viz.sites import call_site, skip_frames_in
 
 __all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
-           "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context", "subscribe", "tag"]
+           "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context", "skip_frames_in",
+           "subscribe", "tag"]
 
 
 def _event_maker() -> Callable[..., Event]:
@@ -355,67 +355,3 @@ def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
 def current_tags() -> Mapping[str, Any]:
     """The tags open in this context (on an autograd worker: those of the code that launched the backward)."""
     return context_value(_TAGS, _NO_TAGS)
-
-
-# ---------------------------------------------------------------- call sites
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# The runtime and the bus are never "the user's code"; scenarios and lessons are.
-_SKIP_PREFIXES: list[str] = [_PACKAGE_DIR + "runtime" + os.sep, os.path.abspath(__file__),
-                             _PACKAGE_DIR + "recording.py"]
-_skip_cache: dict[str, bool] = {}
-_library_dirs_added = False
-
-
-def skip_frames_in(path: str) -> None:
-    """Never report a line of `path` (a file, or a folder ending in os.sep) as the user's call site."""
-    _SKIP_PREFIXES.append(os.path.abspath(path) + (os.sep if path.endswith(os.sep) else ""))
-    _skip_cache.clear()
-
-
-def _library_dirs() -> None:
-    global _library_dirs_added
-    _library_dirs_added = True
-    for name in ("torch", "contextlib", "threading", "functools"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if path:
-            folder = os.path.dirname(os.path.abspath(path))
-            _SKIP_PREFIXES.append(folder + os.sep if name == "torch" else os.path.abspath(path))
-
-
-def _skipped(filename: str) -> bool:
-    hit = _skip_cache.get(filename)
-    if hit is None:
-        if not _library_dirs_added:
-            _library_dirs()
-        path = os.path.abspath(filename)
-        hit = filename.startswith("<") or any(path.startswith(p) for p in _SKIP_PREFIXES)
-        _skip_cache[filename] = hit
-    return hit
-
-
-def call_site(depth: int = 2) -> str | None:
-    """The innermost `file:line` outside ckpt_viz, torch and the standard context helpers."""
-    frame = sys._getframe(depth)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _skipped(filename):
-            return f"{_short_path(filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-_short_cache: dict[str, str] = {}
-
-
-def _short_path(filename: str) -> str:
-    short = _short_cache.get(filename)
-    if short is None:
-        try:
-            rel = os.path.relpath(filename)
-        except ValueError:
-            rel = filename
-        short = filename if rel.startswith("..") else rel
-        _short_cache[filename] = short
-    return short
