@@ -149,6 +149,14 @@ class _ForwardMode(TorchFunctionMode):
 
 
 # ---------------------------------------------------------------- one region's watch
+def _weak(value: Any) -> Callable[[], Any]:
+    """A weak reference to `value`, or a strong holder for objects that take none (lists, dicts)."""
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return lambda: value
+
+
 class ReplayWatch:
     """What one region's forward used and produced; compared with each replay (NOTE rules 2-3)."""
 
@@ -177,8 +185,12 @@ class ReplayWatch:
                     if b is not None:
                         self.outside[id(b)] = (b, b._version)
         names = fp.argument_names(frame.function, args, kwargs)
-        self.objects = [(name, value) for name, value in names if fp.mutable(value)]
-        self.states = [fp.state_of(value, name) for name, value in self.objects]
+        objects = [(name, value) for name, value in names if fp.mutable(value)]
+        self.states = [fp.state_of(value, name) for name, value in objects]
+        # Held weakly where the object allows it: the checkpoint keeps its own inputs for the replay, and a
+        # strong reference here closes a cycle through autograd's C++ hooks (the object holds the region's
+        # outputs, whose graph holds the frame) that the garbage collector cannot see.
+        self.objects = [(name, _weak(value)) for name, value in objects]
 
     def frame_recording_exclude(self) -> bool:
         frame = self._frame()
@@ -224,8 +236,8 @@ class ReplayWatch:
         frame = self._frame()
         function = frame.function if frame is not None else None
         found: dict[str, list[str]] = {}
-        changes = [c for (name, value), state in zip(self.objects, self.states)
-                   for c in fp.state_changes(state, fp.state_of(value, name))]
+        changes = [c for (name, held), state in zip(self.objects, self.states)
+                   if (value := held()) is not None for c in fp.state_changes(state, fp.state_of(value, name))]
         if changes:
             found["input_mutated"] = changes
         updated = [(ref(), old) for (ref, _), old in zip(self.buffers, self._before)

@@ -229,7 +229,8 @@ class NonReentrantFrame:
         try:
             args = self.get_inputs()
             self.divergence.replay_starting()
-            with torch.autograd.graph.saved_tensors_hooks(lambda x: self._recompute_pack(key, x), lambda x: x), \
+            me = weakref.ref(self)  # autograd keeps the pack hook with every tensor saved: no cycle through C++
+            with torch.autograd.graph.saved_tensors_hooks(lambda x: me()._recompute_pack(key, x), lambda x: x), \
                     torch.enable_grad():
                 try:
                     self.recompute_fn(*args)

@@ -6,7 +6,6 @@ import warnings
 import pytest
 import torch
 
-import ckpt_viz
 from ckpt_viz.probe.graph import capture_graph
 from ckpt_viz.run.zoo import build_builtin
 from ckpt_viz.runtime.checkpoint import checkpoint
@@ -36,34 +35,16 @@ def test_make_dot_of_the_real_graph_replays_a_non_reentrant_checkpoint() -> None
     """Why the probe does not hand make_dot the real graph: even with show_saved and show_attrs off, make_dot reads
     the recompute boundary's `saved_tensors`, which replays the region outside backward, where the excluded
     LayerNorm has no cached output to serve (this is also the forward counter's control)."""
-    import threading
-
     from ckpt_viz.errors import ExcludedRegionError
 
-    def body() -> None:
-        model, x, calls = _counted_excluded_model()
-        loss = _forward(model, x)
-        assert calls[0] == 3
-        with pytest.raises(ExcludedRegionError, match="No cached forward output"):
-            torchviz.make_dot(loss, params=dict(model.named_parameters()), show_attrs=False, show_saved=False)
-        assert calls[0] > 3  # blocks ran their forward again before the error
-
-    # The failed replay leaves its frames alive (the known cycle of an excluded region whose outputs die without a
-    # backward), so the run is numbered by a recording of its own thread: later tests' handle ids do not shift.
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            with ckpt_viz.record():
-                body()
-        except BaseException as exc:  # re-raised on the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
+    model, x, calls = _counted_excluded_model()
+    loss = _forward(model, x)
+    assert calls[0] == 3
+    with pytest.raises(ExcludedRegionError, match="No cached forward output"):
+        torchviz.make_dot(loss, params=dict(model.named_parameters()), show_attrs=False, show_saved=False)
+    assert calls[0] > 3  # blocks ran their forward again before the error
+    with pytest.raises(ExcludedRegionError):  # the broken region fails backward too, which releases its frames
+        loss.backward()
 
 
 def test_the_snapshot_keeps_make_dots_drawing_without_a_replay() -> None:
