@@ -6,6 +6,7 @@ Each browser test file owns its own pages and assertions; these helpers only sta
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,12 +81,17 @@ def settle(page, timeout_ms: int = 60_000) -> None:
 
 
 def screenshot(page, path: Path) -> None:
-    """The whole page: the viewport grows to the main area's scroll height (Streamlit scrolls inside it)."""
+    """The whole page: the viewport grows to the main area's scroll height (Streamlit scrolls inside it).
+    A shot in SHOTS is also copied to docs/screenshots/ when CKPT_VIZ_UPDATE_SCREENSHOTS=1."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     page.set_viewport_size({"width": 1500, "height": min(max(int(height), 1000), 4000)})
     page.wait_for_timeout(700)  # charts re-layout to the new size
     page.screenshot(path=str(path))
     page.set_viewport_size({"width": 1500, "height": 1000})
+    if os.environ.get("CKPT_VIZ_UPDATE_SCREENSHOTS") == "1" and path.parent == SHOTS:  # for the README
+        DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, DOCS_SHOTS / path.name)
 
 
 def cursor_text(page) -> str:

@@ -1,12 +1,12 @@
 """The graph page in a real browser: every node keeps its shape and every region its colour at every cursor stop.
 
-The bug this guards: Streamlit's graphviz_chart animates from one graph to the next in the
-browser (d3-graphviz), so stepping the cursor from one snapshot to another left nodes with
-`<polygon cx= rx=>` and regions without their fill. The page now shows an SVG drawn on the
-server, in an iframe document that is rebuilt on every cursor move; this walks the default run (default model, default mode) on the graph page with the
-default clicks (First, then Next replay until there is none, then Last, which reaches every
-snapshot) and reads the SVG in the page at each stop. It also checks that no request left the
-local server during the whole walk.
+The bug this guards: Streamlit's graphviz_chart animates from one graph to the next in the browser
+(d3-graphviz), so stepping the cursor from one snapshot to another left nodes with `<polygon cx=
+rx=>` and regions without their fill. The page now shows an SVG drawn on the server, in an iframe
+document that is rebuilt on every cursor move; this walks the default run (default model, default
+mode) on the graph page with the default clicks (First, then Next replay until there is none, then
+Last, which reaches every snapshot) and reads the SVG in the page at each stop. It also checks that
+no request left the local server during the whole walk.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, cursor_text, goto_page, settle
+from browser import CHROMIUM, SHOTS, cursor_text, goto_page, screenshot, settle
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -17,7 +17,8 @@ def _pick(page, label: str, option: str) -> None:
     """Choose `option` in the sidebar selectbox labelled `label`."""
     box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
         has=page.locator("label").get_by_text(label, exact=True))
-    box.click()
+    box.scroll_into_view_if_needed()  # the sidebar is taller than the window: the lower boxes are below the fold
+    box.locator("input").click()
     page.get_by_role("option", name=option, exact=True).click()
     settle(page, 120_000)
 
@@ -54,4 +55,5 @@ def test_timeline_walks_to_a_dw_action(browser_page) -> None:
     second = dw[1]
     expect(main.get_by_text(f"stage {second['stage']} runs DW (weight grads) of micro-batch {second['microbatch']}",
                             exact=False)).to_be_visible()
+    screenshot(page, SHOTS / "09_timeline.png")
     assert not page.errors, page.errors
