@@ -67,7 +67,16 @@ from ckpt_viz.errors import (  # the Sandbox* errors are re-exported: defined wi
 )
 from ckpt_viz.trace import Trace
 from ckpt_viz.usermodel.child import MEMORY_MARKERS
-from ckpt_viz.usermodel.isolation import Cgroup, Limits, SandboxWarning, bwrap_problem, child_env, command, not_isolated
+from ckpt_viz.usermodel.isolation import (
+    Cgroup,
+    Limits,
+    SandboxWarning,
+    bwrap_problem,
+    child_env,
+    command,
+    not_isolated,
+    package_root,
+)
 from ckpt_viz.usermodel.load import ModelLoadError, parse_ref
 from ckpt_viz.usermodel.processes import PREFIX, dump_stack, ending_signals, kill_group, signals_held, sweep
 from ckpt_viz.usermodel.readback import load_trace, read, tail
@@ -159,8 +168,8 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
             cgroup = Cgroup.create(workdir.name, limits)
             warn_isolation(problem, cgroup, limits.memory_mb, stacklevel=3)
             return _run(ref, load_ref, mode, extra, limits, workdir, cgroup, isolate=problem is None,
-                        readable=[os.path.dirname(target) if parsed.is_file else "", *sys.path, sys.prefix,
-                                  sys.base_prefix, os.path.dirname(sys.executable)])
+                        readable=[os.path.dirname(target) if parsed.is_file else "", *sys.path, package_root(),
+                                  sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)])
         finally:
             with signals_held():
                 if cgroup is not None:

@@ -63,7 +63,15 @@ from typing import Any
 
 from ckpt_viz.errors import CkptVizError, SandboxCrashError, SandboxError
 from ckpt_viz.trace import Trace
-from ckpt_viz.usermodel.isolation import Cgroup, Limits, binds, bwrap_problem, child_env, command
+from ckpt_viz.usermodel.isolation import (
+    Cgroup,
+    Limits,
+    binds,
+    bwrap_problem,
+    child_env,
+    command,
+    package_root,
+)
 from ckpt_viz.usermodel.load import parse_ref
 from ckpt_viz.usermodel.processes import PREFIX, host_pid, kill_group, namespace_strays, signal_stack, sweep
 from ckpt_viz.usermodel.readback import tail
@@ -128,6 +136,7 @@ class WarmSandbox:
         self._pid = 0  # the warm process's pid as the host sees it
         self._runs, self._dead = 0, False
         self.starts = 0  # how many warm processes this sandbox started (a test reads it)
+        self._bound: list[str] = []  # the folders the running warm process was started with in view
         _ALL.add(self)
 
     # -- the warm process --
@@ -157,9 +166,10 @@ class WarmSandbox:
         sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
         (folder / "warm.json").write_text(json.dumps({"sys_path": sys_path, "parent_pid": os.getpid(),
                                                       "isolated": problem is None}))
+        self._bound = [*self._readable, *sys_path, package_root(), sys.prefix, sys.base_prefix,  # the package
+                       os.path.dirname(sys.executable)]  # root too: an editable install is not on sys.path
         argv = command([sys.executable, "-m", "ckpt_viz.usermodel.forked", str(folder)], workdir=folder,
-                       readable=[*self._readable, *sys_path, sys.prefix, sys.base_prefix,
-                                 os.path.dirname(sys.executable)],
+                       readable=self._bound,
                        cgroup_files=self._group.procs_files if self._group else (), isolate=problem is None)
         self._isolated = problem is None
         with open(folder / "warm.log", "wb") as log:  # started by a thread that lives as long as the process:
@@ -242,8 +252,9 @@ class WarmSandbox:
         load_ref = f"{target}:{parsed.factory}" if parsed.is_file else ref.strip()
         with self._lock:
             folder_needed = os.path.dirname(target) if parsed.is_file else ""
-            if folder_needed and binds([folder_needed]) and not any(
-                    folder_needed == r or folder_needed.startswith(r + "/") for r in self._readable):
+            if folder_needed and binds([folder_needed]) and not any(  # bound at start (the checkout's own
+                    folder_needed == r or folder_needed.startswith(r + "/")  # folders, from sys.path, included)
+                    for r in (*self._readable, *(self._bound if self._proc is not None else ()))):
                 self._readable.append(folder_needed)
                 self._end()  # started without that folder in view (bubblewrap binds at start)
             self._ready()
