@@ -31,24 +31,12 @@ from ckpt_viz.usermodel.sandbox import (
     SandboxTimeoutError,
     record_in_subprocess,
 )
+from procs import live_processes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BAD = ROOT / "tests" / "data" / "bad_models"
 HOSTILE = ROOT / "tests" / "data" / "hostile_models"
 EXAMPLE = f"{ROOT / 'examples' / 'user_model.py'}:make_model"
-
-
-def _running(marker: str) -> bool:
-    """True while a live (not zombie) process has `marker` in its command line."""
-    for entry in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] if cmdline else "X"
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state not in ("Z", "X") and int(entry) != os.getpid():
-            return True
-    return False
 
 
 def _handle_ranks(trace: Trace) -> list[int | None]:
@@ -86,7 +74,7 @@ def test_timeout_kills_the_child_and_its_subprocesses(tmp_path: Path) -> None:
     assert "helper started" in err.output  # the helper ran
     assert err.returncode is None
     assert (err.line, err.file) == (14, str(model)), err.output  # time.sleep(1), from the stack dump
-    assert not _running(str(model))  # the helper is gone with the child
+    assert not live_processes(str(model))  # the helper is gone with the child
 
 
 def test_memory_limit_gives_a_clear_error() -> None:
@@ -123,7 +111,7 @@ def test_hostile_process_exit_is_reported(name: str, returncode: int, expected: 
     assert err.returncode == returncode
     assert expected in str(err)
     assert err.line == line  # the segfault's line is read off faulthandler's stack
-    assert not _running(f"{BAD / name}")
+    assert not live_processes(f"{BAD / name}")
 
 
 def test_bad_arguments_fail_before_spawning() -> None:

@@ -6,7 +6,6 @@ is in test_hostile_models.py and test_sandbox.py.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import threading
@@ -22,6 +21,7 @@ from ckpt_viz.trace import Trace
 from ckpt_viz.usermodel.load import ModelLoadError, load_model
 from ckpt_viz.usermodel.sandbox import record_in_subprocess
 from ckpt_viz.usermodel.warm import WarmSandbox
+from procs import live_processes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BAD = ROOT / "tests" / "data" / "bad_models"
@@ -50,19 +50,6 @@ def warm(models: Path) -> Iterator[WarmSandbox]:
     box.start()
     yield box
     box.close()
-
-
-def _live(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] if cmdline else "X"
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state not in ("Z", "X") and int(entry) != os.getpid():
-            found.append(int(entry))
-    return found
 
 
 def _one(box: WarmSandbox, ref: str, mode: str = "reentrant", **kw: object) -> Trace:
@@ -136,7 +123,7 @@ def test_a_run_that_kills_the_warm_process_ends_only_itself(tmp_path: Path) -> N
 def test_processes_a_run_leaves_end_with_it(warm: WarmSandbox, models: Path) -> None:
     model = Path(shutil.copy(HOSTILE / "new_session.py", models / "new_session.py"))
     assert _one(warm, f"{model}:make_model").count("handle_created") > 0
-    assert _live(str(model)) == []
+    assert live_processes(str(model)) == []
 
 
 def test_cancel_kills_a_looping_run_at_once(warm: WarmSandbox, models: Path) -> None:
@@ -147,7 +134,7 @@ def test_cancel_kills_a_looping_run_at_once(warm: WarmSandbox, models: Path) -> 
     (out,) = warm.record(f"{model}:make_model", ["reentrant"], timeout_s=60, cancel=cancel)
     assert time.monotonic() - start < 1.5 + 1.0
     assert isinstance(out, SandboxError) and "was cancelled after" in str(out)
-    assert _live(str(model)) == []  # the helper it started is gone too
+    assert live_processes(str(model)) == []  # the helper it started is gone too
     assert _one(warm, EXAMPLE).count("handle_created") == 3
 
 
