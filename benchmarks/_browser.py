@@ -1,12 +1,19 @@
 """`bench_app.py --browser`: the first page and cursor steps of a saved trace in a real Chromium.
 
-Starts `streamlit run app/streamlit_app.py` (tests/browser.py's `streamlit_server`), opens it in
-Debian's /usr/bin/chromium driven by Playwright, picks "Saved trace" -> "Path", types the file's
-path and times, from the Enter key:
-  1. first page: until the Overview's cursor slider is shown, the script run has ended and every
-     chart is drawn (target 1.5 s);
-  2. cursor step: a click on "+1" until the slider shows the next position, the run has ended and
-     the charts are drawn again, `steps` times (target 0.25 s each; the median is judged).
+Starts `streamlit run app/streamlit_app.py` (tests/browser.py's `streamlit_server`) and opens it
+in Debian's /usr/bin/chromium driven by Playwright (never `playwright install`).
+
+Warm-up, not timed: the browser opens the Glossary page (it reads no run, so no built-in model is
+recorded), picks "Saved trace" -> "Path", opens a small trace on the Overview (the server imports
+the chart libraries, the browser loads Vega). Then it types the big file's path and times:
+  1. first page: from the Enter key until the Overview's slider spans the big trace's events,
+     the script run has ended, every chart is drawn on a new canvas (not the small trace's) and
+     two animation frames have passed (the browser painted): Trace.load + the index + the
+     Overview, server and browser (target 1.5 s);
+  2. cursor step: from a click on "+1" until the slider shows the next position, the cursor line
+     names the next event, the run has ended and two frames have passed, `steps` times (target
+     0.25 s each; the median is judged). On a big trace one step moves the chart's cursor rule by
+     less than a pixel: what the user sees change is the slider, the line and the tables.
 """
 from __future__ import annotations
 
@@ -23,56 +30,73 @@ from browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server  # noqa: E402
 
 FIRST_PAGE_S = 1.5
 CURSOR_S = 0.25
+_THUMB = '[data-testid="stSliderThumbValue"]'
+_IDLE = ("() => { const app = document.querySelector('[data-testid=\"stApp\"]');"
+         " return app && app.getAttribute('data-test-script-state') === 'notRunning'; }")
+# Every chart drawn, on a canvas/svg that `_mark_old` did not mark; graphviz charts drawn.
 _DRAWN = ("() => { const app = document.querySelector('[data-testid=\"stApp\"]');"
           " return app && app.getAttribute('data-test-script-state') === 'notRunning'"
           " && [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')].every("
-          "c => c.querySelector('canvas, svg'))"
+          "c => { const d = c.querySelector('canvas, svg'); return d && !d.__ckptOld; })"
           " && [...document.querySelectorAll('[data-testid=\"stGraphVizChart\"]')].every(c => c.querySelector('svg'));"
           " }")
-_THUMB = '[data-testid="stSliderThumbValue"]'
+_MARK_OLD = ("() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas,"
+             " [data-testid=\"stVegaLiteChart\"] svg').forEach(d => { d.__ckptOld = true; })")
+_TWO_FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(true))))"
+_SLIDER_SPANS = ("n => [...document.querySelectorAll('[data-testid=\"stSlider\"] label')].some("
+                 "l => l.innerText.includes('(0 to ' + n + ')'))")
+_STEPPED = ("([thumb, line]) => { const t = document.querySelector('[data-testid=\"stSliderThumbValue\"]');"
+            " const c = document.querySelector('[data-testid=\"stCode\"]');"
+            " return t && t.innerText === thumb && c && c.innerText !== line; }")
 
 
-def _drawn(page, thumb_other_than: str | None, timeout_ms: int) -> None:
-    if thumb_other_than is None:
-        page.wait_for_selector(_THUMB, timeout=timeout_ms)
-    else:
-        page.wait_for_function("b => { const t = document.querySelector('[data-testid=\"stSliderThumbValue\"]');"
-                               " return t && t.innerText !== b; }", arg=thumb_other_than, timeout=timeout_ms)
+def _open(page, box, path: Path, events: int, timeout_ms: int) -> None:
+    """Type `path` in the trace path box, press Enter, wait for its Overview of `events` events drawn."""
+    box.fill(str(path))
+    box.press("Enter")
+    page.wait_for_function(_SLIDER_SPANS, arg=f"{events - 1:,}", timeout=timeout_ms)
     page.wait_for_function(_DRAWN, timeout=timeout_ms)
+    page.evaluate(_TWO_FRAMES)
 
 
-def measure(trace_path: Path, steps: int = 5) -> dict[str, object]:
-    """Time the first page and `steps` cursor steps of `trace_path` in Chromium; seconds."""
+def measure(trace_path: Path, events: int, warmup_path: Path, warmup_events: int, steps: int = 5,
+            timeout_s: float = 300) -> dict[str, object]:
+    """Time the first page of `trace_path` (`events` events) and `steps` cursor steps in Chromium; seconds."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
         raise SystemExit(f"bench_app --browser: {CHROMIUM} is missing.\nTip: apt-get install chromium.")
+    timeout_ms = int(timeout_s * 1000)
     with tempfile.TemporaryDirectory() as folder, streamlit_server(Path(folder) / "streamlit.log") as url, \
             sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
-            page.goto(url, timeout=120_000)
-            _drawn(page, None, 300_000)  # the default built-in run, not timed
+            page.goto(f"{url}/glossary", timeout=timeout_ms)  # a page that reads no run: nothing is recorded
+            page.wait_for_function(_IDLE, timeout=timeout_ms)
             sidebar = page.locator('[data-testid="stSidebar"]')
-            sidebar.get_by_text("Saved trace", exact=True).click()
-            sidebar.get_by_text("Path", exact=True).click()
+            sidebar.get_by_text("Saved trace", exact=True).click(timeout=timeout_ms)
+            sidebar.get_by_text("Path", exact=True).click(timeout=timeout_ms)
             box = sidebar.get_by_label("Trace file path")
-            box.fill(str(trace_path))
-            before = page.locator(_THUMB).first.inner_text() if page.locator(_THUMB).count() else None
-            start = time.perf_counter()
+            box.fill(str(warmup_path))
             box.press("Enter")
-            page.wait_for_function("b => { const t = document.querySelector('[data-testid=\"stSliderThumbValue\"]');"
-                                   " return t && t.innerText !== b && t.innerText.length > 0; }",
-                                   arg=before or "", timeout=300_000)
-            page.wait_for_function(_DRAWN, timeout=300_000)
+            page.wait_for_function(_IDLE, timeout=timeout_ms)
+            page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name="Overview", exact=True).click()
+            page.wait_for_function(_SLIDER_SPANS, arg=f"{warmup_events - 1:,}", timeout=timeout_ms)
+            page.wait_for_function(_DRAWN, timeout=timeout_ms)  # warm-up: not timed
+            page.evaluate(_MARK_OLD)
+            start = time.perf_counter()
+            _open(page, box, trace_path, events, timeout_ms)
             first = time.perf_counter() - start
             cursor = []
             for _ in range(steps):
-                shown = page.locator(_THUMB).first.inner_text()
+                thumb = page.locator(_THUMB).first.inner_text()
+                line = page.locator('[data-testid="stCode"]').first.inner_text()
                 start = time.perf_counter()
                 page.get_by_role("button", name="+1", exact=True).click()
-                _drawn(page, shown, 120_000)
+                page.wait_for_function(_STEPPED, arg=[str(int(thumb) + 1), line], timeout=timeout_ms)
+                page.wait_for_function(_DRAWN, timeout=timeout_ms)
+                page.evaluate(_TWO_FRAMES)
                 cursor.append(time.perf_counter() - start)
             errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count()
         finally:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         trace.save(path)
         print(f"wrote {len(trace.events):,} events, {len(trace.memory):,} memory samples, {len(trace.graphs)} graphs "
               f"to {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - start:.1f} s "
-              f"(not timed); {os.cpu_count()} CPUs\n")
+              f"(not timed); {os.cpu_count()} CPUs; load {_load()}\n")
         del trace
 
         os.chdir(ROOT)
@@ -107,11 +107,14 @@ def _browser_main(args: argparse.Namespace) -> int:
     from _browser import CURSOR_S, FIRST_PAGE_S, measure
 
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / ("bench_trace.json.gz" if args.gzip else "bench_trace.json")
+        suffix = ".json.gz" if args.gzip else ".json"
+        path, warmup = Path(folder) / f"bench_trace{suffix}", Path(folder) / f"warmup_trace{suffix}"
         build_trace(args.events).save(path)
+        warmup_events = min(2_000, max(args.events // 2, 2))  # any other size: the slider's range tells them apart
+        build_trace(warmup_events).save(warmup)
         print(f"wrote {args.events:,} events to {path.name} ({path.stat().st_size / 1e6:.0f} MB; not timed); "
-              f"{os.cpu_count()} CPUs; Chromium + a real streamlit server", flush=True)
-        result = measure(path, args.steps)
+              f"{os.cpu_count()} CPUs; Chromium + a real streamlit server; load {_load()}", flush=True)
+        result = measure(path, args.events, warmup, warmup_events, args.steps)
     steps = ", ".join(f"{s:.2f}" for s in result["cursor_step_s"])
     first_ok = result["first_page_s"] <= FIRST_PAGE_S
     cursor_ok = result["cursor_median_s"] <= CURSOR_S
@@ -123,6 +126,14 @@ def _browser_main(args: argparse.Namespace) -> int:
         print(f"    {result['errors_on_page']} error(s) shown on the page")
         return 2
     return 0 if first_ok and cursor_ok else 1
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (the machine may be shared: say under what load a figure was made)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":
