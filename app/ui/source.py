@@ -44,7 +44,7 @@ def _example_ref() -> str:
 def _model_file(sb: Any) -> RunConfig | None:
     from ui.sandbox import restore_limits, session_sandbox
 
-    session_sandbox(warm=True)  # its warm process imports torch while the user picks a file
+    session_sandbox(warm=True)  # a spare started ahead, or its own warm process, started while the user picks
     restore_limits(src_timeout=60, src_memory=4096)  # kept while another source is shown, and across uploads
     limits = sb.expander("Sandbox limits", expanded=True)
     timeout_s = limits.number_input("Time limit (s)", 5, 600, step=5, key="src_timeout",
@@ -100,6 +100,9 @@ def _microbatch_choices(model: str) -> tuple[int, ...]:
 
 def source_sidebar() -> RunConfig | None:
     """Draw the one source picker in the sidebar and store its `RunConfig` for the pages."""
+    from ui.sandbox import prestart
+
+    prestart()  # once per app: a warm sandbox starts ahead for the first model file (NOTE [ Spare sandbox ])
     sb = st.sidebar
     sb.subheader("Source")
     kind = sb.radio("Source", SOURCES, key="src_kind", label_visibility="collapsed")

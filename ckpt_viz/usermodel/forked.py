@@ -76,12 +76,15 @@ def serve(folder: Path) -> int:
             return 125
     sys.path[:0] = [p for p in setup["sys_path"] if p not in sys.path]
     os.environ.update({"HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp")})
+    _say("stage importing torch")  # the parent shows how far the start got (the app's panel)
     import torch  # the point of this process: imported once, before any fork
 
+    import ckpt_viz.usermodel.child  # what each fork runs, imported once
     import ckpt_viz.usermodel.load  # noqa: F401
 
     threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     torch.set_num_threads(1)  # no intra-op thread pool before a fork (a forked pool would hang)
+    _say("stage warming up")
     _warm_up(folder)
     gc.collect()
     gc.freeze()  # what is imported stays shared with the forks (no copy-on-write from the collector)

@@ -40,6 +40,11 @@ NOTE [ Warm child ]
   6. A run that kills the warm process (it shares its PID namespace) or crashes only
      ends its own run: the next `record` starts a fresh warm process. A run can reach
      only its own session's warm process, never another session's.
+  7. The start is read on a thread of its own (`warmstart.Start`) from the moment the
+     process is started: `stage importing torch`, `stage warming up`, then `ready PID`.
+     `stage` and `start_s` show its progress to a caller that did not wait for it (the
+     app's panel), `wait_started` waits for it without taking a run's turn, and a run's
+     `cancel` ends the wait at once (the start goes on, for the next run).
 """
 from __future__ import annotations
 
@@ -48,7 +53,6 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -84,6 +88,7 @@ from ckpt_viz.usermodel.sandbox import (
     _outcome,
     warn_isolation,
 )
+from ckpt_viz.usermodel.warmstart import Lines, Start
 
 __all__ = ["WarmSandbox"]
 
@@ -92,31 +97,6 @@ _START_S = 120.0  # the longest the warm process may take to import torch
 _ALL: weakref.WeakSet[WarmSandbox] = weakref.WeakSet()
 _LAUNCHER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt_viz-warm-launcher")
 _CLEANER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt_viz-warm-cleaner")
-
-
-class _Lines:
-    """Lines from a pipe, each awaited with a deadline."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd, self.buffer = fd, b""
-
-    def next(self, deadline: float, cancel: threading.Event | None = None) -> str | None:
-        """The next line; None at EOF, on the deadline, or when `cancel` is set (see `self.why`)."""
-        self.why = ""
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or (cancel is not None and cancel.is_set()):
-                self.why = "cancel" if cancel is not None and cancel.is_set() else "time"
-                return None
-            ready, _, _ = select.select([self.fd], [], [], min(left, 0.05))
-            if ready:
-                chunk = os.read(self.fd, 4096)
-                if not chunk:
-                    self.why = "eof"
-                    return None
-                self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line.decode("utf-8", "replace")
 
 
 class WarmSandbox:
@@ -132,7 +112,8 @@ class WarmSandbox:
         self._proc: subprocess.Popen[bytes] | None = None
         self._folder: Path | None = None
         self._group: Cgroup | None = None
-        self._lines: _Lines | None = None
+        self._lines: Lines | None = None
+        self._starting: Start | None = None  # the running warm process's start, read in the background
         self._pid = 0  # the warm process's pid as the host sees it
         self._runs, self._dead = 0, False
         self.starts = 0  # how many warm processes this sandbox started (a test reads it)
@@ -177,25 +158,50 @@ class WarmSandbox:
                 subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,  # Streamlit
                 cwd=folder, env=child_env(folder), start_new_session=True).result()  # run's thread soon ends
         assert self._proc.stdout is not None
-        self._lines = _Lines(self._proc.stdout.fileno())
+        self._lines = Lines(self._proc.stdout.fileno())
         self._pid = 0
+        self._starting = Start(self._lines, _START_S)  # See NOTE [ Warm child ], rule 7
 
     def wait_ready(self) -> None:
         """Start the warm process if needed and wait until it has imported torch."""
         with self._lock:
             self._ready()
 
-    def _ready(self) -> None:
-        """Wait for the warm process's `ready`; start one if there is none (or it died)."""
+    def wait_started(self, timeout_s: float | None = None) -> bool:
+        """Wait, without starting one or taking turns with runs, until the start of the warm process under
+        way is over; True when it is ready (False: none started, it failed, or `timeout_s` passed)."""
+        starting = self._starting
+        return starting is not None and starting.wait(timeout_s=timeout_s) and starting.ready
+
+    @property
+    def stage(self) -> str:
+        """How far the warm process's start got: "starting", "importing torch", "warming up", "ready";
+        "" when none is running."""
+        starting = self._starting
+        return starting.stage if starting is not None and self._proc is not None else ""
+
+    @property
+    def start_s(self) -> float:
+        """Seconds the warm process's start took, or has taken so far; 0 when none is running."""
+        starting = self._starting
+        if starting is None or self._proc is None:
+            return 0.0
+        return starting.seconds if starting.done.is_set() else time.monotonic() - starting.began
+
+    def _ready(self, cancel: threading.Event | None = None) -> bool:
+        """Wait for the warm process's `ready`; start one if there is none (or it died). False: `cancel` was
+        set first (the start goes on, for the next run)."""
         if self._proc is None or self._proc.poll() is not None:
             self._start()
         if self._pid:
-            return
-        assert self._lines is not None and self._proc is not None and self._folder is not None
-        line = self._lines.next(time.monotonic() + _START_S)
+            return True
+        assert self._starting is not None and self._proc is not None and self._folder is not None
+        if not self._starting.wait(cancel):
+            return False
+        line = self._starting.line
         if line is None or not line.startswith("ready "):
             log = tail(self._folder / "warm.log")
-            said = (f"said {line!r}" if line is not None else "ended" if self._lines.why == "eof" else
+            said = (f"said {line!r}" if line is not None else "ended" if self._starting.why == "eof" else
                     f"took over {_START_S:g} s")
             self._end()
             raise SandboxCrashError(f"{_API}: the warm sandbox process did not start (it {said})."
@@ -204,9 +210,10 @@ class WarmSandbox:
                                     "record_in_subprocess runs a model without the warm process.")
         inner = int(line.split()[1])
         self._pid = host_pid(self._proc.pid, inner) if self._isolated else inner
+        return True
 
     def _end(self) -> None:
-        proc, folder, group = self._proc, self._folder, self._group
+        proc, folder, group, starting = self._proc, self._folder, self._group, self._starting
         self._proc, self._folder, self._group, self._lines, self._pid = None, None, None, None, 0
         if proc is not None:
             with contextlib.suppress(OSError):
@@ -215,6 +222,8 @@ class WarmSandbox:
             if group is not None:
                 group.kill()
             proc.wait()
+            if starting is not None:
+                starting.thread.join(5)  # it reads the pipe until EOF: never a closed (reused) descriptor
             with contextlib.suppress(OSError):
                 proc.stdout.close()  # type: ignore[union-attr]
         if group is not None:
@@ -250,15 +259,22 @@ class WarmSandbox:
             raise SandboxError(f"{_API}.record: no mode given.\nTip: pass modes such as ['reentrant'].")
         target = os.path.abspath(parsed.target) if parsed.is_file else parsed.target
         load_ref = f"{target}:{parsed.factory}" if parsed.is_file else ref.strip()
-        with self._lock:
+        began = time.monotonic()
+        while not self._lock.acquire(timeout=0.05):  # another run of this sandbox (the app cancels it first)
+            if cancel is not None and cancel.is_set():
+                return [_cancelled(ref, mode, began, "waiting for this sandbox's previous run") for mode in modes]
+        try:
             folder_needed = os.path.dirname(target) if parsed.is_file else ""
             if folder_needed and binds([folder_needed]) and not any(  # bound at start (the checkout's own
                     folder_needed == r or folder_needed.startswith(r + "/")  # folders, from sys.path, included)
                     for r in (*self._readable, *(self._bound if self._proc is not None else ()))):
                 self._readable.append(folder_needed)
                 self._end()  # started without that folder in view (bubblewrap binds at start)
-            self._ready()
+            if not self._ready(cancel):
+                return [_cancelled(ref, mode, began, f"the sandbox was starting ({self.stage})") for mode in modes]
             return self._run(ref, load_ref, list(modes), extra, limits, cancel)
+        finally:
+            self._lock.release()
 
     def _run(self, ref: str, load_ref: str, modes: list[str], extra: dict[str, Any], limits: Limits,
              cancel: threading.Event | None) -> list[Trace | BaseException]:
@@ -355,6 +371,12 @@ class WarmSandbox:
             for stray in namespace_strays(self._pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(stray, signal.SIGKILL)
+
+
+def _cancelled(ref: str, mode: str, began: float, while_: str) -> SandboxError:
+    return SandboxError(f"{_API}.record: the run of {ref} (mode {mode!r}) was cancelled after "
+                        f"{time.monotonic() - began:.1f} s, while {while_}; no code of the model file ran.\n"
+                        "Tip: run it again when you are ready.")
 
 
 def _remove(group: Cgroup | None, rundir: Path) -> None:
