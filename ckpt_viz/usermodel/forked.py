@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import json
 import os
 import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +54,11 @@ def _warm_up(folder: Path) -> None:
     from ckpt_viz.run.scenarios import run_scenario
     from ckpt_viz.run.zoo import build_builtin
 
+    _say("stage importing torch._dynamo")  # most of a first recording's set-up: its first dispatch imports it
+    loader = threading.Thread(target=importlib.import_module, args=("torch._dynamo",))  # on a bare stack, as
+    loader.start()  # the memory probe does (NOTE [ Memory categories ], rule 8, in ckpt_viz.probe.memory)
+    loader.join()
+    _say("stage warming up")
     for mode in ("none", "nonreentrant", "reentrant", "split-reentrant"):
         run_scenario(build_builtin("mlp"), mode, memory=True, graphs=True).save(folder / "tmp" / "warm-up.json")
     os.unlink(folder / "tmp" / "warm-up.json")
@@ -84,7 +91,6 @@ def serve(folder: Path) -> int:
 
     threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     torch.set_num_threads(1)  # no intra-op thread pool before a fork (a forked pool would hang)
-    _say("stage warming up")
     _warm_up(folder)
     gc.collect()
     gc.freeze()  # what is imported stays shared with the forks (no copy-on-write from the collector)

@@ -54,6 +54,7 @@ class Start:
         self.lines = lines
         self.stage, self.line, self.why, self.seconds = "starting", None, "", 0.0
         self.began = time.monotonic()
+        self.times: dict[str, float] = {}  # stage -> seconds from the start to its line (a benchmark's breakdown)
         self.done = threading.Event()
         self.deadline = self.began + limit_s
         self.thread = threading.Thread(target=self._watch, daemon=True, name="ckpt_viz-warm-start")
@@ -70,12 +71,13 @@ class Start:
                 if line is None or not line.startswith("stage "):
                     break
                 self.stage = line[len("stage "):].strip()
+                self.times[self.stage] = time.monotonic() - self.began
         except (OSError, ValueError):  # the pipe was closed under us: the process was ended
             line, self.lines.why = None, "eof"
         self.line, self.why = line, self.lines.why
         self.seconds = time.monotonic() - self.began
         if line is not None and line.startswith("ready "):
-            self.stage = "ready"
+            self.stage, self.times["ready"] = "ready", self.seconds
         self.done.set()
 
     def wait(self, cancel: threading.Event | None = None, timeout_s: float | None = None) -> bool:

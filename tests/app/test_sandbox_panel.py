@@ -154,3 +154,57 @@ def test_sessions_never_see_each_others_runs_or_files() -> None:
     assert not _errors(first), _errors(first)
     assert _box(first).folder != _box(second).folder and _box(first).warm is not _box(second).warm
     assert _box(second).runs == {} and not (_box(second).folder / "model" / "mine.py").exists()
+
+
+PEEK = '''import os
+def make_model():
+    raise RuntimeError(f"peek={{os.path.exists({path!r})}}")
+'''
+
+
+def test_a_session_takes_a_spare_sandbox_started_ahead_and_no_other_session_gets_it() -> None:
+    from ckpt_viz.usermodel.isolation import bwrap_problem
+
+    sandbox.prestart()
+    assert sandbox.spares_ready(180)
+    ((folder, warm),) = sandbox._SPARES._spares
+    first = _app(src_kind="Model file (.py)", src_file_how="Upload")
+    assert _box(first).warm is warm and _box(first).folder == folder and warm.stage == "ready"
+    first = _upload(first, "mine.py", EXAMPLE.read_text())
+    assert not _errors(first), _errors(first)
+    assert warm.starts == 1 and sandbox._SPARES._spares == []  # no new start for it; handed out once
+    mine = folder / "model" / "mine.py"
+    assert mine.exists()
+    assert sandbox.spares_ready(180)  # the next spare: once the first session's run was done
+    ((other_folder, other_warm),) = sandbox._SPARES._spares
+    second = _app(src_kind="Model file (.py)", src_file_how="Upload")
+    assert _box(second).warm is other_warm and other_warm is not warm and other_folder != folder
+    assert other_warm._pid != warm._pid
+    second = _upload(second, "peek.py", PEEK.format(path=str(mine)))
+    (shown,) = _errors(second)
+    if bwrap_problem() is None:
+        assert "peek=False" in shown, shown  # the other session's upload is not in this sandbox's view
+    del first
+    gc.collect()
+    assert not folder.exists() and not warm.alive  # the spare went with the session that took it
+    assert other_warm.alive
+
+
+def test_a_sandbox_still_starting_says_so_and_cancel_stops_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "SPARES", 0)  # the session starts its own warm process: the wait is seen
+    monkeypatch.setattr(sandbox, "WAIT_S", 0.5)
+    at = _app(src_kind="Model file (.py)", src_file_how="Path", src_ref=f"{EXAMPLE}:make_model")
+    running = next(i.value for i in at.info if "Running" in i.value)
+    assert "This session's sandbox is still starting: " in running, running
+    assert re.search(r"starting: (starting|importing torch|importing torch\._dynamo|warming up) \(\d+\.\d s so far",
+                     running), running
+    start = time.monotonic()
+    at.button(key="sandbox_cancel").click().run()
+    assert time.monotonic() - start < 2.0
+    (message,) = [e.value for e in at.error]
+    assert "was cancelled after" in message and "while the sandbox was starting" in message, message
+    warm = _box(at).warm
+    assert warm.wait_started(120) and warm.starts == 1  # the start went on; Try again uses it
+    at.button(key="retry").click().run()
+    assert not _errors(at), _errors(at)
+    assert warm.starts == 1 and at.session_state["run_config"] in _box(at).runs

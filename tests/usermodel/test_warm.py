@@ -147,3 +147,27 @@ def test_compare_runs_every_mode_in_one_child(warm: WarmSandbox) -> None:
         assert isinstance(alone, Trace) and trace.kinds() == alone.kinds(), mode
         assert [e.data for e in trace] == [e.data for e in alone], mode
         assert trace.meta["mode"] == mode
+
+
+def test_a_start_shows_its_stages_and_cancel_ends_the_wait_for_it_at_once() -> None:
+    box = WarmSandbox()
+    try:
+        box.start()
+        assert box.stage in ("starting", "importing torch") and not box.wait_started(0)
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()
+        start = time.monotonic()
+        (out,) = box.record(EXAMPLE, ["reentrant"], cancel=cancel)
+        assert time.monotonic() - start < 0.3 + 1.0  # not the whole start
+        assert isinstance(out, SandboxError) and "was cancelled after" in str(out), out
+        assert "while the sandbox was starting" in str(out) and "no code of the model file ran" in str(out)
+        seen = {box.stage}
+        while not box.wait_started(0.01):  # the start went on without anyone waiting for it
+            seen.add(box.stage)
+        assert seen <= {"starting", "importing torch", "importing torch._dynamo", "warming up", "ready"}, seen
+        assert box.stage == "ready" and box.start_s > 0.5
+        assert _one(box, EXAMPLE).count("handle_created") == 3 and box.starts == 1  # that start, not a new one
+        folder = str(box._folder)
+    finally:
+        box.close()
+    assert box.stage == "" and live_processes(folder) == []  # the warm process and bubblewrap are gone
