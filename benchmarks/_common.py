@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["format_table", "interleaved", "paired_ratio", "stable_threads"]
+__all__ = ["CLOCKS", "format_table", "interleaved", "paired_ratio", "stable_threads"]
 
 
 def stable_threads() -> int:
@@ -29,8 +29,11 @@ def stable_threads() -> int:
     return torch.get_num_threads()
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def interleaved(cases: Mapping[str, Callable[[], None]], *, repeats: int, warmup: int = 2,
-                seed: int = 0) -> dict[str, list[float]]:
+                seed: int = 0, clock: str = "wall") -> dict[str, list[float]]:
     """Run every case once per round for `repeats` rounds; return per-round milliseconds.
 
     The order inside a round is shuffled (seeded), so no case always runs first or
@@ -39,7 +42,11 @@ def interleaved(cases: Mapping[str, Callable[[], None]], *, repeats: int, warmup
     the `gc.collect()` that runs between samples, outside the timed region, is
     cheap; the garbage a case makes while running is still its own cost.
     Lists are aligned by round: `times[a][i]` and `times[b][i]` come from round i.
+    `clock="cpu"` times with `time.process_time` (this process's CPU time, all its
+    threads): steadier on a loaded machine, where wall time also counts the waits
+    for a core; it needs steps long against its resolution (about 1 ms or better).
     """
+    now = CLOCKS[clock]
     names = list(cases)
     for _ in range(warmup):
         for name in names:
@@ -54,9 +61,9 @@ def interleaved(cases: Mapping[str, Callable[[], None]], *, repeats: int, warmup
             rng.shuffle(order)
             for name in order:
                 gc.collect()
-                start = time.perf_counter()
+                start = now()
                 cases[name]()
-                times[name].append((time.perf_counter() - start) * 1e3)
+                times[name].append((now() - start) * 1e3)
     finally:
         gc.unfreeze()
     return times

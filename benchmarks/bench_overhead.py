@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_overhead.py --rows linear8 # one group: linear8, gpt2, transformer, runtime
     .venv/bin/python benchmarks/bench_overhead.py --quick        # tiny smoke run; its ratios mean nothing
     .venv/bin/python benchmarks/bench_overhead.py --json out.json
+    .venv/bin/python benchmarks/bench_overhead.py --rows linear8 --clock cpu --ablate  # what bounds linear8
 
 Rows (a step = forward + loss + whole backward; every ratio is the median over rounds of
 case_i / baseline_i measured in the same interleaved round, see `_common.interleaved`):
@@ -17,6 +18,12 @@ case_i / baseline_i measured in the same interleaved round, see `_common.interle
                `record(memory=True)` / unrecorded (memory target <= 1.5).
   runtime      our checkpoint / torch.utils.checkpoint on the linear8 model, both kinds, no
                recording (target <= 1.01).
+
+`--clock cpu` times each case with `time.process_time` instead of `time.perf_counter`
+(steadier where other jobs share the cores). `--ablate` adds linear8 rows that split the
+events-only figure: the runtime's own work while recording (`bus.emit` stubbed to return
+None, so every `if bus.enabled:` hook point still runs but no event is built or kept) and
+an empty `record()` block before the step (opening and closing a recording).
 """
 from __future__ import annotations
 
@@ -32,7 +39,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import ckpt_viz
-from _common import format_table, interleaved, paired_ratio
+from _common import CLOCKS, format_table, paired_ratio
+from _common import interleaved as _interleaved
+from ckpt_viz import bus
 from ckpt_viz.runtime import checkpoint as our_checkpoint
 
 try:  # the replay-divergence checks (on by default in record()); absent from older builds
@@ -59,6 +68,31 @@ def recorded(step: Step, *, checks: bool = False, **options: Any) -> Step:
 
 def unrecorded(step: Step) -> Step:
     return step
+
+
+def emit_stubbed(step: Step) -> Step:
+    """`step` recorded with `bus.emit` returning None: what the runtime's hook points cost without the bus."""
+    def run() -> None:
+        real = bus.emit
+        bus.emit = _no_event
+        try:
+            step()
+        finally:
+            bus.emit = real
+    return run
+
+
+def _no_event(kind: str, **fields: Any) -> None:
+    return None
+
+
+def empty_record_then(step: Step) -> Step:
+    """An empty `record()` block, then `step` unrecorded: what opening and closing a recording costs."""
+    def run() -> None:
+        with ckpt_viz.record():
+            pass
+        step()
+    return run
 
 
 # ---------------------------------------------------------------- models
@@ -125,9 +159,10 @@ def transformer_step() -> tuple[Step, Any]:
 
 # ---------------------------------------------------------------- rows
 
-def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[int, ...] = (1, 2)
-            ) -> list[dict[str, Any]]:
+def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[int, ...] = (1, 2),
+            clock: str = "wall", ablate: bool = False) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    interleaved = functools.partial(_interleaved, clock=clock)
 
     def add(group: str, name: str, times: dict[str, list[float]], case: str, base: str, target: float | None,
             threads: int) -> None:
@@ -143,11 +178,18 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
         model, x0 = linear8(width, batch)
         ours_r = linear8_step(model, x0, our_checkpoint, True)
         if "linear8" in groups:
-            times = interleaved({"unrecorded": ours_r, "events": recorded(ours_r),
-                                 "events+checks": recorded(ours_r, checks=True)}, repeats=repeats)
+            cases = {"unrecorded": ours_r, "events": recorded(ours_r), "events+checks": recorded(ours_r, checks=True)}
+            if ablate:
+                cases.update({"stubbed": recorded(emit_stubbed(ours_r)), "empty": empty_record_then(ours_r)})
+            times = interleaved(cases, repeats=repeats)
             add("linear8", "events only / unrecorded", times, "events", "unrecorded", 1.02, threads)
             add("linear8", "record() as it comes (replay checks on) / unrecorded", times, "events+checks",
                 "unrecorded", None, threads)
+            if ablate:
+                add("linear8", "ablation: events only, bus.emit stubbed / unrecorded", times, "stubbed",
+                    "unrecorded", None, threads)
+                add("linear8", "ablation: empty record(), then the step / unrecorded", times, "empty",
+                    "unrecorded", None, threads)
         if "runtime" in groups and threads == thread_counts[0]:
             times = interleaved({
                 "ours_r": ours_r, "torch_r": linear8_step(model, x0, torch_checkpoint, True),
@@ -172,13 +214,14 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
     return rows
 
 
-def report(rows: list[dict[str, Any]], repeats: int) -> str:
+def report(rows: list[dict[str, Any]], repeats: int, clock: str = "wall") -> str:
     header = ["group", "figure", "threads", "case ms", "base ms", "ratio", "target", "result"]
     body = [[r["group"], r["name"], str(r["threads"]), f"{r['case_ms']:.2f}", f"{r['base_ms']:.2f}",
              f"{r['ratio']:.3f}", "-" if r["target"] is None else f"<= {r['target']}",
              "-" if r["passed"] is None else ("PASS" if r["passed"] else "MISS")] for r in rows]
     return (f"bench_overhead: torch {torch.__version__}, {repeats} interleaved rounds (gpt2/transformer: a third); "
-            "ratio = median of per-round ratios\n" + format_table(header, body))
+            "ratio = median of per-round ratios" + ("; CPU time (process_time)" if clock == "cpu" else "") + "\n"
+            + format_table(header, body))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads for linear8 (1 2)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall: time.perf_counter (default); cpu: time.process_time, steadier under load")
+    parser.add_argument("--ablate", action="store_true", help="add linear8 rows that split the events-only figure")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     try:
@@ -194,11 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError:
         pass
     repeats = 3 if args.quick else args.repeats
-    rows = measure(args.rows, args.quick, repeats, tuple(args.threads))
-    print(report(rows, repeats))
+    rows = measure(args.rows, args.quick, repeats, tuple(args.threads), args.clock, args.ablate)
+    print(report(rows, repeats, args.clock))
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"repeats": repeats, "quick": args.quick, "rows": rows}, out, indent=1)
+            json.dump({"repeats": repeats, "quick": args.quick, "clock": args.clock, "rows": rows}, out, indent=1)
     return 0
 
 

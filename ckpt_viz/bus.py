@@ -18,9 +18,15 @@ NOTE [ Cost with nobody listening ]
   4. A subscriber that raises propagates into the runtime; it is not swallowed.
   5. With somebody listening, `emit` is the hot path (a training step emits tens of
      events): it reads the scope once (no launch-context lookup when this context has
-     its own open scope, and then the tags are this context's too), builds the fields
-     once as a tuple for every channel, and builds each Event with a positional
-     constructor (`_make_event`) rather than the frozen dataclass's keyword `__init__`.
+     its own open scope, and then the tags are this context's too) and builds the
+     fields once as one tuple that every channel shares. A recording's channel keeps
+     each event as an `EventRow` (that tuple plus the channel's seq, in a tuple) and
+     builds no Event: the recording builds the Events when its trace is read (NOTE
+     [ Lazy events ] in ckpt_viz/trace/rows.py). `emit` returns the innermost
+     recording's row, which has every attribute of the Event (the runtime reads
+     `.seq` and `.site`). Channels opened with `fn` and global subscribers get Events,
+     built with the positional `events.make_event` rather than the frozen dataclass's
+     keyword `__init__`.
 
 NOTE [ Recording scopes ]
   1. A *channel* is one scoped listener with its own seq counter (a recording owns
@@ -29,8 +35,8 @@ NOTE [ Recording scopes ]
      exactly that channel again. Removal is by identity, never a ContextVar token
      reset, so closing out of order, or with an exception escaping, leaves every
      other channel as it was (the outer sees both, the inner its own events).
-  2. `emit` builds one Event per channel, numbered by that channel from seq 0, and
-     returns the innermost channel's Event (so a seq the runtime quotes back, such
+  2. `emit` hands one event to each channel, numbered by that channel from seq 0, and
+     returns what the innermost channel got (so a seq the runtime quotes back, such
      as `last_release_seq`, is in the numbering of the innermost recording). Global
      subscribers (`subscribe`) share one process-wide counter and see every event
      of every context (the CLI's progress bar uses one).
@@ -62,10 +68,10 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ckpt_viz.events import Event
+from ckpt_viz.events import Event, EventRow, make_event
 from ckpt_viz.sites import call_site, skip_frames_in
 
 __all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
@@ -73,23 +79,6 @@ __all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "curr
            "subscribe", "tag"]
 
 
-def _event_maker() -> Callable[..., Event]:
-    """A positional Event constructor that skips the frozen dataclass's keyword `__init__`.
-
-    It sets each slot through its member descriptor, the way `object.__setattr__` would,
-    at about a third of the cost (the bus builds one Event per event per recording, NOTE
-    [ Cost with nobody listening ], rule 5). The result equals `Event(...)` field by field.
-    """
-    names = [f.name for f in fields(Event)]
-    setters = {f"_set_{n}": getattr(Event, n).__set__ for n in names}
-    source = (f"def make({', '.join(names)}):\n    event = _new(_Event)\n"
-              + "".join(f"    _set_{n}(event, {n})\n" for n in names) + "    return event\n")
-    namespace: dict[str, Any] = {"_new": object.__new__, "_Event": Event, **setters}
-    exec(source, namespace)  # the source is built above from the dataclass's own field names
-    return namespace["make"]
-
-
-_make_event = _event_maker()
 
 
 class Subscriber(Protocol):
@@ -104,7 +93,11 @@ _lock = threading.RLock()
 _seq = itertools.count()
 _NO_TAGS: Mapping[str, Any] = {}  # one shared object: traces intern tags by identity
 _TAGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ckpt_viz_tags", default=None)
+_tagged = False  # True once any `tag()` block opened in this process: until then no context has tags
 _MISSING: Any = object()
+_new_row = tuple.__new__
+_monotonic_ns = time.monotonic_ns
+_get_ident = threading.get_ident
 
 
 def _update_enabled() -> None:
@@ -142,23 +135,40 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
 # ---------------------------------------------------------------- scopes
 
 class Channel:
-    """One scoped listener: its own seq from 0; see NOTE [ Recording scopes ]."""
+    """One scoped listener: its own seq from 0; see NOTE [ Recording scopes ].
 
-    __slots__ = ("__weakref__", "_lock", "_seq", "fn", "is_open", "names")
+    It hands over either an `Event` to `fn`, or (a recording's channel) an `EventRow`
+    to `rows` and then to `after` (NOTE [ Cost with nobody listening ], rule 5).
+    """
 
-    def __init__(self, fn: Subscriber, names: Mapping[int, str] | None) -> None:
+    __slots__ = ("__weakref__", "_after", "_lock", "_rows", "_seq", "fn", "is_open", "names")
+
+    def __init__(self, fn: Subscriber | None, names: Mapping[int, str] | None,
+                 rows: Callable[[EventRow], None] | None = None,
+                 after: Callable[[EventRow], None] | None = None) -> None:
         self.fn: Subscriber | None = fn
+        self._rows = rows
+        self._after = after
         self.names = names or {}
         self.is_open = True
         self._seq = 0
         self._lock = threading.RLock()
 
-    def _deliver(self, values: tuple[Any, ...]) -> Event | None:
+    def _deliver(self, values: tuple[Any, ...]) -> Event | EventRow | None:
         with self._lock:  # seq order is delivery order, also when two threads emit into one channel
+            rows = self._rows
+            if rows is not None:
+                row = _new_row(EventRow, (self._seq, values))
+                self._seq += 1
+                rows(row)
+                after = self._after
+                if after is not None:
+                    after(row)
+                return row
             fn = self.fn
             if fn is None:
                 return None
-            event = _make_event(self._seq, *values)
+            event = make_event(self._seq, *values)
             self._seq += 1
             fn(event)
             return event
@@ -170,7 +180,7 @@ class Channel:
             if not self.is_open:
                 return
             self.is_open = False
-            self.fn = None  # a closed channel that a handle's scope still names keeps nothing alive
+            self.fn = self._rows = self._after = None  # a closed channel a handle's scope names keeps nothing alive
             _open_channels -= 1
             _update_enabled()
         own = _SCOPE.get()
@@ -233,18 +243,26 @@ def current_scope() -> Scope:
     return _EMPTY
 
 
-def open_channel(fn: Subscriber, *, names: Mapping[int, str] | None = None) -> Channel:
-    """Open a channel for `fn` in the current context, inside the channels already open here.
+def open_channel(fn: Subscriber | None = None, *, names: Mapping[int, str] | None = None,
+                 rows: Callable[[EventRow], None] | None = None,
+                 after: Callable[[EventRow], None] | None = None) -> Channel:
+    """Open a channel in the current context, inside the channels already open here.
 
     Args:
         fn: called with each Event the code of this context emits, numbered from seq 0.
         names: id(object) -> name (a recording's parameter names; see `name_of`).
+        rows: instead of `fn`: called with each event as an `EventRow` (a recording's
+            `RecordedEvents.add_row`; NOTE [ Cost with nobody listening ], rule 5).
+        after: with `rows`: called with each row right after `rows` (a memory reading).
 
     Returns:
         The channel; `close()` it when done.
     """
     global _open_channels
-    channel = Channel(fn, names)
+    if (fn is None) == (rows is None) or (after is not None and rows is None):
+        raise TypeError("ckpt_viz.bus.open_channel: pass either fn or rows (after only with rows).\n"
+                        "Tip: open_channel(listener) for Events, open_channel(rows=events.add_row) for rows.")
+    channel = Channel(fn, names, rows, after)
     base = current_scope()
     channels = tuple(c for c in base.channels if c.is_open)
     _SCOPE.set(Scope(channels=(*channels, channel), shared=base.shared if channels else {}))
@@ -287,45 +305,47 @@ def emit(
     capture_site: bool = True,
     data: Mapping[str, Any] | None = None,
     scope: Scope | None = None,
-) -> Event | None:
-    """Build the Event for every listener of this context and hand it over; see NOTE [ Recording scopes ].
+) -> Event | EventRow | None:
+    """Hand this event to every listener of this context; see NOTE [ Recording scopes ].
 
     Returns:
-        The innermost recording's Event (a global subscriber's if no recording
-        listens here), or None if nobody listens.
+        What the innermost recording got: an `EventRow` for a `record()` block (it has
+        every attribute of the Event, `.seq` and `.site` included), the Event for a
+        channel opened with `fn`; a global subscriber's Event if no channel listens
+        here; None if nobody listens.
     """
-    subscribers = _subscribers
     own = _SCOPE.get()
-    if scope is not None and scope.is_open():
+    if scope is None and own is not None and (own.channels[-1].is_open or own.is_open()):
+        scope = own  # the common case: no launch-context fallback (rule 5 of the NOTE), this context's tags
+        tags = (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS
+    elif scope is not None and scope.is_open():
         tags = context_value(_TAGS, _NO_TAGS)
-    elif own is not None and own.is_open():  # the common case: no launch-context fallback (rule 5 of the NOTE)
-        scope = own
-        tags = _TAGS.get() or _NO_TAGS
     else:
         scope = current_scope()
         tags = context_value(_TAGS, _NO_TAGS)
     channels = scope.channels
+    subscribers = _subscribers
     if not subscribers and not channels:
         return None
     if site is None and capture_site:
         site = call_site()
     if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
         session_id = repr(session_id)
-    values = (time.monotonic_ns(), kind, handle_id, mode, phase, session_id, tags, site, threading.get_ident(),
-              data or {})
-    event = None
+    values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id, tags, site, _get_ident(), data or {})
+    event: Event | EventRow | None = None
     if subscribers:
         with _lock:
-            event = _make_event(next(_seq), *values)
+            event = make_event(next(_seq), *values)
             for fn in subscribers:
                 fn(event)
     for channel in channels:
         delivered = channel._deliver(values)
-        event = delivered if delivered is not None else event
+        if delivered is not None:
+            event = delivered
     return event
 
 
-def emit_error(exc: BaseException, where: str, **fields: Any) -> Event | None:
+def emit_error(exc: BaseException, where: str, **fields: Any) -> Event | EventRow | None:
     """Emit the `error` event for `exc` once: an exception that already has one is not reported again."""
     if getattr(exc, "_ckpt_viz_reported", False):
         return None
@@ -344,6 +364,8 @@ def emit_error(exc: BaseException, where: str, **fields: Any) -> Event | None:
 @contextlib.contextmanager
 def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
     """Tag every event emitted inside the block, e.g. `with tag(stage=0, microbatch=3):`."""
+    global _tagged
+    _tagged = True
     merged = {**context_value(_TAGS, _NO_TAGS), **tags}
     token = _TAGS.set(merged)
     try:

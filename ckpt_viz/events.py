@@ -7,12 +7,15 @@ cause, fix, tip and the release reasons each code follows from), which errors an
 events without importing torch.
 
 Every event is a plain fact in the past tense. Its fields are ints, strs, None,
-tuples and small dicts of the same, so `Event.to_dict()` is JSON-ready.
+tuples and small dicts of the same, so `Event.to_dict()` is JSON-ready. `EventRow` is
+the same fact as a recording stores it while its block runs (a tuple, cheap to build);
+`make_event` builds the `Event` from it (see NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from operator import itemgetter
 from typing import Any, Literal
 
 __all__ = [
@@ -22,10 +25,13 @@ __all__ = [
     "MODES",
     "PHASES",
     "RELEASE_REASONS",
+    "ROW_FIELDS",
     "DiagnosisCode",
     "Event",
+    "EventRow",
     "Mode",
     "Phase",
+    "make_event",
 ]
 
 Mode = Literal["reentrant", "nonreentrant", "exclude"]
@@ -321,3 +327,62 @@ class Event:
             thread_id=int(raw.get("thread_id") or 0),
             data=dict(raw.get("data") or {}),
         )
+
+
+def _event_maker() -> Callable[..., Event]:
+    """A positional Event constructor that skips the frozen dataclass's keyword `__init__`.
+
+    It sets each slot through its member descriptor, the way `object.__setattr__` would,
+    at about a third of the cost. The result equals `Event(...)` field by field.
+    """
+    names = [f.name for f in fields(Event)]
+    setters = {f"_set_{n}": getattr(Event, n).__set__ for n in names}
+    source = (f"def make({', '.join(names)}):\n    event = _new(_Event)\n"
+              + "".join(f"    _set_{n}(event, {n})\n" for n in names) + "    return event\n")
+    namespace: dict[str, Any] = {"_new": object.__new__, "_Event": Event, **setters}
+    exec(source, namespace)  # the source is built above from the dataclass's own field names
+    return namespace["make"]
+
+
+make_event: Callable[..., Event] = _event_maker()
+"""`make_event(seq, t_ns, kind, handle_id, mode, phase, session_id, tags, site, thread_id, data)`."""
+
+ROW_FIELDS = tuple(f.name for f in fields(Event))[1:]  # every field but seq, in order: a row's `values`
+assert ROW_FIELDS == ("t_ns", "kind", "handle_id", "mode", "phase", "session_id", "tags", "site", "thread_id",
+                       "data"), "EventRow's properties follow Event's fields"
+
+
+def _row_field(index: int) -> property:
+    def read(row: tuple[int, tuple[Any, ...]]) -> Any:
+        return row[1][index]
+    return property(read, doc=f"The event's `{ROW_FIELDS[index]}`.")
+
+
+class EventRow(tuple):  # type: ignore[type-arg]
+    """An event as a recording stores it: the tuple `(seq, values)`, `values` the other fields in order.
+
+    It has every attribute of the `Event` it stands for (`row.seq`, `row.site`, ...);
+    `row.event()` builds that Event. The bus builds one row per event per recording
+    instead of an Event, and shares `values` between the recordings (NOTE [ Lazy events ]
+    in ckpt_viz/trace/rows.py).
+    """
+
+    __slots__ = ()
+    seq = property(itemgetter(0), doc="The event's `seq` in its recording's numbering.")
+    t_ns = _row_field(0)
+    kind = _row_field(1)
+    handle_id = _row_field(2)
+    mode = _row_field(3)
+    phase = _row_field(4)
+    session_id = _row_field(5)
+    tags = _row_field(6)
+    site = _row_field(7)
+    thread_id = _row_field(8)
+    data = _row_field(9)
+
+    def event(self) -> Event:
+        """The `Event` this row stands for."""
+        return make_event(self[0], *self[1])
+
+    def __repr__(self) -> str:
+        return f"EventRow(seq={self[0]}, kind={self[1][1]!r}, handle_id={self[1][2]!r})"

@@ -5,7 +5,9 @@ imports torch when a block opens (the watch; memory and graphs through
 `ckpt_viz.probe`), never at import, so opening a saved trace never needs torch.
 
 NOTE [ What a recording captures ]
-  1. Events: every event emitted while the block is open, in order.
+  1. Events: every event emitted while the block is open, in order. `trace.events` is
+     a `RecordedEvents`: it keeps each event as the bus's cheap row and builds the
+     Event objects when first read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
   2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
      probe/memory.py) read right after every event; a `MemorySample` is stored
      when the reading differs from the previous one, so the memory at any event
@@ -54,8 +56,9 @@ from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
-from ckpt_viz.events import Event
+from ckpt_viz.events import EventRow
 from ckpt_viz.trace import MemorySample, Trace
+from ckpt_viz.trace.rows import RecordedEvents
 from ckpt_viz.trace.schema import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
 
 __all__ = ["Recording", "last_trace", "record"]
@@ -149,15 +152,17 @@ class Recording:
         self._names: dict[int, str] = {}
         self._last_reading: Any = None
 
-    def _on_event(self, event: Event) -> None:
-        self.trace.events.append(event)
-        if self._probe is not None:
-            reading = self._probe.sample()
-            if reading != self._last_reading:  # memory is a step function: store only the steps
-                self._last_reading = reading
-                totals, by_stage, device = reading
-                self.trace.memory.append(MemorySample(seq=event.seq, t_ns=event.t_ns, bytes_by_category=totals,
-                                                      device_allocated=device, by_stage=by_stage))
+    def _sample(self, row: EventRow) -> None:
+        """Read memory right after the event `row` (the channel calls it in seq order; NOTE rule 2)."""
+        probe = self._probe
+        if probe is None:
+            return
+        reading = probe.sample()
+        if reading != self._last_reading:  # memory is a step function: store only the steps
+            self._last_reading = reading
+            totals, by_stage, device = reading
+            self.trace.memory.append(MemorySample(seq=row[0], t_ns=row[1][0], bytes_by_category=totals,
+                                                  device_allocated=device, by_stage=by_stage))
 
     def assign_stage(self, tensors: Any, stage: Any) -> None:
         """Count `tensors` (a pipeline stage's parameters) under `stage` in the memory samples' `by_stage`."""
@@ -208,7 +213,9 @@ class Recording:
         except BaseException:
             self._release(None, None, None)
             raise
-        self._channel = bus.open_channel(self._on_event, names=self._names)
+        events = self.trace.events = RecordedEvents(self.trace.events)  # NOTE [ Lazy events ] in trace/rows.py
+        self._channel = bus.open_channel(rows=events.add_row, after=self._sample if self._probe is not None else None,
+                                         names=self._names)
         _BY_CHANNEL[self._channel] = self
         self._scope = bus.current_scope()
         return self
@@ -245,8 +252,13 @@ _STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "se
 def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
     # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/debug/findings.py).
-    sites = dict.fromkeys(e.site for e in trace.events if e.site and e.kind in _STORY_KINDS)
-    sites.update(dict.fromkeys(e.site for e in trace.events if e.site))
+    events = trace.events
+    if isinstance(events, RecordedEvents):  # read the two fields without building the Events
+        pairs = list(zip(events.column("site"), events.column("kind")))
+    else:
+        pairs = [(e.site, e.kind) for e in events]
+    sites = dict.fromkeys(site for site, kind in pairs if site and kind in _STORY_KINDS)
+    sites.update(dict.fromkeys(site for site, _ in pairs if site))
     sources = trace.meta.get("sources")
     if not sites or (sources is not None and type(sources) is not dict):
         return

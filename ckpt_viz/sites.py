@@ -50,12 +50,26 @@ def _skipped(filename: str) -> bool:
 def call_site(depth: int = 2) -> str | None:
     """The innermost `file:line` outside ckpt_viz, torch and the standard context helpers."""
     frame = sys._getframe(depth)
+    skip = _skip_cache  # inlined `_skipped` for the files seen before: this walk runs on every emit
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not _skipped(filename):
-            return f"{_short_path(filename)}:{frame.f_lineno}"
+        hit = skip.get(filename)
+        if hit is None:
+            hit = _skipped(filename)
+        if not hit:
+            key = (filename, frame.f_lineno)
+            site = _site_cache.get(key)
+            if site is None:
+                if len(_site_cache) >= _MAX_SITES:
+                    _site_cache.clear()
+                site = _site_cache[key] = f"{_short_path(filename)}:{key[1]}"
+            return site
         frame = frame.f_back
     return None
+
+
+_site_cache: dict[tuple[str, int], str] = {}  # (file, line) -> "short/path.py:line", one string per site
+_MAX_SITES = 65536
 
 
 _short_cache: dict[str, str] = {}

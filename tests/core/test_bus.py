@@ -277,3 +277,26 @@ def test_name_of_reads_the_innermost_channel_that_names_the_object() -> None:
     assert bus.name_of(thing) == "outer.thing"
     outer.close()
     assert bus.name_of(thing) is None
+
+
+def test_a_rows_channel_gets_event_rows_and_an_fn_channel_inside_it_gets_events() -> None:
+    from ckpt_viz.events import EventRow
+    from ckpt_viz.trace.rows import RecordedEvents
+
+    rows = RecordedEvents()
+    after: list[EventRow] = []
+    outer = bus.open_channel(rows=rows.add_row, after=after.append)
+    first = bus.emit("phase_set", handle_id=0, capture_site=False)
+    inner_seen: list[Event] = []
+    inner = bus.open_channel(inner_seen.append)
+    second = bus.emit("phase_set", handle_id=1, capture_site=False)
+    inner.close()
+    outer.close()
+    assert isinstance(first, EventRow) and (first.seq, first.handle_id, first.kind) == (0, 0, "phase_set")
+    assert second is inner_seen[0] and second.seq == 0  # the innermost channel's own numbering
+    assert after == [first, rows._rows[1]] and rows.pending == 2  # `after` runs right after each row is kept
+    assert [(e.seq, e.handle_id) for e in rows] == [(0, 0), (1, 1)] and rows[0] == first.event()
+    with pytest.raises(TypeError, match="either fn or rows"):
+        bus.open_channel(inner_seen.append, rows=rows.add_row)
+    with pytest.raises(TypeError, match="either fn or rows"):
+        bus.open_channel()

@@ -67,3 +67,73 @@ def test_record_restores_autograd_and_hooks_after_an_error() -> None:
     from ckpt_viz.runtime import memtags
 
     assert memtags.enabled is False
+
+
+# ------------------------------------------------------------------ lazy events (NOTE [ Lazy events ], trace/rows.py)
+
+def _step(net: Net, x: torch.Tensor) -> None:
+    net(x).sum().backward()
+
+
+def test_a_recording_builds_its_events_when_read_equal_to_what_a_listener_got() -> None:
+    from dataclasses import fields
+
+    from ckpt_viz import bus
+    from ckpt_viz.events import ROW_FIELDS, Event, EventRow
+
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(2, 8)
+    seen: list[Event] = []
+    unsubscribe = bus.subscribe(seen.append)  # a global listener gets Events, numbered from 0 like the recording
+    try:
+        with ckpt_viz.record() as rec:
+            _step(net, x)
+            row = bus.emit("memory_sampled", capture_site=False, data={"at": "here"})
+    finally:
+        unsubscribe()
+    events = rec.trace.events
+    assert events.pending == len(seen) > 10  # nothing was built while the block ran, nor by its close
+    assert rec.trace.meta["sources"]  # the close read the sites from the rows
+    assert isinstance(row, EventRow) and row.seq == len(seen) - 1
+    assert ROW_FIELDS == tuple(f.name for f in fields(Event))[1:]
+    assert all(getattr(row, f.name) == getattr(seen[-1], f.name) for f in fields(Event))
+    assert events == seen and events.pending == 0 and all(type(e) is Event for e in events)
+    assert events[0] is events[0] and events[-1] is list(events)[-1]  # each event is built once
+    assert row.event() == events[-1] and rec.trace.kinds() == [e.kind for e in seen]
+
+
+def test_reads_and_writes_inside_the_block_keep_the_order_of_a_growing_list() -> None:
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(2, 8)
+    with ckpt_viz.record() as rec:
+        net(x)
+        created = len(rec.trace.events)
+        first = rec.trace.events[-1]  # a read in the block builds what arrived so far
+        rec.trace.events.append(first)  # a write acts on the built events; later rows come after it
+        net(x).sum().backward()
+    events = list(rec.trace.events)
+    assert events[created] is first and events[created - 1] is first
+    rest = [e.seq for e in events[created + 1:]]
+    assert rest == list(range(created, created + len(rest))) and len(rest) > 0
+    assert [] + rec.trace.events == events and rec.trace.events.copy() == events  # noqa: RUF005 (radd)
+
+
+def test_threads_handed_one_recording_number_its_events_in_order() -> None:
+    import threading
+
+    from ckpt_viz import bus
+
+    with ckpt_viz.record() as rec:
+        def work(name: str) -> None:
+            with rec.attach():
+                for i in range(300):
+                    bus.emit("memory_sampled", capture_site=False, data={"at": f"{name}{i}"})
+        threads = [threading.Thread(target=work, args=(n,)) for n in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    events = rec.trace.events
+    assert [e.seq for e in events] == list(range(600))
+    for name in "ab":  # each thread's own events stay in its order
+        assert [e.data["at"] for e in events if e.data["at"][0] == name] == [f"{name}{i}" for i in range(300)]
