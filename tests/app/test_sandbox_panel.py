@@ -1,12 +1,15 @@
 """The sandbox panel, driven headless with AppTest: limits, uploads, a run in progress, Cancel, errors, Try again.
 
-Each AppTest is a session with its own warm sandbox (one torch import in a child, 2-8 s);
-runs of a model file are forks of it (about a second each).
+Each AppTest is a session with its own warm sandbox (one torch import in a child, 2-8 s): the spare
+started ahead (NOTE [ Spare sandbox ] in app/ui/sandbox.py) or one it starts; runs of a model file
+are forks of it (about a second each).
 """
 from __future__ import annotations
 
 import gc
 import re
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from ckpt_viz.usermodel.load import ModelLoadError, load_model
+from procs import live_processes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 APP = str(ROOT / "app" / "streamlit_app.py")
@@ -208,3 +212,40 @@ def test_a_sandbox_still_starting_says_so_and_cancel_stops_the_wait(monkeypatch:
     at.button(key="retry").click().run()
     assert not _errors(at), _errors(at)
     assert warm.starts == 1 and at.session_state["run_config"] in _box(at).runs
+
+
+APP_PROCESS = '''import sys, time
+sys.path.insert(0, {app!r})
+from ui import sandbox
+sandbox.PRESTART_S = 0.0
+sandbox.prestart()
+assert sandbox.spares_ready(180)
+((folder, warm),) = sandbox._SPARES._spares
+print(folder, flush=True)
+if sys.argv[1] == "killed":
+    time.sleep(120)
+'''
+
+
+@pytest.mark.parametrize("end", ["exits", "killed"])
+def test_an_app_that_ends_leaves_no_spare_sandbox_running(end: str, tmp_path: Path) -> None:
+    script = tmp_path / "app_process.py"
+    script.write_text(APP_PROCESS.format(app=str(ROOT / "app")))
+    proc = subprocess.Popen([sys.executable, str(script), end], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        folder = Path(proc.stdout.readline().strip())
+        marker = f"ckpt_viz_sandbox_{proc.pid}_"  # the warm process's folder, in its command line and bubblewrap's
+        assert folder.is_dir() and live_processes(marker)
+        if end == "killed":
+            proc.kill()  # no atexit: bubblewrap's --die-with-parent ends the sandbox
+        assert proc.wait(60) == (0 if end == "exits" else -9)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 5
+    while live_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_processes(marker) == []
+    if end == "exits":
+        assert not folder.exists()  # removed at exit (an app killed outright: by the next app's sweep)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
