@@ -19,14 +19,16 @@ NOTE [ Cost with nobody listening ]
   5. With somebody listening, `emit` is the hot path (a training step emits tens of
      events): it reads the scope once (no launch-context lookup when this context has
      its own open scope, and then the tags are this context's too) and builds the
-     fields once as one tuple that every channel shares. A recording's channel keeps
-     each event as an `EventRow` (that tuple plus the channel's seq, in a tuple) and
-     builds no Event: the recording builds the Events when its trace is read (NOTE
-     [ Lazy events ] in ckpt_viz/trace/rows.py). `emit` returns the innermost
-     recording's row, which has every attribute of the Event (the runtime reads
-     `.seq` and `.site`). Channels opened with `fn` and global subscribers get Events,
-     built with the positional `events.make_event` rather than the frozen dataclass's
-     keyword `__init__`.
+     fields once as one tuple that every channel shares. A recording's channel hands
+     that tuple to the recording, which keeps its values in one flat list and builds
+     no Event until its trace is read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
+     `emit` returns the innermost recording's event as an `EventRow` (the channel's
+     seq and that tuple), which has every attribute of the Event (the runtime reads
+     `.seq` and `.site`) and which nothing keeps. Channels opened with `fn` and global
+     subscribers get Events, built with the positional `events.make_event` rather
+     than the frozen dataclass's keyword `__init__`. Call sites are cached per
+     (file, line) (ckpt_viz/sites.py), and tags are read only once a `tag()` block
+     has opened in the process.
 
 NOTE [ Recording scopes ]
   1. A *channel* is one scoped listener with its own seq counter (a recording owns
@@ -137,17 +139,18 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
 class Channel:
     """One scoped listener: its own seq from 0; see NOTE [ Recording scopes ].
 
-    It hands over either an `Event` to `fn`, or (a recording's channel) an `EventRow`
-    to `rows` and then to `after` (NOTE [ Cost with nobody listening ], rule 5).
+    It hands each event over either as an `Event` to `fn`, or (a recording's channel)
+    as its fields after seq to `rows`, then as an `EventRow` to `after` (NOTE [ Cost
+    with nobody listening ], rule 5).
     """
 
-    __slots__ = ("__weakref__", "_after", "_lock", "_rows", "_seq", "fn", "is_open", "names")
+    __slots__ = ("__weakref__", "_after", "_keep", "_lock", "_seq", "fn", "is_open", "names")
 
     def __init__(self, fn: Subscriber | None, names: Mapping[int, str] | None,
-                 rows: Callable[[EventRow], None] | None = None,
+                 rows: Callable[[tuple[Any, ...]], None] | None = None,
                  after: Callable[[EventRow], None] | None = None) -> None:
         self.fn: Subscriber | None = fn
-        self._rows = rows
+        self._keep = rows
         self._after = after
         self.names = names or {}
         self.is_open = True
@@ -156,11 +159,11 @@ class Channel:
 
     def _deliver(self, values: tuple[Any, ...]) -> Event | EventRow | None:
         with self._lock:  # seq order is delivery order, also when two threads emit into one channel
-            rows = self._rows
-            if rows is not None:
+            keep = self._keep
+            if keep is not None:
+                keep(values)
                 row = _new_row(EventRow, (self._seq, values))
                 self._seq += 1
-                rows(row)
                 after = self._after
                 if after is not None:
                     after(row)
@@ -180,7 +183,7 @@ class Channel:
             if not self.is_open:
                 return
             self.is_open = False
-            self.fn = self._rows = self._after = None  # a closed channel a handle's scope names keeps nothing alive
+            self.fn = self._keep = self._after = None  # a closed channel a handle's scope names keeps nothing alive
             _open_channels -= 1
             _update_enabled()
         own = _SCOPE.get()
@@ -244,16 +247,17 @@ def current_scope() -> Scope:
 
 
 def open_channel(fn: Subscriber | None = None, *, names: Mapping[int, str] | None = None,
-                 rows: Callable[[EventRow], None] | None = None,
+                 rows: Callable[[tuple[Any, ...]], None] | None = None,
                  after: Callable[[EventRow], None] | None = None) -> Channel:
     """Open a channel in the current context, inside the channels already open here.
 
     Args:
         fn: called with each Event the code of this context emits, numbered from seq 0.
         names: id(object) -> name (a recording's parameter names; see `name_of`).
-        rows: instead of `fn`: called with each event as an `EventRow` (a recording's
-            `RecordedEvents.add_row`; NOTE [ Cost with nobody listening ], rule 5).
-        after: with `rows`: called with each row right after `rows` (a memory reading).
+        rows: instead of `fn`: called with each event's fields after seq, a tuple
+            (a recording's `RecordedEvents.keep`; NOTE [ Cost with nobody listening ], rule 5).
+        after: with `rows`: called with each event as an `EventRow` right after `rows`
+            (a memory reading).
 
     Returns:
         The channel; `close()` it when done.
@@ -261,7 +265,7 @@ def open_channel(fn: Subscriber | None = None, *, names: Mapping[int, str] | Non
     global _open_channels
     if (fn is None) == (rows is None) or (after is not None and rows is None):
         raise TypeError("ckpt_viz.bus.open_channel: pass either fn or rows (after only with rows).\n"
-                        "Tip: open_channel(listener) for Events, open_channel(rows=events.add_row) for rows.")
+                        "Tip: open_channel(listener) for Events, open_channel(rows=events.keep) for a recording.")
     channel = Channel(fn, names, rows, after)
     base = current_scope()
     channels = tuple(c for c in base.channels if c.is_open)

@@ -8,8 +8,8 @@ events without importing torch.
 
 Every event is a plain fact in the past tense. Its fields are ints, strs, None,
 tuples and small dicts of the same, so `Event.to_dict()` is JSON-ready. `EventRow` is
-the same fact as a recording stores it while its block runs (a tuple, cheap to build);
-`make_event` builds the `Event` from it (see NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
+the same fact as the bus hands it to a recording (a tuple, cheap to build); `make_event`
+builds the `Event` from its fields (see NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
 """
 from __future__ import annotations
 
@@ -362,9 +362,8 @@ class EventRow(tuple):  # type: ignore[type-arg]
     """An event as a recording stores it: the tuple `(seq, values)`, `values` the other fields in order.
 
     It has every attribute of the `Event` it stands for (`row.seq`, `row.site`, ...);
-    `row.event()` builds that Event. The bus builds one row per event per recording
-    instead of an Event, and shares `values` between the recordings (NOTE [ Lazy events ]
-    in ckpt_viz/trace/rows.py).
+    `row.event()` builds that Event. `bus.emit` returns one for a recording instead of
+    building the Event (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
     """
 
     __slots__ = ()

@@ -214,7 +214,7 @@ class Recording:
             self._release(None, None, None)
             raise
         events = self.trace.events = RecordedEvents(self.trace.events)  # NOTE [ Lazy events ] in trace/rows.py
-        self._channel = bus.open_channel(rows=events.add_row, after=self._sample if self._probe is not None else None,
+        self._channel = bus.open_channel(rows=events.keep, after=self._sample if self._probe is not None else None,
                                          names=self._names)
         _BY_CHANNEL[self._channel] = self
         self._scope = bus.current_scope()

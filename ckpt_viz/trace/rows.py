@@ -1,22 +1,28 @@
-"""A recording's events: cheap rows while the block runs, `Event` objects when read.
+"""A recording's events: flat field values while the block runs, `Event` objects when read.
 
-Standard library only. The row type is `ckpt_viz.events.EventRow`; the bus builds the
-rows (`ckpt_viz.bus`, NOTE [ Cost with nobody listening ], rule 5).
+Standard library only. The bus hands the fields over (`ckpt_viz.bus`, NOTE [ Cost with
+nobody listening ], rule 5).
 
 NOTE [ Lazy events ]
-  1. While a `record()` block runs, the bus hands the recording one `EventRow` per
-     event (its seq, and one tuple of the other fields that every recording seeing
-     the event shares) and the recording's `RecordedEvents` keeps it: no `Event` is
-     built on the training step's hot path.
+  1. While a `record()` block runs, the bus hands the recording each event as the
+     tuple of its fields after seq (`events.ROW_FIELDS`, one tuple that every
+     recording seeing the event shares) and the recording's `RecordedEvents` extends
+     one flat list with them: no `Event` is built on the training step's hot path, and
+     keeping an event allocates no object the garbage collector tracks (an Event per
+     event, or a tuple per event, would: a training step that allocates a few hundred
+     tracked objects more runs a generation-0 collection more, which traverses every
+     young tensor and its autograd graph). An event's seq is its position: a
+     recording's channel numbers its events 0, 1, 2, ... in the order it keeps them.
   2. Any read (index, iterate, slice, compare, `in`, ...) first builds, in order, the
-     Event of every row not built yet and keeps it. Each event is built once: later
+     Event of every event not built yet and keeps it. Each event is built once: later
      reads return the same object, so a `RecordedEvents` reads like a plain list of
      Events that grows while the block runs. `len` and `column` read without building.
-  3. Writes (append, insert, delete, assignment) act on the built Events; rows that
+  3. Writes (append, insert, delete, assignment) act on the built Events; events that
      arrive later are built and appended after them, as on a list the recorder
      appends to.
-  4. Threads: the bus appends under its channel's lock (so rows arrive in seq order);
-     building takes this container's own lock, so two readers never build a row twice.
+  4. Threads: the bus keeps events under its channel's lock (so they arrive in seq
+     order); building takes this container's own lock, so two readers never build an
+     event twice.
 """
 from __future__ import annotations
 
@@ -24,57 +30,62 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from typing import Any, overload
 
-from ckpt_viz.events import ROW_FIELDS, Event, EventRow, make_event
+from ckpt_viz.events import ROW_FIELDS, Event, make_event
 from ckpt_viz.trace.columns import EventColumns
 
 __all__ = ["RecordedEvents"]
 
-_VALUE_INDEX = {name: i for i, name in enumerate(ROW_FIELDS)}  # a row's values hold every field but seq
+_WIDTH = len(ROW_FIELDS)  # values kept per event: every field but seq
+_VALUE_INDEX = {name: i for i, name in enumerate(ROW_FIELDS)}
 
 
 class RecordedEvents(MutableSequence):
-    """The events of a recording, kept as rows until read; see NOTE [ Lazy events ]."""
+    """The events of a recording, kept as flat field values until read; see NOTE [ Lazy events ]."""
 
-    __slots__ = ("_built", "_lock", "_rows", "add_row")
+    __slots__ = ("_built", "_flat", "_lock", "_next_seq", "keep")
     __hash__ = None  # type: ignore[assignment]  # mutable, like list
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
         self._built: list[Event] = list(events)
-        self._rows: list[EventRow] = []
+        self._flat: list[Any] = []  # the fields after seq of each event not built yet, one after another
+        self._next_seq = 0  # the seq of the first event not built yet
         self._lock = threading.Lock()
-        self.add_row: Callable[[EventRow], None] = self._rows.append
-        """Keep one more row (the bus's sink; rule 1 of the NOTE)."""
+        self.keep: Callable[[tuple[Any, ...]], None] = self._flat.extend
+        """Keep the next event, given as its fields after seq (the bus's sink; rule 1 of the NOTE)."""
 
     def _events(self) -> list[Event]:
-        rows = self._rows
-        if rows:  # rule 2: build what arrived since the last read, in order, once
+        flat = self._flat
+        if flat:  # rule 2: build what arrived since the last read, in order, once
             with self._lock:
-                count = len(rows)
-                if count:
-                    pending = rows[:count]
-                    del rows[:count]  # a row the bus appends meanwhile stays for the next read
-                    self._built.extend([make_event(row[0], *row[1]) for row in pending])
+                size = len(flat)
+                if size:
+                    pending = flat[:size]
+                    del flat[:size]  # an event the bus keeps meanwhile stays for the next read
+                    first = self._next_seq
+                    self._next_seq = first + size // _WIDTH
+                    columns = [pending[i::_WIDTH] for i in range(_WIDTH)]
+                    self._built.extend(map(make_event, range(first, self._next_seq), *columns))
         return self._built
 
     def column(self, name: str) -> list[Any]:
-        """Field `name` of every event, in order, without building the Events still kept as rows."""
+        """Field `name` of every event, in order, without building the Events not built yet."""
         with self._lock:
-            built, rows = self._built[:], self._rows[:]
+            built, flat, first = self._built[:], self._flat[:], self._next_seq
         if name == "seq":
-            return [e.seq for e in built] + [r[0] for r in rows]
+            return [e.seq for e in built] + list(range(first, first + len(flat) // _WIDTH))
         at = _VALUE_INDEX[name]  # KeyError for a name that is no field, like getattr's AttributeError
-        return [getattr(e, name) for e in built] + [r[1][at] for r in rows]
+        return [getattr(e, name) for e in built] + flat[at::_WIDTH]
 
     @property
     def pending(self) -> int:
-        """How many events are still kept as rows (not built yet)."""
-        return len(self._rows)
+        """How many events are not built yet."""
+        return len(self._flat) // _WIDTH
 
     # ------------------------------------------------------------ the list protocol
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._built) + len(self._rows)
+            return len(self._built) + len(self._flat) // _WIDTH
 
     @overload
     def __getitem__(self, index: int) -> Event: ...

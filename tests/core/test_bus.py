@@ -279,13 +279,13 @@ def test_name_of_reads_the_innermost_channel_that_names_the_object() -> None:
     assert bus.name_of(thing) is None
 
 
-def test_a_rows_channel_gets_event_rows_and_an_fn_channel_inside_it_gets_events() -> None:
+def test_a_keeping_channel_returns_event_rows_and_an_fn_channel_inside_it_gets_events() -> None:
     from ckpt_viz.events import EventRow
     from ckpt_viz.trace.rows import RecordedEvents
 
     rows = RecordedEvents()
-    after: list[EventRow] = []
-    outer = bus.open_channel(rows=rows.add_row, after=after.append)
+    after: list[tuple[EventRow, int]] = []
+    outer = bus.open_channel(rows=rows.keep, after=lambda row: after.append((row, rows.pending)))
     first = bus.emit("phase_set", handle_id=0, capture_site=False)
     inner_seen: list[Event] = []
     inner = bus.open_channel(inner_seen.append)
@@ -294,9 +294,11 @@ def test_a_rows_channel_gets_event_rows_and_an_fn_channel_inside_it_gets_events(
     outer.close()
     assert isinstance(first, EventRow) and (first.seq, first.handle_id, first.kind) == (0, 0, "phase_set")
     assert second is inner_seen[0] and second.seq == 0  # the innermost channel's own numbering
-    assert after == [first, rows._rows[1]] and rows.pending == 2  # `after` runs right after each row is kept
+    assert [(row.seq, kept) for row, kept in after] == [(0, 1), (1, 2)]  # `after` runs right after each keep
+    assert rows.pending == 2 and rows.column("handle_id") == [0, 1] and rows.column("seq") == [0, 1]
     assert [(e.seq, e.handle_id) for e in rows] == [(0, 0), (1, 1)] and rows[0] == first.event()
+    assert rows.pending == 0 and rows.column("kind") == ["phase_set"] * 2
     with pytest.raises(TypeError, match="either fn or rows"):
-        bus.open_channel(inner_seen.append, rows=rows.add_row)
+        bus.open_channel(inner_seen.append, rows=rows.keep)
     with pytest.raises(TypeError, match="either fn or rows"):
         bus.open_channel()
