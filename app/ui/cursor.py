@@ -30,7 +30,7 @@ import bisect
 import streamlit as st
 
 from ckpt_viz import Trace, describe_event, event_column
-from ui.runs import Run, RunConfig
+from ui.runs import Run, RunConfig, jump_positions
 
 CURSOR = "cursor"
 WINDOW = 2_000  # events either side of the cursor that per-cursor views read on a big trace
@@ -76,15 +76,15 @@ def cursor_seq(run: Run) -> int:
     return run.index.seq_at(cursor_position(run))
 
 
-def _jump_positions(trace: Trace, kind: str) -> list[int]:
-    return [i for i, k in enumerate(event_column(trace, "kind")) if k == kind]
-
-
 def _handle_names(trace: Trace) -> dict[int, str]:
     """handle id -> the checkpointed function (the block's qualified name), from `handle_created`."""
-    kinds, handles, data = event_column(trace, "kind"), event_column(trace, "handle_id"), event_column(trace, "data")
-    return {h: str((d or {}).get("function")) for k, h, d in zip(kinds, handles, data)
-            if k == "handle_created" and h is not None and (d or {}).get("function")}
+    handles, data = event_column(trace, "handle_id"), event_column(trace, "data")
+    names = {}
+    for i in jump_positions(trace, "handle_created"):
+        h, d = handles[i], data[i] or {}
+        if h is not None and d.get("function"):
+            names[h] = str(d["function"])
+    return names
 
 
 def cursor_bar(run: Run) -> int:
@@ -105,7 +105,7 @@ def cursor_bar(run: Run) -> int:
             target = min(max(target, 0), n - 1)
             row.button(label, key=f"cursor_{key}", on_click=_store, args=(run.config, target), disabled=target == p)
         for name, kind in JUMPS.items():
-            positions = run.cached(_jump_positions, kind)
+            positions = jump_positions(run.trace, kind)
             i = bisect.bisect_right(positions, p)
             target = positions[i] if i < len(positions) else None
             row.button(f"Next {name}", key=f"cursor_next_{name}", on_click=_store,

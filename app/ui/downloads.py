@@ -38,10 +38,13 @@ def svg_bytes(dot: str) -> bytes:
 
 
 def png_bytes(chart: Any) -> bytes:
-    """An altair chart as PNG (vl-convert, no browser)."""
+    """An altair chart (or a function that builds one: `show_chart(..., cache_on=...)`) as PNG (vl-convert,
+    no browser)."""
     import altair as alt
     import vl_convert
 
+    if not hasattr(chart, "to_json"):
+        chart = chart()
     with alt.data_transformers.disable_max_rows():
         spec = chart.to_json()
     return vl_convert.vegalite_to_png(spec, scale=2)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import re
 import traceback
 from collections.abc import Callable, Iterator
@@ -119,9 +120,16 @@ class Loaded:
 # -- the loader --
 
 
+def jump_positions(trace: Trace, kind: str) -> list[int]:
+    """The positions of the events of `kind`, in order; once per trace (the kind column is the TraceIndex's)."""
+    def build(t: Trace) -> list[int]:
+        kinds = event_column(t, "kind")
+        return list(itertools.compress(range(len(kinds)), map(kind.__eq__, kinds)))  # no Python loop per event
+    return derived(trace, f"app:jump_positions:{kind}", build)
+
+
 def marks(trace: Trace) -> dict[str, list[int]]:
-    kinds = event_column(trace, "kind")  # shared with the TraceIndex: read once
-    return {name: [i for i, k in enumerate(kinds) if k == kind] for name, kind in JUMP_KINDS.items()}
+    return {name: jump_positions(trace, kind) for name, kind in JUMP_KINDS.items()}
 
 
 @st.cache_resource(max_entries=16, show_spinner="Loading the run…")
@@ -136,7 +144,7 @@ def load_run(config: RunConfig) -> Loaded:
         # torch garbage that the collector must still see.
         with _gc_paused() if config.source != "builtin" else contextlib.nullcontext():
             trace = obtain_trace(config.request)
-            return Loaded(run=Run(config, trace, TraceIndex(trace), marks(trace)))
+            return Loaded(run=Run(config, trace, TraceIndex.of(trace), marks(trace)))
     except Exception as err:  # shown on the page; the app keeps working
         return Loaded(error=err)
 

@@ -1,4 +1,14 @@
-"""Small helpers that put a thing on a page: an altair chart (fast, clickable), a line of the user's code."""
+"""Small helpers that put a thing on a page: an altair chart (fast, clickable), a line of the user's code.
+
+NOTE [ Charts cached per trace ]
+  1. A chart shown with `cache_on=trace` is built once per trace object (`ckpt_viz.derived`, as
+     every figure of a trace is: never by the session or its settings, so two sessions share a
+     chart only when they show the same trace object, which holds the same events).
+  2. Its rows travel as named Arrow datasets (`_spec_and_datasets`), its cursor rule reads the
+     dataset `CURSOR_DATA`. A cursor move rebuilds nothing on the server, and sends a spec
+     equal to the last one: Streamlit's frontend then keeps the Vega view and replaces the one
+     dataset whose bytes changed (the cursor's), instead of embedding the chart again.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,12 +17,14 @@ from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import aligned_seq, palette
+from ckpt_viz import Trace, aligned_seq, derived, palette
 from ui.cursor import set_cursor
+
+CURSOR_DATA = "cursor"  # the named dataset of the cursor's rows, in a chart shown with `cache_on`
 
 
 def show_chart(render: Callable[..., Any], *args: Any, pick: Any = None, key: str | None = None,
-               **kwargs: Any) -> Any:
+               cache_on: Trace | None = None, cursor_rows: list[dict] | None = None, **kwargs: Any) -> Any:
     """Build an altair chart with `render(*args, **kwargs)`, show it, and return it (for a download).
 
     Same picture as st.altair_chart, without altair's JSON-schema validation of every
@@ -23,7 +35,27 @@ def show_chart(render: Callable[..., Any], *args: Any, pick: Any = None, key: st
         pick: a `Run`: a click on the chart moves that run's cursor (the chart's selection
             `palette.CURSOR_PICK`, see `picked_seq`); None: the chart ignores clicks.
         key: the chart's widget key (needed with `pick`).
+        cache_on: the trace that `args` and `kwargs` (the cursor aside) are made of, alone: the chart
+            is built once for it (See NOTE [ Charts cached per trace ]) and `render` must take
+            `cursor_data` and `datasets` (as `render_memory` does). `cursor_rows` are then the rows
+            its cursor rule reads (for the memory chart of one trace, [{"seq": cursor}]), and a
+            function that builds the chart at the cursor is returned (a download calls it) instead
+            of the chart.
     """
+    if cache_on is not None:
+        static = {k: v for k, v in kwargs.items() if k != "cursor"}
+        name = f"app:chart:{render.__module__}.{render.__qualname__}:{key}:{sorted(static.items())!r}"
+        spec, datasets = derived(cache_on, name, lambda _trace: _spec_and_datasets(
+            render, *args, cursor_data=CURSOR_DATA, **static))
+        _show({**spec, "datasets": {**datasets, CURSOR_DATA: _arrow(cursor_rows or [])}}, pick, key)
+        return partial(render, *args, **kwargs)
+    chart, spec = _spec(render, *args, **kwargs)
+    _show(spec, pick, key)
+    return chart
+
+
+def _spec(render: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """The altair chart `render(*args, **kwargs)` and its Vega-Lite spec, unvalidated, sized to the page's width."""
     import altair as alt
     from altair.utils.schemapi import debug_mode
 
@@ -33,12 +65,36 @@ def show_chart(render: Callable[..., Any], *args: Any, pick: Any = None, key: st
         spec = chart.to_dict(validate=False)
     # Fit the width to the page; keep the renderer's height for the plot (a lane chart sizes it by its lanes).
     spec.setdefault("autosize", {"type": "fit-x", "contains": "padding"})
+    return chart, spec
+
+
+def _spec_and_datasets(render: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[dict[str, Any],
+                                                                                        dict[str, bytes]]:
+    """The spec of `render(*args, datasets=rows, **kwargs)`, whose layers read their rows by name from
+    `rows`, and those datasets as Arrow bytes (See NOTE [ Charts cached per trace ], rule 2). Altair never
+    sees the rows: its chart constructors and to_dict copy and walk every value of every row."""
+    rows: dict[str, list[dict]] = {}
+    _, spec = _spec(render, *args, datasets=rows, **kwargs)
+    return spec, {name: _arrow(values) for name, values in rows.items()}
+
+
+def _arrow(rows: list[dict]) -> bytes:
+    """Rows as Arrow IPC stream bytes (as streamlit.dataframe_util serialises a pyarrow table)."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(rows)
+    sink = pa.BufferOutputStream()
+    with pa.RecordBatchStreamWriter(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _show(spec: dict[str, Any], pick: Any, key: str | None) -> None:
     if pick is None or key is None:
         st.vega_lite_chart(spec, width="stretch")
     else:
         st.vega_lite_chart(spec, width="stretch", key=key, on_select=partial(_on_pick, pick, key),
                            selection_mode=[palette.CURSOR_PICK])
-    return chart
 
 
 def picked_seq(run: Any, selection: Any) -> int | None:

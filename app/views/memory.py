@@ -14,7 +14,8 @@ if not len(run.trace.memory):
     st.info("This trace has no memory samples (recorded without memory=True).")
     st.stop()
 
-chart = show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, pick=run, key="memory_chart")
+chart = show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, pick=run, key="memory_chart",
+                   cache_on=run.trace, cursor_rows=[{"seq": seq}])
 st.caption("Hover the chart for a sample's bytes by category and its event; click it to move the cursor there. "
            "Parameters are the grey base band: they keep their size through the step. The light bands behind "
            "are the passes: forward, then DX and DW (or one full backward).")

@@ -44,7 +44,7 @@ cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not samp
 st.subheader("Memory over the run")
 if len(run.trace.memory):
     show_chart(render_memory, {run.config.label: run.trace}, cursor=seq, max_points=300, pick=run,
-               key="overview_memory_chart")
+               key="overview_memory_chart", cache_on=run.trace, cursor_rows=[{"seq": seq}])
     st.caption("Hover for the bytes by category at a point; click to move the cursor there. "
                "The Memory page has the tables.")
 else:

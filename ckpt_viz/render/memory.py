@@ -14,34 +14,25 @@ the chart and never torch or a UI runtime.
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 from typing import Any
 
 import altair as alt
 
 from ckpt_viz.render import palette
-from ckpt_viz.render.phases import AXIS, aligned_x, event_actions, phase_spans
+from ckpt_viz.render.memory_tables import OTHER_NOTABLE, format_bytes, memory_table, other_note
+from ckpt_viz.render.phases import AXIS, aligned_x, event_actions, phase_span_count, phase_spans
 from ckpt_viz.trace import MEMORY_CATEGORIES, MemoryColumns, Trace
 from ckpt_viz.trace.index import TraceIndex, derived, event_column
 
-__all__ = ["CURSOR_PICK", "OTHER_NOTABLE", "format_bytes", "memory_peak", "memory_series", "memory_table",
-           "other_note", "render_memory", "render_peaks"]
+__all__ = ["CURSOR_PICK", "OTHER_NOTABLE", "format_bytes", "memory_cursor", "memory_peak", "memory_series",
+           "memory_table", "other_note", "render_memory", "render_peaks"]
 
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
 CURSOR_PICK = palette.CURSOR_PICK  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
-OTHER_NOTABLE = 0.2  # "other" this share of the total or more gets a note (see `other_note`)
 _MAX_BANDS, _MAX_LABELS = 60, 12  # more passes than this: no bands (a pipeline's), no labels
 _MAX_HOVER = 400  # hover/click columns at most: a pointer cannot tell more apart on one chart
 _PASS_LABELS = {"F": "forward", "DX": "DX", "DW": "DW", "B": "backward"}
-
-
-def format_bytes(nbytes: float) -> str:
-    """1536 -> "1.5 KiB"."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # unreachable
 
 
 def _columns(trace: Trace) -> tuple[list[int], dict[str, list[int]]]:
@@ -108,26 +99,6 @@ def memory_peak(trace: Trace) -> dict[str, Any] | None:
     return {"seq": seqs[i], "total": totals[i], "top": top[:3]}
 
 
-def memory_table(bytes_by_category: dict[str, int]) -> list[dict[str, str]]:
-    """Table rows {category, size, share, what it is} in the units of the metrics ("1.5 KiB", "12%")."""
-    total = sum(bytes_by_category.values())
-    order = [c for c in MEMORY_CATEGORIES if c in bytes_by_category] + [
-        c for c in bytes_by_category if c not in MEMORY_CATEGORIES]
-    return [{"category": palette.category_word(c), "size": format_bytes(bytes_by_category[c]),
-             "share": f"{100 * bytes_by_category[c] / total:.0f}%" if total else "-",
-             "what it is": palette.CATEGORY_MEANINGS.get(c, "")} for c in order]
-
-
-def other_note(bytes_by_category: dict[str, int]) -> str | None:
-    """A sentence when "other" is at least `OTHER_NOTABLE` of the total, saying what it holds; else None."""
-    total, other = sum(bytes_by_category.values()), bytes_by_category.get("other", 0)
-    if not total or other < OTHER_NOTABLE * total:
-        return None
-    return (f"\"other\" is {100 * other / total:.0f}% of the total here ({format_bytes(other)}): "
-            f"{palette.CATEGORY_MEANINGS['other']} On a small model the input, the output and the gradients "
-            "in flight weigh as much as the activations; a larger batch makes the activations dominate.")
-
-
 def _peak_text(peak: dict[str, Any]) -> str:
     parts = ", ".join(f"{palette.category_word(c)} {format_bytes(b)}" for c, b in peak["top"])
     return f"peak {format_bytes(peak['total'])}: {parts}"
@@ -157,19 +128,35 @@ def _y(field: str, top: float, *, stack: Any = None) -> alt.Y:
     return alt.Y(f"{field}:Q", stack=stack, axis=axis)
 
 
-def _event_words(trace: Trace) -> dict[int, str]:
-    """seq -> what happened there, for a memory sample's tooltip ("blocks.3 backward", "replay started (h3)")."""
-    def build(t: Trace) -> dict[int, str]:
-        kinds, data, seqs = event_column(t, "kind"), event_column(t, "data"), event_column(t, "seq")
-        handles = event_column(t, "handle_id")
-        return {s: str((d or {}).get("at") or k.replace("_", " ")) if k == "memory_sampled"
-                else k.replace("_", " ") + ("" if h is None else f" (h{h})")
-                for s, k, d, h in zip(seqs, kinds, data, handles)}
-    return derived(trace, "memory:event_words", build)
+def _event_word(trace: Trace, seq: int) -> str:
+    """What happened at event `seq`, for a memory sample's tooltip ("blocks.3 backward", "replay started (h3)");
+    "" when no event has that seq. Read for the drawn samples only, never for every event."""
+    seqs = event_column(trace, "seq")
+    position = TraceIndex.of(trace).position(seq)
+    if position < 0 or seqs[position] != seq:
+        return ""
+    kind, handle = event_column(trace, "kind")[position], event_column(trace, "handle_id")[position]
+    if kind == "memory_sampled":
+        return str((event_column(trace, "data")[position] or {}).get("at") or kind.replace("_", " "))
+    return kind.replace("_", " ") + ("" if handle is None else f" (h{handle})")
+
+
+def memory_cursor(traces: dict[str, Trace], cursor: int | None, cursor_in: str | Trace | None = None) -> list[dict]:
+    """The cursor rule's rows in `render_memory(traces, ...)`: [{"seq": cursor}] for one trace, [{"x": ...}] (its
+    point on the axis of passes) for several; [] when there is no cursor (or no event to place it at)."""
+    if cursor is None:
+        return []
+    if len(traces) <= 1:
+        return [{"seq": cursor}]
+    source = traces.get(cursor_in) if isinstance(cursor_in, str) else cursor_in
+    source = source if source is not None else next(iter(traces.values()))
+    seqs, xs = aligned_x(source)
+    return [{"x": xs[TraceIndex.of(source).position(cursor)]}] if seqs else []
 
 
 def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_points: int = 2000,
-                  cursor_in: str | Trace | None = None) -> alt.Chart:
+                  cursor_in: str | Trace | None = None, cursor_data: str | None = None,
+                  datasets: dict[str, list[dict]] | None = None) -> alt.Chart:
     """Bytes over the run: stacked by category for one trace, total per trace to compare several.
 
     Args:
@@ -178,11 +165,24 @@ def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_po
             `cursor_in` (a name in `traces` or another trace of the same model; default
             the first), drawn where that point falls on the axis of passes.
         max_points: samples per trace at most (the chart also stays under altair's 5000 rows).
+        cursor_data: draw the cursor rule from the named dataset of this name instead (its rows:
+            `memory_cursor(traces, cursor, cursor_in)`; `cursor` is then not drawn): a page can keep
+            the rest of the chart's spec and data for every cursor position and send only the cursor.
+        datasets: a dict to fill: each layer's rows go in it by name ("d0", ...) and the layer reads
+            that named dataset (the rule's rows aside), so altair never copies or walks the rows.
     """
-    if len(traces) <= 1:
-        trace = next(iter(traces.values())) if traces else Trace()
-        return _stacked(trace, cursor, max_points)
-    return _compare(traces, cursor, max_points, cursor_in)
+    token = _DATASETS.set(datasets)
+    try:
+        rule = None
+        if cursor_data is not None:
+            rule = _cursor_rule(alt.NamedData(name=cursor_data), "x" if len(traces) > 1 else "seq")
+        elif rows := memory_cursor(traces, cursor, cursor_in):
+            rule = _cursor_rule(alt.Data(values=rows), "x" if len(traces) > 1 else "seq")
+        if len(traces) <= 1:
+            return _stacked(next(iter(traces.values())) if traces else Trace(), rule, max_points)
+        return _compare(traces, rule, max_points)
+    finally:
+        _DATASETS.reset(token)
 
 
 def _bands(spans: list[dict[str, Any]], x: str, x2: str) -> list[alt.Chart]:
@@ -191,22 +191,35 @@ def _bands(spans: list[dict[str, Any]], x: str, x2: str) -> list[alt.Chart]:
     colour = alt.Color("action:N", scale=alt.Scale(domain=list(palette.ACTIONS),
                                                    range=[palette.ACTION_COLOURS[a] for a in palette.ACTIONS]),
                        legend=None)
-    rects = alt.Chart(alt.Data(values=rows)).mark_rect(opacity=0.10, clip=True).encode(
-        x=f"{x}:Q", x2=f"{x2}:Q", color=colour, tooltip=[alt.Tooltip("what:N", title="pass")])
+    rects = alt.Chart(_data(rows)).mark_rect(opacity=0.10, clip=True).encode(
+        x=alt.X(f"{x}:Q"), x2=alt.X2(x2), color=colour, tooltip=[alt.Tooltip("what:N", title="pass")])
     if len(rows) > _MAX_LABELS:
         return [rects]
-    labels = alt.Chart(alt.Data(values=rows)).mark_text(align="left", baseline="top", dx=3, dy=3, fontSize=11,
+    labels = alt.Chart(_data(rows)).mark_text(align="left", baseline="top", dx=3, dy=3, fontSize=11,
                                                         opacity=0.8).encode(
-        x=f"{x}:Q", y=alt.value(0), text="label:N", color=colour)
+        x=alt.X(f"{x}:Q"), y=alt.YValue(0), text=alt.Text("label:N"), color=colour)
     return [rects, labels]
 
 
-def _cursor_rule(value: float, field: str) -> alt.Chart:
-    return alt.Chart(alt.Data(values=[{field: value}])).mark_rule(
-        color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x=f"{field}:Q", tooltip=alt.value("cursor"))
+_DATASETS: ContextVar[dict[str, list[dict]] | None] = ContextVar("memory_chart_datasets", default=None)
 
 
-def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
+def _data(rows: list[dict]) -> alt.Data | alt.NamedData:
+    """A layer's data: its rows inline, or by name in the `datasets` of the `render_memory` call being built."""
+    sink = _DATASETS.get()
+    if sink is None:
+        return alt.Data(values=rows)
+    name = f"d{len(sink)}"
+    sink[name] = rows
+    return alt.NamedData(name=name)
+
+
+def _cursor_rule(data: Any, field: str) -> alt.Chart:
+    return alt.Chart(data).mark_rule(
+        color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x=alt.X(f"{field}:Q"), tooltip=alt.TooltipValue("cursor"))
+
+
+def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Chart:
     seqs_all, by_category = _columns(trace)
     categories = [c for c, values in by_category.items() if any(values)]
     points = min(max_points, max(_ALTAIR_MAX_ROWS // max(len(categories) + 1, 1) - 2, 2))
@@ -220,7 +233,7 @@ def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
     peak = memory_peak(trace)
     top = peak["total"] if peak else 0
     words = [palette.category_word(c) for c in categories]
-    area = alt.Chart(alt.Data(values=rows)).mark_area(interpolate="step-after").encode(
+    area = alt.Chart(_data(rows)).mark_area(interpolate="step-after").encode(
         x=alt.X("seq:Q", title="event seq", scale=x_scale),
         y=_y("bytes", top, stack="zero"),
         color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
@@ -228,17 +241,16 @@ def _stacked(trace: Trace, cursor: int | None, max_points: int) -> alt.Chart:
         order=alt.Order("order:Q"),
     )
     layers: list[Any] = []
-    spans = phase_spans(trace)
-    if 0 < len(spans) <= _MAX_BANDS:  # interleaved passes (a pipeline) read better on the schedule timeline
-        layers += _bands(spans, "start_seq", "end_seq")
+    if 0 < phase_span_count(trace) <= _MAX_BANDS:  # interleaved passes (a pipeline) read better on the timeline
+        layers += _bands(phase_spans(trace), "start_seq", "end_seq")
     layers.append(area)
     layers.append(_hover_columns(trace, _picked(_totals(trace), _MAX_HOVER), categories, x_scale, top))
     if peak is not None:
-        mark = alt.Data(values=[{"seq": peak["seq"], "bytes": peak["total"], "label": _peak_text(peak)}])
+        mark = _data([{"seq": peak["seq"], "bytes": peak["total"], "label": _peak_text(peak)}])
         layers.append(alt.Chart(mark).mark_point(color=palette.PEAK_COLOUR, filled=True, size=60).encode(
-            x="seq:Q", y="bytes:Q", tooltip=["label:N"]))
-    if cursor is not None:
-        layers.append(_cursor_rule(cursor, "seq"))
+            x=alt.X("seq:Q"), y=alt.Y("bytes:Q"), tooltip=[alt.Tooltip("label:N")]))
+    if rule is not None:
+        layers.append(rule)
     # The peak's contributors go in the subtitle: a label next to the point would run over the legend.
     title = alt.TitleParams(trace.meta.get("model", "memory"), subtitle=[_peak_text(peak)] if peak else [])
     return _layered(layers, title)
@@ -249,7 +261,7 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
     """One transparent column per drawn sample, up to the next one: its tooltip explains the sample, a click
     selects its seq (CURSOR_PICK), the pointer lights it."""
     seqs, by_category = _columns(trace)
-    totals, words = _totals(trace), _event_words(trace)
+    totals = _totals(trace)
     index = TraceIndex.of(trace)
     actions = event_actions(trace)
     end = event_column(trace, "seq")[-1] + 1 if len(trace.events) else (seqs[-1] + 1 if seqs else 1)
@@ -257,7 +269,7 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
     for k, i in enumerate(picked):
         position = index.position(seqs[i])
         row = {"seq": seqs[i], "next": seqs[picked[k + 1]] if k + 1 < len(picked) else max(end, seqs[i] + 1),
-               "zero": 0, "top": top or 1, "total": format_bytes(totals[i]), "at": words.get(seqs[i], ""),
+               "zero": 0, "top": top or 1, "total": format_bytes(totals[i]), "at": _event_word(trace, seqs[i]),
                "pass": palette.action_word(actions[position]) if 0 <= position < len(actions) else ""}
         row.update({f"c{j}": format_bytes(by_category[c][i]) for j, c in enumerate(categories)})
         rows.append(row)
@@ -266,27 +278,26 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
     tooltip = [alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
                alt.Tooltip("pass:N", title="pass"), alt.Tooltip("total:N", title="total")]
     tooltip += [alt.Tooltip(f"c{j}:N", title=palette.category_word(c)) for j, c in enumerate(categories)]
-    return alt.Chart(alt.Data(values=rows)).mark_rect(color=palette.PEAK_COLOUR, clip=True).encode(
-        x=alt.X("seq:Q", scale=x_scale), x2="next:Q", y="zero:Q", y2="top:Q", tooltip=tooltip,
-        opacity=alt.condition(hover, alt.value(0.08), alt.value(0.001)),
+    return alt.Chart(_data(rows)).mark_rect(color=palette.PEAK_COLOUR, clip=True).encode(
+        x=alt.X("seq:Q", scale=x_scale), x2=alt.X2("next"), y=alt.Y("zero:Q"), y2=alt.Y2("top"), tooltip=tooltip,
+        opacity=alt.OpacityValue(0.001, condition={"param": hover.name, "value": 0.08}),
     ).add_params(hover, pick)
 
 
-def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int,
-             cursor_in: str | Trace | None) -> alt.Chart:
+def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) -> alt.Chart:
     points = min(max_points, _ALTAIR_MAX_ROWS // len(traces) - 2)
     rows: list[dict] = []
     peaks: list[dict] = []
     for name, trace in traces.items():
         index = TraceIndex.of(trace)
         _, xs = aligned_x(trace)
-        actions, words = event_actions(trace), _event_words(trace)
+        actions = event_actions(trace)
         seqs, _ = _columns(trace)
         totals = _totals(trace)
         for i in _picked(totals, points):
             p = index.position(seqs[i])
             rows.append({"trace": name, "x": xs[p] if p >= 0 else 0.0, "seq": seqs[i], "bytes": totals[i],
-                         "size": format_bytes(totals[i]), "at": words.get(seqs[i], ""),
+                         "size": format_bytes(totals[i]), "at": _event_word(trace, seqs[i]),
                          "pass": palette.action_word(actions[p]) if p >= 0 else ""})
         peak = memory_peak(trace)
         if peak is not None:
@@ -303,10 +314,10 @@ def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int,
     x = alt.X("x:Q", title="pass (each run's forward, DX and DW line up; a full backward spans DX and DW)",
               scale=alt.Scale(domain=[0, 3], nice=False),
               axis=alt.Axis(values=[0, 1, 2, 3], labelExpr="['start', 'forward ends', 'DX ends', 'end'][datum.value]"))
-    lines = alt.Chart(alt.Data(values=rows)).mark_line(interpolate="step-after").encode(
+    lines = alt.Chart(_data(rows)).mark_line(interpolate="step-after").encode(
         x=x, y=_y("bytes", top), color=colour)
     pick = alt.selection_point(name=CURSOR_PICK, on="click", fields=["x"], nearest=True, clear=False)
-    dots = alt.Chart(alt.Data(values=rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
+    dots = alt.Chart(_data(rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
         x="x:Q", y="bytes:Q", color=same_colour,
         tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("size:N", title="total"),
                  alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
@@ -314,14 +325,10 @@ def _compare(traces: dict[str, Trace], cursor: int | None, max_points: int,
     split_bands = [{"action": a, "start": AXIS[a][0], "end": AXIS[a][1]} for a in ("F", "DX", "DW")]
     layers: list[Any] = [*_bands(split_bands, "start", "end"), lines, dots]
     if peaks:
-        layers.append(alt.Chart(alt.Data(values=peaks)).mark_point(filled=True, size=90, shape="diamond").encode(
+        layers.append(alt.Chart(_data(peaks)).mark_point(filled=True, size=90, shape="diamond").encode(
             x="x:Q", y="bytes:Q", color=same_colour, tooltip=["label:N"]))
-    if cursor is not None:
-        source = traces.get(cursor_in) if isinstance(cursor_in, str) else cursor_in
-        source = source if source is not None else next(iter(traces.values()))
-        seqs, xs = aligned_x(source)
-        if seqs:
-            layers.append(_cursor_rule(xs[TraceIndex.of(source).position(cursor)], "x"))
+    if rule is not None:
+        layers.append(rule)
     title = alt.TitleParams("total memory, compared by pass", subtitle=[p["label"] for p in peaks])
     return _layered(layers, title)
 

@@ -39,7 +39,6 @@ import gc
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from ckpt_viz.trace.cache import derived, event_column
 from ckpt_viz.trace.model import Trace
@@ -74,6 +73,14 @@ DERIVED_REASONS: dict[str, str] = {
 _WAITING = frozenset(("recorded", "phase_dx", "phase_dw"))
 _KEPT = frozenset(("replayed", "retained"))
 _WAITING_FOR_PHASE = {"dx": "phase_dx", "dw": "phase_dw"}
+# The kinds `Lifecycle._build` reads, by code (a handle event of another kind changes no state; session_cleared
+# has no handle).
+(_CREATED, _PHASE_SET, _REPLAY_STARTED, _REPLAY_FINISHED, _REPLAY_FAILED, _ROUTED, _RELEASED, _COLLECTED, _UNPACKED,
+ _REFUSED) = range(10)
+_ACTIVE = {"handle_created": _CREATED, "phase_set": _PHASE_SET, "replay_started": _REPLAY_STARTED,
+           "replay_finished": _REPLAY_FINISHED, "replay_failed": _REPLAY_FAILED, "grads_routed": _ROUTED,
+           "released": _RELEASED, "node_collected": _COLLECTED, "tensor_unpacked": _UNPACKED,
+           "replay_refused": _REFUSED}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,101 +122,125 @@ class Lifecycle:
         self._replays: Counter[int] = Counter()
         self._refusals: dict[int, list[tuple[int, str | None]]] = {}
         self.end_seq: int | None = seqs[-1] if seqs else None
+        # state -> seqs of the transitions into / out of it, in the order they were found (see `counts_at`)
+        self._into: dict[str, list[int]] = {s: [] for s in STATES}
+        self._out: dict[str, list[int]] = {s: [] for s in STATES}
         self._build(trace, seqs)
         self._summary = [(h, s[0], s[-1], self._states[h][-1], s, self._states[h])
                          for h, s in self._seqs.items()]
+        self._sorted = False  # `_into` and `_out` are sorted on the first `counts_at`
 
     # -- building: see NOTE [ Handle states ]
 
     def _build(self, trace: Trace, seqs: list[int]) -> None:
+        # One pass over the events, written for speed (a million events in a fraction of a second): a kind that
+        # changes no state takes the short path, and each event's move (`new`, `cause`, `reason`) is applied
+        # inline at the end of the loop body (a move to the state the handle is already in records nothing).
         kinds = event_column(trace, "kind")
         handle_ids = event_column(trace, "handle_id")
-        columns: dict[str, list[Any]] = {}
-
-        def column(name: str) -> list[Any]:
-            if name not in columns:
-                columns[name] = event_column(trace, name)
-            return columns[name]
-
+        data_at, phase_at = event_column(trace, "data"), event_column(trace, "phase")
         state: dict[int, str] = {}
         phase: dict[int, str] = {}
         unconsumed: dict[int, int] = {}
         routed: dict[int, int] = {}  # handle -> seq of an ordinary/dw grads_routed not yet followed by a release
         first_seq = seqs[0] if seqs else 0
-        all_seqs, all_states, all_kinds, all_reasons = self._seqs, self._states, self._kinds, self._reasons
+        lists: dict[int, tuple[list[int], list[str], list[str | None], list[str | None]]] = {}
+        handle_order, first_position = self.handle_ids, self._first_position
+        active, waiting_for, replays = _ACTIVE, _WAITING_FOR_PHASE, self._replays
+        into, out = self._into, self._out
 
         def move(h: int, seq: int, new: str, kind: str | None, reason: str | None = None) -> None:
-            if state.get(h) != new:
+            if state[h] != new:
+                out[state[h]].append(seq)
+                into[new].append(seq)
                 state[h] = new
-                all_seqs[h].append(seq)
-                all_states[h].append(new)
-                all_kinds[h].append(kind)
-                all_reasons[h].append(reason)
+                at, states, causes, reasons = lists[h]
+                at.append(seq)
+                states.append(new)
+                causes.append(kind)
+                reasons.append(reason)
 
-        def waiting(h: int) -> str:
-            return _WAITING_FOR_PHASE.get(phase.get(h, ""), "recorded")
+        def first(h: int, i: int, kind: str) -> None:
+            handle_order.append(h)
+            first_position[h] = i
+            lists[h] = ([], [], [], [])
+            state[h] = "not_created"
+            if kind != "handle_created":
+                move(h, first_seq, "recorded", None)
 
-        for i, (kind, h) in enumerate(zip(kinds, handle_ids)):
-            seq = seqs[i]
+        for i, kind, h, seq in zip(range(len(kinds)), kinds, handle_ids, seqs):
             if h is None:
                 if kind == "session_cleared":
-                    for frame in column("data")[i].get("frames", ()):
+                    for frame in data_at[i].get("frames", ()):
                         if frame in routed:
                             move(frame, routed.pop(frame), "retained", "grads_routed")
                         if state.get(frame) in _KEPT:
                             unconsumed[frame] = 0
                             move(frame, seq, "released", kind, "session_cleared")
                 continue
+            code = active.get(kind)
+            if code is None:  # a kind that changes no state: only a first sight or a pending grads_routed
+                if h not in state:
+                    first(h, i, kind)
+                elif h in routed:
+                    move(h, routed.pop(h), "retained", "grads_routed")
+                continue
             if h not in state:
-                self.handle_ids.append(h)
-                self._first_position[h] = i
-                all_seqs[h], all_states[h], all_kinds[h], all_reasons[h] = [], [], [], []
-                state[h] = "not_created"
-                if kind != "handle_created":
-                    move(h, first_seq, "recorded", None)
-            if h in routed and kind != "released":
+                first(h, i, kind)
+            if h in routed and code != _RELEASED:
                 move(h, routed.pop(h), "retained", "grads_routed")
             current = state[h]
-            if kind == "handle_created":
-                move(h, seq, "recorded", kind)
-            elif kind == "phase_set":
-                new = column("data")[i].get("new", "")
-                phase[h] = new
+            new = reason = None
+            if code == _CREATED:
+                new = "recorded"
+            elif code == _PHASE_SET:
+                phase[h] = value = data_at[i].get("new", "")
                 if current in _WAITING:
-                    move(h, seq, waiting(h), kind)
-            elif kind == "replay_started":
-                self._replays[h] += 1
-                move(h, seq, "replaying", kind)
-            elif kind == "replay_finished":
-                data = column("data")[i]
+                    new = waiting_for.get(value, "recorded")
+            elif code == _REPLAY_STARTED:
+                replays[h] += 1
+                new = "replaying"
+            elif code == _REPLAY_FINISHED:
+                data = data_at[i]
                 unconsumed[h] = unconsumed.get(h, 0) + int(data.get("saved_count") or 0)
-                move(h, seq, "retained" if data.get("trigger") == "prefire" else "replayed", kind)
-            elif kind == "replay_failed":
-                move(h, seq, waiting(h), kind)
-            elif kind == "grads_routed":
-                if column("phase")[i] == "dx":
-                    move(h, seq, "retained", kind)
+                new = "retained" if data.get("trigger") == "prefire" else "replayed"
+            elif code == _REPLAY_FAILED:
+                new = waiting_for.get(phase.get(h, ""), "recorded")
+            elif code == _ROUTED:
+                if phase_at[i] == "dx":
+                    new = "retained"
                 else:
                     routed[h] = seq
-            elif kind == "released":
+            elif code == _RELEASED:
                 routed.pop(h, None)
-                move(h, seq, "released", kind, column("data")[i].get("reason"))
-            elif kind == "node_collected":
+                new, reason = "released", data_at[i].get("reason")
+            elif code == _COLLECTED:
                 if current in _WAITING:
-                    move(h, seq, "collected", kind)
-            elif kind == "tensor_unpacked":
+                    new = "collected"
+            elif code == _UNPACKED:
                 if current in _KEPT:
-                    if column("data")[i].get("consumed"):
+                    if data_at[i].get("consumed"):
                         unconsumed[h] = unconsumed.get(h, 0) - 1
                         if unconsumed[h] <= 0:
                             unconsumed[h] = 0
-                            move(h, seq, "released", kind, "consumed")
+                            new, reason = "released", "consumed"
                     else:
-                        move(h, seq, "retained", kind)
-            elif kind == "replay_refused":
-                self._refusals.setdefault(h, []).append((seq, column("data")[i].get("reason")))
+                        new = "retained"
+            else:  # replay_refused
+                self._refusals.setdefault(h, []).append((seq, data_at[i].get("reason")))
+            if new is not None and current != new:
+                out[current].append(seq)
+                into[new].append(seq)
+                state[h] = new
+                at, states, causes, reasons = lists[h]
+                at.append(seq)
+                states.append(new)
+                causes.append(kind)
+                reasons.append(reason)
         for h, seq in routed.items():
             move(h, seq, "retained", "grads_routed")
+        for h, (at, states, causes, reasons) in lists.items():
+            self._seqs[h], self._states[h], self._kinds[h], self._reasons[h] = at, states, causes, reasons
 
     # -- queries
 
@@ -247,8 +278,19 @@ class Lifecycle:
         return out
 
     def counts_at(self, seq: int | None) -> dict[str, int]:
-        """How many handles are in each state as of `seq`, in `STATES` order (states with none left out)."""
-        counts = Counter(self.states_at(seq).values())
+        """How many handles are in each state as of `seq`, in `STATES` order (states with none left out).
+
+        O(log n) per state: a handle is in state s at c when its last transition at or before c
+        entered s (each handle's transitions have non-decreasing seqs), so the count is the
+        transitions into s at or before c less those out of s; every handle starts "not_created".
+        """
+        c = self._at(seq)
+        if not self._sorted:  # found in event order but for a few deferred ones: sorting is fast
+            for seqs in (*self._into.values(), *self._out.values()):
+                seqs.sort()
+            self._sorted = True
+        counts = {s: bisect_right(self._into[s], c) - bisect_right(self._out[s], c) for s in STATES}
+        counts["not_created"] += len(self.handle_ids)
         return {s: counts[s] for s in STATES if counts[s]}
 
     def reason_at(self, handle_id: int, seq: int | None) -> str | None:
