@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["CLOCKS", "format_table", "interleaved", "paired_ratio", "stable_threads"]
+__all__ = ["CLOCKS", "format_table", "gen0_collections", "interleaved", "paired_ratio", "stable_threads"]
 
 
 def stable_threads() -> int:
@@ -67,6 +67,24 @@ def interleaved(cases: Mapping[str, Callable[[], None]], *, repeats: int, warmup
     finally:
         gc.unfreeze()
     return times
+
+
+def gen0_collections(run: Callable[[], None], *, runs: int = 10) -> float:
+    """Generation-0 collections per call of `run`, each call started right after a `gc.collect()` (as timed)."""
+    seen = [0]
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 0:
+            seen[0] += 1
+
+    gc.callbacks.append(count)
+    try:
+        for _ in range(runs):
+            gc.collect()
+            run()
+    finally:
+        gc.callbacks.remove(count)
+    return seen[0] / runs
 
 
 def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float:

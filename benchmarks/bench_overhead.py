@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import ckpt_viz
-from _common import CLOCKS, format_table, paired_ratio
+from _common import CLOCKS, format_table, gen0_collections, paired_ratio
 from _common import interleaved as _interleaved
 from ckpt_viz import bus
 from ckpt_viz.runtime import checkpoint as our_checkpoint
@@ -163,6 +163,7 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
             clock: str = "wall", ablate: bool = False) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     interleaved = functools.partial(_interleaved, clock=clock)
+    gen0: dict[int, dict[str, float]] = {}
 
     def add(group: str, name: str, times: dict[str, list[float]], case: str, base: str, target: float | None,
             threads: int) -> None:
@@ -182,6 +183,8 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
             if ablate:
                 cases.update({"stubbed": recorded(emit_stubbed(ours_r)), "empty": empty_record_then(ours_r)})
             times = interleaved(cases, repeats=repeats)
+            if ablate:  # untimed: a case that keeps more tracked objects may cross gen-0's threshold in the step
+                gen0[threads] = {name: gen0_collections(run) for name, run in cases.items()}
             add("linear8", "events only / unrecorded", times, "events", "unrecorded", 1.02, threads)
             add("linear8", "record() as it comes (replay checks on) / unrecorded", times, "events+checks",
                 "unrecorded", None, threads)
@@ -211,17 +214,24 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
                             repeats=max(3, repeats // 3))
         add("transformer", "events only / unrecorded", times, "events", "unrecorded", None, 1)
         add("transformer", "memory by category / unrecorded", times, "memory", "unrecorded", 1.5, 1)
+    for threads, counts in gen0.items():
+        rows.append({"group": "linear8", "name": "gen-0 collections per step (untimed pass)", "threads": threads,
+                     "gen0": counts})
     return rows
 
 
 def report(rows: list[dict[str, Any]], repeats: int, clock: str = "wall") -> str:
+    census = [r for r in rows if "gen0" in r]
+    rows = [r for r in rows if "gen0" not in r]
     header = ["group", "figure", "threads", "case ms", "base ms", "ratio", "target", "result"]
     body = [[r["group"], r["name"], str(r["threads"]), f"{r['case_ms']:.2f}", f"{r['base_ms']:.2f}",
              f"{r['ratio']:.3f}", "-" if r["target"] is None else f"<= {r['target']}",
              "-" if r["passed"] is None else ("PASS" if r["passed"] else "MISS")] for r in rows]
     return (f"bench_overhead: torch {torch.__version__}, {repeats} interleaved rounds (gpt2/transformer: a third); "
             "ratio = median of per-round ratios" + ("; CPU time (process_time)" if clock == "cpu" else "") + "\n"
-            + format_table(header, body))
+            + format_table(header, body)
+            + "".join(f"\n{r['name']}, {r['threads']} thread(s): "
+                      + ", ".join(f"{name} {n:.1f}" for name, n in r["gen0"].items()) for r in census))
 
 
 def main(argv: list[str] | None = None) -> int:
