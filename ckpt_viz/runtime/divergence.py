@@ -8,6 +8,9 @@ never the UI or the renderers. The trace side (torch-free) is `ckpt_viz.trace.di
 NOTE [ Replay divergence checks ]
   1. Cost: a watch is made only while a recording listens in this context and the
      switch is on (`active()`); otherwise the hook points cost one attribute read.
+     While it runs: what a module owns comes from a per-module cache (NOTE [ Owner
+     facts cache ] in owners.py); each fingerprint is two or three small ops, read at
+     once on the CPU and compared there bit for bit before any tolerance is computed.
   2. Forward: when the function belongs to a module (a Module, its bound method, a
      functools.partial of one, or `__self__` set), the module's parameters that
      require grad are the *parameters the forward used* and its buffers whose version
@@ -22,8 +25,9 @@ NOTE [ Replay divergence checks ]
      mutable non-tensor input (an object, list or dict, also inside a
      functools.partial) gets a fingerprint of its state (`state_of`: lengths, ids,
      shapes and version counters of the tensors it holds, small scalars; a few
-     levels deep). After it, each floating output gets a value fingerprint (float64
-     sum and L1 norm and up to 32 evenly strided elements), kept on the device.
+     levels deep). After it, each floating output gets a value fingerprint (its sum,
+     in float32 or float64, and up to 32 evenly strided elements): read into Python
+     numbers on the CPU, kept on the device (samples copied) anywhere else.
   3. Replay: before it, the inputs' fingerprints again and the buffers' versions;
      after it, the buffers' versions and the outputs' fingerprints (one device sync);
      around the region's backward over the replay, a hook on each parameter the
@@ -55,10 +59,10 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from ckpt_viz import bus
 from ckpt_viz.runtime import fingerprints as fp
+from ckpt_viz.runtime import owners
 
 __all__ = ["DIVERGENCES", "OFF", "ReplayWatch", "active", "checks", "set_checks", "watch"]
 
@@ -95,9 +99,14 @@ def checks(on: bool) -> Iterator[None]:
         set_checks(previous)
 
 
-def active() -> bool:
-    """Whether a region starting now is watched (NOTE [ Replay divergence checks ], rule 1)."""
-    return _checks_on and bus.enabled and bool(bus.current_scope().channels)
+def active(scope: Any = None) -> bool:
+    """Whether a region starting now is watched (NOTE [ Replay divergence checks ], rule 1).
+
+    `scope`: `bus.current_scope()` when the caller has just read it.
+    """
+    if not (_checks_on and bus.enabled):
+        return False
+    return bool((scope if scope is not None else bus.current_scope()).channels)
 
 
 # ---------------------------------------------------------------- the forward's view of the world
@@ -162,8 +171,8 @@ class ReplayWatch:
 
     def __init__(self, frame: Any, args: tuple, kwargs: dict, inputs: tuple) -> None:
         self._frame = weakref.ref(frame)
-        self.region = getattr(frame.function, "__qualname__", None) or type(frame.function).__name__
-        self.inputs = {id(t) for t in inputs}
+        self.region = owners.qualname(frame.function)
+        self.inputs = inputs = {id(t) for t in inputs}
         self.made: set[int] = set()
         self.params: dict[int, torch.Tensor] = {}
         self.outside: dict[int, tuple[torch.Tensor, int]] = {}
@@ -176,21 +185,21 @@ class ReplayWatch:
         self.repacked_prints: list[tuple[int, Any]] = []
         owner = fp.owner_of(frame.function)
         self.by_owner = owner is not None  # NOTE rule 2: the module's own parameters and buffers, no mode
-        if owner is not None:
-            for module in owner.modules():  # one walk for both
-                for p in module._parameters.values():
-                    if p is not None and p.requires_grad and id(p) not in self.inputs:
-                        self.params[id(p)] = p
-                for b in module._buffers.values():
-                    if b is not None:
-                        self.outside[id(b)] = (b, b._version)
-        names = fp.argument_names(frame.function, args, kwargs)
-        objects = [(name, value) for name, value in names if fp.mutable(value)]
-        self.states = [fp.state_of(value, name) for name, value in objects]
-        # Held weakly where the object allows it: the checkpoint keeps its own inputs for the replay, and a
-        # strong reference here closes a cycle through autograd's C++ hooks (the object holds the region's
-        # outputs, whose graph holds the frame) that the garbage collector cannot see.
-        self.objects = [(name, _weak(value)) for name, value in objects]
+        if owner is not None:  # the module's tree, cached across calls (NOTE [ Owner facts cache ] in owners.py)
+            owned = owners.facts(owner)
+            self.params = {id(p): p for p in owned.params if p.requires_grad and id(p) not in inputs}
+            if owned.buffers:
+                self.outside = {id(b): (b, b._version) for b in owned.buffers}
+        self.states: list[dict[str, tuple]] = []
+        self.objects: list[tuple[str, Callable[[], Any]]] = []
+        names = fp.argument_names(frame.function, args, kwargs)  # [] for tensors and plain values only
+        if names:
+            objects = [(name, value) for name, value in names if fp.mutable(value)]
+            self.states = [fp.state_of(value, name) for name, value in objects]
+            # Held weakly where the object allows it: the checkpoint keeps its own inputs for the replay, and a
+            # strong reference here closes a cycle through autograd's C++ hooks (the object holds the region's
+            # outputs, whose graph holds the frame) that the garbage collector cannot see.
+            self.objects = [(name, _weak(value)) for name, value in objects]
 
     def frame_recording_exclude(self) -> bool:
         frame = self._frame()
@@ -208,9 +217,12 @@ class ReplayWatch:
 
     def forward_done(self, outputs: tuple | None) -> None:
         """After the forward: keep the buffers it updated and the outputs' fingerprints."""
-        self.buffers = [(weakref.ref(t), t._version) for t, version in self.outside.values() if t._version != version]
-        self.outside = {}
-        self.made = set()
+        if self.outside:
+            self.buffers = [(weakref.ref(t), t._version) for t, version in self.outside.values()
+                            if t._version != version]
+            self.outside = {}
+        if self.made:
+            self.made = set()
         if outputs is not None:
             self.output_prints = [(fp.fingerprint(o, keep=True), o.numel(), o.dtype) for o in outputs]
 
@@ -228,29 +240,34 @@ class ReplayWatch:
             self.repacked_prints.append((index, fp.fingerprint(x)))
 
     def replay_starting(self) -> None:
-        self.repacked_prints = []
-        self._before = [t._version if (t := ref()) is not None else -1 for ref, _ in self.buffers]
+        if self.repacked_prints:
+            self.repacked_prints = []
+        if self.buffers:
+            self._before = [t._version if (t := ref()) is not None else -1 for ref, _ in self.buffers]
 
     def replay_done(self, emit: Callable[..., Any], outputs: list[torch.Tensor] | None) -> None:
         """Compare the replay that just ran with the forward and emit one event per divergence found."""
-        frame = self._frame()
-        function = frame.function if frame is not None else None
         found: dict[str, list[str]] = {}
-        changes = [c for (name, held), state in zip(self.objects, self.states)
-                   if (value := held()) is not None for c in fp.state_changes(state, fp.state_of(value, name))]
-        if changes:
-            found["input_mutated"] = changes
-        updated = [(ref(), old) for (ref, _), old in zip(self.buffers, self._before)
-                   if ref() is not None and ref()._version != old]
-        if updated:
-            found["buffers_updated"] = fp.buffer_names([t for t, _ in updated], fp.names_in(function, "buffers"))
+        if self.objects:
+            changes = [c for (name, held), state in zip(self.objects, self.states)
+                       if (value := held()) is not None for c in fp.state_changes(state, fp.state_of(value, name))]
+            if changes:
+                found["input_mutated"] = changes
+        if self.buffers:
+            updated = [t for (ref, _), old in zip(self.buffers, self._before)
+                       if (t := ref()) is not None and t._version != old]
+            if updated:
+                frame = self._frame()
+                function = frame.function if frame is not None else None
+                found["buffers_updated"] = fp.buffer_names(updated, fp.names_in(function, "buffers"))
         differ = self._outputs_differ(outputs) if outputs is not None else self._saved_differ()
         if differ:
             found["outputs_differ"] = differ
-        if outputs is not None and any(o.requires_grad for o in outputs):
+        if self.params and outputs is not None and any(o.requires_grad for o in outputs):
             self.watched = list(self.params.values())
         self.params = {}
-        self._emit_found(emit, found)
+        if found:
+            self._emit_found(emit, found)
 
     def _emit_found(self, emit: Callable[..., Any], found: dict[str, list[str]]) -> None:
         for kind, details in found.items():
@@ -273,16 +290,28 @@ class ReplayWatch:
     def gradients(self, emit: Callable[..., Any]) -> Iterator[None]:
         """Around the region's backward over its replay (the code after the yield runs only when it succeeded)."""
         watched, self.watched = self.watched, []
-        fresh = [p for p in watched if p.grad is None]
+        if not watched:
+            yield
+            return
+        fresh: list[torch.Tensor] = []
         seen: dict[int, torch.Tensor] = {}
-        hooks = [p.register_hook(functools.partial(seen.__setitem__, id(p))) for p in watched if p.grad is not None]
+        hooks = []
+        for p in watched:
+            if p.grad is None:
+                fresh.append(p)
+            else:
+                hooks.append(p.register_hook(functools.partial(seen.__setitem__, id(p))))
         try:
             yield
         finally:
             for hook in hooks:
                 hook.remove()
-        seen.update((id(p), p.grad) for p in fresh if p.grad is not None)
+        for p in fresh:
+            if p.grad is not None:
+                seen[id(p)] = p.grad
         counts = _nonzero(seen)
+        if len(counts) == len(watched) and all(counts.values()):  # the clean case: every one got a gradient
+            return
         if counts and not any(counts.values()):  # every gradient zero (a zero loss): nothing to tell apart
             return
         lost = [(p, "zero gradient" if id(p) in counts else "not reached by the replay's graph")
@@ -298,34 +327,41 @@ class ReplayWatch:
             return []
         if len(prints) != len(outputs):
             return [f"{len(prints)} tensor outputs in the forward, {len(outputs)} in the replay"]
-        return _compare([(f"output {i}", old, fp.fingerprint(o), n, dtype)
-                         for i, ((old, n, dtype), o) in enumerate(zip(prints, outputs))])
+        pairs = []
+        for i, ((old, n, dtype), o) in enumerate(zip(prints, outputs)):
+            again = fp.fingerprint(o)
+            if not fp.same(old, again):
+                pairs.append((f"output {i}", old, again, n, dtype))
+        return _compare(pairs) if pairs else []
 
     def _saved_differ(self) -> list[str]:
         if not self.repacked_prints:
             return []
-        pairs = [(f"saved tensor {i}", *self.saved_prints[i][:1], again, *self.saved_prints[i][1:])
-                 for i, again in self.repacked_prints]
+        saved = self.saved_prints
+        pairs = [(f"saved tensor {i}", saved[i][0], again, *saved[i][1:])
+                 for i, again in self.repacked_prints if not fp.same(saved[i][0], again)]
         self.repacked_prints = []
-        return _compare(pairs)
+        return _compare(pairs) if pairs else []
 
 
 def _compare(pairs: list[tuple[str, tuple, tuple | None, int, torch.dtype]]) -> list[str]:
     """(what, forward print, replay print, numel, dtype) -> a line for each pair that differs."""
     pairs = [p for p in pairs if p[1] is not None and p[2] is not None]
-    values = fp.read([t for _, old, again, _, _ in pairs for t in (*old, *again)]) if pairs else []
+    values = fp.read_prints([print_ for _, old, again, _, _ in pairs for print_ in (old, again)]) if pairs else []
     found = []
     for k, (what, _, _, n, dtype) in enumerate(pairs):
-        sum_a, a, sum_b, b = values[4 * k:4 * k + 4]
-        if fp.differs([*sum_a, *a], [*sum_b, *b], n, dtype):
-            found.append(f"{what}: sum {sum_a[0]:.6g} in the forward, {sum_b[0]:.6g} in the replay")
+        a, b = values[2 * k], values[2 * k + 1]
+        if fp.differs(a, b, n, dtype):
+            found.append(f"{what}: sum {a[0]:.6g} in the forward, {b[0]:.6g} in the replay")
     return found
 
 
 def _nonzero(grads: dict[int, torch.Tensor]) -> dict[int, int]:
     """key -> nonzero count (or a positive stand-in): 32 strided elements of each first (`fp.read`), a full
     count only where that sample is all zero."""
-    looks = fp.read([fp.strided(g) for g in grads.values()]) if grads else []
+    if not grads:
+        return {}
+    looks = fp.read([fp.strided(g) for g in grads.values()])
     return {key: 1 if any(look) else int(torch.count_nonzero(grad))
             for (key, grad), look in zip(grads.items(), looks)}
 
@@ -354,12 +390,9 @@ class _Off:
 OFF = _Off()
 
 
-def watch(frame: Any, args: tuple, kwargs: dict, inputs: tuple) -> ReplayWatch | None:
+def watch(frame: Any, args: tuple, kwargs: dict, inputs: tuple, scope: Any = None) -> ReplayWatch | None:
     """A watch for the region about to run, or None when no recording checks it (NOTE rule 1)."""
-    if not active():
+    if not active(scope):
         return None
     return ReplayWatch(frame, args, kwargs, inputs)
 
-
-def flat_tensors(value: Any) -> list[torch.Tensor]:
-    return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from ckpt_viz.runtime import memtags
+
 __all__ = ["argument_names", "buffer_names", "differs", "fingerprint", "mutable", "names_in", "owner_of",
-           "read", "state_changes", "state_of", "strided",
+           "read", "read_prints", "same", "state_changes", "state_of", "strided",
            "tensor_label"]
 
 _SAMPLES = 32
@@ -72,8 +74,11 @@ def state_of(obj: Any, path: str = "", out: dict[str, tuple] | None = None, dept
     return out
 
 
+_IMMUTABLE = (torch.Tensor, *_ATOMS)
+
+
 def mutable(obj: Any) -> bool:
-    return not (isinstance(obj, (torch.Tensor, *_ATOMS)) or _skip(obj))
+    return not (isinstance(obj, _IMMUTABLE) or _skip(obj))
 
 
 def _show(token: tuple | None) -> str:
@@ -108,12 +113,17 @@ def state_changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str
 def strided(t: torch.Tensor) -> torch.Tensor:
     """Up to _SAMPLES evenly strided elements of `t` in its flat order: a view when `t` is contiguous or
     1-d, else gathered with `torch.take` (never a copy of the whole tensor)."""
-    step = max(1, t.numel() // _SAMPLES)
-    count = min(_SAMPLES, -(-t.numel() // step))
-    if t.is_contiguous() or t.dim() == 1:
-        stride = 1 if t.is_contiguous() else t.stride(0)
-        return t.as_strided((count,), (step * stride,), t.storage_offset())
-    return torch.take(t, _indexes(step, count, t.device))
+    n = t.numel()
+    step = n // _SAMPLES or 1
+    count = min(_SAMPLES, -(-n // step))
+    if t.is_contiguous():  # as_strided keeps t's storage offset
+        return t.as_strided((count,), (step,))
+    if t.dim() == 1:
+        return t.as_strided((count,), (step * t.stride(0),))
+    index = _indexes(step, count, t.device)
+    if memtags.enabled:  # a cached tensor, maybe older than the memory probe: count it from this read on
+        memtags.seen(index)
+    return torch.take(t, index)
 
 
 @functools.lru_cache(maxsize=64)
@@ -121,23 +131,47 @@ def _indexes(step: int, count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(0, step * count, step, device=device)
 
 
-def fingerprint(t: torch.Tensor, keep: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(sum, up to 32 evenly strided elements) of a floating tensor, on its device: two or three small ops.
+_SUM_DTYPE = {torch.float64: torch.float64}  # else float32: half-precision sums accumulate in float32
 
-    keep: copy the samples (a forward's fingerprint outlives the moment; a view would keep the tensor).
+
+def fingerprint(t: torch.Tensor, keep: bool = False) -> tuple[Any, Any] | None:
+    """(sum, up to 32 evenly strided elements) of a floating tensor: two or three small ops.
+
+    On the CPU both are read at once into Python numbers (no copy kept, no sync to save); on a
+    device they stay there (read later, all at once, by `read_prints`).
+    keep: on a device, copy the samples (a forward's fingerprint outlives the moment; a view would
+    keep the tensor).
     """
     if not t.is_floating_point() or t.numel() == 0:
         return None
-    with torch.no_grad():
-        samples = strided(t)
-        return (t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32),
-                samples.clone() if keep else samples)
+    if torch.is_grad_enabled():  # a replay's outputs may require grad: build no graph for the print
+        with torch.no_grad():
+            return fingerprint(t, keep)
+    total = t.sum(dtype=_SUM_DTYPE.get(t.dtype, torch.float32))
+    samples = strided(t)
+    if t.device.type == "cpu":
+        return total.item(), samples.tolist()
+    return total, samples.clone() if keep else samples
+
+
+def same(a: tuple[Any, Any] | None, b: tuple[Any, Any] | None) -> bool:
+    """Whether two fingerprints read on the CPU are bit for bit the same (the usual case); False otherwise,
+    also for prints still on a device (compare those with `read_prints` and `differs`)."""
+    return a is not None and b is not None and type(a[0]) is float and a == b
+
+
+def read_prints(prints: list[tuple[Any, Any]]) -> list[list[float]]:
+    """Each fingerprint as [sum, *samples] in Python numbers; those still on a device in one read."""
+    on_device = [t for print_ in prints if isinstance(print_[0], torch.Tensor) for t in print_]
+    values = iter(read(on_device)) if on_device else iter(())
+    return [[*next(values), *next(values)] if isinstance(print_[0], torch.Tensor) else [print_[0], *print_[1]]
+            for print_ in prints]
 
 
 def read(tensors: list[torch.Tensor]) -> list[list[float]]:
     """The values of small tensors as lists: each read directly on the CPU, one sync per device otherwise."""
     if all(t.device.type == "cpu" for t in tensors):
-        return [t.reshape(-1).tolist() for t in tensors]
+        return [t.tolist() if t.dim() == 1 else t.reshape(-1).tolist() for t in tensors]
     flat = torch.cat([t.reshape(-1).to(tensors[0].device, torch.float64) for t in tensors]).tolist()
     out, at = [], 0
     for t in tensors:
@@ -190,8 +224,16 @@ def _positional_names(function: Any, count: int) -> list[str]:
     return [f"argument {i}" for i in range(count)]
 
 
+def _any_mutable(values: Any) -> bool:
+    for value in values:
+        if type(value) is not torch.Tensor and mutable(value):
+            return True
+    return False
+
+
 def argument_names(function: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    if not any(mutable(a) for a in (*args, *kwargs.values())) and not isinstance(function, functools.partial):
+    if not (_any_mutable(args) or (kwargs and _any_mutable(kwargs.values()))
+            or isinstance(function, functools.partial)):
         return []  # the common case: tensors and plain values only
     named = [*zip(_positional_names(function, len(args)), args), *((str(k), v) for k, v in kwargs.items())]
     if isinstance(function, functools.partial):

@@ -57,9 +57,16 @@ def _first_free() -> int:
     return max(alive, default=-1) + 1
 
 
-def new_handle_id(owner: Any = None) -> int:
-    """Next handle id of this context's recording (or the process-wide one outside recordings)."""
-    scope = bus.current_scope() if bus.enabled else None
+_UNSET: Any = object()
+
+
+def new_handle_id(owner: Any = None, scope: Any = _UNSET) -> int:
+    """Next handle id of this context's recording (or the process-wide one outside recordings).
+
+    `scope`: `bus.current_scope()` when the caller has just read it (None: no recording listens).
+    """
+    if scope is _UNSET:
+        scope = bus.current_scope() if bus.enabled else None
     with _LOCK:
         if scope is None or not scope.channels:
             numbering = _OUTSIDE

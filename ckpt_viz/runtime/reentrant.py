@@ -58,6 +58,7 @@ from ckpt_viz.runtime.reentrant_handle import (
     meta,
     new_handle_id,
     qualname,
+    tensors_of,
 )
 from ckpt_viz.runtime.state import ExecutionState, noop_context_fn
 
@@ -160,7 +161,7 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
     if frame.split and frame.phase == "ordinary":
         raise PhaseNotSetError(frame.handle_id)
     frame.recompute()
-    outputs = [v for v in tree_flatten(frame.replay_outputs)[0] if isinstance(v, torch.Tensor)]
+    outputs = tensors_of(frame.replay_outputs)
     if not any(v.requires_grad for v in outputs):
         raise CheckpointError(
             f"{_API} (backward): none of output has requires_grad=True, this checkpoint() is not necessary (handle "
@@ -171,8 +172,12 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
     input_grads = frame._gradients(*zip(*selected)) if selected else (None,) * frame.input_count
     if bus.enabled:
         got = [i for i, g in enumerate(input_grads) if g is not None]
-        params = [i for i in got if frame.param_input_mask[i]]
-        acts = [i for i in got if not frame.param_input_mask[i]]
+        mask = frame.param_input_mask
+        if True in mask:
+            params = [i for i in got if mask[i]]
+            acts = [i for i in got if not mask[i]]
+        else:  # the usual case: no parameter is an explicit input
+            params, acts = [], list(got)
         # In DW the activation grads are returned but the engine drops them (they are not DW targets).
         data: dict[str, Any] = ({"targets": params, "explicit_params": params, "discarded_activations": acts}
                                 if frame.split and frame.phase == "dw"
@@ -283,7 +288,7 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
                             preserve_rng_state=preserve_rng_state, function=qualname(function),
                             inputs=[meta(t) for t in inputs])
         frame.site = event.site if event is not None else None
-        frame.divergence = divergence.watch(frame, args, kwargs, inputs)
+        frame.divergence = divergence.watch(frame, args, kwargs, inputs, frame._home)
     try:
         with (memtags.category("checkpoint_inputs") if memtags.enabled else memtags.NULL):
             result = _Checkpoint.apply(frame, torch.empty(0, requires_grad=True), *inputs, frame.backward_trigger)

@@ -25,9 +25,10 @@ from ckpt_viz.errors import (
     SessionMismatchError,
 )
 from ckpt_viz.runtime import debug as _debug
-from ckpt_viz.runtime import memtags
+from ckpt_viz.runtime import memtags, owners
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
+from ckpt_viz.runtime.owners import qualname
 from ckpt_viz.runtime.state import ExecutionState
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "new_handle_id",
     "qualname",
     "restart_handle_ids",
+    "tensors_of",
 ]
 
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
@@ -77,13 +79,18 @@ def _name(value: Any, prefix: str = "") -> str:
     return name
 
 
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors among a function's outputs, in order (a lone tensor without the pytree walk)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
+
+
 def meta(t: torch.Tensor) -> dict[str, Any]:
-    return {"shape": list(t.shape), "dtype": _name(t.dtype, "torch."), "device": _name(t.device),
-            "requires_grad": t.requires_grad, "nbytes": t.numel() * t.element_size()}
-
-
-def qualname(function: Callable) -> str:
-    return getattr(function, "__qualname__", None) or type(function).__name__
+    dtype, device = t.dtype, t.device
+    return {"shape": list(t.shape), "dtype": _NAMES.get(dtype) or _name(dtype, "torch."),
+            "device": _NAMES.get(device) or _name(device), "requires_grad": t.requires_grad,
+            "nbytes": t.nbytes}  # numel() * element_size()
 
 
 class ReentrantCheckpointHandle:
@@ -109,8 +116,8 @@ class ReentrantCheckpointHandle:
 
     def __init__(self, function: Callable, template: list, spec: Any, params: tuple | None,
                  preserve_rng_state: bool, context_fn: Callable) -> None:
-        self.handle_id = new_handle_id(self)
         self._home = bus.current_scope() if bus.enabled else None  # where node_collected goes (bus NOTE rule 6)
+        self.handle_id = new_handle_id(self, self._home)
         self.function = function
         self.template = template
         self.spec = spec
@@ -183,16 +190,12 @@ class ReentrantCheckpointHandle:
             if item.requires_grad:
                 item.grad = None
         captured = self._captured(values) if bus.enabled else None
-        before = [(p.grad, p.grad._version if p.grad is not None else -1) for p in captured] if captured else None
+        before = owners.grad_states(captured) if captured else None
         watch, self.divergence = self.divergence, None
-        with watch.gradients(self._emit) if watch is not None else contextlib.nullcontext():
+        with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
         if captured:
-            self._captured_report = [
-                {"shape": list(p.shape), "name": bus.name_of(p),
-                 "accumulated": p.grad is not None and (p.grad is not old or p.grad._version != version)}
-                for p, (old, version) in zip(captured, before)
-            ]
+            self._captured_report = owners.captured_report(captured, before)
         return tuple(item.grad if item.requires_grad else None for item in self.replay_inputs)
 
     def _captured(self, values: tuple) -> list[torch.Tensor]:
@@ -200,9 +203,8 @@ class ReentrantCheckpointHandle:
         function = self.function
         owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
         if isinstance(owner, torch.nn.Module):
-            inputs = {id(t) for t in self.replay_inputs}
-            return [p for p in owner.parameters() if p.requires_grad and id(p) not in inputs]
-        return _captured_leaves(values, self.replay_inputs)
+            return owners.owned_parameters(owner, {id(t) for t in self.replay_inputs})
+        return owners.captured_leaves(values, self.replay_inputs)
 
     # ------------------------------------------------------------ transitions
 
@@ -257,8 +259,7 @@ class ReentrantCheckpointHandle:
         if bus.enabled:
             self._emit("replay_finished", trigger="backward" if in_backward else "prefire")
         if watch is not None:
-            watch.replay_done(self._emit, [v for v in tree_flatten(self.replay_outputs)[0]
-                                           if isinstance(v, torch.Tensor)])
+            watch.replay_done(self._emit, tensors_of(self.replay_outputs))
 
     def set_phase(self, phase: str) -> None:
         """Select how the engine's next visit routes gradients: "dx" or "dw".
@@ -376,20 +377,3 @@ def fail(exc: BaseException, where: str, handle: ReentrantCheckpointHandle | Non
             _debug.annotate(exc, handle)  # debug=True: the error tells the handle's story
     return exc
 
-
-def _captured_leaves(values: tuple, replay_inputs: tuple) -> list[torch.Tensor]:
-    """Leaf tensors the replay graph reaches that are not replay inputs (captured parameters)."""
-    inputs = {id(t) for t in replay_inputs}
-    seen: set[int] = set()
-    found: list[torch.Tensor] = []
-    stack = [v.grad_fn for v in values if v.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if variable is not None and id(variable) not in inputs:
-            found.append(variable)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found

@@ -1,0 +1,137 @@
+"""The parameters a checkpointed region captures: a module's own (cached with weak keys), or a graph walk.
+
+Owns `facts(module)`: the module's parameters and buffers in `module.parameters()` /
+`module.buffers()` order, remembered per module so that a recording does not walk the
+module tree on every checkpoint call (the captured-parameter report of the reentrant
+checkpoint and the replay-divergence watch both read them); `captured_leaves` (the
+parameters a replay graph reaches when no module owns the function); and the
+`captured` report of a `grads_routed` event. Imports torch and the bus; never the UI.
+
+NOTE [ Owner facts cache ]
+  1. Keyed weakly by the module: a module that dies drops its entry. The entry holds
+     the submodules and tensors strongly but never the module itself (that would
+     keep the key alive), and nothing of it is put on the module.
+  2. Each use checks the tree is unchanged: the identities and sizes of every
+     `_parameters`, `_buffers` and `_modules` dict of the module and its submodules,
+     and the identities of the values in them, compared as one tuple (C-level maps,
+     no Python loop per tensor). Assigning, deleting or replacing a parameter, a
+     buffer or a submodule anywhere in the tree rebuilds the entry. `requires_grad`
+     is never cached: callers filter on it at each use.
+  3. A module whose tree cannot be read this way (a custom `_parameters` that is no
+     dict) is walked on every call, as before.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ckpt_viz import bus
+
+__all__ = ["OwnerFacts", "captured_leaves", "captured_report", "facts", "grad_states", "owned_parameters", "qualname"]
+
+_DICTS = operator.attrgetter("_parameters", "_buffers", "_modules")
+_chain = itertools.chain.from_iterable
+
+
+def _signature(modules: Iterable[torch.nn.Module]) -> tuple:
+    dicts = list(_chain(map(_DICTS, modules)))
+    return (*map(id, dicts), *map(len, dicts), *map(id, _chain(map(dict.values, dicts))))
+
+
+class OwnerFacts:
+    """One module's parameters and buffers (NOTE [ Owner facts cache ])."""
+
+    __slots__ = ("buffers", "params", "signature", "submodules")
+
+    def __init__(self, module: torch.nn.Module, signed: bool = True) -> None:
+        modules = list(module.modules())
+        self.submodules = tuple(m for m in modules if m is not module)
+        self.params: tuple[torch.Tensor, ...] = tuple(module.parameters())
+        self.buffers: tuple[torch.Tensor, ...] = tuple(module.buffers())
+        self.signature = _signature(modules) if signed else None
+
+    def current(self, module: torch.nn.Module) -> bool:
+        return _signature((module, *self.submodules)) == self.signature
+
+
+_CACHE: dict[int, tuple[weakref.ref, OwnerFacts]] = {}  # id(module) -> (weakref to it, its facts)
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _CACHE.get(key)
+    if entry is not None and entry[0] is ref:
+        del _CACHE[key]
+
+
+def facts(module: torch.nn.Module) -> OwnerFacts:
+    """The module's parameters and buffers, from the cache when its tree is unchanged (NOTE rule 2)."""
+    key = id(module)
+    entry = _CACHE.get(key)
+    try:
+        if entry is not None and entry[0]() is module and entry[1].current(module):
+            return entry[1]
+        found = OwnerFacts(module)
+        _CACHE[key] = (weakref.ref(module, lambda ref: _forget(key, ref)), found)
+        return found
+    except (AttributeError, TypeError):  # NOTE rule 3: not a plain module tree, or not weakly referenceable
+        return OwnerFacts(module, signed=False)
+
+
+def owned_parameters(module: Any, skip: set[int] | frozenset[int] = frozenset()) -> list[torch.Tensor]:
+    """The module's parameters that require grad and whose id is not in `skip`, in `parameters()` order."""
+    return [p for p in facts(module).params if p.requires_grad and id(p) not in skip]
+
+
+def captured_leaves(values: tuple, replay_inputs: tuple) -> list[torch.Tensor]:
+    """Leaf tensors the replay graph reaches that are not replay inputs (captured parameters)."""
+    inputs = {id(t) for t in replay_inputs}
+    seen: set[int] = set()
+    found: list[torch.Tensor] = []
+    stack = [v.grad_fn for v in values if v.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None and id(variable) not in inputs:
+            found.append(variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def grad_states(params: list[torch.Tensor]) -> list[tuple[Any, int]]:
+    """Each parameter's `.grad` and its version counter (-1 without one), read before a backward."""
+    return [(g, g._version) if (g := p.grad) is not None else (None, -1) for p in params]
+
+
+def _no_name(_: Any) -> None:
+    return None
+
+
+def captured_report(params: list[torch.Tensor], before: list[tuple[Any, int]]) -> list[dict[str, Any]]:
+    """The `captured` field of `grads_routed`: shape, recorded name and whether the backward accumulated into it."""
+    # bus.name_of only when a recording here names parameters (record(model=...)); else every name is None.
+    name_of = _no_name
+    for channel in bus.current_scope().channels:
+        if channel.names:
+            name_of = bus.name_of
+            break
+    report = []
+    for p, (old, version) in zip(params, before):
+        g = p.grad
+        report.append({"shape": list(p.shape), "name": name_of(p),
+                       "accumulated": g is not None and (g is not old or g._version != version)})
+    return report
+
+
+def qualname(function: Any) -> str:
+    """The name of a checkpointed function: its `__qualname__`, else its type's name (a module's class)."""
+    if isinstance(function, torch.nn.Module):  # getattr would go through Module.__getattr__ and fail
+        return function.__dict__.get("__qualname__") or type(function).__name__
+    return getattr(function, "__qualname__", None) or type(function).__name__
