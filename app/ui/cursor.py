@@ -25,12 +25,10 @@ NOTE [ State that survives page changes ]
 """
 from __future__ import annotations
 
-import bisect
-
 import streamlit as st
 
 from ckpt_viz import Trace, describe_event, event_column
-from ui.runs import Run, RunConfig, jump_positions
+from ui.runs import Run, RunConfig, jump_positions, next_position
 
 CURSOR = "cursor"
 WINDOW = 2_000  # events either side of the cursor that per-cursor views read on a big trace
@@ -105,9 +103,7 @@ def cursor_bar(run: Run) -> int:
             target = min(max(target, 0), n - 1)
             row.button(label, key=f"cursor_{key}", on_click=_store, args=(run.config, target), disabled=target == p)
         for name, kind in JUMPS.items():
-            positions = jump_positions(run.trace, kind)
-            i = bisect.bisect_right(positions, p)
-            target = positions[i] if i < len(positions) else None
+            target = next_position(run.trace, kind, p)
             row.button(f"Next {name}", key=f"cursor_next_{name}", on_click=_store,
                        args=(run.config, target if target is not None else p), disabled=target is None)
         seq = run.index.seqs[p]

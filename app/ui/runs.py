@@ -31,8 +31,9 @@ import gc
 import itertools
 import re
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,6 @@ from ckpt_viz import CkptVizError, RunRequest, Trace, TraceIndex, derived, event
 
 DEFAULT_MODE = "split-reentrant"
 CONFIG = "run_config"  # the session key of the sidebar's RunConfig
-JUMP_KINDS = {"replay": "replay_started", "release": "released"}
 
 
 @dataclass(frozen=True)
@@ -93,12 +93,11 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class Run:
-    """A loaded run: the trace, its index, and where the jump buttons go."""
+    """A loaded run: the trace and its index."""
 
     config: RunConfig
     trace: Trace
     index: TraceIndex
-    marks: dict[str, list[int]] = field(default_factory=dict)  # jump name -> event positions
 
     def cached(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(self.trace, *args)`, computed once per trace object (See NOTE [ Big traces ], rule 3).
@@ -120,16 +119,28 @@ class Loaded:
 # -- the loader --
 
 
+def kind_counts(trace: Trace) -> Counter[str]:
+    """How many events of each kind; once per trace (the kind column is the TraceIndex's)."""
+    return derived(trace, "app:kind_counts", lambda t: Counter(event_column(t, "kind")))
+
+
 def jump_positions(trace: Trace, kind: str) -> list[int]:
-    """The positions of the events of `kind`, in order; once per trace (the kind column is the TraceIndex's)."""
+    """The positions of the events of `kind`, in order; once per trace."""
     def build(t: Trace) -> list[int]:
         kinds = event_column(t, "kind")
         return list(itertools.compress(range(len(kinds)), map(kind.__eq__, kinds)))  # no Python loop per event
     return derived(trace, f"app:jump_positions:{kind}", build)
 
 
-def marks(trace: Trace) -> dict[str, list[int]]:
-    return {name: jump_positions(trace, kind) for name, kind in JUMP_KINDS.items()}
+def next_position(trace: Trace, kind: str, after: int) -> int | None:
+    """The position of the first event of `kind` after position `after`, or None: a scan from `after`
+    in C (list.index), so a jump button costs nothing until the trace has events of that kind."""
+    if not kind_counts(trace)[kind]:
+        return None
+    try:
+        return event_column(trace, "kind").index(kind, after + 1)
+    except ValueError:
+        return None
 
 
 @st.cache_resource(max_entries=16, show_spinner="Loading the run…")
@@ -144,7 +155,7 @@ def load_run(config: RunConfig) -> Loaded:
         # torch garbage that the collector must still see.
         with _gc_paused() if config.source != "builtin" else contextlib.nullcontext():
             trace = obtain_trace(config.request)
-            return Loaded(run=Run(config, trace, TraceIndex.of(trace), marks(trace)))
+            return Loaded(run=Run(config, trace, TraceIndex.of(trace)))
     except Exception as err:  # shown on the page; the app keeps working
         return Loaded(error=err)
 

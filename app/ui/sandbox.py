@@ -42,7 +42,7 @@ from typing import Any
 import streamlit as st
 
 from ckpt_viz import TraceIndex, WarmSandbox
-from ui.runs import Loaded, Run, RunConfig, marks
+from ui.runs import Loaded, Run, RunConfig
 
 UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
 KEY = "sandbox_session"
@@ -153,7 +153,7 @@ def _record(warm: WarmSandbox, job: Job) -> None:
         else:
             if config.name:  # the user's file name, not the temporary upload path
                 result.meta["model"] = f"{config.name}:{config.target.rpartition(':')[2]}"
-            job.results[config] = Loaded(run=Run(config, result, TraceIndex(result), marks(result)))
+            job.results[config] = Loaded(run=Run(config, result, TraceIndex.of(result)))
     job.done.set()
 
 

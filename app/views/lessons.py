@@ -12,7 +12,7 @@ from ckpt_viz import (
 )
 from ui.cursor import cursor_bar, set_cursor
 from ui.graphview import checkpoint_dot, show_svg
-from ui.runs import Run, RunConfig, marks
+from ui.runs import Run, RunConfig
 from ui.show import show_chart
 
 LESSONS = {f"{le.number}. {le.title}": le for le in lessons.load_lessons()}
@@ -34,7 +34,7 @@ with st.spinner("Recording this step's run..."):
     trace = lessons.step_trace(lesson, step)
 # The lesson's own run, on the shared cursor; a step opens at its cursor, and the learner may move it.
 config = RunConfig("trace", f"lesson {lesson.number} step {i + 1}", mode=trace.meta.get("mode", ""))
-run = Run(config, trace, TraceIndex(trace), marks(trace))
+run = Run(config, trace, TraceIndex.of(trace))
 if st.session_state.get("lesson_cursor_for") != config:
     st.session_state["lesson_cursor_for"] = config
     set_cursor(run, result.seq)

@@ -6,7 +6,7 @@ import streamlit as st
 from ckpt_viz import STATE_MEANINGS, diagnose_all, format_bytes, lifecycle, memory_peak, palette, render_memory
 from ui.cursor import cursor_bar
 from ui.downloads import download_trace_buttons
-from ui.runs import current
+from ui.runs import current, kind_counts
 from ui.show import show_chart
 
 
@@ -26,7 +26,7 @@ if meta.get("look_at"):
     st.info(f"**What to look at:** {meta['look_at']}", icon=":material/visibility:")
 seq = cursor_bar(run)
 
-kinds = run.cached(lambda trace: Counter(trace.kinds()))
+kinds = kind_counts(run.trace)
 peak = run.cached(memory_peak)
 totals = run.cached(handle_totals)
 cols = st.columns(6)
