@@ -1,8 +1,11 @@
-"""Memory by category at every event: the torch-side reader behind `record(memory=True)`.
+"""Memory by category at every event: the dispatch tracker, and `open_probe` that picks a probe.
 
 Owns `MemoryProbe`: a TorchDispatchMode that sees every storage an op allocates
 (with a finalizer for when it is freed), a global saved-tensor hook that sees what
-autograd keeps, and the runtime's hints (`ckpt_viz.runtime.memtags`). Never the UI.
+autograd keeps, and the runtime's hints (`ckpt_viz.runtime.memtags`). It costs a
+Python call per op; `open_probe` in probe/allocations.py gives the allocation-stream
+probe (which counts the same by the rules below, tested against this one) where it
+can run, else this one. Never the UI.
 
 NOTE [ Memory categories ]
   1. Every live storage is counted exactly once, so the categories of a sample add
@@ -23,11 +26,12 @@ NOTE [ Memory categories ]
      stage tag open when the hold began), else the stage that allocated them.
   5. Storages that existed before the probe started are registered from the
      parameters and tensors given to it, and from any tensor an op reads.
-  6. Probes stack. A thread pushes one TorchDispatchMode and one saved-tensor
-     hook pair for all its probes (a `_Layer`) when its first probe opens, and pops
-     them when its last one closes, so nested probes each see every op and every
-     saved tensor, and closing them in any order pops torch's (LIFO) stacks once,
-     in order. Both stacks are per thread, as the layer is (torch carries them to
+  6. Probes stack. A thread pushes one saved-tensor hook pair for all its probes
+     (a `_Layer`) when its first probe opens, and one TorchDispatchMode when its
+     first tracker (this class, not an `AllocationProbe`) joins, and pops them when
+     its last probe closes, so nested probes each see every saved tensor, nested
+     trackers every op, and closing them in any order pops torch's (LIFO) stacks
+     once, in order. Both stacks are per thread, as the layer is (torch carries them to
      autograd worker threads with the graph task), so a probe sees only its own
      thread's ops; a probe closes on the thread that opened it. The runtime's
      `memtags` holds reach the probes of the context that makes them.
@@ -60,7 +64,7 @@ from ckpt_viz import bus
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.memtags import CATEGORIES
 
-__all__ = ["CATEGORIES", "MemoryProbe"]
+__all__ = ["CATEGORIES", "MemoryProbe", "join_layer", "leave_layer"]
 
 _RANK = {"checkpoint_inputs": 4, "excluded_outputs": 3, "replay_activations": 2, "activations": 1}
 
@@ -100,7 +104,7 @@ class _Tracker(TorchDispatchMode):
         self.layer = layer
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        probes = self.layer.probes
+        probes = self.layer.trackers
         for value in _tensors_of(args, kwargs):
             for probe in probes:
                 probe.register(value)
@@ -141,8 +145,10 @@ class _Layer:
     """The one dispatch mode and saved-tensor hook pair a context pushes for all its probes (NOTE rule 6)."""
 
     def __init__(self) -> None:
-        self.probes: tuple[MemoryProbe, ...] = ()
+        self.probes: tuple[Any, ...] = ()  # every probe of this thread: each gets every saved tensor
+        self.trackers: tuple[MemoryProbe, ...] = ()  # those that also see every op (not an AllocationProbe)
         self._mode = _Tracker(self)
+        self._mode_pushed = False
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
     def _pack(self, tensor: torch.Tensor) -> _Saved:
@@ -153,18 +159,46 @@ class _Layer:
         return saved
 
     def push(self) -> None:
-        self._mode.__enter__()
-        try:
-            self._hooks.__enter__()
-        except BaseException:
-            self._mode.__exit__(None, None, None)
-            raise
+        self._hooks.__enter__()
+
+    def push_mode(self) -> None:
+        """Push the dispatch mode when the layer's first tracker joins; it stays until the layer pops."""
+        if not self._mode_pushed:
+            self._mode.__enter__()
+            self._mode_pushed = True
 
     def pop(self) -> None:
         try:
             self._hooks.__exit__(None, None, None)
         finally:
-            self._mode.__exit__(None, None, None)
+            if self._mode_pushed:
+                self._mode_pushed = False
+                self._mode.__exit__(None, None, None)
+
+
+def join_layer(probe: Any, tracker: bool = False) -> _Layer:
+    """Add `probe` to this thread's layer (made and pushed if there is none); a tracker also gets the mode."""
+    layer = getattr(_THREAD, "layer", None)
+    if layer is None:
+        _import_dynamo_off_stack()
+        layer = _Layer()
+        layer.push()
+        _THREAD.layer = layer
+    if tracker:
+        layer.push_mode()
+        layer.trackers = (*layer.trackers, probe)
+    layer.probes = (*layer.probes, probe)
+    return layer
+
+
+def leave_layer(probe: Any, layer: _Layer) -> None:
+    """Take `probe` out of `layer`; the last one out pops it (NOTE rule 6)."""
+    layer.probes = tuple(p for p in layer.probes if p is not probe)
+    layer.trackers = tuple(p for p in layer.trackers if p is not probe)
+    if not layer.probes:
+        if getattr(_THREAD, "layer", None) is layer:
+            _THREAD.layer = None
+        layer.pop()
 
 
 _THREAD = threading.local()  # .layer: this thread's _Layer, while one of its probes is open (NOTE rule 6)
@@ -321,14 +355,7 @@ class MemoryProbe:
                 self.register(p.grad)
         for t in tensors:
             self.register(t)
-        layer = getattr(_THREAD, "layer", None)
-        if layer is None:
-            _import_dynamo_off_stack()
-            layer = _Layer()
-            layer.push()
-            _THREAD.layer = layer
-        layer.probes = (*layer.probes, self)
-        self._layer = layer
+        self._layer = join_layer(self, tracker=True)
         self._detach_holder = memtags.install(self.hold)
         return self
 
@@ -340,11 +367,7 @@ class MemoryProbe:
             self._detach_holder = None
         try:
             if layer is not None:
-                layer.probes = tuple(p for p in layer.probes if p is not self)
-                if not layer.probes:
-                    if getattr(_THREAD, "layer", None) is layer:
-                        _THREAD.layer = None
-                    layer.pop()
+                leave_layer(self, layer)
         finally:
             with self._lock:
                 self._live.clear()

@@ -17,7 +17,7 @@ from typing import Any
 
 from ckpt_viz import bus
 
-__all__ = ["CATEGORIES", "NULL", "category", "current", "enabled", "hold", "install"]
+__all__ = ["CATEGORIES", "NULL", "category", "current", "enabled", "hold", "install", "seen"]
 
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "activations", "checkpoint_inputs",
                                "replay_activations", "excluded_outputs", "other")
@@ -79,3 +79,13 @@ def hold(owner: Any, tensor: Any, name: str) -> None:
     """Say that `tensor`'s storage is held for `name` for as long as `owner` lives (for this context's probes)."""
     for holder in bus.context_value(_HOLDERS, ()):
         holder(owner, tensor, name)
+
+
+def seen(tensor: Any) -> None:
+    """Say that an op reads `tensor`, which may be older than the probes (a cache): count it from now.
+
+    The dispatch tracker sees such a read itself; the allocation probe (ckpt_viz/probe/allocations.py
+    NOTE rule 3) learns of it only here. Call it only `if enabled`.
+    """
+    for holder in bus.context_value(_HOLDERS, ()):
+        holder(None, tensor, "other")

@@ -1,0 +1,366 @@
+"""Memory by category from the allocator's record: `record(memory=True)` without a Python call per op.
+
+Owns `AllocationProbe`, the fast reader behind `record(memory=True)`: the allocation
+stream (probe/stream.py) says which storages are live at each event; saved-tensor
+hooks, the runtime's holds (`ckpt_viz.runtime.memtags`) and the parameters say what
+they are held for. It counts what the dispatch tracker (`MemoryProbe` in
+probe/memory.py, its test oracle) counts, by the same rules (NOTE [ Memory
+categories ] there). Never the UI.
+
+NOTE [ Allocation ledger ]
+  1. Readings are deferred. `mark(seq, t_ns)` at an event allocates a one-byte
+     marker storage (no op, so no dispatch mode sees it) and logs the event; what is
+     live at the event is what the stream has allocated and not freed up to that
+     marker. `finish()` (after `__exit__`) replays the stream against the log and
+     returns the MemorySamples, one per change of reading, as the recording stores
+     them. Markers stay alive until the stream is drained, so a marker's position is
+     the last allocation at its address.
+  2. The log is in program order: holds begin (saved-tensor pack, memtags.hold) and
+     end (their owner is collected), storages die (a weakref per held or known
+     storage), tensors known from before the probe (parameters, the given tensors)
+     and stage assignments. Between two markers the stream's events are applied
+     first, then the log's; every case where the two interleave resolves the same
+     way because a storage's address is reused only after it died, and its death is
+     in the log (the weakref), before any hold on the storage that reused it.
+  3. Storages the stream never saw allocated (from before the probe) count once they
+     are known: given, a parameter, a gradient, or held. The tracker also counts a
+     storage from before the probe that an op only reads; this probe does not, so
+     pass such tensors (`record(tensors=...)`) to count them from the start.
+  4. `torch.get_rng_state()` allocates a state tensor outside any op, which the
+     tracker never sees; while a stream runs, that function notes its result (with
+     a marker), and the replay leaves that allocation out.
+  5. The stage of a storage no hold claims is the stage open at the event before its
+     allocation (the tracker: at its allocation). Stage tags change at events, so
+     this differs only for bytes allocated between an action's last event and the
+     next action's first.
+  6. The stream is drained every DRAIN_EVERY marks, so the profiler's buffer stays
+     bounded in a long recording, but never inside a backward: the engine runs each
+     node under the thread-local state it captured when the backward began, which
+     holds the profiler session of that time, so a session restarted inside a
+     backward would miss the rest of that backward's allocations. So there is no
+     `sample()`: a reading in the middle of a backward could not be made exact.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ckpt_viz import bus
+from ckpt_viz.probe.ledger import RANK, Ledger
+from ckpt_viz.probe.memory import MemoryProbe, join_layer, leave_layer
+from ckpt_viz.probe.stream import AllocationStream
+from ckpt_viz.runtime import memtags
+
+__all__ = ["AllocationProbe", "open_probe"]
+
+DRAIN_EVERY = 256
+_GRAD = operator.attrgetter("grad")
+
+
+class AllocationProbe:
+    """Live bytes by category at each `mark`; see NOTE [ Allocation ledger ].
+
+    Args:
+        stream: the process's allocation stream (`AllocationStream.acquire()`), now this probe's.
+        params: parameters to count as "parameters" (their .grad as "gradients").
+        tensors: other tensors that exist before the probe starts (model inputs, buffers).
+    """
+
+    deferred = True  # readings come from `finish()`, not from `sample()` at each event
+
+    def __init__(self, stream: AllocationStream, params: Iterable[torch.Tensor] = (),
+                 tensors: Iterable[torch.Tensor] = ()) -> None:
+        self._stream: AllocationStream | None = stream
+        self._pending = (list(params), list(tensors))
+        self._params: list[torch.Tensor] = []
+        self._param_ids: set[int] = set()
+        self._log: list[tuple] = []
+        self._markers: list[tuple[int, Any]] = []  # (ptr, storage) kept alive until the next drain
+        self._ledger = Ledger()
+        self._readings: list[tuple[int, int, tuple]] = []
+        self._grad_ids: tuple = ()
+        self._grad_known: dict[int, tuple[Any, int]] = {}
+        self._grads_stale = False
+        self._grads: frozenset[int] = frozenset()
+        self._keys = itertools.count()
+        self._marks = 0
+        self._drain_at = DRAIN_EVERY
+        self._layer: Any = None
+        self._detach_holder: Any = None
+        self._watched: dict[int, Any] = {}  # id(weakref) -> weakref: storages and owners, dropped on close
+        log = self._log
+        me = weakref.ref(self)
+
+        def died(ref: Any) -> None:  # a watched storage was freed (NOTE rule 2)
+            log.append(("D", ref.ptr))
+            probe = me()
+            if probe is not None:
+                probe._watched.pop(id(ref), None)
+
+        def released(ref: Any) -> None:  # a hold's owner was collected
+            log.append(("R", ref.key))
+            probe = me()
+            if probe is not None:
+                probe._watched.pop(id(ref), None)
+
+        def grad_died(ref: Any) -> None:
+            probe = me()
+            if probe is not None:
+                probe._grads_stale = True
+
+        self._died = died
+        self._released = released
+        self._grad_died = grad_died
+        self.cuda = False
+
+    # ------------------------------------------------------------ what the log learns
+
+    def _watch_storage(self, storage: Any, ptr: int) -> None:
+        ref = _Ref(storage, self._died)
+        ref.ptr = ptr
+        self._watched[id(ref)] = ref
+
+    def _know(self, tensor: torch.Tensor, stage: Any = None, param: bool = False) -> None:
+        """Log a storage known from before the probe (NOTE rule 3), with a weakref for its death."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        ptr = storage.data_ptr()
+        self._log.append(("P", ptr, storage.nbytes(), bus.current_tags().get("stage") if stage is None else stage,
+                          param))
+        self._watch_storage(storage, ptr)
+
+    def add_param(self, param: torch.Tensor) -> None:
+        """Count `param`'s storage as "parameters" and its .grad as "gradients"."""
+        if id(param) in self._param_ids:
+            return
+        self._param_ids.add(id(param))
+        self._params.append(param)
+        self._know(param, param=True)
+
+    def assign_stage(self, tensors: Iterable[torch.Tensor], stage: Any) -> None:
+        """Count these tensors' storages (e.g. a pipeline stage's parameters) under `stage` in `by_stage`."""
+        for tensor in tensors:
+            self._know(tensor)
+            storage = tensor.untyped_storage()
+            self._log.append(("S", storage.data_ptr(), storage.nbytes(), stage))
+
+    def hold(self, owner: Any, tensor: torch.Tensor, category: str) -> None:
+        """Count `tensor`'s storage as held for `category` until `owner` is garbage-collected.
+
+        `category` "other" (from `memtags.seen`): no hold, only count the storage from now on.
+        """
+        if category not in RANK:
+            if category == "other":
+                self._know(tensor)
+            return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if isinstance(tensor, torch.nn.Parameter) and id(tensor) not in self._param_ids:
+            self.add_param(tensor)
+        key = next(self._keys)
+        ptr = storage.data_ptr()
+        self._log.append(("H", key, ptr, storage.nbytes(), category, bus.current_tags().get("stage")))
+        self._watch_storage(storage, ptr)
+        ref = _Ref(owner, self._released)
+        ref.key = key
+        self._watched[id(ref)] = ref
+
+    def note_untracked(self, tensor: torch.Tensor) -> None:
+        """Leave `tensor`'s allocation out: it was made outside any op (NOTE rule 4)."""
+        self._log.append(("X", self._marker(), tensor.untyped_storage().data_ptr()))
+
+    # ------------------------------------------------------------ marks and the replay
+
+    def _marker(self) -> int:
+        storage = torch.UntypedStorage(1)
+        ptr = storage.data_ptr()
+        self._markers.append((ptr, storage))
+        return ptr
+
+    def _grad_ptrs(self) -> frozenset[int]:
+        """The storages of the parameters' .grad now. A .grad is known by its id while a weakref says it lives
+        (the ref never keeps it alive; its death marks the set stale, so a reused id is never trusted)."""
+        with torch._C.DisableTorchFunction():  # .grad of a Parameter is half as dear without the subclass check
+            objects = tuple(map(_GRAD, self._params))
+        ids = tuple(map(id, objects))
+        if ids == self._grad_ids and not self._grads_stale:
+            return self._grads
+        self._grads_stale = False
+        known, ptrs = self._grad_known, []
+        fresh: dict[int, tuple[Any, int]] = {}
+        for grad in objects:
+            if grad is None:
+                continue
+            entry = known.get(id(grad))
+            if entry is None or entry[0]() is not grad:
+                entry = (weakref.ref(grad, self._grad_died), grad.untyped_storage().data_ptr())
+            fresh[id(grad)] = entry
+            ptrs.append(entry[1])
+        self._grad_known, self._grad_ids = fresh, ids
+        self._grads = frozenset(ptrs)
+        return self._grads
+
+    def mark(self, seq: int, t_ns: int) -> None:
+        """The event `seq` happened now: its reading comes out of `finish()` (NOTE rule 1)."""
+        self._log.append(("M", self._marker(), seq, t_ns, self._grad_ptrs(), bus.current_tags().get("stage")))
+        self._marks += 1
+        if self._marks >= self._drain_at and self._stream is not None and torch._C._current_graph_task_id() == -1:
+            self._drain_at = self._marks + DRAIN_EVERY
+            self._replay(self._stream.drain())
+
+    def _replay(self, events: list[tuple[int, int]]) -> None:
+        """Apply the drained stream and the log up to its last marker (NOTE rule 2); keep the rest of the log."""
+        where = {ptr: i for i, (ptr, size) in enumerate(events) if size > 0}  # last allocation at each address
+        log, ledger = self._log, self._ledger
+        cut = max((i for i, entry in enumerate(log) if entry[0] in "MX"), default=-1)
+        skip: set[int] = set()
+        for entry in log[:cut + 1]:
+            if entry[0] in "MX":
+                end = where.get(entry[1], -1)
+                skip.add(end)  # the marker itself
+                if entry[0] == "X":  # NOTE rule 4: the last allocation at its address before its marker
+                    for i in range(end - 1, -1, -1):
+                        if events[i][0] == entry[2] and events[i][1] > 0:
+                            skip.add(i)
+                            break
+        start, pending = 0, []
+        for entry in log[:cut + 1]:
+            if entry[0] not in "MX":
+                pending.append(entry)
+                continue
+            end = where.get(entry[1], len(events) - 1)
+            self._stream_to(events, start, end + 1, skip)  # the stream's events first, then the log's
+            start = max(start, end + 1)
+            for held in pending:
+                ledger.apply(held)
+            pending.clear()
+            if entry[0] == "M":
+                self._readings.append((entry[2], entry[3], ledger.reading(entry[4], entry[5])))
+        self._stream_to(events, start, len(events), skip)  # after the last marker: read at the next one
+        del log[:cut + 1]
+        self._markers.clear()
+
+    def _stream_to(self, events: list[tuple[int, int]], start: int, end: int, skip: set[int]) -> None:
+        """Apply events[start:end] by their net effect: what was freed of the storages before them, and what
+        is still allocated after them (a storage allocated and freed in between never shows)."""
+        freed: set[int] = set()
+        made: dict[int, int] = {}
+        for i in range(start, end):
+            ptr, size = events[i]
+            if size > 0:
+                if i not in skip:
+                    made[ptr] = size
+            elif made.pop(ptr, None) is None:
+                freed.add(ptr)
+        ledger = self._ledger
+        for ptr in freed:
+            ledger.free(ptr)
+        for ptr, size in made.items():
+            ledger.alloc(ptr, size)
+
+    def finish(self) -> list[Any]:
+        """The MemorySamples of every mark, one per change of reading (after `__exit__`)."""
+        from ckpt_viz.trace import MemorySample
+
+        samples, last = [], None
+        for seq, t_ns, reading in self._readings:
+            if reading != last:
+                last = reading
+                totals, by_stage, device = reading
+                samples.append(MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=totals,
+                                            device_allocated=device, by_stage=by_stage))
+        self._readings.clear()
+        return samples
+
+    # ------------------------------------------------------------ lifetime
+
+    def __enter__(self) -> AllocationProbe:
+        params, tensors = self._pending
+        for p in params:
+            self.add_param(p)
+        for p in params:
+            if p.grad is not None:
+                self._know(p.grad)
+        for t in tensors:
+            self._know(t)
+        self._layer = join_layer(self)
+        self._detach_holder = memtags.install(self.hold)
+        _watch_rng(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _unwatch_rng(self)
+        if self._detach_holder is not None:
+            self._detach_holder()
+            self._detach_holder = None
+        layer, self._layer = self._layer, None
+        stream, self._stream = self._stream, None
+        try:
+            if layer is not None:
+                leave_layer(self, layer)
+        finally:
+            if stream is not None:
+                self._replay(stream.close())
+            self._watched.clear()
+            self._log.clear()
+            self._markers.clear()
+            self._params.clear()
+            self._grad_known = {}
+            self._pending = ([], [])
+            self._ledger = Ledger()
+
+
+def open_probe(params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tensor] = ()) -> Any:
+    """The probe for `record(memory=True)`: an `AllocationProbe` while the process's allocation stream is
+    free (probe/stream.py NOTE rule 1), else the dispatch tracker (`MemoryProbe`). Enter it right away:
+    the stream is this probe's from now until it closes.
+    """
+    stream = AllocationStream.acquire()
+    if stream is None:
+        return MemoryProbe(params, tensors)
+    return AllocationProbe(stream, params, tensors)
+
+
+class _Ref(weakref.ref):
+    __slots__ = ("key", "ptr")
+
+
+_RNG: dict[str, Any] = {}  # the original get_rng_state functions while a probe watches them
+
+
+def _watch_rng(probe: AllocationProbe) -> None:
+    """NOTE rule 4: while `probe` runs, `torch.get_rng_state()` on its thread notes its result."""
+    original = torch.random.get_rng_state
+    me, thread = weakref.ref(probe), probe._stream.thread if probe._stream is not None else None
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        owner = me()
+        if owner is not None and threading.get_ident() == thread:
+            owner.note_untracked(state)
+        return state
+
+    get_rng_state.__wrapped__ = original  # type: ignore[attr-defined]
+    _RNG["original"] = original
+    _RNG["ours"] = get_rng_state
+    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
+
+
+def _unwatch_rng(probe: AllocationProbe) -> None:
+    original, ours = _RNG.pop("original", None), _RNG.pop("ours", None)
+    if original is None:
+        return
+    if torch.random.get_rng_state is ours:
+        torch.random.get_rng_state = original
+    if torch.get_rng_state is ours:
+        torch.get_rng_state = original
