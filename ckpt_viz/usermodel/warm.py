@@ -12,10 +12,11 @@ NOTE [ Warm child ]
      runs), exactly as a cold child is started: same namespaces, read-only system, the
      folder as the only writable place, the cleared environment, `--die-with-parent`,
      in a cgroup of its own (no memory limit: it runs none of the user's code). It
-     imports torch and the runner, records a built-in model once in each common mode
-     with one torch thread (a process's first recording pays for lazy set-up: 10 s
-     against 0.3 s measured on a loaded machine; a thread pool made before a fork would
-     hang the children, so each child makes its own), and says `ready`.
+     imports torch and the runner, then torch._dynamo (most of a first recording's
+     lazy set-up: its first dispatch imports it), records a built-in model once in each
+     common mode with one torch thread (a process's first recording took 10 s against
+     0.3 s on a loaded machine; a thread pool made before a fork would hang the
+     children, so each child makes its own), and says `ready` (rule 7).
   2. Each run gets a folder `run-N` in it with its `request.json`, and a cgroup of its
      own with the run's memory and task limits. The parent moves the warm process into
      that cgroup, asks it to fork (`run run-N`), and moves it back: the child and every
