@@ -5,7 +5,9 @@ in Debian's /usr/bin/chromium driven by Playwright (never `playwright install`).
 
 Warm-up, not timed: the browser opens the Glossary page (it reads no run, so no built-in model is
 recorded), picks "Saved trace" -> "Path", opens a small trace on the Overview (the server imports
-the chart libraries, the browser loads Vega). Then it types the big file's path and times:
+the chart libraries, the browser loads Vega), then waits until the server's processes are idle (the
+app starts a spare warm sandbox, which imports torch, a few seconds after its first page: this is the
+steady state of an app up for a while). Then it types the big file's path and times:
   1. first page: from the Enter key until the Overview's slider spans the big trace's events,
      the script run has ended, every chart is drawn on a new canvas (not the small trace's) and
      two animation frames have passed (the browser painted): Trace.load + the index + the
@@ -19,9 +21,12 @@ runs) to the painted result: Playwright's checks before it presses are not count
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +64,77 @@ _STEPPED = ("([thumb, line]) => { const t = document.querySelector('[data-testid
             " return t && t.innerText === thumb && c && c.innerText !== line; }")
 
 
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process (Linux /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            found[int(entry)] = (int(stat.rpartition(")")[2].split()[1]), cmdline)
+    return found
+
+
+def _tree(marker: str) -> list[int]:
+    """The processes whose command line holds `marker`, and all their descendants."""
+    procs = _processes()
+    roots = {pid for pid, (_, cmd) in procs.items() if marker in cmd}
+    tree, grew = set(roots), True
+    while grew:
+        grew = False
+        for pid, (parent, _) in procs.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return sorted(tree)
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system, with reaped children) the processes used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class _CpuMeter:
+    """CPU seconds that the streamlit server and Chromium use over an interval (`with meter:`; then
+    `meter.used`). On a shared machine the wall time includes waiting for a core; these do not, and
+    the two mostly run one after the other, so their sum bounds what the wall time would be alone."""
+
+    def __init__(self, server_marker: str, browser_marker: str) -> None:
+        self.markers = (server_marker, browser_marker)
+        self.start: list[float] = []
+        self.used: tuple[float, float] = (0.0, 0.0)
+
+    def __enter__(self) -> _CpuMeter:
+        self.start = [_cpu(_tree(m)) for m in self.markers]
+        return self
+
+    def __exit__(self, *exc: object) -> None:  # processes started meanwhile count whole
+        server, browser = (_cpu(_tree(m)) - s for m, s in zip(self.markers, self.start))
+        self.used = (server, browser)
+
+
+def _quiet(marker: str, timeout_s: float, idle_share: float = 0.05, window_s: float = 1.0) -> bool:
+    """Wait until the processes of `marker` use under `idle_share` of a core over `window_s` (the app has
+    finished what it starts in the background, e.g. a spare warm sandbox importing torch); False on timeout."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        before = _cpu(_tree(marker))
+        time.sleep(window_s)
+        if _cpu(_tree(marker)) - before < idle_share * window_s:
+            return True
+    return False
+
+
 def _open(page, box, path: Path, events: int, timeout_ms: int) -> float:
     """Type `path` in the trace path box, press Enter, wait for its Overview of `events` events drawn;
     the seconds from the Enter key to the painted page, on the page's clock."""
@@ -71,7 +147,8 @@ def _open(page, box, path: Path, events: int, timeout_ms: int) -> float:
 
 def measure(trace_path: Path, events: int, warmup_path: Path, warmup_events: int, steps: int = 5,
             timeout_s: float = 300) -> dict[str, object]:
-    """Time the first page of `trace_path` (`events` events) and `steps` cursor steps in Chromium; seconds."""
+    """Time the first page of `trace_path` (`events` events) and `steps` cursor steps in Chromium; seconds.
+    Also the CPU seconds (server, Chromium) of the first page and, median per process, of a step."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
@@ -79,7 +156,9 @@ def measure(trace_path: Path, events: int, warmup_path: Path, warmup_events: int
     timeout_ms = int(timeout_s * 1000)
     with tempfile.TemporaryDirectory() as folder, streamlit_server(Path(folder) / "streamlit.log") as url, \
             sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        marker = f"--ckpt-viz-bench={uuid.uuid4().hex}"  # a switch Chromium ignores: finds its processes
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, marker], headless=True)
+        meter = _CpuMeter(f"--server.port {url.rpartition(':')[2]} ", marker)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(f"{url}/glossary", timeout=timeout_ms)  # a page that reads no run: nothing is recorded
@@ -94,19 +173,26 @@ def measure(trace_path: Path, events: int, warmup_path: Path, warmup_events: int
             page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name="Overview", exact=True).click()
             page.wait_for_function(_SLIDER_SPANS, arg=f"{warmup_events - 1:,}", timeout=timeout_ms)
             page.wait_for_function(_DRAWN, timeout=timeout_ms)  # warm-up: not timed
+            page.wait_for_timeout(4_000)  # the app starts background work a few seconds after its first page ...
+            quiet = _quiet(meter.markers[0], timeout_s)  # ... (a spare sandbox): time the app once it is done
             page.evaluate(_MARK_OLD)
             page.evaluate(_LISTEN)
-            first = _open(page, box, trace_path, events, timeout_ms)
-            cursor = []
+            with meter:
+                first = _open(page, box, trace_path, events, timeout_ms)
+            first_cpu = meter.used
+            cursor, cursor_cpu = [], []
             for _ in range(steps):
                 thumb = page.locator(_THUMB).first.inner_text()
                 line = page.locator('[data-testid="stCode"]').first.inner_text()
-                page.get_by_role("button", name="+1", exact=True).click()
-                page.wait_for_function(_STEPPED, arg=[str(int(thumb) + 1), line], timeout=timeout_ms)
-                page.wait_for_function(_DRAWN, timeout=timeout_ms)
-                cursor.append((page.evaluate(_TWO_FRAMES) - page.evaluate(_INPUT_AT)) / 1000)
+                with meter:
+                    page.get_by_role("button", name="+1", exact=True).click()
+                    page.wait_for_function(_STEPPED, arg=[str(int(thumb) + 1), line], timeout=timeout_ms)
+                    page.wait_for_function(_DRAWN, timeout=timeout_ms)
+                    cursor.append((page.evaluate(_TWO_FRAMES) - page.evaluate(_INPUT_AT)) / 1000)
+                cursor_cpu.append(meter.used)
             errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count()
         finally:
             browser.close()
     return {"first_page_s": first, "cursor_step_s": cursor, "cursor_median_s": statistics.median(cursor),
-            "errors_on_page": errors}
+            "first_page_cpu_s": first_cpu, "cursor_cpu_s": tuple(statistics.median(c) for c in zip(*cursor_cpu)),
+            "server_was_quiet": quiet, "errors_on_page": errors}

@@ -122,6 +122,11 @@ def _browser_main(args: argparse.Namespace) -> int:
           f"{'PASS' if first_ok else 'FAIL'}")
     print(f"cursor step (+1 -> drawn), median        {result['cursor_median_s']:6.2f} s  (target {CURSOR_S} s)  "
           f"{'PASS' if cursor_ok else 'FAIL'}  [{steps}]")
+    (server, chromium), (step_server, step_chromium) = result["first_page_cpu_s"], result["cursor_cpu_s"]
+    print(f"CPU seconds (server + Chromium): first page {server:.2f} + {chromium:.2f}, "
+          f"cursor step {step_server:.2f} + {step_chromium:.2f} (median); load {_load()}")
+    if not result["server_was_quiet"]:
+        print("    the server's processes did not go idle before the timing (background work overlapped it)")
     if result["errors_on_page"]:
         print(f"    {result['errors_on_page']} error(s) shown on the page")
         return 2
