@@ -3,17 +3,26 @@
     .venv/bin/python benchmarks/bench_record.py            # about half a minute
     .venv/bin/python benchmarks/bench_record.py --quick    # smoke run
 
-For each built-in model, one training step (forward, loss, split DX/DW) runs in four
-variants, interleaved round by round: no recorder, events only, events + memory,
-events + memory + graphs. Reported: median step time, the ratio to the unrecorded step
-measured in the same round, and events recorded per second of recorded step time.
+For each built-in model, one training step (forward, loss, split DX/DW) runs in five
+variants, interleaved round by round: no recorder, events only, events + memory (the
+dispatch tracker, what `record(memory=True)` uses today), events + memory read by the
+allocation-stream probe (`ckpt_viz.probe.allocations`), events + memory + graphs.
+Reported: median step time, the median of per-round ratios to the unrecorded step, and
+events recorded per second of recorded step time. `--clock cpu` times CPU time (steadier
+on a loaded machine).
+
+The allocation-stream variant runs `record(memory=True)` with the probe chosen by
+`open_probe` and its readings taken through `mark`/`finish` (`_deferred_recording`
+below does what recording.py does once it calls those; it does nothing if it already does).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -24,19 +33,55 @@ VARIANTS = {
     "no recorder": None,
     "events": dict(memory=False, graphs=False),
     "events+memory": dict(memory=True, graphs=False),
+    "events+memory(stream)": dict(memory=True, graphs=False, stream=True),
     "events+memory+graphs": dict(memory=True, graphs=True),
 }
+_clock = time.perf_counter
+
+
+@contextlib.contextmanager
+def _deferred_recording() -> Iterator[None]:
+    """`record(memory=True)` with `open_probe`'s probe, read through `mark`/`finish` when it is deferred."""
+    import ckpt_viz.probe.memory as memory
+    import ckpt_viz.recording as recording
+    from ckpt_viz.probe.allocations import open_probe
+
+    cls = recording.Recording
+    sample, release, probe_class = cls._sample, cls._release, memory.MemoryProbe
+
+    def deferred_sample(self: recording.Recording, row: tuple) -> None:
+        probe = self._probe
+        if probe is not None and getattr(probe, "deferred", False):
+            probe.mark(row[0], row[1][0])
+        else:
+            sample(self, row)
+
+    def deferred_release(self: recording.Recording, *exc: object) -> None:
+        probe = self._probe
+        release(self, *exc)
+        if probe is not None and getattr(probe, "deferred", False):
+            self.trace.memory.extend(probe.finish())
+
+    cls._sample, cls._release, memory.MemoryProbe = deferred_sample, deferred_release, open_probe
+    try:
+        yield
+    finally:
+        cls._sample, cls._release, memory.MemoryProbe = sample, release, probe_class
 
 
 def _step(model: str, mode: str, options: dict | None) -> tuple[float, int]:
     spec = build_builtin(model)  # not timed
     if options is None:  # the same step with no recorder attached
-        start = time.perf_counter()
+        start = _clock()
         _unrecorded(spec, mode)
-        return time.perf_counter() - start, 0
-    start = time.perf_counter()
-    trace = run_scenario(spec, mode, **options)
-    return time.perf_counter() - start, len(trace.events)
+        return _clock() - start, 0
+    options = dict(options)
+    stream = options.pop("stream", False)
+    with _deferred_recording() if stream else contextlib.nullcontext():
+        start = _clock()
+        trace = run_scenario(spec, mode, **options)
+        seconds = _clock() - start
+    return seconds, len(trace.events)
 
 
 def _unrecorded(spec, mode: str) -> None:
@@ -56,15 +101,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
+    global _clock
+    _clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     models = ["mlp", "transformer"] if not args.quick else ["mlp"]
     repeats = 2 if args.quick else args.repeats
     print(f"bench_record: split-reentrant step per built-in model; {repeats} interleaved rounds; "
-          f"torch {torch.__version__}, 1 thread")
+          f"torch {torch.__version__}, 1 thread, {args.clock} clock")
     print(f"{'model':<12} {'variant':<22} {'median ms':>10} {'x no rec':>9} {'events':>7} {'events/s':>10}")
     for model in models:
         _step(model, "split-reentrant", VARIANTS["events+memory+graphs"])  # warm up
+        readings = []
+        for stream in (False, True):  # both probes read the same memory at every event (or the figure means nothing)
+            with _deferred_recording() if stream else contextlib.nullcontext():
+                trace = run_scenario(build_builtin(model), "split-reentrant", memory=True)
+            readings.append([(m.seq, m.bytes_by_category, m.by_stage) for m in trace.memory])
+        if readings[0] != readings[1]:
+            print(f"{model}: the allocation-stream probe read other memory than the dispatch tracker")
+            return 1
         times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
         events: dict[str, int] = {}

@@ -20,7 +20,8 @@ NOTE [ Allocation stream ]
   4. torch prints a line to stderr when a profiler starts and stops, and warns that no
      kineto events matched; the stream silences file descriptor 2 around those calls
      (another thread's stderr output in that instant is lost) and ignores that one
-     warning while it runs.
+     warning while it runs. torch's CPU allocator also logs, once and then every
+     1000th time, that a block allocated before profiling was freed; that line shows.
   5. A user's own torch profiler cannot start while the stream runs (torch refuses a
      second profiler on a thread, and two threads profiling at once crash it): leave
      memory=False while profiling with torch.profiler.
