@@ -309,7 +309,7 @@ class ReplayWatch:
         for p in fresh:
             if p.grad is not None:
                 seen[id(p)] = p.grad
-        counts = _nonzero(seen)
+        counts = fp.nonzero_counts(seen)
         if len(counts) == len(watched) and all(counts.values()):  # the clean case: every one got a gradient
             return
         if counts and not any(counts.values()):  # every gradient zero (a zero loss): nothing to tell apart
@@ -332,7 +332,7 @@ class ReplayWatch:
             again = fp.fingerprint(o)
             if not fp.same(old, again):
                 pairs.append((f"output {i}", old, again, n, dtype))
-        return _compare(pairs) if pairs else []
+        return fp.compare(pairs) if pairs else []
 
     def _saved_differ(self) -> list[str]:
         if not self.repacked_prints:
@@ -341,29 +341,7 @@ class ReplayWatch:
         pairs = [(f"saved tensor {i}", saved[i][0], again, *saved[i][1:])
                  for i, again in self.repacked_prints if not fp.same(saved[i][0], again)]
         self.repacked_prints = []
-        return _compare(pairs) if pairs else []
-
-
-def _compare(pairs: list[tuple[str, tuple, tuple | None, int, torch.dtype]]) -> list[str]:
-    """(what, forward print, replay print, numel, dtype) -> a line for each pair that differs."""
-    pairs = [p for p in pairs if p[1] is not None and p[2] is not None]
-    values = fp.read_prints([print_ for _, old, again, _, _ in pairs for print_ in (old, again)]) if pairs else []
-    found = []
-    for k, (what, _, _, n, dtype) in enumerate(pairs):
-        a, b = values[2 * k], values[2 * k + 1]
-        if fp.differs(a, b, n, dtype):
-            found.append(f"{what}: sum {a[0]:.6g} in the forward, {b[0]:.6g} in the replay")
-    return found
-
-
-def _nonzero(grads: dict[int, torch.Tensor]) -> dict[int, int]:
-    """key -> nonzero count (or a positive stand-in): 32 strided elements of each first (`fp.read`), a full
-    count only where that sample is all zero."""
-    if not grads:
-        return {}
-    looks = fp.read([fp.strided(g) for g in grads.values()])
-    return {key: 1 if any(look) else int(torch.count_nonzero(grad))
-            for (key, grad), look in zip(grads.items(), looks)}
+        return fp.compare(pairs) if pairs else []
 
 
 class _Off:

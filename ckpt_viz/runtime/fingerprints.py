@@ -2,9 +2,9 @@
 
 Owns what `ckpt_viz.runtime.divergence` compares between a region's forward and its
 replay (NOTE [ Replay divergence checks ] there, rule 2): `state_of` (a mutable
-object's state as path -> token), `fingerprint` / `differs` (a tensor's values), the
-parameters a replay graph reaches, and the names shown for arguments, parameters and
-buffers. Imports torch; never the UI.
+object's state as path -> token), `fingerprint` / `differs` / `compare` (a tensor's
+values), `nonzero_counts` (whether gradients are all zero, from samples first), and the
+names shown for arguments, parameters and buffers. Imports torch; never the UI.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import torch
 
 from ckpt_viz.runtime import memtags
 
-__all__ = ["argument_names", "buffer_names", "differs", "fingerprint", "mutable", "names_in", "owner_of",
-           "read", "read_prints", "same", "state_changes", "state_of", "strided",
+__all__ = ["argument_names", "buffer_names", "compare", "differs", "fingerprint", "mutable", "names_in",
+           "nonzero_counts", "owner_of", "read", "read_prints", "same", "state_changes", "state_of", "strided",
            "tensor_label"]
 
 _SAMPLES = 32
@@ -131,25 +131,34 @@ def _indexes(step: int, count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(0, step * count, step, device=device)
 
 
-_SUM_DTYPE = {torch.float64: torch.float64}  # else float32: half-precision sums accumulate in float32
+_SUM_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}  # else the tensor's own dtype
 
 
 def fingerprint(t: torch.Tensor, keep: bool = False) -> tuple[Any, Any] | None:
-    """(sum, up to 32 evenly strided elements) of a floating tensor: two or three small ops.
+    """(sum, up to 32 evenly strided elements) of a floating tensor: two small ops.
 
     On the CPU both are read at once into Python numbers (no copy kept, no sync to save); on a
-    device they stay there (read later, all at once, by `read_prints`).
+    device they stay there (read later, all at once, by `read_prints`). Half-precision sums
+    accumulate in float32.
     keep: on a device, copy the samples (a forward's fingerprint outlives the moment; a view would
     keep the tensor).
     """
-    if not t.is_floating_point() or t.numel() == 0:
+    if not t.is_floating_point():
+        return None
+    n = t.numel()
+    if n == 0:
         return None
     if torch.is_grad_enabled():  # a replay's outputs may require grad: build no graph for the print
         with torch.no_grad():
             return fingerprint(t, keep)
-    total = t.sum(dtype=_SUM_DTYPE.get(t.dtype, torch.float32))
-    samples = strided(t)
-    if t.device.type == "cpu":
+    wide = _SUM_DTYPE.get(t.dtype)
+    total = t.sum() if wide is None else t.sum(dtype=wide)
+    if t.is_contiguous():  # strided(t), inlined: this runs for every output of every region
+        step = n // _SAMPLES or 1
+        samples = t.as_strided((min(_SAMPLES, -(-n // step)),), (step,))
+    else:
+        samples = strided(t)
+    if t.is_cpu:
         return total.item(), samples.tolist()
     return total, samples.clone() if keep else samples
 
@@ -192,6 +201,35 @@ def differs(a: list[float], b: list[float], numel: int, dtype: torch.dtype) -> b
     if abs(a[0] - b[0]) > rtol * mean_abs * max(numel, 1) + 1e-12:
         return True
     return any(abs(x - y) > rtol * (abs(x) + mean_abs) + 1e-12 for x, y in zip(a[1:], b[1:]))
+
+
+def compare(pairs: list[tuple[str, tuple, tuple | None, int, torch.dtype]]) -> list[str]:
+    """(what, forward print, replay print, numel, dtype) -> a line for each pair that differs."""
+    pairs = [p for p in pairs if p[1] is not None and p[2] is not None]
+    values = read_prints([print_ for _, old, again, _, _ in pairs for print_ in (old, again)]) if pairs else []
+    found = []
+    for k, (what, _, _, n, dtype) in enumerate(pairs):
+        a, b = values[2 * k], values[2 * k + 1]
+        if differs(a, b, n, dtype):
+            found.append(f"{what}: sum {a[0]:.6g} in the forward, {b[0]:.6g} in the replay")
+    return found
+
+
+def nonzero_counts(grads: dict[int, torch.Tensor]) -> dict[int, int]:
+    """key -> nonzero count (or a positive stand-in): 32 strided elements of each first (`read`), a full
+    count only where that sample is all zero."""
+    counts: dict[int, int] = {}
+    on_device = []
+    for key, grad in grads.items():
+        if grad.is_cpu:
+            counts[key] = 1 if any(strided(grad).tolist()) else int(torch.count_nonzero(grad))
+        else:
+            on_device.append((key, grad))
+    if on_device:  # one read for all of them
+        looks = read([strided(g) for _, g in on_device])
+        counts.update((key, 1 if any(look) else int(torch.count_nonzero(grad)))
+                      for (key, grad), look in zip(on_device, looks))
+    return counts
 
 
 def owner_of(function: Any) -> torch.nn.Module | None:
