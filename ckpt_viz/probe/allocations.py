@@ -32,8 +32,10 @@ NOTE [ Allocation ledger ]
      storage this thread allocated and another thread frees stays counted, as that
      free is not in this thread's stream.
   4. `torch.get_rng_state()` allocates a state tensor outside any op, which the
-     tracker never sees; while a stream runs, that function notes its result (with
-     a marker), and the replay leaves that allocation out.
+     tracker never sees; while a stream runs, that function (`torch.get_rng_state`
+     and `torch.random.get_rng_state`, which torch's checkpoint, `fork_rng` and the
+     runtime call) notes its result (with a marker), and the replay leaves that
+     allocation out. A reference taken before the probe opened is not wrapped.
   5. The stage of a storage no hold claims is the stage open at the event before its
      allocation (the tracker: at its allocation). Stage tags change at events, so
      this differs only for bytes allocated between an action's last event and the

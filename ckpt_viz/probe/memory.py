@@ -224,6 +224,8 @@ class MemoryProbe:
         tensors: other tensors that exist before the probe starts (model inputs, buffers).
     """
 
+    deferred = False  # read with `sample()` after each event (an AllocationProbe is read with mark/finish)
+
     def __init__(self, params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tensor] = ()) -> None:
         self._live: dict[int, _Storage] = {}
         self._lock = threading.RLock()
