@@ -7,7 +7,9 @@ NOTE [ Rows stored as columns ]
   2. A loaded trace keeps them as `EventColumns` and `MemoryColumns`: one list per
      field. For events, kind, mode, phase, site and thread_id are stored together
      as an index into a small table of distinct "contexts", and tags as an index
-     into a table of distinct tag dicts. Building a frozen dataclass costs about
+     into a table of distinct tag dicts; data is a list of dicts, or (loaded from a
+     schema 2 file) a `ckpt_viz.trace.packed.DataColumn` that builds each event's dict
+     when it is read. Building a frozen dataclass costs about
      2 us on a slow CPU, so building a million of them would make opening a big
      file take seconds; the columns build a row object only when it is read.
   3. Both are full mutable sequences that compare equal to the lists they stand

@@ -2,7 +2,7 @@
 
 Owns the conversion in both directions: columns out of `EventColumns` and
 `MemoryColumns`, t_ns as differences, seq as a range when it counts up by one (see
-NOTE [ Trace file format, schema 1 ] in `ckpt_viz.trace.schema`). `to_document`
+NOTE [ Trace file format, schema 2 ] in `ckpt_viz.trace.schema`). `to_document`
 checks what the document needs of each event and sample; `from_document` trusts a
 document that `ckpt_viz.trace.schema.check_document` has passed. Standard library
 only; never imports torch, json, anything that touches files (`ckpt_viz.trace.io`),
@@ -17,7 +17,16 @@ from typing import Any
 
 from ckpt_viz.events import Event
 from ckpt_viz.trace.columns import EventColumns, MemoryColumns
-from ckpt_viz.trace.schema import CONTEXT_TYPES, FORMAT, SCHEMA_VERSION, InvalidDocument, check_types, show
+from ckpt_viz.trace.packed import DataColumn, pack_data, pack_runs, unpack_runs
+from ckpt_viz.trace.schema import (
+    CONTEXT_TYPES,
+    FORMAT,
+    RUN_COLUMNS,
+    SCHEMA_VERSION,
+    InvalidDocument,
+    check_types,
+    show,
+)
 from ckpt_viz.trace.types import CONTEXT_FIELDS, GraphSnapshot, MemorySample, TraceParts
 
 __all__ = ["from_document", "to_document"]
@@ -59,9 +68,16 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
     columns = dict(events.columns)
     t_ns = columns.pop("t_ns")
     check_types(t_ns, {int}, "events[{}].t_ns", "an integer")
-    if not set(map(type, columns["data"])) <= {dict}:
-        columns["data"] = [_plain_dict(d) for d in columns["data"]]
-        check_types(columns["data"], {dict}, "events[{}].data", "an object")
+    data = columns["data"]
+    if isinstance(data, DataColumn):  # a loaded trace: already packed
+        columns["data"] = data.packed(columns["context"])
+    else:
+        if not set(map(type, data)) <= {dict}:
+            data = [_plain_dict(d) for d in data]
+            check_types(data, {dict}, "events[{}].data", "an object")
+        columns["data"] = pack_data(data, columns["context"], len(events.tables["context"]))
+    for key in RUN_COLUMNS:
+        columns[key] = pack_runs(columns[key], indexes=key in ("context", "tags"))
     columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": _deltas(t_ns), **columns}
     tables = {"context": events.tables["context"], "tags": [_plain_dict(t) for t in events.tables["tags"]]}
     return {"count": len(t_ns), "context_fields": list(CONTEXT_FIELDS), "tables": tables, "columns": columns}
@@ -92,7 +108,7 @@ def _seq_out(seq: Any) -> Any:
 
 
 def _deltas(values: list[int]) -> list[int]:
-    return [values[0], *map(operator.sub, values[1:], values[:-1])] if values else []
+    return [values[0], *map(operator.sub, itertools.islice(values, 1, None), values)] if values else []
 
 
 def _plain_dict(value: Any) -> Any:
@@ -107,6 +123,12 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     event_columns = dict(events["columns"])
     event_columns["seq"] = _seq_in(event_columns["seq"], events["count"])
     event_columns["t_ns"] = list(itertools.accumulate(event_columns.pop("t_ns_delta")))
+    for key in RUN_COLUMNS:
+        event_columns[key] = unpack_runs(event_columns[key])
+    data = event_columns["data"]
+    if type(data) is dict:
+        shape = event_columns["context"] if data["shape"] == "context" else unpack_runs(data["shape"])
+        event_columns["data"] = DataColumn(data["keys"], shape, data["values"])
     memory_columns = dict(memory["columns"])
     memory_columns["seq"] = _seq_in(memory_columns["seq"], memory["count"])
     memory_columns["t_ns"] = list(itertools.accumulate(memory_columns.pop("t_ns_delta")))

@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 from ckpt_viz.errors import TraceError
 from ckpt_viz.trace import files
 from ckpt_viz.trace.document import from_document, to_document
+from ckpt_viz.trace.packed import DataColumn, data_shape, unpack_runs
 from ckpt_viz.trace.schema import (
     FORMAT,
     SCHEMA_VERSION,
@@ -86,7 +87,7 @@ def save(trace: TraceParts, path: str | PathLike[str]) -> None:
 def to_dict(trace: TraceParts) -> dict[str, Any]:
     """The JSON document of `trace`; it shares lists with `trace`.
 
-    See NOTE [ Trace file format, schema 1 ] in `ckpt_viz.trace.schema`.
+    See NOTE [ Trace file format, schema 2 ] in `ckpt_viz.trace.schema`.
 
     Raises:
         TraceError: the trace holds something that is not an Event or MemorySample, or a bad t_ns or data.
@@ -153,6 +154,9 @@ def _locate_unencodable(doc: dict[str, Any]) -> str:
 
     for part in ("events", "memory"):
         for name, column in doc[part]["columns"].items():
+            if part == "events" and type(column) is dict and name != "seq":  # packed: look at the plain column
+                column = list(DataColumn(column["keys"], data_shape(column, doc["events"]["columns"]["context"]),
+                                         column["values"])) if name == "data" else unpack_runs(column)
             if bad(column):
                 i = next(i for i, v in enumerate(column) if bad(v))
                 return walk(column[i], f"{part}[{i}].{name}")

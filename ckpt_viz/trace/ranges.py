@@ -1,6 +1,6 @@
 """The value ranges of a trace document: integers that fit in 64 bits, finite numbers, bounded texts.
 
-See NOTE [ Trace file format, schema 1 ], rule 4, in `ckpt_viz.trace.schema`, which calls these
+See NOTE [ Trace file format, schema 2 ], rule 4, in `ckpt_viz.trace.schema`, which calls these
 after its type checks. Checks run over whole columns (min and max, the set of types); only when one
 fails is the column scanned again to name the first bad row. Standard library only.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from ckpt_viz.trace.problems import InvalidDocument, show
 
 __all__ = ["I63", "MAX_EVENTS_ENV", "MAX_SITE_CHARS", "MAX_SOURCE_CHARS", "MAX_SOURCE_SITES", "check_meta",
-           "check_numbers", "check_range", "check_times", "check_values"]
+           "check_numbers", "check_range", "check_times", "check_types", "check_values"]
 
 I63 = 2**63  # seq, t_ns, ids and byte counts are below this (an int64)
 MAX_EVENTS_ENV = "CKPT_VIZ_TRACE_MAX_EVENTS"  # the default cap of Trace.load (ckpt_viz.trace.files)
@@ -21,6 +21,16 @@ MAX_SOURCE_SITES = 2_000  # meta.sources: distinct call sites kept by a recordin
 MAX_SOURCE_CHARS = 300  # meta.sources: characters kept of each line of code
 MAX_SITE_CHARS = 4_096
 BYTES = "0 to 2**63-1 bytes"
+
+
+def check_types(column: list[Any], allowed: set[type], where: str, expected: str) -> None:
+    """Raise InvalidDocument naming the first value of `column` whose type is not in `allowed` (exact: a bool
+    is not an int)."""
+    kinds = list(map(type, column))
+    if not kinds or (kinds[0] in allowed and kinds.count(kinds[0]) == len(kinds)) or set(kinds) <= allowed:
+        return  # the first test is the quick one: a column of one type (count compares by identity first)
+    i = next(i for i, kind in enumerate(kinds) if kind not in allowed)
+    raise InvalidDocument(f"{where.format(i)} is {show(column[i])}, expected {expected}")
 
 
 def check_range(column: list[Any], low: int, high: int, where: str, expected: str) -> None:

@@ -7,28 +7,32 @@ torch. Turning a `Trace` into a document and back is `ckpt_viz.trace.document`;
 bytes, gzip and files are `ckpt_viz.trace.io`. The names here are shared by those
 two modules, not part of the package API.
 
-NOTE [ Trace file format, schema 1 ]
-  One JSON object. Events and memory samples are stored as columns, so that a
-  million-event trace saves and loads in under 2 s each with orjson on a slow
-  2-core machine (the stdlib json alone loads as fast but saves in about 3 s; see
-  benchmarks/bench_trace_io.py):
-    {"format": "ckpt_viz.trace", "schema_version": 1,
-     "meta":   {"model": ..., "mode": ..., "schedule": ..., "versions": {...}, "schema_version": 1},
+NOTE [ Trace file format, schema 2 ]
+  One JSON object. Events and memory samples are stored as columns, and event data by key
+  (NOTE [ Packed columns ] in ckpt_viz.trace.packed), so that parsing a million-event trace
+  makes a few long lists rather than a million small objects (benchmarks/bench_trace_io.py):
+    {"format": "ckpt_viz.trace", "schema_version": 2,
+     "meta":   {"model": ..., "mode": ..., "schedule": ..., "versions": {...}, "schema_version": 2},
      "events": {"count": N, "context_fields": ["kind", "mode", "phase", "site", "thread_id"],
                 "tables":  {"context": [["tensor_packed", "nonreentrant", null, "train.py:12", 1403], ...],
                             "tags": [{}, {"stage": 0, "microbatch": 3}, ...]},
                 "columns": {"seq": {"start": 0} or [N ints], "t_ns_delta": [N ints],
-                            "context": [N indexes into tables.context], "handle_id": [int or null],
-                            "session_id": [JSON scalar], "tags": [N indexes into tables.tags],
-                            "data": [N objects]}},
+                            "context": RUNS of N indexes into tables.context, "handle_id": RUNS of int or null,
+                            "session_id": RUNS of JSON scalars, "tags": RUNS of N indexes into tables.tags,
+                            "data": {"keys": [[key, ...] per shape], "shape": "context" or RUNS of N indexes
+                                     into keys, "values": [[[value per event of the shape] per key] per shape]}
+                                    or [N objects]}},
      "memory": {"count": M,
                 "columns": {"seq": {"start": 0} or [M ints], "t_ns_delta": [M ints],
                             "device_allocated": [int or null], "by_stage": null or [M objects]},
                 "bytes_by_category": {"activations": [M ints, or null where not measured], ...}},
      "graphs": [{"seq": 12, "label": "after forward", "nodes": [{...}], "edges": [[src, dst], ...],
                  "torchviz": "digraph {...}" (optional)}]}
+  RUNS is either the plain list or {"values": [...], "runs": [lengths adding up to N]}.
   1. "format" and "schema_version" come first, so `head -c 60 trace.json` identifies a file.
-  2. A reader accepts every schema_version up to its own and refuses newer ones.
+  2. A reader accepts every schema_version up to its own and refuses newer ones. Schema 1
+     (written before the packed columns) is schema 2 with every RUNS a plain list and
+     "data" the list of N objects; it is read, and checked, by the same code.
   3. seq {"start": s} means s, s+1, ...; t_ns_delta holds the first t_ns, then the
      differences (small numbers keep the file small); by_stage null means every
      sample's by_stage is empty.
@@ -49,6 +53,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
+from ckpt_viz.trace.packed import check_data, check_runs, checked, unpack_runs
 from ckpt_viz.trace.problems import TIP_REWRITE, TIP_SAVE, TIP_TRUNCATED, InvalidDocument, show
 from ckpt_viz.trace.ranges import (
     BYTES,
@@ -61,6 +66,7 @@ from ckpt_viz.trace.ranges import (
     check_numbers,
     check_range,
     check_times,
+    check_types,
     check_values,
 )
 from ckpt_viz.trace.types import CONTEXT_FIELDS, MEMORY_CATEGORIES, NODE_KINDS
@@ -71,6 +77,7 @@ __all__ = [
     "MAX_EVENTS_ENV",
     "MAX_SOURCE_CHARS",
     "MAX_SOURCE_SITES",
+    "RUN_COLUMNS",
     "SCHEMA_VERSION",
     "TIP_REWRITE",
     "TIP_SAVE",
@@ -84,7 +91,7 @@ __all__ = [
 ]
 
 FORMAT = "ckpt_viz.trace"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _NONE = type(None)
 
@@ -114,19 +121,20 @@ def check_document(doc: Any, built_here: bool = False, max_events: int | None = 
     if version < 1:
         raise InvalidDocument(f"field 'schema_version' is {version}, expected 1 to {SCHEMA_VERSION}")
     check_meta(_get(doc, "meta", dict, "an object"))
-    _check_events(_get(doc, "events", dict, "an object"), built_here, max_events)
+    _check_events(_get(doc, "events", dict, "an object"), built_here, max_events, packed=version >= 2)
     _check_memory(_get(doc, "memory", dict, "an object"), built_here, max_events)
     _check_graphs(_get(doc, "graphs", list, "a list"))
 
 
 _EVENT_COLUMNS = ("seq", "t_ns_delta", "context", "handle_id", "session_id", "tags", "data")
+RUN_COLUMNS = ("context", "handle_id", "session_id", "tags")  # may be stored as runs (schema 2)
 CONTEXT_TYPES = {"kind": ({str}, "a string"), "mode": ({str, _NONE}, "a string or null"),
                   "phase": ({str, _NONE}, "a string or null"), "site": ({str, _NONE}, "a string or null"),
                   "thread_id": ({int}, "an integer")}
 _KNOWN = {"kind": EVENT_KINDS, "mode": (*MODES, None), "phase": (*PHASES, None)}
 
 
-def _check_events(events: dict[str, Any], built_here: bool, max_events: int | None) -> None:
+def _check_events(events: dict[str, Any], built_here: bool, max_events: int | None, packed: bool) -> None:
     count = _count(events, "events", max_events)
     fields = _get(events, "context_fields", list, "a list", "events.")
     if fields != list(CONTEXT_FIELDS):
@@ -135,31 +143,39 @@ def _check_events(events: dict[str, Any], built_here: bool, max_events: int | No
     contexts = _get(tables, "context", list, "a list", "events.tables.")
     tags = _get(tables, "tags", list, "a list", "events.tables.")
     check_types(tags, {dict}, "events.tables.tags[{}]", "an object")
-    columns = _columns(events, "events", _EVENT_COLUMNS, count)
+    columns = _columns(events, "events", _EVENT_COLUMNS, count, (*RUN_COLUMNS, "data") if packed else ())
     _check_seq(columns["seq"], "events", count)
+    for key in RUN_COLUMNS:  # NOTE [ Packed columns ] in ckpt_viz.trace.packed
+        check_runs(columns[key], count, f"events.columns.{key}")
+    data = columns["data"]
     if not built_here:  # to_dict already checked these, or built them right
         check_types(columns["t_ns_delta"], {int}, "events[{}].t_ns (stored as t_ns_delta)", "an integer")
-        check_types(columns["data"], {dict}, "events[{}].data", "an object")
-        _check_indexes(columns["tags"], len(tags), "tags")
-        _check_indexes(columns["context"], len(contexts), "context")
+        if type(data) is list:
+            check_types(data, {dict}, "events[{}].data", "an object")
+        checked(columns["tags"], lambda column: _check_indexes(column, len(tags), "tags"))
+        checked(columns["context"], lambda column: _check_indexes(column, len(contexts), "context"))
     _check_times(columns["t_ns_delta"], "events")
-    check_types(columns["handle_id"], {int, _NONE}, "events[{}].handle_id", "an integer or null")
-    check_range(columns["handle_id"], 0, I63, "events[{}].handle_id", "an id from 0 to 2**63-1")
-    check_types(columns["session_id"], {str, int, float, bool, _NONE}, "events[{}].session_id",
-                 "a string, number, boolean or null")
+    checked(columns["handle_id"], lambda column: (
+        check_types(column, {int, _NONE}, "events[{}].handle_id", "an integer or null"),
+        check_range(column, 0, I63, "events[{}].handle_id", "an id from 0 to 2**63-1")))
+    checked(columns["session_id"], lambda column: check_types(
+        column, {str, int, float, bool, _NONE}, "events[{}].session_id", "a string, number, boolean or null"))
     if not built_here:  # on save, NaN and infinities become null
-        check_numbers(columns["session_id"], "events[{}].session_id")
-    check_values(columns["data"], "events[{}].data", finite=not built_here)
+        checked(columns["session_id"], lambda column: check_numbers(column, "events[{}].session_id"))
+    if type(data) is list:
+        check_values(data, "events[{}].data", finite=not built_here)
+    else:  # after the context indexes: packed data may be stored by context
+        check_data(data, count, built_here, columns["context"], len(contexts))
     check_values(tags, "events.tables.tags[{}]", finite=not built_here)
     for entry, row in enumerate(contexts):
         _check_context(row, entry, columns["context"])
 
 
-def _check_context(row: Any, entry: int, column: list[int]) -> None:
+def _check_context(row: Any, entry: int, column: Any) -> None:
     def where(name: str) -> str:
         # Name the first event that uses this row; the table entry if none does.
         try:
-            return f"events[{column.index(entry)}].{name}"
+            return f"events[{unpack_runs(column).index(entry)}].{name}"
         except ValueError:
             return f"events.tables.context[{entry}] ({name})"
 
@@ -291,10 +307,12 @@ def _count(part: dict[str, Any], name: str, max_events: int | None = None) -> in
     return count
 
 
-def _columns(part: dict[str, Any], name: str, required: tuple[str, ...], count: int) -> dict[str, Any]:
+def _columns(part: dict[str, Any], name: str, required: tuple[str, ...], count: int,
+             packed: tuple[str, ...] = ()) -> dict[str, Any]:
     columns = _get(part, "columns", dict, "an object", f"{name}.")
     for key in required:
-        column = _get(columns, key, (list, dict) if key == "seq" else list, "a list", f"{name}.columns.")
+        column = _get(columns, key, (list, dict) if key == "seq" or key in packed else list, "a list",
+                      f"{name}.columns.")
         if type(column) is list:
             _check_length(column, count, f"{name}.columns.{key}", f"{name}.count")
     return columns
@@ -317,15 +335,6 @@ def _check_times(deltas: list[int], name: str) -> None:
 def _check_length(column: list[Any], count: int, name: str, count_name: str) -> None:
     if len(column) != count:
         raise InvalidDocument(f"field '{name}' has {len(column)} values but {count_name} is {count}")
-
-
-def check_types(column: list[Any], allowed: set[type], where: str, expected: str) -> set[type]:
-    """The set of types in `column`; raise InvalidDocument naming the first value of a type not allowed."""
-    types = set(map(type, column))
-    if types <= allowed:
-        return types
-    i = next(i for i, v in enumerate(column) if type(v) not in allowed)
-    raise InvalidDocument(f"{where.format(i)} is {show(column[i])}, expected {expected}")
 
 
 def _check_indexes(column: list[Any], size: int, name: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from old_layout import as_schema1
 
 from ckpt_viz import Trace, TraceError
 from ckpt_viz.events import Event
@@ -169,7 +170,9 @@ HUGE = [
      "memory[2].bytes_by_category.activations is 10000000000000000000000000000000000000000, expected 0 to 2**63-1"),
     (lambda d: d["memory"]["bytes_by_category"]["activations"].__setitem__(2, 1e40),
      "memory[2].bytes_by_category.activations is 1e+40 (a number), expected an integer"),
-    (lambda d: d["events"]["columns"]["data"][3].__setitem__("nbytes", 1e40),
+    (lambda d: d["events"]["columns"]["data"]["values"][1][0].__setitem__(2, 1e40),  # event 3: context 1, row 2
+     "events[3].data.nbytes is 1e+40 (a number), expected 0 to 2**63-1 bytes"),
+    (lambda d: _schema1(d)["events"]["columns"]["data"][3].__setitem__("nbytes", 1e40),  # the old layout
      "events[3].data.nbytes is 1e+40 (a number), expected 0 to 2**63-1 bytes"),
     (lambda d: d["memory"]["columns"]["device_allocated"].__setitem__(1, 2**63),
      "memory[1].device_allocated is 9223372036854775808, expected 0 to 2**63-1 bytes"),
@@ -181,15 +184,26 @@ HUGE = [
 ]
 
 
+def _schema1(doc: dict[str, Any]) -> dict[str, Any]:
+    doc.update(as_schema1(doc))  # in place: the mutations above edit the document they are given
+    return doc
+
+
 @pytest.mark.parametrize("mutate, phrase", HUGE, ids=[p[:40] for _, p in HUGE])
 def test_numbers_out_of_range_are_refused_naming_the_field(tmp_path: Path, mutate: Any, phrase: str) -> None:
     path = _hostile_doc(tmp_path, mutate)
     _assert_clear_error(_cli("info", str(path)), str(path), phrase)
 
 
-def test_an_overflowing_float_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("schema", [1, 2])
+def test_an_overflowing_float_is_refused(tmp_path: Path, schema: int) -> None:
     path = tmp_path / "t.json"
-    text = json.dumps(_doc(tmp_path)).replace('"nbytes": 64', '"norm": 1e999', 1)
+    if schema == 1:
+        text = json.dumps(as_schema1(_doc(tmp_path))).replace('"nbytes": 64', '"norm": 1e999', 1)
+    else:
+        doc = _doc(tmp_path)
+        doc["events"]["columns"]["data"]["keys"][0] = ["norm"]
+        text = json.dumps(doc).replace("[[[64]]", "[[[1e999]]", 1)
     path.write_text(text)
     with pytest.raises(TraceError, match=r"events\[0\]\.data\.norm is inf \(a number\), expected a finite number"):
         Trace.load(path)

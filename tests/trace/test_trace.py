@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from old_layout import as_schema1
 
 from ckpt_viz import TraceError
 from ckpt_viz.events import EVENT_KINDS, Event
@@ -101,7 +102,7 @@ def test_gzip_file_is_gzip_and_plain_file_is_json(tmp_path: Path, backend: str) 
         from_plain = json.load(f)
     assert from_gz == from_plain
     assert list(from_plain)[:2] == ["format", "schema_version"]  # first, so `head` identifies a file
-    assert from_plain["format"] == "ckpt_viz.trace" and from_plain["schema_version"] == 1
+    assert from_plain["format"] == "ckpt_viz.trace" and from_plain["schema_version"] == 2
 
 
 def test_files_are_identical_with_and_without_orjson(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +150,7 @@ def test_consecutive_seq_is_stored_as_a_start(tmp_path: Path) -> None:
 
 
 def test_json_has_no_tuples_nan_or_int_keys(tmp_path: Path, backend: str) -> None:
-    # NOTE [ Trace file format, schema 1 ], rule 4: what JSON cannot hold comes back changed, never lost silently
+    # NOTE [ Trace file format, schema 2 ], rule 4: what JSON cannot hold comes back changed, never lost silently
     # into an unreadable file.
     trace = Trace(events=[Event(seq=0, t_ns=1, kind="grads_routed",
                                 data={"shape": (2, 3), "norm": float("nan"), "inf": float("inf")})])
@@ -375,11 +376,11 @@ def test_wrong_format_marker(tmp_path: Path, backend: str, doc: Any, phrase: str
 
 def test_newer_schema_version(tmp_path: Path, backend: str) -> None:
     doc = _good_doc(tmp_path)
-    doc["schema_version"] = 2
+    doc["schema_version"] = 3
     doc["events"] = "a layout this version does not know"
     (tmp_path / "t.json").write_text(json.dumps(doc))
     message = _expect_load_error(tmp_path / "t.json", "written by a newer ckpt_viz",
-                                 "schema_version 2; this ckpt_viz reads up to 1")
+                                 "schema_version 3; this ckpt_viz reads up to 2")
     assert "Tip: upgrade ckpt_viz" in message
 
 
@@ -414,7 +415,7 @@ def _first_context_of(kind_index: int) -> Callable[[dict[str, Any]], None]:
 BAD_DOCS = [
     (_delete("schema_version"), "field 'schema_version' is missing"),
     (_set("schema_version", "1"), "field 'schema_version' is '1' (a string), expected an integer"),
-    (_set("schema_version", 0), "field 'schema_version' is 0, expected 1 to 1"),
+    (_set("schema_version", 0), "field 'schema_version' is 0, expected 1 to 2"),
     (_delete("meta"), "field 'meta' is missing"),
     (_set("meta", [1]), "field 'meta' is a list, expected an object"),
     (_delete("events"), "field 'events' is missing"),
@@ -424,7 +425,6 @@ BAD_DOCS = [
     (_set("events.count", True), "field 'events.count' is True (a boolean), expected an integer"),
     (_set("events.columns.handle_id.3", "h3"), "events[3].handle_id is 'h3' (a string), expected an integer or null"),
     (_set("events.columns.t_ns_delta.2", 1.5), "events[2].t_ns (stored as t_ns_delta) is 1.5 (a number)"),
-    (_set("events.columns.data.4", [1]), "events[4].data is a list, expected an object"),
     (_set("events.columns.session_id.6", {"id": 1}), "events[6].session_id is an object"),
     (_set("events.columns.context.5", 99), "events[5].context is 99, but events.tables.context has"),
     (_set("events.columns.tags.7", -1), "events[7].tags is -1, but events.tables.tags has 3 entries"),
@@ -446,10 +446,26 @@ BAD_DOCS = [
 ]
 
 
-@pytest.mark.parametrize("mutate, phrase", BAD_DOCS, ids=[phrase[:40] for _, phrase in BAD_DOCS])
+# Only in schema 1, where data is one object per event (schema 2 packs it: see BAD_PACKED_DOCS).
+BAD_SCHEMA1_DOCS = [
+    (_set("events.columns.data.4", [1]), "events[4].data is a list, expected an object"),
+    (_set("events.columns.data.4", {"nbytes": -1}), "events[4].data.nbytes is -1 (an integer), expected 0 to 2**63-1"),
+    (_set("events.columns.handle_id", {"values": [1], "runs": [40]}), "field 'events.columns.handle_id' is an "
+                                                                      "object, expected a list"),
+]
+
+
+@pytest.mark.parametrize("schema", [1, 2])
+@pytest.mark.parametrize("mutate, phrase", BAD_DOCS + BAD_SCHEMA1_DOCS,
+                         ids=[phrase[:40] for _, phrase in BAD_DOCS + BAD_SCHEMA1_DOCS])
 def test_missing_or_ill_typed_field(tmp_path: Path, backend: str, mutate: Callable[[dict[str, Any]], None],
-                                    phrase: str) -> None:
+                                    phrase: str, schema: int) -> None:
+    # The same checks guard files of the old layout (schema 1, read by the old reader) and of the new one.
+    if schema == 2 and (mutate, phrase) in BAD_SCHEMA1_DOCS:
+        pytest.skip("a schema 1 layout")
     doc = _good_doc(tmp_path)
+    if schema == 1:
+        doc = as_schema1(doc)
     mutate(doc)
     (tmp_path / "t.json").write_text(json.dumps(doc))
     _expect_load_error(tmp_path / "t.json", phrase)
@@ -529,7 +545,7 @@ def test_loading_a_trace_does_not_import_torch(tmp_path: Path) -> None:
 def test_run_meta_names_versions_and_schema() -> None:
     meta = run_meta(model="mlp2", mode="reentrant", schedule="1F1B", microbatches=4)
     assert meta["model"] == "mlp2" and meta["mode"] == "reentrant" and meta["schedule"] == "1F1B"
-    assert meta["schema_version"] == trace_io.SCHEMA_VERSION == 1
+    assert meta["schema_version"] == trace_io.SCHEMA_VERSION == 2
     assert meta["versions"]["python"] == sys.version.split()[0]
     assert meta["microbatches"] == 4
     json.dumps(meta)  # plain data

@@ -1,0 +1,235 @@
+"""Schema 2's packed columns (runs, data by key): round trips, the old layout still read, clear errors.
+
+See NOTE [ Packed columns ] in ckpt_viz/trace/packed.py. No torch: traces are built by hand.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from old_layout import as_schema1
+from test_trace import JSON_VALUES, _expect_load_error, _paths, make_trace
+
+from ckpt_viz import TraceError
+from ckpt_viz.events import Event
+from ckpt_viz.trace import Trace
+from ckpt_viz.trace.packed import DataColumn
+
+FILES = Path(__file__).parent / "files"
+
+_LIFE = (("handle_created", None, {"split": True, "input_count": 2}), ("tensor_packed", None, {"nbytes": 4096}),
+         ("phase_set", "dx", {"old": "ordinary", "new": "dx"}), ("replay_started", "dx", {"trigger": "backward"}),
+         ("grads_routed", "dx", {"targets": [0]}), ("released", "dw", {"reason": "dw_complete"}),
+         ("memory_sampled", None, {}), ("node_collected", None, {"released": True}))
+
+
+def runs_trace(n_handles: int = 12) -> Trace:
+    """Events as a recording makes them: a handle's events in a row, one tags object per block, data by kind."""
+    events = []
+    for h in range(n_handles):
+        tags = {"stage": h % 2, "microbatch": h // 2}
+        for kind, phase, data in _LIFE:
+            seq = len(events)
+            events.append(Event(seq=seq, t_ns=10_000 + 7 * seq, kind=kind, handle_id=h, mode="reentrant", phase=phase,
+                                session_id=f"mb{h // 2}" if phase else None, tags=tags, site="train.py:9",
+                                thread_id=77, data=dict(data)))
+    return Trace(events=events, meta={"model": "hand-built"})
+
+
+def _saved(tmp_path: Path, trace: Trace, name: str = "t.json") -> dict[str, Any]:
+    trace.save(tmp_path / name)
+    return json.loads((tmp_path / name).read_text())
+
+
+# ---------------------------------------------------------------- the old layout
+
+def test_a_schema_1_file_still_loads(tmp_path: Path) -> None:
+    # tests/trace/files/schema1.json was written by the schema 1 writer (make_trace(40), before schema 2).
+    old = json.loads((FILES / "schema1.json").read_text())
+    assert old["schema_version"] == 1 and type(old["events"]["columns"]["data"]) is list
+    loaded = Trace.load(FILES / "schema1.json")
+    assert loaded == make_trace(40) and loaded.meta == make_trace(40).meta
+    assert [e.to_dict() for e in loaded.events] == [e.to_dict() for e in make_trace(40).events]
+    assert _saved(tmp_path, loaded) == _saved(tmp_path, make_trace(40), "fresh.json")  # saved again: schema 2
+
+
+def test_the_old_layout_of_a_new_trace_reads_the_same(tmp_path: Path) -> None:
+    doc = _saved(tmp_path, runs_trace())
+    (tmp_path / "old.json").write_text(json.dumps(as_schema1(doc)))
+    assert Trace.load(tmp_path / "old.json") == Trace.load(tmp_path / "t.json") == runs_trace()
+
+
+# ---------------------------------------------------------------- round trips of each packing
+
+def test_runs_and_data_by_context_round_trip(tmp_path: Path) -> None:
+    trace = runs_trace()
+    doc = _saved(tmp_path, trace)
+    columns = doc["events"]["columns"]
+    assert columns["handle_id"] == {"values": list(range(12)), "runs": [8] * 12}
+    assert columns["tags"] == {"values": list(range(12)), "runs": [8] * 12}
+    assert columns["data"]["shape"] == "context"  # the keys follow from the context: no column of shapes
+    assert "nbytes" not in json.dumps(columns["data"]["values"])  # keys are stored once, not per event
+    loaded = Trace.load(tmp_path / "t.json")
+    assert loaded == trace and [e.data for e in loaded.events] == [e.data for e in trace.events]
+    assert _saved(tmp_path, loaded, "again.json") == doc
+
+
+def test_data_with_other_keys_in_one_context_gets_a_shape_column(tmp_path: Path) -> None:
+    events = [Event(seq=i, t_ns=i, kind="error", data={"where": "x"} if i % 3 else {"where": "y", "extra": i})
+              for i in range(100)]
+    doc = _saved(tmp_path, Trace(events=events))
+    data = doc["events"]["columns"]["data"]
+    assert data["keys"] == [["where", "extra"], ["where"]] and len(data["shape"]) == 100
+    assert Trace.load(tmp_path / "t.json") == Trace(events=events)
+
+
+def test_same_keys_in_another_order_keep_their_order(tmp_path: Path) -> None:
+    events = [Event(seq=i, t_ns=i, kind="error", data={"a": 1, "b": 2} if i % 2 else {"b": 3, "a": 4})
+              for i in range(70)]
+    Trace(events=events).save(tmp_path / "t.json")
+    loaded = [e.data for e in Trace.load(tmp_path / "t.json").events]
+    assert loaded == [e.data for e in events]
+    assert [list(d) for d in loaded] == [list(e.data) for e in events]
+
+
+def test_data_with_int_keys_is_kept_as_objects(tmp_path: Path) -> None:
+    # NOTE [ Packed columns ], rule 5: JSON turns int keys into strings, as in schema 1.
+    events = [Event(seq=i, t_ns=i, kind="error", data={1: "one"}) for i in range(70)]
+    doc = _saved(tmp_path, Trace(events=events))
+    assert type(doc["events"]["columns"]["data"]) is list
+    assert [e.data for e in Trace.load(tmp_path / "t.json").events] == [{"1": "one"}] * 70
+
+
+@pytest.mark.parametrize("values", [[1] * 40 + [True] * 40, [0.0] * 40 + [-0.0] * 40, [None, "a"] * 40])
+def test_runs_never_merge_values_json_tells_apart(tmp_path: Path, values: list[Any]) -> None:
+    events = [Event(seq=i, t_ns=i, kind="error", session_id=v) for i, v in enumerate(values)]
+    Trace(events=events).save(tmp_path / "t.json")
+    loaded = [e.session_id for e in Trace.load(tmp_path / "t.json").events]
+    assert [(type(v), repr(v)) for v in loaded] == [(type(v), repr(v)) for v in values]
+
+
+class _Events(Sequence):
+    """A sequence of events that is not a list (like a recording's RecordedEvents)."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self._events = events
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._events[i]
+
+
+@pytest.mark.parametrize("wrap", [tuple, _Events, iter], ids=["tuple", "Sequence", "iterator"])
+def test_save_takes_any_sequence_of_events(tmp_path: Path, wrap: Any) -> None:
+    trace = runs_trace()
+    Trace(events=wrap(trace.events), meta=trace.meta).save(tmp_path / "t.json")
+    assert Trace.load(tmp_path / "t.json") == trace
+
+
+# ---------------------------------------------------------------- the lazy data column
+
+def test_loaded_data_reads_like_a_list_of_fresh_dicts(tmp_path: Path) -> None:
+    for trace in (runs_trace(), make_trace(200)):
+        trace.save(tmp_path / "t.json")
+        loaded = Trace.load(tmp_path / "t.json")
+        column = loaded.events.columns["data"]
+        expected = [e.data for e in trace.events]
+        assert isinstance(column, DataColumn) and len(column) == len(expected)
+        assert list(column) == expected and column == expected
+        assert [column[i] for i in range(len(expected))] == expected and column[-1] == expected[-1]
+        assert column[5:9] == expected[5:9]
+        column[1]["mutated"] = True  # a read is a fresh dict: the trace does not change
+        assert column[1] == expected[1] and loaded.events[1].data == expected[1]
+        with pytest.raises(IndexError):
+            column[len(expected)]
+
+
+# ---------------------------------------------------------------- bad packed files
+
+def _runs_doc(tmp_path: Path) -> dict[str, Any]:
+    return _saved(tmp_path, runs_trace(), "good.json")
+
+
+def _shape_doc(tmp_path: Path) -> dict[str, Any]:
+    return _saved(tmp_path, make_trace(200), "good.json")  # data keys vary inside a context: a shape column
+
+
+def _edit(path: str, value: Any) -> Any:
+    def apply(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc["events"]["columns"]
+        for part in parents:
+            node = node[int(part)] if part.lstrip("-").isdigit() else node[part]
+        node[int(last) if last.lstrip("-").isdigit() else last] = value
+    return apply
+
+
+BAD_PACKED = [
+    (_runs_doc, _edit("handle_id.runs.3", 0), "events.columns.handle_id.runs[3] is 0, expected a run length"),
+    (_runs_doc, _edit("handle_id.runs.3", 9), "field 'events.columns.handle_id' has runs adding up to 97"),
+    (_runs_doc, _edit("handle_id.runs.3", True), "events.columns.handle_id.runs[3] is True (a boolean)"),
+    (_runs_doc, _edit("handle_id.values", [0]), "field 'events.columns.handle_id' has values and runs that are not"),
+    (_runs_doc, _edit("handle_id.values.2", "h2"), "events[16].handle_id is 'h2' (a string), expected an integer"),
+    (_runs_doc, _edit("handle_id.values.2", -2), "events[16].handle_id is -2, expected an id"),
+    (_runs_doc, _edit("tags.values.3", 99), "events[24].tags is 99, but events.tables.tags has 12 entries"),
+    (_runs_doc, _edit("handle_id.start", 1), "field 'events.columns.handle_id' is an object, expected a list or"),
+    (_runs_doc, _edit("data.values.1.0.3", 2**63), "events[25].data.nbytes is 9223372036854775808, expected 0"),
+    (_runs_doc, _edit("data.values.1.0.3", "4k"), "events[25].data.nbytes is '4k' (a string), expected 0 to"),
+    (_runs_doc, _edit("data.values.1.0", [4096]), "events.columns.data.values[1] has 1 values of 'nbytes', but 12"),
+    (_runs_doc, _edit("data.keys.1", ["nbytes", "nbytes"]), "events.columns.data.keys[1] is a list, expected a list"),
+    (_runs_doc, _edit("data.keys", [["split"]]), "field 'events.columns.data' has keys and values that are not"),
+    (_runs_doc, _edit("data.extra", 1), "field 'events.columns.data' has the fields"),
+    (_shape_doc, _edit("data.shape.7", 9), "events[7].data (its shape) is 9, expected an index into"),
+    (_shape_doc, _edit("data.shape.7", None), "events[7].data (its shape) is null, expected an index into"),
+    (_shape_doc, _edit("data.shape", [0]), "field 'events.columns.data.shape' has 1 values but the count is 200"),
+    (_shape_doc, _edit("data.values.2", [[]]), "events.columns.data.values[2] has 0 values of 'targets', but 40"),
+]
+
+
+@pytest.mark.parametrize("good, mutate, phrase", BAD_PACKED, ids=[p[:40] for _, _, p in BAD_PACKED])
+def test_bad_packed_columns_are_refused_naming_the_event(tmp_path: Path, good: Any, mutate: Any,
+                                                          phrase: str) -> None:
+    doc = good(tmp_path)
+    mutate(doc)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    _expect_load_error(tmp_path / "t.json", phrase)
+
+
+def test_a_non_finite_number_in_packed_data_is_refused(tmp_path: Path) -> None:
+    doc = _shape_doc(tmp_path)
+    doc["events"]["columns"]["data"]["values"][4][1][3] = "INF"  # shape 4 is trigger/nested; its row 3 is event 19
+    (tmp_path / "t.json").write_text(json.dumps(doc).replace('"INF"', "1e999", 1))
+    _expect_load_error(tmp_path / "t.json", "events[19].data.nested is inf (a number), expected a finite number")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_single_edit_of_packed_columns_loads_or_raises_trace_error(tmp_path: Path, data: st.DataObject) -> None:
+    # As test_trace's single-edit test, on a document whose columns are run-packed and whose data is packed.
+    trace = data.draw(st.sampled_from([runs_trace(9), make_trace(80)]))
+    doc = json.loads(json.dumps(trace.to_dict()))
+    path = data.draw(st.sampled_from([p for p in _paths(doc)[1:] if p[:2] == ("events", "columns")]))
+    node: Any = doc
+    for part in path[:-1]:
+        node = node[part]
+    if data.draw(st.booleans()) and isinstance(node, dict):
+        del node[path[-1]]
+    else:
+        node[path[-1]] = data.draw(JSON_VALUES)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    try:
+        loaded = Trace.load(tmp_path / "t.json")
+    except TraceError as err:
+        assert str(err).startswith("ckpt_viz.Trace.load: cannot read ") and "\nTip: " in str(err)
+        return
+    events = list(loaded.events)
+    assert len(events) == doc["events"]["count"]
+    assert all(type(e.data) is dict for e in events) and [loaded.events[i] for i in range(len(events))] == events
+    loaded.kinds(), loaded.handle_ids(), loaded.count("error")
