@@ -55,6 +55,7 @@ from ckpt_viz.runtime.reentrant_handle import (
     ReentrantCheckpointHandle,
     current_frame,
     fail,
+    input_slot,
     meta,
     new_handle_id,
     qualname,
@@ -102,11 +103,15 @@ class _Checkpoint(torch.autograd.Function):
         for entry in frame.entries:  # a save_output=False region's output was needed only during this forward
             entry.chain_outputs = None
         frame.state.check_device_state_preserved(frame.preserve_rng_state, api=_API)
-        leaves, frame.output_spec = tree_flatten(output)
-        frame.output_template = tuple(
-            InputSlot(i) if isinstance(v, torch.Tensor) else v for i, v in enumerate(leaves)
-        )
-        originals = [v for v in leaves if isinstance(v, torch.Tensor)]
+        if isinstance(output, torch.Tensor):  # the usual case: one tensor (output_spec None: no pytree)
+            originals = [output]
+            frame.output_spec, frame.output_template = None, (input_slot(0),)
+        else:
+            leaves, frame.output_spec = tree_flatten(output)
+            frame.output_template = tuple(
+                input_slot(i) if isinstance(v, torch.Tensor) else v for i, v in enumerate(leaves)
+            )
+            originals = [v for v in leaves if isinstance(v, torch.Tensor)]
         if not originals:
             raise CheckpointUsageError(
                 f"{_API}: Reentrant checkpoint requires at least one Tensor output (h{frame.handle_id}: "
@@ -115,15 +120,19 @@ class _Checkpoint(torch.autograd.Function):
             )
         outputs = tuple(v.detach() for v in originals)
 
+        excluded = frame.excluded_output_mask
+
         def differentiable(original: torch.Tensor) -> bool:
-            matched = frame.excluded_output_mask.get(id(original))
+            matched = excluded.get(id(original)) if excluded else None
             if matched is not None and matched[0]() is original:
                 return matched[1]
             return original.is_floating_point() or original.is_complex()
 
         non_diff = [i for i, original in enumerate(originals) if not differentiable(original)]
-        ctx.mark_non_differentiable(*(outputs[i] for i in non_diff))
-        frame.excluded_output_mask.clear()
+        if non_diff:
+            ctx.mark_non_differentiable(*(outputs[i] for i in non_diff))
+        if excluded:
+            excluded.clear()
         if watch is not None:
             watch.forward_done(outputs)
         if bus.enabled:
@@ -227,13 +236,13 @@ def _checkpoint_inputs(args: tuple, kwargs: dict) -> tuple[tuple, list, Any]:
     The spec is None when every argument is a positional tensor.
     """
     if not kwargs and all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
-        return tuple(args), [InputSlot(i) for i in range(len(args))], None
+        return tuple(args), [input_slot(i) for i in range(len(args))], None
     leaves, spec = tree_flatten((args, kwargs))
     inputs: list[torch.Tensor] = []
     template: list = []
     for item in leaves:
         if isinstance(item, torch.Tensor):
-            template.append(InputSlot(len(inputs)))
+            template.append(input_slot(len(inputs)))
             inputs.append(item)
         else:
             template.append(item)
@@ -272,8 +281,11 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
         raise fail(exc, "checkpoint")  # noqa: B904  (fail returns exc itself, reported once)
     frame = ReentrantCheckpointHandle(function, template, spec, params, preserve_rng_state, context_fn)
     frame.input_count = len(inputs)
-    param_ids = {id(p) for p in params or ()}
-    frame.param_input_mask = tuple(id(t) in param_ids for t in inputs)
+    if params:
+        param_ids = {id(p) for p in params}
+        frame.param_input_mask = tuple(id(t) in param_ids for t in inputs)
+    else:
+        frame.param_input_mask = (False,) * len(inputs)
     frame.backward_trigger = torch.empty(0, requires_grad=True) if frame.split else None
     if scope is not None:
         collector, collector_name = scope[1], "scope"
@@ -299,6 +311,8 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
         if collector is not None:
             collector.remove(frame)
         raise fail(exc, "checkpoint", frame)  # noqa: B904  (see above)
+    if frame.output_spec is None:  # one tensor output
+        return result if isinstance(result, torch.Tensor) else result[0]
     tensors = iter((result,) if isinstance(result, torch.Tensor) else result)
     return tree_unflatten([next(tensors) if isinstance(item, InputSlot) else item
                            for item in frame.output_template], frame.output_spec)

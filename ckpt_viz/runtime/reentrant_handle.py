@@ -37,6 +37,7 @@ __all__ = [
     "current_frame",
     "execution_frame",
     "fail",
+    "input_slot",
     "meta",
     "new_handle_id",
     "qualname",
@@ -67,6 +68,16 @@ class InputSlot:
     """Index of a tensor among the Function's positional tensor inputs."""
 
     index: int
+
+
+_SLOTS: list[InputSlot] = []  # InputSlot(i), made once: a frozen dataclass's __init__ is slow
+
+
+def input_slot(index: int) -> InputSlot:
+    """`InputSlot(index)`, shared (slots are immutable and compare by value)."""
+    while len(_SLOTS) <= index:
+        _SLOTS.append(InputSlot(len(_SLOTS)))
+    return _SLOTS[index]
 
 
 _NAMES: dict[Any, str] = {}  # dtype or device -> its name: str() of either costs a microsecond per event
@@ -113,6 +124,33 @@ class ReentrantCheckpointHandle:
 
     _is_checkpoint_handle = True
     mode = "reentrant"
+    # Defaults read from the class until first set (the immutable ones: no per-handle store for each)
+    exclude_cache: Any = None  # set by ckpt_viz.runtime.exclude when a region records
+    replaying: bool = False
+    phase: str = "ordinary"
+    replay_outputs: Any = None
+    replay_inputs: tuple = ()
+    state: ExecutionState | None = None
+    context_ref: Callable[[], Any] | None = None
+    input_count: int = 0
+    param_input_mask: tuple[bool, ...] = ()
+    backward_trigger: torch.Tensor | None = None
+    released: bool = False
+    retain_graph: bool = False
+    active_session: _session.SessionActivation | None = None
+    session_id: Hashable | None = None
+    output_spec: Any = None
+    output_template: tuple = ()
+    recording_exclude: bool = False
+    site: str | None = None
+    release_reason: str | None = None
+    release_seq: int | None = None
+    release_site: str | None = None
+    node_collected: bool = False
+    collected_seq: int | None = None
+    replay_count: int = 0
+    _backward_site: str | None = None
+    divergence: Any = None  # a ReplayWatch while a recording checks this region's replay
 
     def __init__(self, function: Callable, template: list, spec: Any, params: tuple | None,
                  preserve_rng_state: bool, context_fn: Callable) -> None:
@@ -125,34 +163,8 @@ class ReentrantCheckpointHandle:
         self.split = params is not None
         self.preserve_rng_state = preserve_rng_state
         self.context_fn = context_fn
-        self.exclude_cache: Any = None  # set by ckpt_viz.runtime.exclude when a region records
         self.entries: list = []
-        self.replaying = False
-        self.phase = "ordinary"
-        self.replay_outputs: Any = None
-        self.replay_inputs: tuple = ()
-        self.state: ExecutionState | None = None
-        self.context_ref: Callable[[], Any] | None = None
-        self.input_count = 0
-        self.param_input_mask: tuple[bool, ...] = ()
-        self.backward_trigger: torch.Tensor | None = None
-        self.released = False
-        self.retain_graph = False
-        self.active_session: _session.SessionActivation | None = None
-        self.session_id: Hashable | None = None
-        self.output_spec: Any = None
-        self.output_template: tuple = ()
         self.excluded_output_mask: dict[int, tuple[Any, bool]] = {}
-        self.recording_exclude = False
-        self.site: str | None = None
-        self.release_reason: str | None = None
-        self.release_seq: int | None = None
-        self.release_site: str | None = None
-        self.node_collected = False
-        self.collected_seq: int | None = None
-        self.replay_count = 0
-        self._backward_site: str | None = None
-        self.divergence: Any = None  # a ReplayWatch while a recording checks this region's replay
 
     def __repr__(self) -> str:
         state = "released" if self.released else ("replayed" if self.replay_outputs is not None else "recorded")
@@ -173,8 +185,11 @@ class ReentrantCheckpointHandle:
         else:
             leaves = [tensors[item.index] if isinstance(item, InputSlot) else item for item in self.template]
             args, kwargs = tree_unflatten(leaves, self.spec)
-        with execution_frame(self):
+        token = _CURRENT_FRAME.set(self)  # execution_frame(self), without a generator per call
+        try:
             return self.function(*args, **kwargs)
+        finally:
+            _CURRENT_FRAME.reset(token)
 
     def _gradients(self, values: tuple, grads: tuple) -> tuple:
         """Route gradients by phase; see NOTE [ Split routing ]."""

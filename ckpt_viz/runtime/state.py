@@ -108,7 +108,7 @@ class ExecutionState:
             )
         state.forward_context, state.recompute_context = contexts
         state.device_autocast = _autocast_kwargs(state.device_type)
-        state.cpu_autocast = _autocast_kwargs("cpu") or {}
+        state.cpu_autocast = (state.device_autocast if state.device_type == "cpu" else _autocast_kwargs("cpu")) or {}
         module = _device_module(state.device_type)
         state.device_was_initialized = bool(getattr(module, "_initialized", False))
         if preserve_rng_state:
