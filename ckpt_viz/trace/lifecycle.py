@@ -307,6 +307,11 @@ class Lifecycle:
         """Every release of the handle (a non-reentrant frame recomputed by a later backward is released again)."""
         return [t for t in self.transitions(handle_id) if t.state == "released"]
 
+    def released_reasons(self) -> Counter[str | None]:
+        """reason -> how many handles are released at the end of the trace for it (`reason_at(h, None)` of
+        every handle whose final state is "released"), read from each handle's last transition."""
+        return Counter(self._reasons[h][-1] for h, _, _, final, _, _ in self._summary if final == "released")
+
     def replays(self, handle_id: int) -> int:
         """How many times the handle's forward was re-run (`replay_started` events)."""
         return self._replays[handle_id]
