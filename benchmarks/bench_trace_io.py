@@ -134,28 +134,50 @@ def main(argv: list[str] | None = None) -> int:
     print(f"python {sys.version.split()[0]}, {backend}, {os.cpu_count()} CPUs, "
           f"target {TARGET_S:.1f} s per save and per load\n")
 
+    recorded = as_recording(trace)
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as folder:
-        for suffix in (".json", ".json.gz"):
+        cases = [(".json", trace), (".json.gz", trace)] + ([("rec.json.gz", recorded)] if recorded else [])
+        for suffix, source in cases:
             path = os.path.join(folder, "trace" + suffix)
-            save_s, save_cpu, _ = _median_time(lambda path=path: trace.save(path), args.repeats)
+            save_s, save_cpu, _ = _median_time(lambda path=path, source=source: source.save(path), args.repeats)
             load_s, load_cpu, loaded = _median_time(lambda path=path: Trace.load(path), args.repeats)
             _spot_check(trace, loaded)
             size_mb = os.path.getsize(path) / 1e6
             rows.append((suffix, size_mb, save_s, load_s, save_cpu, load_cpu))
-            ok = ok and save_s <= TARGET_S and load_s <= TARGET_S
+            if source is trace:  # the target; a recording's save is shown for scale
+                ok = ok and save_s <= TARGET_S and load_s <= TARGET_S
         start = time.perf_counter()
         n_materialized = sum(1 for _ in loaded.events)
         iterate_s = time.perf_counter() - start
 
-    print(f"{'file':<9} {'size MB':>8} {'save s':>7} {'load s':>7} {'save CPU s':>10} {'load CPU s':>10}  result")
+    print(f"{'file':<11} {'size MB':>8} {'save s':>7} {'load s':>7} {'save CPU s':>10} {'load CPU s':>10}  result")
     for suffix, size_mb, save_s, load_s, save_cpu, load_cpu in rows:
         verdict = "PASS" if save_s <= TARGET_S and load_s <= TARGET_S else "FAIL"
-        print(f"{suffix:<9} {size_mb:8.1f} {save_s:7.2f} {load_s:7.2f} {save_cpu:10.2f} {load_cpu:10.2f}  {verdict}")
+        print(f"{suffix:<11} {size_mb:8.1f} {save_s:7.2f} {load_s:7.2f} {save_cpu:10.2f} {load_cpu:10.2f}  {verdict}")
+    if recorded:
+        print("\nrec.json.gz: the same events saved from a recording's RecordedEvents (kept as field values, "
+              "never built as Events), as record() hands them to Trace.save; not part of the target")
     print(f"\n(for scale, not part of the target: building all {n_materialized:,} Event objects of a loaded "
           f"trace by iterating it once took {iterate_s:.2f} s; load builds them lazily)")
     print("PASS: save and load within target" if ok else f"FAIL: a median is over {TARGET_S:.1f} s")
     return 0 if ok else 1
+
+
+def as_recording(trace: Trace) -> Trace | None:
+    """The trace with its events kept the way a recording keeps them (ckpt_viz.trace.rows), or None."""
+    try:
+        from ckpt_viz.events import ROW_FIELDS
+        from ckpt_viz.trace.rows import RecordedEvents
+    except ImportError:
+        return None
+    recorded = RecordedEvents()
+    keep = getattr(recorded, "keep", None)
+    if keep is None:
+        return None
+    for event in trace.events:
+        keep(tuple(getattr(event, name) for name in ROW_FIELDS))
+    return Trace(events=recorded, memory=trace.memory, graphs=trace.graphs, meta=trace.meta)
 
 
 def _spot_check(original: Trace, loaded: Trace) -> None:

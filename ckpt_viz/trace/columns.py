@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterable, Iterator, MutableSequence
-from operator import attrgetter, eq
+from collections.abc import Callable, Iterable, Iterator, MutableSequence
+from operator import attrgetter, eq, itemgetter
 from typing import Any, overload
 
 from ckpt_viz.events import Event
@@ -135,7 +135,14 @@ class EventColumns(_LazyRows):
 
     @classmethod
     def from_events(cls, events: Iterable[Event]) -> EventColumns:
-        """Split events into columns (the inverse of iterating)."""
+        """Split events into columns (the inverse of iterating).
+
+        A sequence with a `column(name)` method (a recording's `RecordedEvents`) is read field
+        by field, without building the Events it still keeps as rows.
+        """
+        column = getattr(events, "column", None)
+        if not isinstance(events, list) and callable(column):
+            return cls._from_fields(column)
         events = events if isinstance(events, list) else list(events)
         context, context_table = _intern(map(_CONTEXT_OF, events))
         tags, first_of_tags = _intern(map(id, map(_TAGS_OF, events)), keep_positions=True)
@@ -150,6 +157,20 @@ class EventColumns(_LazyRows):
             "data": list(map(_DATA_OF, events)),
         }
         return cls(columns, {"context": context_table, "tags": tags_table})
+
+    @classmethod
+    def _from_fields(cls, column: Callable[[str], list[Any]]) -> EventColumns:
+        fields = {name: column(name) for name in ("seq", "t_ns", *CONTEXT_FIELDS, "handle_id", "session_id", "tags",
+                                                  "data")}
+        n = min(map(len, fields.values()))  # a recording still running appends; its first n events stay as they are
+        fields = {name: values[:n] if len(values) > n else values for name, values in fields.items()}
+        context, context_table = _intern(zip(*(fields[name] for name in CONTEXT_FIELDS)))
+        all_tags = fields["tags"]
+        tags, first_of_tags = _intern(map(id, all_tags), keep_positions=True)
+        columns = {"seq": _as_range(fields["seq"]), "t_ns": fields["t_ns"], "context": context,
+                   "handle_id": fields["handle_id"], "session_id": fields["session_id"], "tags": tags,
+                   "data": fields["data"]}
+        return cls(columns, {"context": context_table, "tags": [all_tags[i] for i in first_of_tags]})
 
     def _context_columns(self) -> list[list[Any]]:
         rows = self.tables["context"]
@@ -190,7 +211,7 @@ class MemoryColumns(_LazyRows):
         readings = [s.bytes_by_category for s in samples]
         key_orders = set(map(tuple, readings))
         if len(key_orders) == 1:  # the usual case: every sample measured the same categories, in one order
-            by_category = dict(zip(next(iter(key_orders)), map(list, zip(*map(dict.values, readings)))))
+            by_category = {c: list(map(itemgetter(c), readings)) for c in next(iter(key_orders))}
         else:
             categories = dict.fromkeys(c for r in readings for c in r)
             by_category = {c: [r.get(c) for r in readings] for c in categories}

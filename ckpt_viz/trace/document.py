@@ -54,7 +54,8 @@ def to_document(trace: TraceParts) -> dict[str, Any]:
 
 def _events_to_dict(events: Any) -> dict[str, Any]:
     if not (isinstance(events, EventColumns) and not events.materialized):
-        events = list(events)
+        if not callable(getattr(events, "column", None)):  # a recording's events are read by field (from_events)
+            events = list(events)
         try:
             events = EventColumns.from_events(events)
         except AttributeError:

@@ -50,6 +50,7 @@ NOTE [ Trace file format, schema 2 ]
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
@@ -227,8 +228,9 @@ def _check_memory(memory: dict[str, Any], built_here: bool, max_events: int | No
 
 def _check_by_stage(stages: list[dict[str, Any]]) -> None:
     # Vectorized over all samples; the slow scan below runs only to name a bad one.
-    readings = [r for per_stage in stages for r in per_stage.values()]
-    values = [v for r in readings for v in r.values()] if set(map(type, readings)) <= {dict} else None
+    readings = list(itertools.chain.from_iterable(map(dict.values, stages)))
+    values = list(itertools.chain.from_iterable(map(dict.values, readings))) if set(map(type, readings)) <= {
+        dict} else None
     if (values is not None and set(map(type, values)) <= {int}
             and (not values or (min(values) >= 0 and max(values) < I63))
             and set().union(*readings) <= set(MEMORY_CATEGORIES)):

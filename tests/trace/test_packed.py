@@ -233,3 +233,42 @@ def test_any_single_edit_of_packed_columns_loads_or_raises_trace_error(tmp_path:
     assert len(events) == doc["events"]["count"]
     assert all(type(e.data) is dict for e in events) and [loaded.events[i] for i in range(len(events))] == events
     loaded.kinds(), loaded.handle_ids(), loaded.count("error")
+
+
+class _FieldEvents(_Events):
+    """A sequence that can also hand out one field of every event, as a recording's RecordedEvents does."""
+
+    def __init__(self, events: list[Event]) -> None:
+        super().__init__(events)
+        self.built = 0
+
+    def __getitem__(self, i: Any) -> Any:
+        self.built += 1
+        return super().__getitem__(i)
+
+    def column(self, name: str) -> list[Any]:
+        return [getattr(e, name) for e in self._events]
+
+
+def test_save_reads_a_recordings_events_by_field(tmp_path: Path) -> None:
+    trace = runs_trace()
+    events = _FieldEvents(trace.events)
+    Trace(events=events, meta=trace.meta).save(tmp_path / "t.json")
+    assert events.built == 0  # no event was read one by one
+    assert Trace.load(tmp_path / "t.json") == trace
+
+
+def test_save_of_a_recording_builds_no_event(tmp_path: Path) -> None:
+    rows = pytest.importorskip("ckpt_viz.trace.rows")
+    from ckpt_viz.events import ROW_FIELDS
+
+    trace = runs_trace()
+    recorded = rows.RecordedEvents()
+    keep = getattr(recorded, "keep", None)
+    if keep is None:
+        pytest.skip("RecordedEvents has no keep() sink in this version")
+    for e in trace.events:
+        keep(tuple(getattr(e, name) for name in ROW_FIELDS))
+    Trace(events=recorded, meta=trace.meta).save(tmp_path / "t.json")
+    assert recorded.pending == len(trace.events)  # saved from the kept fields
+    assert Trace.load(tmp_path / "t.json") == trace == Trace(events=recorded, meta=trace.meta)
