@@ -329,10 +329,12 @@ class AllocationProbe:
 
 def open_probe(params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tensor] = ()) -> Any:
     """The probe for `record(memory=True)`: an `AllocationProbe` while the process's allocation stream is
-    free (probe/stream.py NOTE rule 1), else the dispatch tracker (`MemoryProbe`). Enter it right away:
-    the stream is this probe's from now until it closes.
+    free (probe/stream.py NOTE rule 1) and parameters are given, else the dispatch tracker (`MemoryProbe`),
+    which finds parameters as ops read them (NOTE rule 3a). Enter it right away: the stream is this
+    probe's from now until it closes.
     """
-    stream = AllocationStream.acquire()
+    params = list(params)
+    stream = AllocationStream.acquire() if params else None
     if stream is None:
         return MemoryProbe(params, tensors)
     return AllocationProbe(stream, params, tensors)

@@ -91,8 +91,10 @@ def test_allocation_probe_reads_what_the_tracker_reads_in_pipelines(schedule: st
 
 
 def test_the_stream_is_one_per_process_and_the_second_probe_is_the_tracker() -> None:
-    first = open_probe()
-    second = open_probe()
+    w = torch.nn.Parameter(torch.randn(3))
+    assert not isinstance(open_probe(), AllocationProbe)  # no parameters given: the tracker finds them
+    first = open_probe(params=[w])
+    second = open_probe(params=[w])
     try:
         assert isinstance(first, AllocationProbe) and not isinstance(second, AllocationProbe)
     finally:
@@ -100,7 +102,7 @@ def test_the_stream_is_one_per_process_and_the_second_probe_is_the_tracker() -> 
             probe.__enter__()
         for probe in (second, first):
             probe.__exit__(None, None, None)
-    third = open_probe()  # handed back on close
+    third = open_probe(params=[w])  # handed back on close
     third.__enter__()
     third.__exit__(None, None, None)
     assert isinstance(third, AllocationProbe)
@@ -110,7 +112,7 @@ def test_a_closed_allocation_probe_is_freed_and_restores_get_rng_state() -> None
     import weakref
 
     before = torch.get_rng_state
-    probe = open_probe()
+    probe = open_probe(params=[torch.nn.Parameter(torch.randn(3))])
     probe.__enter__()
     assert torch.get_rng_state is not before
     probe.mark(0, 0)
