@@ -64,11 +64,15 @@ def pack_runs(column: Sequence[Any], indexes: bool = False) -> Any:
     types = {int} if indexes else set(map(type, column))
     if not types <= _RUN_TYPES or {bool, int} <= types:  # True == 1: a run must not hold both
         return column
-    starts = [0, *itertools.compress(range(1, n), map(ne, itertools.islice(column, 1, None), column))]
-    if len(starts) > n // 2:
-        return column
-    return {"values": list(map(column.__getitem__, starts)),
-            "runs": list(map(int.__sub__, [*starts[1:], n], starts))}
+    values: list[Any] = []
+    runs: list[int] = []
+    keep_value, keep_run, limit = values.append, runs.append, n // 2
+    for value, run in itertools.groupby(column):
+        keep_value(value)
+        keep_run(len(list(run)))
+        if len(runs) > limit:
+            return column
+    return {"values": values, "runs": runs}
 
 
 def unpack_runs(column: Any) -> list[Any]:
@@ -153,15 +157,18 @@ def _by_context(datas: list[dict[str, Any]], context: list[int], n_contexts: int
             if names is None:
                 names = keys[c] = list(group[0])
                 values[c] = [[] for _ in names]
-            if len(names) > 1:
-                if not all(map(tuple(names).__eq__, map(tuple, group))):  # the same keys, in the same order
-                    return None
-            elif set(map(len, group)) != {len(names)}:
+            # The same keys (as many, each found), in the same order (the first key decides for two keys).
+            if set(map(len, group)) != {len(names)}:
                 return None
             try:
                 for name, column in zip(names, values[c]):
                     column.extend(map(itemgetter(name), group))
-            except KeyError:  # one key, another name
+            except KeyError:
+                return None
+            if len(names) == 2:
+                if not all(map(names[0].__eq__, map(next, map(iter, group)))):
+                    return None
+            elif len(names) > 2 and not all(map(tuple(names).__eq__, map(tuple, group))):
                 return None
     keys = [names if names is not None else [] for names in keys]
     if not _str_keys(keys):
