@@ -88,8 +88,9 @@ def _watched(name: str, original: Any, roots_keyword: str) -> Any:
 
     @functools.wraps(original)
     def watched(*args: Any, **kwargs: Any) -> Any:
-        recordings = _open_here() if bus.enabled else []
-        if not recordings or torch._C._current_graph_task_id() != -1:  # nobody here, or an inner (replay) pass
+        # an inner (replay) pass first: a reentrant replay's backward needs no lookup of the recordings
+        recordings = _open_here() if bus.enabled and torch._C._current_graph_task_id() == -1 else []
+        if not recordings:  # nobody here, or an inner (replay) pass
             return original(*args, **kwargs)
         for recording in recordings:
             if recording.graphs:
