@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_divergence.py            # about a minute
     .venv/bin/python benchmarks/bench_divergence.py --quick    # smoke run (tiny sizes, 3 rounds)
+    .venv/bin/python benchmarks/bench_divergence.py --clock cpu  # CPU time: steadier where other jobs share the cores
 
 Two workloads, each one training step (forward, loss, backward) inside `record()`:
 8 blocks of Linear(512) + GELU at batch 64, every block under our checkpoint (reentrant and
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import format_table, interleaved, paired_ratio, stable_threads
+from _common import CLOCKS, format_table, interleaved, paired_ratio, stable_threads
 from ckpt_viz.recording import record
 from ckpt_viz.run.harness import grad_digest
 from ckpt_viz.run.scenarios import run_scenario
@@ -65,6 +66,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and 3 rounds (a smoke run)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="time each case by the wall clock or by this process's CPU time")
     args = parser.parse_args()
     threads = stable_threads()
     width, batch, blocks = (64, 8, 2) if args.quick else (512, 64, 8)
@@ -86,7 +89,7 @@ def main() -> int:
     for label, make in workloads.items():
         cases[f"{label} | record"] = make(False)
         cases[f"{label} | record+checks"] = make(True)
-    times = interleaved(cases, repeats=repeats, warmup=1)
+    times = interleaved(cases, repeats=repeats, warmup=1, clock=args.clock)
     rows, results = [], []
     for label in workloads:
         off, on = times[f"{label} | record"], times[f"{label} | record+checks"]
@@ -94,7 +97,7 @@ def main() -> int:
         rows.append([label, f"{statistics.median(off):.2f}", f"{statistics.median(on):.2f}", f"{ratio:.3f}"])
         results.append({"workload": label, "record_ms": statistics.median(off), "checks_ms": statistics.median(on),
                         "ratio": ratio})
-    print(f"torch {torch.__version__}, {threads} thread(s), {repeats} interleaved rounds")
+    print(f"torch {torch.__version__}, {threads} thread(s), {repeats} interleaved rounds, {args.clock} clock")
     print(format_table(["workload", "record ms", "record+checks ms", "checks / record"], rows))
     grads = {"mlp": grad_digest(model)}
     for label, make in workloads.items():  # the same step with and without the checks: the same gradients
@@ -115,7 +118,7 @@ def main() -> int:
     print("gradients: the same with and without the checks; no divergence in these clean runs")
     if args.json:
         args.json.write_text(json.dumps({"config": {"width": width, "batch": batch, "blocks": blocks,
-                                                    "repeats": repeats, "threads": threads,
+                                                    "repeats": repeats, "threads": threads, "clock": args.clock,
                                                     "torch": torch.__version__},
                                          "rows": results, "grad_sha256": grads}, indent=2))
     return 0
