@@ -41,7 +41,7 @@ from ckpt_viz.render.routing_table import routing_rows
 from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace.cache import derived
+from ckpt_viz.trace.cache import derived, event_data
 from ckpt_viz.trace.index import TraceIndex, event_column
 from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transition, lifecycle
 
@@ -132,6 +132,7 @@ __all__ = [
     "diagnose_handle",
     "dot_svg",
     "event_column",
+    "event_data",
     "event_rows",
     "explain",
     "filter_events",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ckpt_viz import Trace, describe_event, event_column
+from ckpt_viz import Trace, describe_event, event_column, event_data
 from ui.runs import Run, RunConfig, jump_positions, next_position
 
 CURSOR = "cursor"
@@ -76,12 +76,12 @@ def cursor_seq(run: Run) -> int:
 
 def _handle_names(trace: Trace) -> dict[int, str]:
     """handle id -> the checkpointed function (the block's qualified name), from `handle_created`."""
-    handles, data = event_column(trace, "handle_id"), event_column(trace, "data")
+    handles, data = event_column(trace, "handle_id"), event_data(trace)  # one key of one kind: not every dict
     names = {}
     for i in jump_positions(trace, "handle_created"):
-        h, d = handles[i], data[i] or {}
-        if h is not None and d.get("function"):
-            names[h] = str(d["function"])
+        h, function = handles[i], data(i, "function")
+        if h is not None and function:
+            names[h] = str(function)
     return names
 
 

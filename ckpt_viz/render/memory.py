@@ -23,6 +23,7 @@ from ckpt_viz.render import palette
 from ckpt_viz.render.memory_tables import OTHER_NOTABLE, format_bytes, memory_table, other_note
 from ckpt_viz.render.phases import AXIS, aligned_x, event_actions, phase_span_count, phase_spans
 from ckpt_viz.trace import MEMORY_CATEGORIES, MemoryColumns, Trace
+from ckpt_viz.trace.cache import event_data
 from ckpt_viz.trace.index import TraceIndex, derived, event_column
 
 __all__ = ["CURSOR_PICK", "OTHER_NOTABLE", "format_bytes", "memory_cursor", "memory_peak", "memory_series",
@@ -137,7 +138,7 @@ def _event_word(trace: Trace, seq: int) -> str:
         return ""
     kind, handle = event_column(trace, "kind")[position], event_column(trace, "handle_id")[position]
     if kind == "memory_sampled":
-        return str((event_column(trace, "data")[position] or {}).get("at") or kind.replace("_", " "))
+        return str(event_data(trace)(position, "at") or kind.replace("_", " "))
     return kind.replace("_", " ") + ("" if handle is None else f" (h{handle})")
 
 

@@ -41,7 +41,7 @@ from bisect import bisect_left
 from typing import Any
 
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace.cache import derived, event_column
+from ckpt_viz.trace.cache import derived, event_column, event_data
 
 __all__ = ["AXIS", "aligned_seq", "aligned_x", "event_actions", "phase_span_count", "phase_spans"]
 
@@ -61,10 +61,10 @@ def event_actions(trace: Trace) -> list[str]:
 
 def _actions(trace: Trace) -> list[str]:
     kinds, phases = event_column(trace, "kind"), event_column(trace, "phase")
-    handles, data = event_column(trace, "handle_id"), event_column(trace, "data")
+    handles, data = event_column(trace, "handle_id"), event_data(trace)  # data: two kinds read one key each
     out: list[str] = []
     current = "F"
-    for kind, phase, handle, d in zip(kinds, phases, handles, data):
+    for i, kind, phase, handle in zip(itertools.count(), kinds, phases, handles):
         if phase == "dx":
             current = "DX"
         elif phase == "dw":
@@ -72,14 +72,14 @@ def _actions(trace: Trace) -> list[str]:
         elif kind in _FORWARD_KINDS:
             current = "F"
         elif kind == "session_activated":
-            if (d or {}).get("retain_on_unpack"):
+            if data(i, "retain_on_unpack"):
                 current = "DX"
             elif current == "DX":
                 current = "DW"
         elif kind in _BACKWARD_KINDS and handle is not None and not (phase is None and current in ("DX", "DW")):
             current = "B"
         elif kind == "memory_sampled":
-            at = str((d or {}).get("at", ""))
+            at = str(data(i, "at", ""))
             if at.endswith(" forward"):
                 current = "F"
             elif at.endswith(" backward") and current == "F":

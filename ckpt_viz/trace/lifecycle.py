@@ -40,7 +40,7 @@ from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 
-from ckpt_viz.trace.cache import derived, event_column
+from ckpt_viz.trace.cache import derived, event_column, event_data
 from ckpt_viz.trace.model import Trace
 
 __all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "STATES", "STATE_MEANINGS", "Lifecycle", "Transition", "lifecycle"]
@@ -138,7 +138,7 @@ class Lifecycle:
         # inline at the end of the loop body (a move to the state the handle is already in records nothing).
         kinds = event_column(trace, "kind")
         handle_ids = event_column(trace, "handle_id")
-        data_at, phase_at = event_column(trace, "data"), event_column(trace, "phase")
+        data, phase_at = event_data(trace), event_column(trace, "phase")  # data: a few keys of a few kinds
         state: dict[int, str] = {}
         phase: dict[int, str] = {}
         unconsumed: dict[int, int] = {}
@@ -171,7 +171,7 @@ class Lifecycle:
         for i, kind, h, seq in zip(range(len(kinds)), kinds, handle_ids, seqs):
             if h is None:
                 if kind == "session_cleared":
-                    for frame in data_at[i].get("frames", ()):
+                    for frame in data(i, "frames", ()):
                         if frame in routed:
                             move(frame, routed.pop(frame), "retained", "grads_routed")
                         if state.get(frame) in _KEPT:
@@ -194,16 +194,15 @@ class Lifecycle:
             if code == _CREATED:
                 new = "recorded"
             elif code == _PHASE_SET:
-                phase[h] = value = data_at[i].get("new", "")
+                phase[h] = value = data(i, "new", "")
                 if current in _WAITING:
                     new = waiting_for.get(value, "recorded")
             elif code == _REPLAY_STARTED:
                 replays[h] += 1
                 new = "replaying"
             elif code == _REPLAY_FINISHED:
-                data = data_at[i]
-                unconsumed[h] = unconsumed.get(h, 0) + int(data.get("saved_count") or 0)
-                new = "retained" if data.get("trigger") == "prefire" else "replayed"
+                unconsumed[h] = unconsumed.get(h, 0) + int(data(i, "saved_count") or 0)
+                new = "retained" if data(i, "trigger") == "prefire" else "replayed"
             elif code == _REPLAY_FAILED:
                 new = waiting_for.get(phase.get(h, ""), "recorded")
             elif code == _ROUTED:
@@ -213,13 +212,13 @@ class Lifecycle:
                     routed[h] = seq
             elif code == _RELEASED:
                 routed.pop(h, None)
-                new, reason = "released", data_at[i].get("reason")
+                new, reason = "released", data(i, "reason")
             elif code == _COLLECTED:
                 if current in _WAITING:
                     new = "collected"
             elif code == _UNPACKED:
                 if current in _KEPT:
-                    if data_at[i].get("consumed"):
+                    if data(i, "consumed"):
                         unconsumed[h] = unconsumed.get(h, 0) - 1
                         if unconsumed[h] <= 0:
                             unconsumed[h] = 0
@@ -227,7 +226,7 @@ class Lifecycle:
                     else:
                         new = "retained"
             else:  # replay_refused
-                self._refusals.setdefault(h, []).append((seq, data_at[i].get("reason")))
+                self._refusals.setdefault(h, []).append((seq, data(i, "reason")))
             if new is not None and current != new:
                 out[current].append(seq)
                 into[new].append(seq)
