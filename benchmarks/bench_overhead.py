@@ -18,6 +18,10 @@ case_i / baseline_i measured in the same interleaved round, see `_common.interle
                `record(memory=True)` / unrecorded (memory target <= 1.5).
   runtime      our checkpoint / torch.utils.checkpoint on the linear8 model, both kinds, no
                recording (target <= 1.01).
+  emit         (only with --rows emit) the cost of one `bus.emit` with a `record()` block open:
+               1000 calls shaped like the runtime's, less the same loop building only the data
+               dicts; "case ms" is then microseconds per emit. Shapes: a given site (most
+               events), no site (capture_site=False), and a stack walk for the site.
 
 `--clock cpu` times each case with `time.process_time` instead of `time.perf_counter`
 (steadier where other jobs share the cores). `--ablate` adds linear8 rows that split the
@@ -51,6 +55,7 @@ except ImportError:  # an older build measured for a before/after: it has no che
         return False
 
 GROUPS = ("linear8", "gpt2", "transformer", "runtime")
+EXTRA_GROUPS = ("emit",)  # on request only (--rows emit)
 Step = Callable[[], None]
 
 
@@ -159,6 +164,25 @@ def transformer_step() -> tuple[Step, Any]:
 
 # ---------------------------------------------------------------- rows
 
+EMIT_SHAPES = {
+    "site given": {"site": "train.py:3", "capture_site": True},
+    "no site": {"site": None, "capture_site": False},
+    "site walked": {"site": None, "capture_site": True},
+}
+
+
+def emit_loop(shape: dict[str, Any] | None, count: int = 1000) -> Step:
+    """`count` emits shaped like the runtime's inside one record() block (or, for None, only the data dicts)."""
+    def run() -> None:
+        with ckpt_viz.record():
+            for i in range(count):
+                data = {"trigger": "backward", "index": i}
+                if shape is not None:
+                    bus.emit("replay_started", handle_id=i, mode="reentrant", phase="ordinary", session_id=None,
+                             data=data, **shape)
+    return run
+
+
 def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[int, ...] = (1, 2),
             clock: str = "wall", ablate: bool = False) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
@@ -201,6 +225,15 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
             add("runtime", "our reentrant checkpoint / torch's", times, "ours_r", "torch_r", 1.01, threads)
             add("runtime", "our non-reentrant checkpoint / torch's", times, "ours_n", "torch_n", 1.01, threads)
     torch.set_num_threads(1)
+    if "emit" in groups:
+        cases = {"loop": emit_loop(None), **{name: emit_loop(shape) for name, shape in EMIT_SHAPES.items()}}
+        times = interleaved(cases, repeats=repeats * 5)
+        for name in EMIT_SHAPES:
+            per_emit = [c - b for c, b in zip(times[name], times["loop"], strict=True)]  # ms per 1000 = us each
+            rows.append({"group": "emit", "name": f"us per bus.emit in record(), {name}", "threads": 1,
+                         "ratio": float("nan"), "target": None, "passed": None,
+                         "case_ms": sorted(per_emit)[len(per_emit) // 2],
+                         "base_ms": sorted(times["loop"])[len(times["loop"]) // 2]})
     if "gpt2" in groups:
         step, model, _ = gpt2_step(1 if quick else 4, 2 if quick else 4, 16 if quick else 64, 64 if quick else 768)
         times = interleaved({"unrecorded": step, "events": recorded(step),
@@ -236,7 +269,7 @@ def report(rows: list[dict[str, Any]], repeats: int, clock: str = "wall") -> str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", nargs="*", choices=GROUPS, default=list(GROUPS))
+    parser.add_argument("--rows", nargs="*", choices=GROUPS + EXTRA_GROUPS, default=list(GROUPS))
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads for linear8 (1 2)")
     parser.add_argument("--quick", action="store_true")
