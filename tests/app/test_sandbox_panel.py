@@ -222,6 +222,7 @@ sandbox.prestart()
 assert sandbox.spares_ready(180)
 ((folder, warm),) = sandbox._SPARES._spares
 print(folder, flush=True)
+sys.stdin.readline()  # alive until the test has looked (it closes stdin to let an "exits" app end)
 if sys.argv[1] == "killed":
     time.sleep(120)
 '''
@@ -231,13 +232,15 @@ if sys.argv[1] == "killed":
 def test_an_app_that_ends_leaves_no_spare_sandbox_running(end: str, tmp_path: Path) -> None:
     script = tmp_path / "app_process.py"
     script.write_text(APP_PROCESS.format(app=str(ROOT / "app")))
-    proc = subprocess.Popen([sys.executable, str(script), end], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, str(script), end], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT)
     try:
         folder = Path(proc.stdout.readline().strip())
         marker = f"ckpt_viz_sandbox_{proc.pid}_"  # the warm process's folder, in its command line and bubblewrap's
         assert folder.is_dir() and live_processes(marker)
         if end == "killed":
             proc.kill()  # no atexit: bubblewrap's --die-with-parent ends the sandbox
+        proc.stdin.close()  # an "exits" app now ends normally (atexit)
         assert proc.wait(60) == (0 if end == "exits" else -9)
     finally:
         proc.kill()
