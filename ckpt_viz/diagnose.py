@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from ckpt_viz.debug.divergence import divergence_findings
+from ckpt_viz.debug.divergence import divergence_findings, replay_checks_note
 from ckpt_viz.debug.findings import Facts, Finding, handle_finding
 from ckpt_viz.debug.silent import silent_findings
 from ckpt_viz.errors import CkptVizError
@@ -91,5 +91,8 @@ def explain(trace: Trace | None = None, *, file: TextIO | None = None) -> str:
             raise CkptVizError("ckpt_viz.explain: no run was recorded in this process yet.\nTip: record one with "
                               "`with ckpt_viz.record() as rec: ...`, or pass a trace: explain(Trace.load(path)).")
     text = format_findings(diagnose(trace), title=str(trace.meta.get("model") or "this run"))
+    note = replay_checks_note(trace)  # replays the divergence checks skipped (NOTE [ Divergence findings ], rule 3)
+    if note:
+        text += "\n\n" + note
     print(text, file=file if file is not None else sys.stdout)
     return text

@@ -48,6 +48,7 @@ import functools
 import linecache
 import os
 import stat
+import sys
 import threading
 import weakref
 from contextlib import AbstractContextManager
@@ -231,6 +232,7 @@ class Recording:
                 self._channel.close()
                 _BY_CHANNEL.pop(self._channel, None)  # a handle's scope may outlive us: keep no trace alive
                 _keep_sources(self.trace)
+                _keep_replay_checks(self._channel, self.trace)
                 _last[:] = [self.trace]
             self._release(exc_type, exc, tb)
 
@@ -243,6 +245,16 @@ class Recording:
             probe, self._probe = self._probe, None
             if probe is not None:
                 probe.__exit__(*exc)
+
+
+def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:
+    """The runs the replay-divergence checks checked and skipped in this block, as `meta["replay_checks"]`
+    (NOTE [ Sampled replay checks ] in ckpt_viz/runtime/divergence_sampling.py). Read only when the runtime
+    ran in this process: no import here, so no torch."""
+    sampling = sys.modules.get("ckpt_viz.runtime.divergence_sampling")
+    counts = sampling.counts_of(channel) if sampling is not None else None
+    if counts:
+        trace.meta["replay_checks"] = counts
 
 
 _STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",

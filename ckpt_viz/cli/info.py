@@ -75,6 +75,11 @@ def summarize(trace: Any, *, at: int | None = None) -> str:
     lines.extend(f"  {'-' if d.handle_id is None else f'h{d.handle_id}'}: {d.code}: {d.summary}" for d in problems)
     if problems:
         lines.append("  (`ckpt-viz explain TRACE` tells what happened, in order, and the fix)")
+    from ckpt_viz.debug.divergence import replay_checks_note
+
+    note = replay_checks_note(trace)  # replays the divergence checks skipped: "none" says nothing of them
+    if note:
+        lines.append(note.splitlines()[0])
     return "\n".join(lines)
 
 

@@ -11,6 +11,13 @@ NOTE [ Divergence findings ]
   2. The summary names the region (the checkpointed block), what differed
      (`data.details`, at most six lines, and how many more) and where the block was
      called (the `handle_created` site), which is also the finding's `site`.
+  3. Runs not checked: under the default policy a recording checks every region's
+     first runs and then a sample (NOTE [ Sampled replay checks ] in
+     ckpt_viz/runtime/divergence_sampling.py) and counts, in
+     `meta["replay_checks"]`, the runs checked and skipped. `replay_checks_note`
+     says how many were not checked and how to check them all, so the debugger never
+     says "no divergence" of a replay nobody looked at; None when every run was
+     checked (or the trace has no counts: older traces, checks off).
 """
 from __future__ import annotations
 
@@ -18,8 +25,9 @@ from collections.abc import Iterable
 
 from ckpt_viz.debug.findings import Facts, Finding, finding
 from ckpt_viz.events import DIAGNOSIS_CODES, Event
+from ckpt_viz.trace import Trace
 
-__all__ = ["DIVERGENCE_CODES", "divergence_findings"]
+__all__ = ["DIVERGENCE_CODES", "divergence_findings", "replay_checks_note"]
 
 # divergence kind (data.divergence) -> code; the runtime writes the same pairs (tests check they agree).
 DIVERGENCE_CODES: dict[str, str] = {
@@ -66,3 +74,24 @@ def divergence_findings(f: Facts, events: Iterable[Event]) -> list[Finding]:
         ordered = tuple({x.seq: x for x in sorted((*story, e), key=lambda x: x.seq)}.values())
         found.append(finding(f, code, h, summary, site=site, events=ordered, extra=extra))
     return found
+
+
+def replay_checks_note(trace: Trace) -> str | None:
+    """How many checkpointed runs the replay-divergence checks skipped, in words; None if none (NOTE rule 3)."""
+    counts = trace.meta.get("replay_checks")
+    if not isinstance(counts, dict):
+        return None
+    checked, skipped = int(counts.get("checked") or 0), int(counts.get("skipped") or 0)
+    if skipped <= 0:
+        return None
+    regions = counts.get("skipped_regions") or {}
+    named = sorted(regions.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
+    shown = ", ".join(f"{name} {n}" for name, n in named[:4]) + (f", ... ({len(named) - 4} more)" if len(named) > 4
+                                                                  else "")
+    first = counts.get("first_checks")
+    policy = (f"every region's first {first} runs, then a sample in a time budget" if counts.get("policy") == "sampled"
+              else f"policy {counts.get('policy')!r}")
+    return (f"Replay-divergence checks: {checked} of {checked + skipped} checkpointed runs checked ({policy}); "
+            f"{skipped} not checked ({shown}), so no divergence was looked for in those replays.\n"
+            "Tip: record with ckpt_viz.runtime.divergence.checks('all') (or CKPT_VIZ_REPLAY_CHECKS=all) to check "
+            "every replay.")

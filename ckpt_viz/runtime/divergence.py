@@ -3,14 +3,16 @@
 Owns `ReplayWatch` (what one checkpointed region's forward used, and how its replay
 compares), the switch `set_checks` / `checks`, and the four kinds of divergence with
 their diagnosis codes (`DIVERGENCES`). Emits `replay_diverged` events; imports torch,
-never the UI or the renderers. The trace side (torch-free) is `ckpt_viz.trace.divergence`.
+never the UI or the renderers. The trace side (torch-free) is `ckpt_viz.debug.divergence`.
 
 NOTE [ Replay divergence checks ]
-  1. Cost: a watch is made only while a recording listens in this context and the
-     switch is on (`active()`); otherwise the hook points cost one attribute read.
-     While it runs: what a module owns comes from a per-module cache (NOTE [ Owner
-     facts cache ] in owners.py); each fingerprint is two or three small ops, read at
-     once on the CPU and compared there bit for bit before any tolerance is computed.
+  1. Cost: a watch is made only while a recording listens in this context, the switch
+     is on (`active()`) and the policy picks this run (NOTE [ Sampled replay checks ]
+     in divergence_sampling.py: "sampled", the default, checks a region's first runs
+     and then a sample within a time budget; "all" every run); otherwise the hook
+     points cost one attribute read. While it runs: what a module owns comes from a
+     per-module cache (NOTE [ Owner facts cache ] in owners.py); each fingerprint is
+     two or three small ops, read at once on the CPU and compared there bit for bit.
   2. Forward: when the function belongs to a module (a Module, its bound method, a
      functools.partial of one, or `__self__` set), the module's parameters that
      require grad are the *parameters the forward used* and its buffers whose version
@@ -58,9 +60,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from ckpt_viz import bus
+from ckpt_viz.runtime import divergence_sampling as sampling
 from ckpt_viz.runtime import fingerprints as fp
 from ckpt_viz.runtime import owners
 
@@ -75,23 +77,40 @@ DIVERGENCES: dict[str, str] = {
 }
 
 _ENV = "CKPT_VIZ_REPLAY_CHECKS"
-_checks_on = os.environ.get(_ENV, "1") != "0"
 _MAX_DETAILS = 6
+_POLICIES = {True: "sampled", "1": "sampled", "on": "sampled", "sampled": "sampled", "all": "all",
+             False: "off", "0": "off", "off": "off"}
 
 
-def set_checks(on: bool) -> bool:
-    """Turn replay-divergence checking on or off for every recording; return the previous setting.
+def _policy_of(on: bool | str) -> str:
+    policy = _POLICIES.get(on.lower() if isinstance(on, str) else bool(on))
+    if policy is None:
+        raise ValueError(f"ckpt_viz.runtime.divergence.set_checks: unknown setting {on!r}.\n"
+                         "Tip: pass True or 'sampled' (the default), 'all' (every replay), or False.")
+    return policy
 
-    The default is on; the environment variable CKPT_VIZ_REPLAY_CHECKS=0 turns it off at start.
+
+_policy = _policy_of(os.environ.get(_ENV, "sampled"))
+_checks_on = _policy != "off"
+
+
+def set_checks(on: bool | str) -> bool | str:
+    """Set replay-divergence checking for every recording; return the previous setting (False when off).
+
+    on: True or "sampled" (the default: every region's first runs, then a sample within a time budget;
+    NOTE [ Sampled replay checks ] in divergence_sampling.py), "all" (every replay), False (none).
+    The environment variable CKPT_VIZ_REPLAY_CHECKS (0, sampled, all) sets it at start.
     """
-    global _checks_on
-    previous, _checks_on = _checks_on, bool(on)
+    global _checks_on, _policy
+    previous = _policy if _checks_on else False
+    _policy = _policy_of(on)
+    _checks_on = _policy != "off"
     return previous
 
 
 @contextlib.contextmanager
-def checks(on: bool) -> Iterator[None]:
-    """Run the block with replay-divergence checking on or off (see `set_checks`)."""
+def checks(on: bool | str) -> Iterator[None]:
+    """Run the block with replay-divergence checking set to `on` (see `set_checks`)."""
     previous = set_checks(on)
     try:
         yield
@@ -109,55 +128,23 @@ def active(scope: Any = None) -> bool:
     return bool((scope if scope is not None else bus.current_scope()).channels)
 
 
-# ---------------------------------------------------------------- the forward's view of the world
-
 _NULL = contextlib.nullcontext()
-_IGNORED_NAMES = frozenset({"__get__", "__set__", "detach", "detach_", "requires_grad_", "size", "dim", "numel",
-                            "data_ptr", "element_size", "is_floating_point", "is_complex", "stride",
-                            "__repr__", "__format__", "__len__", "__hash__", "__eq__"})
-
-
-def _tensors(args: tuple, kwargs: dict | None) -> Iterator[torch.Tensor]:
-    for value in (*args, *(kwargs.values() if kwargs else ())):
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif type(value) in (list, tuple):
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    yield item
-
-
-class _ForwardMode(TorchFunctionMode):
-    """Sees the region's torch calls in its forward (NOTE rule 2)."""
-
-    def __init__(self, watch: ReplayWatch) -> None:
-        super().__init__()
-        self.watch = watch
-
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        w = self.watch
-        if w.frame_recording_exclude() or getattr(func, "__name__", "") in _IGNORED_NAMES:
-            return func(*args, **kwargs)
-        skip, made = w.inputs, w.made
-        for t in _tensors(args, kwargs):
-            key = id(t)
-            if key in skip or key in made:
-                continue
-            if t.requires_grad:
-                if t.is_leaf and key not in w.params:
-                    w.params[key] = t
-            elif key not in w.outside:
-                w.outside[key] = (t, t._version)
-        out = func(*args, **kwargs)
-        if isinstance(out, torch.Tensor):
-            made.add(id(out))
-        elif type(out) in (tuple, list):
-            made.update(id(o) for o in out if isinstance(o, torch.Tensor))
-        return out
 
 
 # ---------------------------------------------------------------- one region's watch
+
+def _charged(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` of a ReplayWatch, its time charged to the watch's region (NOTE [ Sampled replay checks ], rule 3)."""
+    @functools.wraps(method)
+    def charged(self: ReplayWatch, *args: Any) -> None:
+        started = sampling.clock()
+        try:
+            method(self, *args)
+        finally:
+            self.region.spent += sampling.clock() - started
+    return charged
+
+
 def _weak(value: Any) -> Callable[[], Any]:
     """A weak reference to `value`, or a strong holder for objects that take none (lists, dicts)."""
     try:
@@ -169,9 +156,12 @@ def _weak(value: Any) -> Callable[[], Any]:
 class ReplayWatch:
     """What one region's forward used and produced; compared with each replay (NOTE rules 2-3)."""
 
-    def __init__(self, frame: Any, args: tuple, kwargs: dict, inputs: tuple) -> None:
+    def __init__(self, frame: Any, args: tuple, kwargs: dict, inputs: tuple,
+                 region: sampling.Region | None = None) -> None:
         self._frame = weakref.ref(frame)
-        self.region = owners.qualname(frame.function)
+        self.region = region if region is not None else sampling.Region("")  # its checks' cost is charged here
+        self._started = 0.0  # when a forward under the mode began (its whole time is the checks' cost)
+        self.name = owners.qualname(frame.function)
         self.inputs = inputs = {id(t) for t in inputs}
         self.made: set[int] = set()
         self.params: dict[int, torch.Tensor] = {}
@@ -206,7 +196,10 @@ class ReplayWatch:
         return frame is not None and getattr(frame, "recording_exclude", False)
 
     def mode(self) -> contextlib.AbstractContextManager[Any]:
-        return _NULL if self.by_owner else _ForwardMode(self)
+        if self.by_owner:
+            return _NULL
+        self._started = sampling.clock()
+        return fp.ForwardMode(self)
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
@@ -217,6 +210,7 @@ class ReplayWatch:
 
     def forward_done(self, outputs: tuple | None) -> None:
         """After the forward: keep the buffers it updated and the outputs' fingerprints."""
+        started = self._started or sampling.clock()
         if self.outside:
             self.buffers = [(weakref.ref(t), t._version) for t, version in self.outside.values()
                             if t._version != version]
@@ -225,7 +219,9 @@ class ReplayWatch:
             self.made = set()
         if outputs is not None:
             self.output_prints = [(fp.fingerprint(o, keep=True), o.numel(), o.dtype) for o in outputs]
+        self.region.spent += sampling.clock() - started
 
+    @_charged
     def packed(self, index: int, x: torch.Tensor) -> None:
         """A non-reentrant forward saved `x`: keep its fingerprint if it is an activation (no parameter,
         no buffer: a buffer the replay updates again is buffers_updated)."""
@@ -234,6 +230,7 @@ class ReplayWatch:
                 and (print_ := fp.fingerprint(x, keep=True)) is not None):
             self.saved_prints[index] = (print_, x.numel(), x.dtype)
 
+    @_charged
     def repacked(self, index: int, x: torch.Tensor) -> None:
         """Its recompute saved `x` in that place."""
         if index in self.saved_prints:
@@ -245,6 +242,7 @@ class ReplayWatch:
         if self.buffers:
             self._before = [t._version if (t := ref()) is not None else -1 for ref, _ in self.buffers]
 
+    @_charged
     def replay_done(self, emit: Callable[..., Any], outputs: list[torch.Tensor] | None) -> None:
         """Compare the replay that just ran with the forward and emit one event per divergence found."""
         found: dict[str, list[str]] = {}
@@ -274,7 +272,8 @@ class ReplayWatch:
             if kind in self.reported:
                 continue
             self.reported.add(kind)
-            emit("replay_diverged", divergence=kind, code=DIVERGENCES[kind], region=self.region,
+            self.region.found()  # from now on every run of this region is checked
+            emit("replay_diverged", divergence=kind, code=DIVERGENCES[kind], region=self.name,
                  details=details[:_MAX_DETAILS], count=len(details))
 
     def _name(self, p: torch.Tensor, function: Any) -> str:
@@ -293,6 +292,7 @@ class ReplayWatch:
         if not watched:
             yield
             return
+        started = sampling.clock()
         fresh: list[torch.Tensor] = []
         seen: dict[int, torch.Tensor] = {}
         hooks = []
@@ -301,11 +301,21 @@ class ReplayWatch:
                 fresh.append(p)
             else:
                 hooks.append(p.register_hook(functools.partial(seen.__setitem__, id(p))))
+        spent = sampling.clock() - started
         try:
             yield
         finally:
+            started = sampling.clock()
             for hook in hooks:
                 hook.remove()
+        self.region.spent += spent
+        try:
+            self._gradients_done(emit, watched, fresh, seen)
+        finally:
+            self.region.spent += sampling.clock() - started
+
+    def _gradients_done(self, emit: Callable[..., Any], watched: list[torch.Tensor], fresh: list[torch.Tensor],
+                        seen: dict[int, torch.Tensor]) -> None:
         for p in fresh:
             if p.grad is not None:
                 seen[id(p)] = p.grad
@@ -369,8 +379,18 @@ OFF = _Off()
 
 
 def watch(frame: Any, args: tuple, kwargs: dict, inputs: tuple, scope: Any = None) -> ReplayWatch | None:
-    """A watch for the region about to run, or None when no recording checks it (NOTE rule 1)."""
-    if not active(scope):
+    """A watch for the region about to run, or None when no recording checks it or the policy skips this run
+    (NOTE rule 1)."""
+    if not (_checks_on and bus.enabled):
         return None
-    return ReplayWatch(frame, args, kwargs, inputs)
+    scope = scope if scope is not None else bus.current_scope()
+    if not scope.channels:
+        return None
+    region = sampling.decide(frame.function, scope, _policy)
+    if region is None:
+        return None
+    started = sampling.clock()
+    made = ReplayWatch(frame, args, kwargs, inputs, region)
+    region.spent += sampling.clock() - started
+    return made
 

@@ -4,20 +4,23 @@ Owns what `ckpt_viz.runtime.divergence` compares between a region's forward and 
 replay (NOTE [ Replay divergence checks ] there, rule 2): `state_of` (a mutable
 object's state as path -> token), `fingerprint` / `differs` / `compare` (a tensor's
 values), `nonzero_counts` (whether gradients are all zero, from samples first), and the
-names shown for arguments, parameters and buffers. Imports torch; never the UI.
+names shown for arguments, parameters and buffers; and `ForwardMode`, which sees the torch
+calls of a region's forward when no module owns it (rule 2 there). Imports torch; never the UI.
 """
 from __future__ import annotations
 
 import enum
 import functools
 import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ckpt_viz.runtime import memtags
 
-__all__ = ["argument_names", "buffer_names", "compare", "differs", "fingerprint", "mutable", "names_in",
+__all__ = ["ForwardMode", "argument_names", "buffer_names", "compare", "differs", "fingerprint", "mutable", "names_in",
            "nonzero_counts", "owner_of", "read", "read_prints", "same", "state_changes", "state_of", "strided",
            "tensor_label"]
 
@@ -315,3 +318,49 @@ def tensor_label(t: torch.Tensor) -> str:
     return f"a tensor of shape {list(t.shape)}"
 
 
+# ---------------------------------------------------------------- the forward's view of the world
+
+_IGNORED_NAMES = frozenset({"__get__", "__set__", "detach", "detach_", "requires_grad_", "size", "dim", "numel",
+                            "data_ptr", "element_size", "is_floating_point", "is_complex", "stride",
+                            "__repr__", "__format__", "__len__", "__hash__", "__eq__"})
+
+
+def _tensors(args: tuple, kwargs: dict | None) -> Iterator[torch.Tensor]:
+    for value in (*args, *(kwargs.values() if kwargs else ())):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif type(value) in (list, tuple):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    yield item
+
+
+class ForwardMode(TorchFunctionMode):
+    """Sees a region's torch calls in its forward (NOTE [ Replay divergence checks ], rule 2, in divergence.py):
+    `watch` is its ReplayWatch (params, outside, inputs, made, frame_recording_exclude)."""
+
+    def __init__(self, watch: Any) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        w = self.watch
+        if w.frame_recording_exclude() or getattr(func, "__name__", "") in _IGNORED_NAMES:
+            return func(*args, **kwargs)
+        skip, made = w.inputs, w.made
+        for t in _tensors(args, kwargs):
+            key = id(t)
+            if key in skip or key in made:
+                continue
+            if t.requires_grad:
+                if t.is_leaf and key not in w.params:
+                    w.params[key] = t
+            elif key not in w.outside:
+                w.outside[key] = (t, t._version)
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            made.add(id(out))
+        elif type(out) in (tuple, list):
+            made.update(id(o) for o in out if isinstance(o, torch.Tensor))
+        return out

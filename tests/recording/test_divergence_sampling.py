@@ -1,0 +1,173 @@
+"""Which replays a recording checks (NOTE [ Sampled replay checks ] in ckpt_viz/runtime/divergence_sampling.py).
+
+A region's first runs are always checked, later ones are a sample, every trace counts the
+runs checked and skipped, and the debugger says so; `checks("all")` checks every run.
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from ckpt_viz import diagnose, explain
+from ckpt_viz.cli.info import summarize
+from ckpt_viz.debug.divergence import replay_checks_note
+from ckpt_viz.recording import record
+from ckpt_viz.runtime import checkpoint, divergence
+from ckpt_viz.runtime import divergence_sampling as sampling
+from ckpt_viz.trace import Trace
+
+K = sampling.FIRST_CHECKS
+
+
+class Flaky(nn.Module):
+    """A block whose replay adds 1 to its output once `broken` is set (a divergence that starts late)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.broken = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.lin(x))
+        return y + 1 if self.broken and torch.is_grad_enabled() else y  # the reentrant forward runs under no_grad
+
+
+def _step(blocks: list[nn.Module], reentrant: bool = True) -> Trace:
+    x = torch.randn(4, 8, requires_grad=True)
+    with record() as rec:
+        h = x
+        for block in blocks:
+            h = checkpoint(block, h, use_reentrant=reentrant)
+        h.sum().backward()
+    return rec.trace
+
+
+@pytest.fixture
+def never_sampled(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After its first runs a region is never checked again (no budget, no floor): the tests are deterministic."""
+    monkeypatch.setattr(sampling, "BUDGET", 0.0)
+    monkeypatch.setattr(sampling, "P_MIN", 0.0)
+    yield
+
+
+def test_the_first_runs_of_a_region_are_checked_then_sampled(never_sampled: None) -> None:
+    blocks = [Flaky(), Flaky()]
+    counts = [_step(blocks).meta["replay_checks"] for _ in range(K + 2)]
+    assert [c["checked"] for c in counts] == [2] * K + [0, 0]
+    assert [c["skipped"] for c in counts] == [0] * K + [2, 2]
+    assert counts[-1]["policy"] == "sampled" and counts[-1]["skipped_regions"] == {"Flaky": 2}
+    # A new model is a new region: checked from its first run, whatever ran before it.
+    assert _step([Flaky(), Flaky()]).meta["replay_checks"]["checked"] == 2
+
+
+def test_a_divergence_after_the_first_clean_runs_is_found_with_all_and_reported_unchecked_otherwise(
+        never_sampled: None) -> None:
+    blocks = [Flaky()]
+    for _ in range(K):  # K clean runs, all checked
+        assert not _step(blocks).of_kind("replay_diverged")
+    blocks[0].broken = True
+    sampled = _step(blocks)
+    assert not sampled.of_kind("replay_diverged") and diagnose(sampled) == []
+    assert sampled.meta["replay_checks"]["skipped"] == 1
+    note = replay_checks_note(sampled)
+    assert note is not None and "0 of 1 checkpointed runs checked" in note and "checks('all')" in note
+    out = io.StringIO()
+    assert note in explain(sampled, file=out)  # explain() never ends on "no problem found" alone
+    assert "not checked" in summarize(sampled)  # nor does `ckpt-viz info`
+    with divergence.checks("all"):
+        every = _step(blocks)
+    assert [e.data["divergence"] for e in every.of_kind("replay_diverged")] == ["outputs_differ"]
+    assert every.meta["replay_checks"] == {**every.meta["replay_checks"], "policy": "all", "checked": 1,
+                                           "skipped": 0}
+    assert replay_checks_note(every) is None
+    # A region that diverged once is checked on every run from then on, also under the sampled policy.
+    again = [_step(blocks) for _ in range(3)]
+    assert all(t.meta["replay_checks"]["checked"] == 1 and t.of_kind("replay_diverged") for t in again)
+
+
+def test_non_reentrant_frames_follow_the_same_policy(never_sampled: None) -> None:
+    blocks = [Flaky()]
+    counts = [_step(blocks, reentrant=False).meta["replay_checks"] for _ in range(K + 1)]
+    assert [c["checked"] for c in counts] == [1] * K + [0]
+
+
+def _closure_over(m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda t: torch.tanh(m(t))
+
+
+def test_closures_over_different_modules_are_different_regions(never_sampled: None) -> None:
+    a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    assert sampling.region_of(_closure_over(a)) is not sampling.region_of(_closure_over(b))
+    assert sampling.region_of(_closure_over(a)) is sampling.region_of(_closure_over(a))  # the same each step
+    defaults = [lambda t, m=m: torch.tanh(m(t)) for m in (a, b)]  # one code object, the module a default
+    assert sampling.region_of(defaults[0]) is not sampling.region_of(defaults[1])
+    plain = [lambda t, k=k: torch.tanh(t * k) for k in (1.0, 2.0)]  # no owner at all: code and qualname only
+    assert sampling.region_of(plain[0]) is sampling.region_of(plain[1])
+
+
+def test_the_budget_sets_how_often_a_region_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampling, "BUDGET", 1e9)  # checks free against the recorded time: every run is checked
+    blocks = [Flaky()]
+    assert [_step(blocks).meta["replay_checks"]["checked"] for _ in range(K + 3)] == [1] * (K + 3)
+    region = sampling.region_of(blocks[0])
+    assert region.checked == K + 3 and region.spent > 0.0 and region.skip == 0
+
+
+def test_sampled_and_all_runs_give_pytorchs_gradients() -> None:
+    grads = {}
+    for policy in ("sampled", "all", False):
+        torch.manual_seed(0)
+        blocks = [Flaky(), Flaky()]
+        x = torch.randn(4, 8)
+        for _ in range(K + 2):
+            for block in blocks:
+                block.zero_grad(set_to_none=True)
+            with divergence.checks(policy), record():
+                h = x.requires_grad_(True)
+                for block in blocks:
+                    h = checkpoint(block, h, use_reentrant=True)
+                h.sum().backward()
+        grads[policy] = [p.grad.clone() for block in blocks for p in block.parameters()]
+    torch.manual_seed(0)
+    plain = [Flaky(), Flaky()]
+    x = torch.randn(4, 8)
+    h = x.requires_grad_(True)
+    for block in plain:
+        h = block(h)
+    h.sum().backward()
+    want = [p.grad for block in plain for p in block.parameters()]
+    for got in grads.values():
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_the_switch_keeps_its_on_off_meaning_and_names_the_policies() -> None:
+    previous = divergence.set_checks(True)
+    try:
+        assert divergence.set_checks("all") == "sampled"  # True means the default policy
+        assert divergence.set_checks(False) == "all"
+        assert divergence.set_checks("sampled") is False  # off reads as False, as before
+        with pytest.raises(ValueError, match=r"^ckpt_viz.runtime.divergence.set_checks: .*\nTip: "):
+            divergence.set_checks("sometimes")
+    finally:
+        divergence.set_checks(previous)
+
+
+def test_checks_off_keep_no_counts() -> None:
+    with divergence.checks(False):
+        trace = _step([Flaky()])
+    assert "replay_checks" not in trace.meta and replay_checks_note(trace) is None
+
+
+def test_a_saved_trace_keeps_its_counts(never_sampled: None, tmp_path: object) -> None:
+    blocks = [Flaky()]
+    for _ in range(K):
+        _step(blocks)
+    trace = _step(blocks)
+    trace.save(tmp_path / "t.json")  # type: ignore[operator]
+    again = Trace.load(tmp_path / "t.json")  # type: ignore[operator]
+    assert again.meta["replay_checks"] == trace.meta["replay_checks"]
+    assert replay_checks_note(again) == replay_checks_note(trace)
