@@ -10,13 +10,13 @@ Two workloads, each one training step (forward, loss, backward) inside a fresh `
 `transformer` model in reentrant and split-reentrant mode (`run_scenario`). Three cases per
 workload: checks off (events only), checks "all" (every replay checked: the behaviour before
 sampling) and `record()` as it comes (checks "sampled", the default: NOTE [ Sampled replay
-checks ] in ckpt_viz/runtime/divergence_sampling.py). The sampled case runs its own copy of the
-model, so its regions start unchecked like a user's: its first FIRST_CHECKS steps check every
-replay (they are in the rounds; the median is the steady state), and the table says which share
-of its replays were checked. Every case runs once per round in a shuffled order
-(`_common.interleaved`); a ratio is the median of the per-round ratios, so both sides of a ratio
-ran seconds apart. The script exits non-zero if the checks changed a gradient or found a
-divergence in these clean runs.
+checks ] in ckpt_viz/runtime/divergence_sampling.py). Each case runs its own copy of the model
+(the transformer: its own build), so its regions start unchecked like a user's: the sampled
+case's first FIRST_CHECKS steps check every replay (they are in the rounds; the median is the
+steady state), and the table says which share of its replays were checked. Every case runs
+once per round in a shuffled order (`_common.interleaved`); a ratio is the median of the
+per-round ratios, so both sides of a ratio ran seconds apart. The script exits non-zero if the
+checks changed a gradient or found a divergence in these clean runs.
 """
 from __future__ import annotations
 
@@ -79,6 +79,23 @@ def _builtin_step(name: str, mode: str, checks: bool | str, found: list[int], ch
     return step
 
 
+def _calls_per_step(run: Callable[[], None], steps: int) -> float:
+    """Python and C function calls per step (`sys.setprofile`), after the timed rounds: load-independent work."""
+    count = [0]
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        if event in ("call", "c_call"):
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(steps):
+            run()
+    finally:
+        sys.setprofile(None)
+    return count[0] / steps
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=40)
@@ -91,15 +108,17 @@ def main() -> int:
     width, batch, blocks = (64, 8, 2) if args.quick else (512, 64, 8)
     repeats = 3 if args.quick else args.repeats
     model = _mlp(width, blocks)
-    copies = {reentrant: copy.deepcopy(model) for reentrant in (True, False)}  # each sampled case's own regions
+    # Each (workload, case) runs its own copy of the model: its regions start unchecked, and no case's checks
+    # count for another's.
+    copies = {(reentrant, policy): copy.deepcopy(model) for reentrant in (True, False) for policy in POLICIES.values()}
     x = torch.randn(batch, width, requires_grad=True)
     found: list[int] = []
     digests: dict[str, set[str]] = {}
     checked: dict[str, list[int]] = {}
 
     def mlp(reentrant: bool) -> Callable:
-        return lambda label, policy: _mlp_step(copies[reentrant] if policy == "sampled" else model, x, reentrant,
-                                               policy, found, checked.setdefault(label, [0, 0]))
+        return lambda label, policy: _mlp_step(copies[reentrant, policy], x, reentrant, policy, found,
+                                               checked.setdefault(label, [0, 0]))
 
     def builtin(mode: str) -> Callable:
         return lambda label, policy: _builtin_step("transformer", mode, policy, found,
@@ -114,26 +133,30 @@ def main() -> int:
     cases = {f"{label} | {case}": make(f"{label} | {case}", policy)
              for label, make in workloads.items() for case, policy in POLICIES.items()}
     times = interleaved(cases, repeats=repeats, warmup=1, clock=args.clock)
+    checked = {name: list(counts) for name, counts in checked.items()}  # the timed rounds' (and warmup's) share
+    calls = {name: _calls_per_step(run, 2 if args.quick else 20) for name, run in cases.items()}
     rows, results = [], []
     for label in workloads:
         off, every, sampled = (times[f"{label} | {case}"] for case in POLICIES)
         done, runs = checked[f"{label} | record as it comes"]
         all_ratio, sampled_ratio = paired_ratio(every, off), paired_ratio(sampled, off)
+        per_step = [calls[f"{label} | {case}"] for case in POLICIES]
         rows.append([label, f"{statistics.median(off):.2f}", f"{all_ratio:.3f}", f"{sampled_ratio:.3f}",
-                     f"{done}/{runs}"])
+                     f"{done}/{runs}", " / ".join(f"{n:.0f}" for n in per_step)])
         results.append({"workload": label, "record_ms": statistics.median(off),
                         "checks_all_ms": statistics.median(every), "as_it_comes_ms": statistics.median(sampled),
-                        "ratio": sampled_ratio, "ratio_all": all_ratio, "checked": done, "runs": runs})
+                        "ratio": sampled_ratio, "ratio_all": all_ratio, "checked": done, "runs": runs,
+                        "python_calls_per_step": dict(zip(POLICIES, per_step))})
     print(f"torch {torch.__version__}, {threads} thread(s), {repeats} interleaved rounds, {args.clock} clock")
     print(format_table(["workload", "record ms", "checks all / record", "as it comes / record",
-                        "as it comes: runs checked"], rows))
-    grads = {"mlp": grad_digest(model)}
+                        "as it comes: runs checked", "Python calls per step: off / all / as it comes"], rows))
+    grads = {"mlp": grad_digest(copies[True, "sampled"])}
     for label, make in workloads.items():  # the same step with and without the checks: the same gradients
         if "Linear" in label:
             digest = []
             for policy in POLICIES.values():
                 make(label, policy)()
-                digest.append(grad_digest(copies["non-reentrant" not in label] if policy == "sampled" else model))
+                digest.append(grad_digest(copies["non-reentrant" not in label, policy]))
             if len(set(digest)) != 1:
                 print(f"FAILED: the checks changed the gradients ({label})")
                 return 1

@@ -212,6 +212,8 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
             add("linear8", "events only / unrecorded", times, "events", "unrecorded", 1.02, threads)
             add("linear8", "record() as it comes (replay checks on) / unrecorded", times, "events+checks",
                 "unrecorded", None, threads)
+            add("linear8", "record() as it comes / events only (what the replay checks add)", times,
+                "events+checks", "events", None, threads)
             if ablate:
                 add("linear8", "ablation: events only, bus.emit stubbed / unrecorded", times, "stubbed",
                     "unrecorded", None, threads)
