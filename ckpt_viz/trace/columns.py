@@ -31,7 +31,9 @@ from typing import Any, overload
 from ckpt_viz.events import Event
 from ckpt_viz.trace.types import CONTEXT_FIELDS, MemorySample
 
-__all__ = ["EventColumns", "MemoryColumns", "events_as_columns"]
+__all__ = ["PACKED", "EventColumns", "MemoryColumns", "events_as_columns"]
+
+PACKED = "_packed"  # tables[PACKED]: column name -> (the column, its form in the file it was loaded from)
 
 
 class _LazyRows(MutableSequence):
@@ -206,20 +208,18 @@ class MemoryColumns(_LazyRows):
 
     @classmethod
     def from_samples(cls, samples: Iterable[MemorySample]) -> MemoryColumns:
-        """Split samples into columns (the inverse of iterating)."""
+        """Split samples into columns (the inverse of iterating).
+
+        Each reading is read in one pass (every category at once): the readings of a long recording
+        lie scattered in memory, and a pass per category would fetch each one again.
+        """
         samples = samples if isinstance(samples, list) else list(samples)
-        readings = [s.bytes_by_category for s in samples]
-        key_orders = set(map(tuple, readings))
-        if len(key_orders) == 1:  # the usual case: every sample measured the same categories, in one order
-            by_category = {c: list(map(itemgetter(c), readings)) for c in next(iter(key_orders))}
-        else:
-            categories = dict.fromkeys(c for r in readings for c in r)
-            by_category = {c: [r.get(c) for r in readings] for c in categories}
-        stages = [s.by_stage for s in samples]
+        seq, t_ns, allocated, readings, stages = (list(map(attrgetter(name), samples)) for name in _SAMPLE_FIELDS)
+        by_category = _by_category(readings)
         return cls({
-            "seq": _as_range([s.seq for s in samples]),
-            "t_ns": [s.t_ns for s in samples],
-            "device_allocated": [s.device_allocated for s in samples],
+            "seq": _as_range(seq),
+            "t_ns": t_ns,
+            "device_allocated": allocated,
             "by_stage": stages if any(stages) else None,
             "bytes_by_category": by_category,
         })
@@ -259,6 +259,21 @@ class MemoryColumns(_LazyRows):
         return list(self._samples(list(rows)))
 
 
+_SAMPLE_FIELDS = ("seq", "t_ns", "device_allocated", "bytes_by_category", "by_stage")
+
+
+def _by_category(readings: list[dict[str, int]]) -> dict[str, list[int | None]]:
+    # category -> one value per reading (None: not measured), categories in first-seen order.
+    names = tuple(readings[0]) if readings else ()
+    if len(names) > 1 and set(map(len, readings)) == {len(names)}:  # the usual case: the same categories
+        try:
+            return dict(zip(names, map(list, zip(*map(itemgetter(*names), readings)))))
+        except KeyError:
+            pass
+    categories = dict.fromkeys(c for r in readings for c in r)
+    return {c: [r.get(c) for r in readings] for c in categories}
+
+
 def _memory_sample(seq: int, t_ns: int, reading: dict[str, int], allocated: int | None,
                    stages: dict[str, dict[str, int]] | None) -> MemorySample:
     return MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=reading, device_allocated=allocated,
@@ -276,8 +291,10 @@ _SESSION_OF = attrgetter("session_id")
 _DATA_OF = attrgetter("data")
 
 
-def _as_range(seq: list[int]) -> list[int] | range:
+def _as_range(seq: list[int] | range) -> list[int] | range:
     # Sequence numbers are usually consecutive; a range stores them in O(1).
+    if type(seq) is range:
+        return seq
     if seq and type(seq[0]) is int and all(map(eq, seq, itertools.count(seq[0]))):
         return range(seq[0], seq[0] + len(seq))
     return seq

@@ -7,16 +7,40 @@ checks what the document needs of each event and sample; `from_document` trusts 
 document that `ckpt_viz.trace.schema.check_document` has passed. Standard library
 only; never imports torch, json, anything that touches files (`ckpt_viz.trace.io`),
 or the `Trace` class: it reads a trace's parts and returns them as a dict.
+
+NOTE [ Saving fast ]
+  What a save costs is passes over a million events, so each way a trace comes to be saved
+  takes the fewest (benchmarks/bench_trace_io.py has a row for each):
+  1. The fields are read one list per field: a recording's `RecordedEvents.fields()` slices
+     its flat rows (NOTE [ Lazy events ] in ckpt_viz.trace.rows: no Event is built); other
+     sequences are read with their `column(name)`, a list of Events with one C-level pass
+     per field.
+  2. A loaded trace keeps, beside each run-packed column, the form it had in the file
+     (`tables[PACKED]`: the column and that form); saved while the column is still that
+     very list, the form is written again without looking for runs, and the data stays
+     stored by key (`DataColumn.packed`). A write through the list protocol turns the
+     columns into a plain list and drops both (NOTE [ Rows stored as columns ], rule 3),
+     so a modified trace is saved from its events.
+  3. Runs are found before anything is numbered: tags by equality (the bus hands one
+     object to every event of a tag() block), then only the runs' values are numbered;
+     handle_id and session_id are looked at whole (their types) only when a run holds a
+     number (NOTE [ Packed columns ], rule 4).
+  4. `ckpt_viz.trace.io.save` checks and encodes each field of the document (`document_parts`)
+     as soon as it is made, and gzips it on a thread while the next one is made; the bytes
+     are those of encoding the whole document at once.
+  The checks on save stay those of `check_document(doc, built_here=True)`; a load checks
+  everything, whoever wrote the file.
 """
 from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
+from operator import attrgetter
 from typing import Any
 
 from ckpt_viz.events import Event
-from ckpt_viz.trace.columns import EventColumns, MemoryColumns
+from ckpt_viz.trace.columns import PACKED, EventColumns, MemoryColumns, _as_range, _intern, events_as_columns
 from ckpt_viz.trace.packed import DataColumn, pack_data, pack_runs, unpack_runs
 from ckpt_viz.trace.schema import (
     CONTEXT_TYPES,
@@ -29,7 +53,7 @@ from ckpt_viz.trace.schema import (
 )
 from ckpt_viz.trace.types import CONTEXT_FIELDS, GraphSnapshot, MemorySample, TraceParts
 
-__all__ = ["from_document", "to_document"]
+__all__ = ["document_parts", "from_document", "to_document"]
 
 
 def to_document(trace: TraceParts) -> dict[str, Any]:
@@ -38,50 +62,94 @@ def to_document(trace: TraceParts) -> dict[str, Any]:
     Raises:
         InvalidDocument: an event or sample is not one, or has a bad t_ns, data or context field.
     """
-    return {
-        "format": FORMAT,
-        "schema_version": SCHEMA_VERSION,
-        "meta": trace.meta,
-        "events": _events_to_dict(trace.events),
-        "memory": _memory_to_dict(trace.memory),
-        "graphs": [
-            {"seq": g.seq, "label": g.label, "nodes": g.nodes, "edges": g.edges,
-             **({"torchviz": g.torchviz} if g.torchviz is not None else {})} if isinstance(g, GraphSnapshot)
-            else g for g in trace.graphs
-        ],
-    }
+    return dict(document_parts(trace))
+
+
+def document_parts(trace: TraceParts) -> Iterator[tuple[str, Any]]:
+    """The fields of `trace`'s document in file order, each made when asked for (`ckpt_viz.trace.io.save`
+    encodes and compresses one while the next is made: NOTE [ Saving fast ], rule 4)."""
+    yield "format", FORMAT
+    yield "schema_version", SCHEMA_VERSION
+    yield "meta", trace.meta
+    yield "events", _events_to_dict(trace.events)
+    yield "memory", _memory_to_dict(trace.memory)
+    yield "graphs", [
+        {"seq": g.seq, "label": g.label, "nodes": g.nodes, "edges": g.edges,
+         **({"torchviz": g.torchviz} if g.torchviz is not None else {})} if isinstance(g, GraphSnapshot)
+        else g for g in trace.graphs
+    ]
 
 
 def _events_to_dict(events: Any) -> dict[str, Any]:
-    if not (isinstance(events, EventColumns) and not events.materialized):
-        if not callable(getattr(events, "column", None)):  # a recording's events are read by field (from_events)
-            events = list(events)
+    loaded = events_as_columns(events)
+    if loaded is not None:  # NOTE [ Saving fast ], rule 2
+        columns = dict(loaded.columns)
+        context, context_table, tags_table = columns["context"], loaded.tables["context"], loaded.tables["tags"]
+        kept = loaded.tables.get(PACKED, {})
+        for key in RUN_COLUMNS:
+            form = kept.get(key)
+            columns[key] = form[1] if form is not None and form[0] is columns[key] else pack_runs(
+                columns[key], indexes=key in ("context", "tags"))
+    else:
+        fields = _fields(events)
         try:
-            events = EventColumns.from_events(events)
-        except AttributeError:
-            i = next(i for i, e in enumerate(events) if not isinstance(e, Event))
-            raise InvalidDocument(f"events[{i}] is {show(events[i])}, not a ckpt_viz.events.Event") from None
+            context, context_table = _intern(zip(*(fields[name] for name in CONTEXT_FIELDS)))
         except TypeError:  # an unhashable kind, mode, phase, site or thread_id
-            i, name, value = next((i, name, getattr(e, name)) for i, e in enumerate(events) for name in CONTEXT_FIELDS
-                                  if not isinstance(getattr(e, name), Hashable))
+            i, name = next((i, name) for name in CONTEXT_FIELDS for i, v in enumerate(fields[name])
+                           if not isinstance(v, Hashable))
             _, expected = CONTEXT_TYPES[name]
-            raise InvalidDocument(f"events[{i}].{name} is {show(value)}, expected {expected}") from None
-    columns = dict(events.columns)
+            raise InvalidDocument(f"events[{i}].{name} is {show(fields[name][i])}, expected {expected}") from None
+        tags, tags_table = _tags(fields["tags"])
+        columns = {"seq": _as_range(fields["seq"]), "t_ns": fields["t_ns"],
+                   "context": pack_runs(context, indexes=True), "handle_id": pack_runs(fields["handle_id"]),
+                   "session_id": pack_runs(fields["session_id"]), "tags": tags, "data": fields["data"]}
     t_ns = columns.pop("t_ns")
     check_types(t_ns, {int}, "events[{}].t_ns", "an integer")
     data = columns["data"]
     if isinstance(data, DataColumn):  # a loaded trace: already packed
-        columns["data"] = data.packed(columns["context"])
+        columns["data"] = data.packed(context)
     else:
         if not set(map(type, data)) <= {dict}:
             data = [_plain_dict(d) for d in data]
             check_types(data, {dict}, "events[{}].data", "an object")
-        columns["data"] = pack_data(data, columns["context"], len(events.tables["context"]))
-    for key in RUN_COLUMNS:
-        columns[key] = pack_runs(columns[key], indexes=key in ("context", "tags"))
+        columns["data"] = pack_data(data, context, len(context_table))
     columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": _deltas(t_ns), **columns}
-    tables = {"context": events.tables["context"], "tags": [_plain_dict(t) for t in events.tables["tags"]]}
+    tables = {"context": context_table, "tags": [_plain_dict(t) for t in tags_table]}
     return {"count": len(t_ns), "context_fields": list(CONTEXT_FIELDS), "tables": tables, "columns": columns}
+
+
+_FIELDS = ("seq", "t_ns", *CONTEXT_FIELDS, "handle_id", "session_id", "tags", "data")
+
+
+def _fields(events: Any) -> dict[str, Any]:
+    # Every field of every event, one list per field (NOTE [ Saving fast ], rule 1).
+    if not isinstance(events, list):
+        every = getattr(events, "fields", None)
+        if callable(every):  # a recording's RecordedEvents: its kept values, sliced, no Event built
+            return every()
+        column = getattr(events, "column", None)
+        if callable(column):  # some other sequence read field by field
+            fields = {name: column(name) for name in _FIELDS}
+            n = min(map(len, fields.values()))  # a recording still running appends: its first n events
+            return {name: values[:n] if len(values) > n else values for name, values in fields.items()}
+        events = list(events)
+    try:
+        return {name: list(map(attrgetter(name), events)) for name in _FIELDS}
+    except AttributeError:
+        i = next(i for i, e in enumerate(events) if not isinstance(e, Event))
+        raise InvalidDocument(f"events[{i}] is {show(events[i])}, not a ckpt_viz.events.Event") from None
+
+
+def _tags(tags: list[Any]) -> tuple[Any, list[Any]]:
+    # (the tags column, its table): the bus hands one object to every event of a tag() block, so
+    # the runs are found first and only their values numbered; id() finds a value seen before.
+    runs = pack_runs(tags, objects=True)
+    if type(runs) is dict:
+        values = runs["values"]
+        runs["values"], first = _intern(map(id, values), keep_positions=True)
+        return runs, [values[j] for j in first]
+    indexes, first = _intern(map(id, tags), keep_positions=True)
+    return indexes, [tags[i] for i in first]
 
 
 def _memory_to_dict(samples: Any) -> dict[str, Any]:
@@ -124,8 +192,11 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     event_columns = dict(events["columns"])
     event_columns["seq"] = _seq_in(event_columns["seq"], events["count"])
     event_columns["t_ns"] = list(itertools.accumulate(event_columns.pop("t_ns_delta")))
-    for key in RUN_COLUMNS:
-        event_columns[key] = unpack_runs(event_columns[key])
+    kept = {}
+    for key in RUN_COLUMNS:  # NOTE [ Saving fast ], rule 2: the packed form is saved again while untouched
+        packed = event_columns[key]
+        event_columns[key] = unpack_runs(packed)
+        kept[key] = (event_columns[key], packed)
     data = event_columns["data"]
     if type(data) is dict:
         shape = event_columns["context"] if data["shape"] == "context" else unpack_runs(data["shape"])
@@ -136,7 +207,8 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     memory_columns["bytes_by_category"] = memory["bytes_by_category"]
     graphs = [GraphSnapshot(seq=g["seq"], label=g["label"], nodes=g["nodes"], edges=g["edges"],
                             torchviz=g.get("torchviz")) for g in doc["graphs"]]
-    return {"events": EventColumns(event_columns, events["tables"]), "memory": MemoryColumns(memory_columns),
+    return {"events": EventColumns(event_columns, {**events["tables"], PACKED: kept}),
+            "memory": MemoryColumns(memory_columns),
             "graphs": graphs, "meta": doc["meta"]}
 
 

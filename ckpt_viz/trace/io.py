@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
 import json
 import math
 import os
+import queue
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from os import PathLike
@@ -28,7 +29,7 @@ from typing import Any, NoReturn
 
 from ckpt_viz.errors import TraceError
 from ckpt_viz.trace import files
-from ckpt_viz.trace.document import from_document, to_document
+from ckpt_viz.trace.document import document_parts, from_document, to_document
 from ckpt_viz.trace.packed import DataColumn, data_shape, unpack_runs
 from ckpt_viz.trace.schema import (
     FORMAT,
@@ -37,6 +38,7 @@ from ckpt_viz.trace.schema import (
     TIP_TRUNCATED,
     InvalidDocument,
     check_document,
+    check_part,
     show,
 )
 from ckpt_viz.trace.types import TraceParts
@@ -73,15 +75,64 @@ def save(trace: TraceParts, path: str | PathLike[str]) -> None:
     name = os.fspath(path)
     with _gc_paused():
         try:
-            doc = to_document(trace)
-            check_document(doc, built_here=True)
-            payload = _encode(doc)
+            payload = _payload(trace, name.endswith(".gz"))
         except InvalidDocument as bad:
             raise TraceError(
                 f"ckpt_viz.Trace.save: cannot save to '{name}': {bad.what}.\nTip: {bad.save_tip}.") from None
-    if name.endswith(".gz"):
-        payload = gzip.compress(payload, compresslevel=GZIP_LEVEL, mtime=0)
     files.write_atomically(name, payload, "ckpt_viz.Trace.save")
+
+
+def _payload(trace: TraceParts, compress: bool) -> bytes:
+    # The file's bytes: each field of the document checked and encoded as soon as it is made, and with
+    # `compress` gzip-ed on a thread meanwhile (zlib lets go of the GIL): NOTE [ Saving fast ], rule 4.
+    # The same bytes as encoding the whole document at once.
+    pieces: list[bytes] = []
+    gz = _Gzip() if compress else None
+    try:
+        for key, value in document_parts(trace):
+            check_part(key, value)
+            encoded = _encode_value(value)
+            if encoded is None:  # a value neither encoder takes: the whole document says where
+                return _encode(to_document(trace))
+            piece = b"".join((b"," if pieces else b"{", b'"', key.encode("ascii"), b'":', encoded))
+            pieces.append(piece)
+            if gz is not None:
+                gz.add(piece)
+        if gz is None:
+            return b"".join((*pieces, b"}"))
+        gz.add(b"}")
+        return gz.result()
+    finally:
+        if gz is not None:
+            gz.close()
+
+
+class _Gzip:
+    """gzip (level GZIP_LEVEL, mtime 0) of the pieces added, compressed on a thread as they come."""
+
+    def __init__(self) -> None:
+        self._deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: a gzip header, as gzip.compress
+        self._pieces: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._out: list[bytes] = []
+        self._thread = threading.Thread(target=self._run, name="ckpt_viz.Trace.save gzip", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (piece := self._pieces.get()) is not None:
+            self._out.append(self._deflate.compress(piece))
+        self._out.append(self._deflate.flush())
+
+    def add(self, piece: bytes) -> None:
+        self._pieces.put(piece)
+
+    def result(self) -> bytes:
+        self.close()
+        return b"".join(self._out)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._pieces.put(None)
+            self._thread.join()
 
 
 def to_dict(trace: TraceParts) -> dict[str, Any]:
@@ -115,6 +166,20 @@ def _encode(doc: dict[str, Any]) -> bytes:
                "lists and dicts with str keys; convert other values (dtypes, devices, tensors) with str()")
         raise InvalidDocument(f"{_locate_unencodable(doc)} cannot be written as JSON ({err})", tip, tip) from None
     return text.encode("ascii")
+
+
+def _encode_value(value: Any) -> bytes | None:
+    # `_encode` of one value; None where it would raise (the caller then encodes the whole document).
+    if _orjson is not None:
+        with contextlib.suppress(TypeError):
+            return _orjson.dumps(value, option=_ORJSON_STRICT)
+    try:
+        try:
+            return _stdlib_dumps(value).encode("ascii")
+        except ValueError:
+            return _stdlib_dumps(_finite(value)).encode("ascii")
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 def _stdlib_dumps(doc: Any) -> str:

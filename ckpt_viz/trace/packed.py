@@ -50,19 +50,17 @@ _count = itertools.count
 
 # ---------------------------------------------------------------- runs
 
-def pack_runs(column: Sequence[Any], indexes: bool = False) -> Any:
+def pack_runs(column: Sequence[Any], indexes: bool = False, objects: bool = False) -> Any:
     """`column` as {"values", "runs"} when it has at most half as many runs as values, else `column`.
 
     indexes: the column holds only ints (indexes built by `EventColumns`), so its types need no look.
+    objects: the column holds objects (tags), run by equality whatever their type.
     """
     n = len(column)
     if n < 64:
         return column
     head = column[:1024]
     if sum(map(ne, itertools.islice(head, 1, None), head)) > 512:  # a quick look: too many changes to pay
-        return column
-    types = {int} if indexes else set(map(type, column))
-    if not types <= _RUN_TYPES or {bool, int} <= types:  # True == 1: a run must not hold both
         return column
     values: list[Any] = []
     runs: list[int] = []
@@ -72,7 +70,17 @@ def pack_runs(column: Sequence[Any], indexes: bool = False) -> Any:
         keep_run(len(list(run)))
         if len(runs) > limit:
             return column
+    if not (indexes or objects):
+        # A run holds values equal to its first; only numbers of another type can be equal (True == 1 == 1.0,
+        # 0.0 == -0.0), so the whole column is looked at only when a run holds a number.
+        types = set(map(type, values))
+        if not types <= _RUN_TYPES or (not types <= {str, _NONE} and not _runs_safe(set(map(type, column)))):
+            return column
     return {"values": values, "runs": runs}
+
+
+def _runs_safe(types: set[type]) -> bool:
+    return types <= _RUN_TYPES and not {bool, int} <= types
 
 
 def unpack_runs(column: Any) -> list[Any]:

@@ -78,6 +78,19 @@ class RecordedEvents(MutableSequence):
             return [e.seq for e in built] + list(range(first, first + size // _WIDTH))
         return [getattr(e, name) for e in built] + values
 
+    def fields(self) -> dict[str, Any]:
+        """Every field of every event, one list per field ("seq" a range while no Event is built), at one
+        moment, without building the Events not built yet (FILES: what Trace.save reads)."""
+        with self._lock:
+            built, first, flat = self._built[:], self._next_seq, self._flat
+            size = len(flat) - len(flat) % _WIDTH
+            values = [flat[at:size:_WIDTH] for at in range(_WIDTH)]
+        seqs = range(first, first + size // _WIDTH)
+        if not built:
+            return {"seq": seqs, **dict(zip(ROW_FIELDS, values))}
+        return {"seq": [e.seq for e in built] + list(seqs),
+                **{name: [getattr(e, name) for e in built] + v for name, v in zip(ROW_FIELDS, values)}}
+
     @property
     def pending(self) -> int:
         """How many events are not built yet."""

@@ -86,6 +86,7 @@ __all__ = [
     "InvalidDocument",
     "check_document",
     "check_numbers",
+    "check_part",
     "check_range",
     "check_types",
     "show",
@@ -125,6 +126,18 @@ def check_document(doc: Any, built_here: bool = False, max_events: int | None = 
     _check_events(_get(doc, "events", dict, "an object"), built_here, max_events, packed=version >= 2)
     _check_memory(_get(doc, "memory", dict, "an object"), built_here, max_events)
     _check_graphs(_get(doc, "graphs", list, "a list"))
+
+
+def check_part(key: str, value: Any) -> None:
+    """`check_document(doc, built_here=True)`'s checks of the one field `doc[key]` (as `document_parts` yields)."""
+    if key == "meta":
+        check_meta(_get({key: value}, key, dict, "an object"))
+    elif key == "events":
+        _check_events(_get({key: value}, key, dict, "an object"), True, None, packed=True)
+    elif key == "memory":
+        _check_memory(_get({key: value}, key, dict, "an object"), True, None)
+    elif key == "graphs":
+        _check_graphs(_get({key: value}, key, list, "a list"))
 
 
 _EVENT_COLUMNS = ("seq", "t_ns_delta", "context", "handle_id", "session_id", "tags", "data")
