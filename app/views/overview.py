@@ -33,14 +33,11 @@ def at_the_cursor(run) -> None:
 
     kinds = kind_counts(run.trace)
     peak = run.cached(memory_peak)
-    totals = run.cached(handle_totals)
     cols = st.columns(6)
     cols[0].metric("Events", f"{len(run.trace):,}")
     cols[1].metric("Handles", f"{len(run.index.handles):,}")
-    cols[2].metric("Replays", f"{totals['replays']:,}")
+    replays, released = cols[2].empty(), cols[4].empty()  # from the lifecycle: filled last (see below)
     cols[3].metric("Refused replays", f"{kinds['replay_refused']:,}")
-    cols[4].metric("Released", f"{totals['released']:,}", help="handles released by the end of the run: "
-                   + ("; ".join(f"{n} because {palette.reason_word(r)}" for r, n in totals["reasons"]) or "none"))
     cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not sampled",
                    help=f"at seq {peak['seq']}: " + ", ".join(f"{palette.category_word(c)} {format_bytes(b)}"
                                                            for c, b in peak["top"])
@@ -58,10 +55,7 @@ def at_the_cursor(run) -> None:
     left, right = st.columns(2, gap="large")
     with left:
         st.subheader("Handles at the cursor")
-        counts = lifecycle(run.trace).counts_at(seq)
-        st.dataframe([{"state": palette.state_word(s), "handles": n, "meaning": STATE_MEANINGS[s]}
-                      for s, n in counts.items()],
-                     hide_index=True, width="stretch")
+        states = st.empty()
     with right:
         st.subheader("Problems")
         big = len(run.trace) > 200_000  # diagnosing reads every event: on request only for a big trace
@@ -79,6 +73,16 @@ def at_the_cursor(run) -> None:
             st.success("No problem found: no refused replay, and every handle was released.")
         st.caption("Downloads")
         download_trace_buttons(run)
+
+    # Last, what needs the handles' lifecycle (one pass over the events of a big trace): the browser draws the
+    # rest of the page meanwhile.
+    totals = run.cached(handle_totals)
+    replays.metric("Replays", f"{totals['replays']:,}")
+    released.metric("Released", f"{totals['released']:,}", help="handles released by the end of the run: "
+                    + ("; ".join(f"{n} because {palette.reason_word(r)}" for r, n in totals["reasons"]) or "none"))
+    counts = lifecycle(run.trace).counts_at(seq)
+    states.dataframe([{"state": palette.state_word(s), "handles": n, "meaning": STATE_MEANINGS[s]}
+                      for s, n in counts.items()], hide_index=True, width="stretch")
 
 
 at_the_cursor(run)

@@ -21,7 +21,7 @@ import altair as alt
 
 from ckpt_viz.render import palette
 from ckpt_viz.render.memory_tables import OTHER_NOTABLE, format_bytes, memory_table, other_note
-from ckpt_viz.render.phases import AXIS, aligned_x, event_actions, phase_span_count, phase_spans
+from ckpt_viz.render.phases import AXIS, action_at, aligned_x, event_actions, phase_spans, phase_spans_more_than
 from ckpt_viz.trace import MEMORY_CATEGORIES, MemoryColumns, Trace
 from ckpt_viz.trace.cache import event_data
 from ckpt_viz.trace.index import TraceIndex, derived, event_column
@@ -242,7 +242,7 @@ def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Chart
         order=alt.Order("order:Q"),
     )
     layers: list[Any] = []
-    if 0 < phase_span_count(trace) <= _MAX_BANDS:  # interleaved passes (a pipeline) read better on the timeline
+    if len(trace.events) and not phase_spans_more_than(trace, _MAX_BANDS):  # many passes read better on the timeline
         layers += _bands(phase_spans(trace), "start_seq", "end_seq")
     layers.append(area)
     layers.append(_hover_columns(trace, _picked(_totals(trace), _MAX_HOVER), categories, x_scale, top))
@@ -264,14 +264,14 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
     seqs, by_category = _columns(trace)
     totals = _totals(trace)
     index = TraceIndex.of(trace)
-    actions = event_actions(trace)
+    n_events = len(trace.events)
     end = event_column(trace, "seq")[-1] + 1 if len(trace.events) else (seqs[-1] + 1 if seqs else 1)
     rows = []
     for k, i in enumerate(picked):
         position = index.position(seqs[i])
         row = {"seq": seqs[i], "next": seqs[picked[k + 1]] if k + 1 < len(picked) else max(end, seqs[i] + 1),
                "zero": 0, "top": top or 1, "total": format_bytes(totals[i]), "at": _event_word(trace, seqs[i]),
-               "pass": palette.action_word(actions[position]) if 0 <= position < len(actions) else ""}
+               "pass": palette.action_word(action_at(trace, position)) if 0 <= position < n_events else ""}
         row.update({f"c{j}": format_bytes(by_category[c][i]) for j, c in enumerate(categories)})
         rows.append(row)
     hover = alt.selection_point(name="memory_hover", on="pointerover", fields=["seq"], clear="pointerout")

@@ -43,7 +43,8 @@ from typing import Any
 from ckpt_viz.trace import Trace
 from ckpt_viz.trace.cache import derived, event_column, event_data
 
-__all__ = ["AXIS", "aligned_seq", "aligned_x", "event_actions", "phase_span_count", "phase_spans"]
+__all__ = ["AXIS", "action_at", "aligned_seq", "aligned_x", "event_actions", "phase_span_count", "phase_spans",
+           "phase_spans_more_than"]
 
 _FORWARD_KINDS = frozenset(("handle_created", "forward_started", "forward_finished", "forward_failed",
                             "tensor_packed", "exclude_saved"))
@@ -56,15 +57,17 @@ AXIS: dict[str, tuple[float, float]] = {"F": (0.0, 1.0), "DX": (1.0, 2.0), "DW":
 
 def event_actions(trace: Trace) -> list[str]:
     """The pass of every event, in order (see NOTE [ Passes ]); computed once per trace."""
-    return derived(trace, "phases:actions", _actions)
+    return derived(trace, "phases:actions", lambda t: _actions(t, 0, len(t.events), "F"))
 
 
-def _actions(trace: Trace) -> list[str]:
+def _actions(trace: Trace, start: int, stop: int, current: str) -> list[str]:
+    """The passes of events start..stop-1, `current` being the pass before event `start`."""
     kinds, phases = event_column(trace, "kind"), event_column(trace, "phase")
     handles, data = event_column(trace, "handle_id"), event_data(trace)  # data: two kinds read one key each
+    if (start, stop) != (0, len(kinds)):
+        kinds, phases, handles = kinds[start:stop], phases[start:stop], handles[start:stop]
     out: list[str] = []
-    current = "F"
-    for i, kind, phase, handle in zip(itertools.count(), kinds, phases, handles):
+    for i, kind, phase, handle in zip(range(start, stop), kinds, phases, handles):
         if phase == "dx":
             current = "DX"
         elif phase == "dw":
@@ -86,6 +89,42 @@ def _actions(trace: Trace) -> list[str]:
                 current = "B"
         out.append(current)
     return out
+
+
+_WALK = 512  # events `action_at` looks back for one whose pass does not depend on the pass before it
+
+
+def action_at(trace: Trace, position: int) -> str:
+    """`event_actions(trace)[position]`, found from the events just before it: the last one whose pass does not
+    depend on the pass before (a phase dx or dw, a forward kind, a retaining session, a backward event in a
+    phase, a forward sample), then NOTE [ Passes ] from there. A chart's tooltips name a few hundred events'
+    passes: they need not wait for the pass of every event. Falls back to `event_actions` after `_WALK` events."""
+    kinds, phases = event_column(trace, "kind"), event_column(trace, "phase")
+    handles, data = event_column(trace, "handle_id"), event_data(trace)
+    for start in range(position, max(position - _WALK, -1), -1):
+        kind, phase = kinds[start], phases[start]
+        if phase in ("dx", "dw") or kind in _FORWARD_KINDS \
+                or (kind == "session_activated" and data(start, "retain_on_unpack")) \
+                or (kind in _BACKWARD_KINDS and handles[start] is not None and phase is not None) \
+                or (kind == "memory_sampled" and str(data(start, "at", "")).endswith(" forward")):
+            return _actions(trace, start, position + 1, "F")[-1]  # `start` sets its pass whatever came before
+    if position < _WALK:
+        return _actions(trace, 0, position + 1, "F")[-1]
+    return event_actions(trace)[position]
+
+
+def phase_spans_more_than(trace: Trace, limit: int) -> bool:
+    """phase_span_count(trace) > limit. Found without the pass of every event when the events in phase dx
+    or dw alone change pass more than `limit` times (each change is a span boundary: a pipeline's or a long
+    run's many passes); computed in C."""
+    phases = event_column(trace, "phase")
+    split = list(itertools.compress(phases, map(_SPLIT_PHASES.__contains__, phases)))
+    if split and 1 + sum(map(operator.ne, split[1:], split)) > limit:
+        return True
+    return phase_span_count(trace) > limit
+
+
+_SPLIT_PHASES = frozenset(("dx", "dw"))
 
 
 def _span_starts(trace: Trace) -> list[int]:

@@ -8,6 +8,7 @@ Standard library only: never torch, streamlit or the runtime.
 from __future__ import annotations
 
 import gc
+import weakref
 from bisect import bisect_right
 from typing import Any
 
@@ -34,6 +35,7 @@ class TraceIndex:
     Attributes:
         seqs: event seqs in order.
         handles: handle ids in order of first appearance.
+        lifecycle: the handles' `Lifecycle`, built on first use (a pass over the events).
     """
 
     def __init__(self, trace: Trace) -> None:
@@ -42,8 +44,24 @@ class TraceIndex:
         self.seqs: list[int] = list(event_column(trace, "seq"))
         self._mem_seqs = _memory_seqs(trace.memory)
         self._graph_seqs = [g.seq for g in trace.graphs]
-        self.lifecycle: Lifecycle = lifecycle(trace)
-        self.handles: list[int] = list(self.lifecycle.handle_ids)
+        # In order of first sight, as the lifecycle has them (a dict in C: no Python step per event).
+        order = dict.fromkeys(event_column(trace, "handle_id"))
+        order.pop(None, None)
+        self.handles: list[int] = list(order)
+        self._trace_ref = weakref.ref(trace)
+        self._lifecycle: Lifecycle | None = None
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        """The handles' lifecycle (`ckpt_viz.trace.lifecycle`), built on first use: a page that shows no handle
+        state (or shows it after the rest, as the Overview does) does not wait for its pass over the events."""
+        if self._lifecycle is None:
+            trace = self._trace_ref()
+            if trace is None:
+                raise ReferenceError("TraceIndex.lifecycle: the trace of this index is gone.\n"
+                                     "Tip: keep the trace while you use its index (TraceIndex.of(trace)).")
+            self._lifecycle = lifecycle(trace)
+        return self._lifecycle
 
     @classmethod
     def of(cls, trace: Trace) -> TraceIndex:

@@ -36,11 +36,12 @@ retained (DX routed its grads) -> phase_dw is only remembered -> released (dw_co
 from __future__ import annotations
 
 import gc
+import itertools
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 
-from ckpt_viz.trace.cache import derived, event_column, event_data
+from ckpt_viz.trace.cache import derived, event_column, event_data_key
 from ckpt_viz.trace.model import Trace
 
 __all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "STATES", "STATE_MEANINGS", "Lifecycle", "Transition", "lifecycle"]
@@ -133,19 +134,23 @@ class Lifecycle:
     # -- building: see NOTE [ Handle states ]
 
     def _build(self, trace: Trace, seqs: list[int]) -> None:
-        # One pass over the events, written for speed (a million events in a fraction of a second): a kind that
-        # changes no state takes the short path, and each event's move (`new`, `cause`, `reason`) is applied
-        # inline at the end of the loop body (a move to the state the handle is already in records nothing).
+        # One pass over the events that can change a state, written for speed (a million events in a fraction of
+        # a second). The other events are skipped in C (itertools.compress): a handle's first sight is seeded
+        # before the pass (rule 1), and a pending ordinary/dw grads_routed is resolved at once by looking up the
+        # handle's next event (rule 4). Data keys are read inline (`event_data_key`), and each event's move
+        # (`new`, `reason`) is applied at the end of the loop body (a move to the state it is in records nothing).
         kinds = event_column(trace, "kind")
         handle_ids = event_column(trace, "handle_id")
-        data, phase_at = event_data(trace), event_column(trace, "phase")  # data: a few keys of a few kinds
+        phase_at = event_column(trace, "phase")
+        new_by, shape, rows = event_data_key(trace, "new", "")
+        count_by, trigger_by, reason_by = (event_data_key(trace, k)[0] for k in ("saved_count", "trigger", "reason"))
+        consumed_by, frames_by = event_data_key(trace, "consumed")[0], event_data_key(trace, "frames", ())[0]
         state: dict[int, str] = {}
         phase: dict[int, str] = {}
         unconsumed: dict[int, int] = {}
-        routed: dict[int, int] = {}  # handle -> seq of an ordinary/dw grads_routed not yet followed by a release
+        routed: dict[int, int] = {}  # handle -> seq of an ordinary/dw grads_routed whose next event is a release
         first_seq = seqs[0] if seqs else 0
         lists: dict[int, tuple[list[int], list[str], list[str | None], list[str | None]]] = {}
-        handle_order, first_position = self.handle_ids, self._first_position
         active, waiting_for, replays = _ACTIVE, _WAITING_FOR_PHASE, self._replays
         into, out = self._into, self._out
 
@@ -160,18 +165,25 @@ class Lifecycle:
                 causes.append(kind)
                 reasons.append(reason)
 
-        def first(h: int, i: int, kind: str) -> None:
-            handle_order.append(h)
-            first_position[h] = i
+        # rule 1: every handle in order of first sight; one whose first event is not handle_created is "recorded"
+        order = dict.fromkeys(handle_ids)
+        order.pop(None, None)
+        first_position = dict(zip(reversed(handle_ids), range(len(handle_ids) - 1, -1, -1)))
+        self.handle_ids = list(order)
+        self._first_position = {h: first_position[h] for h in self.handle_ids}
+        for h in self.handle_ids:
             lists[h] = ([], [], [], [])
             state[h] = "not_created"
-            if kind != "handle_created":
+            if kinds[first_position[h]] != "handle_created":
                 move(h, first_seq, "recorded", None)
 
-        for i, kind, h, seq in zip(range(len(kinds)), kinds, handle_ids, seqs):
+        visited = frozenset((*active, "session_cleared"))
+        for i in itertools.compress(range(len(kinds)), map(visited.__contains__, kinds)):
+            kind, h, seq = kinds[i], handle_ids[i], seqs[i]
             if h is None:
                 if kind == "session_cleared":
-                    for frame in data(i, "frames", ()):
+                    frames = frames_by[shape[i]]
+                    for frame in (frames[rows[i]] if frames is not None else ()) or ():
                         if frame in routed:
                             move(frame, routed.pop(frame), "retained", "grads_routed")
                         if state.get(frame) in _KEPT:
@@ -179,46 +191,49 @@ class Lifecycle:
                             move(frame, seq, "released", kind, "session_cleared")
                 continue
             code = active.get(kind)
-            if code is None:  # a kind that changes no state: only a first sight or a pending grads_routed
-                if h not in state:
-                    first(h, i, kind)
-                elif h in routed:
-                    move(h, routed.pop(h), "retained", "grads_routed")
+            if code is None:  # a session_cleared that names a handle changes no state
                 continue
-            if h not in state:
-                first(h, i, kind)
-            if h in routed and code != _RELEASED:
-                move(h, routed.pop(h), "retained", "grads_routed")
             current = state[h]
             new = reason = None
-            if code == _CREATED:
-                new = "recorded"
-            elif code == _PHASE_SET:
-                phase[h] = value = data(i, "new", "")
+            if code == _PHASE_SET:
+                values = new_by[shape[i]]
+                phase[h] = value = values[rows[i]] if values is not None else ""
                 if current in _WAITING:
                     new = waiting_for.get(value, "recorded")
+            elif code == _CREATED:
+                new = "recorded"
             elif code == _REPLAY_STARTED:
                 replays[h] += 1
                 new = "replaying"
             elif code == _REPLAY_FINISHED:
-                unconsumed[h] = unconsumed.get(h, 0) + int(data(i, "saved_count") or 0)
-                new = "retained" if data(i, "trigger") == "prefire" else "replayed"
-            elif code == _REPLAY_FAILED:
-                new = waiting_for.get(phase.get(h, ""), "recorded")
+                counts, triggers = count_by[shape[i]], trigger_by[shape[i]]
+                unconsumed[h] = unconsumed.get(h, 0) + int((counts[rows[i]] if counts is not None else 0) or 0)
+                new = "retained" if triggers is not None and triggers[rows[i]] == "prefire" else "replayed"
             elif code == _ROUTED:
                 if phase_at[i] == "dx":
                     new = "retained"
-                else:
-                    routed[h] = seq
+                else:  # retained unless a release is the handle's next event (rule 4)
+                    try:
+                        following = handle_ids.index(h, i + 1)
+                    except ValueError:
+                        following = -1
+                    if following >= 0 and kinds[following] == "released":
+                        routed[h] = seq
+                    else:
+                        new = "retained"
             elif code == _RELEASED:
                 routed.pop(h, None)
-                new, reason = "released", data(i, "reason")
+                reasons_of = reason_by[shape[i]]
+                new, reason = "released", reasons_of[rows[i]] if reasons_of is not None else None
+            elif code == _REPLAY_FAILED:
+                new = waiting_for.get(phase.get(h, ""), "recorded")
             elif code == _COLLECTED:
                 if current in _WAITING:
                     new = "collected"
             elif code == _UNPACKED:
                 if current in _KEPT:
-                    if data(i, "consumed"):
+                    consumed = consumed_by[shape[i]]
+                    if consumed is not None and consumed[rows[i]]:
                         unconsumed[h] = unconsumed.get(h, 0) - 1
                         if unconsumed[h] <= 0:
                             unconsumed[h] = 0
@@ -226,7 +241,8 @@ class Lifecycle:
                     else:
                         new = "retained"
             else:  # replay_refused
-                self._refusals.setdefault(h, []).append((seq, data(i, "reason")))
+                reasons_of = reason_by[shape[i]]
+                self._refusals.setdefault(h, []).append((seq, reasons_of[rows[i]] if reasons_of is not None else None))
             if new is not None and current != new:
                 out[current].append(seq)
                 into[new].append(seq)
