@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import random
 import statistics
@@ -219,19 +218,25 @@ def as_recording(trace: Trace) -> Trace:
 
 
 def as_merged(trace: Trace) -> Trace:
-    """`ckpt-viz merge`'s output for a two-rank run: `merge_traces` of the two halves of `trace`."""
+    """`ckpt-viz merge`'s output for a two-rank run: `merge_traces` of two rank traces of half the events each.
+
+    Both ranks run at once (their clocks start together), so the merged events interleave.
+    """
     from ckpt_viz.cli.merge import merge_traces
 
-    half = len(trace.events) // 2
     ranks = {}
-    for rank, events in enumerate((trace.events[:half], trace.events[half:])):
-        first = events[0].seq if events else 0
+    for rank in (0, 1):
+        part = build_trace(len(trace.events) // 2 + rank * (len(trace.events) % 2), seed=rank,
+                           memory_every=_memory_every(trace))
         header = {"rank": rank, "run_id": "bench", "world_size": 2, "clock": {"offset_to_rank0_ns": 0}}
-        ranks[rank] = Trace(events=[dataclasses.replace(e, seq=e.seq - first) for e in events],
-                            memory=[dataclasses.replace(s, seq=s.seq - first) for s in trace.memory
-                                    if first <= s.seq < first + len(events)],
-                            meta={**trace.meta, "distributed": header})
+        ranks[rank] = Trace(events=part.events, memory=part.memory, meta={**trace.meta, "distributed": header})
     return merge_traces(ranks, "bench")
+
+
+def _memory_every(trace: Trace) -> int:
+    if not trace.memory:
+        return 0
+    return max(1, round(len(trace.events) / len(trace.memory)))
 
 
 def _loaded(trace: Trace, path: str) -> Trace:

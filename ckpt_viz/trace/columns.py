@@ -210,12 +210,27 @@ class MemoryColumns(_LazyRows):
     def from_samples(cls, samples: Iterable[MemorySample]) -> MemoryColumns:
         """Split samples into columns (the inverse of iterating).
 
-        Each reading is read in one pass (every category at once): the readings of a long recording
-        lie scattered in memory, and a pass per category would fetch each one again.
+        The samples of a long recording lie scattered in memory: they are read a piece at a time,
+        every field of a piece while it is in the CPU cache, and each reading in one pass (all its
+        categories at once).
         """
         samples = samples if isinstance(samples, list) else list(samples)
-        seq, t_ns, allocated, readings, stages = (list(map(attrgetter(name), samples)) for name in _SAMPLE_FIELDS)
-        by_category = _by_category(readings)
+        seq, t_ns, allocated, readings, stages = fields = [[] for _ in _SAMPLE_FIELDS]
+        names = tuple(samples[0].bytes_by_category) if samples else ()
+        rows: list[Any] | None = [] if len(names) > 1 else None  # the usual case: the same categories
+        for start in range(0, len(samples), _SAMPLE_PIECE):
+            piece = samples[start:start + _SAMPLE_PIECE]
+            for name, column in zip(_SAMPLE_FIELDS, fields):
+                column.extend(map(attrgetter(name), piece))
+            if rows is not None:
+                piece_readings = readings[start:]
+                try:
+                    if set(map(len, piece_readings)) != {len(names)}:
+                        raise KeyError(names)
+                    rows.extend(map(itemgetter(*names), piece_readings))
+                except (KeyError, TypeError):  # other categories (or not a dict: found and named by the caller)
+                    rows = None
+        by_category = dict(zip(names, map(list, zip(*rows)))) if rows else _by_category(readings)
         return cls({
             "seq": _as_range(seq),
             "t_ns": t_ns,
@@ -262,14 +277,11 @@ class MemoryColumns(_LazyRows):
 _SAMPLE_FIELDS = ("seq", "t_ns", "device_allocated", "bytes_by_category", "by_stage")
 
 
+_SAMPLE_PIECE = 2048  # samples read at a time (from_samples)
+
+
 def _by_category(readings: list[dict[str, int]]) -> dict[str, list[int | None]]:
     # category -> one value per reading (None: not measured), categories in first-seen order.
-    names = tuple(readings[0]) if readings else ()
-    if len(names) > 1 and set(map(len, readings)) == {len(names)}:  # the usual case: the same categories
-        try:
-            return dict(zip(names, map(list, zip(*map(itemgetter(*names), readings)))))
-        except KeyError:
-            pass
     categories = dict.fromkeys(c for r in readings for c in r)
     return {c: [r.get(c) for r in readings] for c in categories}
 

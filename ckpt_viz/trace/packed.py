@@ -34,7 +34,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from operator import itemgetter, ne
+from operator import is_not, itemgetter, ne, sub
 from typing import Any
 
 from ckpt_viz.trace.problems import InvalidDocument, show
@@ -54,14 +54,21 @@ def pack_runs(column: Sequence[Any], indexes: bool = False, objects: bool = Fals
     """`column` as {"values", "runs"} when it has at most half as many runs as values, else `column`.
 
     indexes: the column holds only ints (indexes built by `EventColumns`), so its types need no look.
-    objects: the column holds objects (tags), run by equality whatever their type.
+    objects: the column holds objects (tags dicts): a run is one object (equal dicts may differ in type:
+        {"a": 1} == {"a": True}).
     """
     n = len(column)
     if n < 64:
         return column
     head = column[:1024]
-    if sum(map(ne, itertools.islice(head, 1, None), head)) > 512:  # a quick look: too many changes to pay
+    if sum(map(is_not if objects else ne, itertools.islice(head, 1, None), head)) > 512:  # a quick look
         return column
+    if objects:
+        starts = [0, *itertools.compress(range(1, n), map(is_not, itertools.islice(column, 1, None), column))]
+        if len(starts) > n // 2:
+            return column
+        ends = [*itertools.islice(starts, 1, None), n]
+        return {"values": list(map(column.__getitem__, starts)), "runs": list(map(sub, ends, starts))}
     values: list[Any] = []
     runs: list[int] = []
     keep_value, keep_run, limit = values.append, runs.append, n // 2

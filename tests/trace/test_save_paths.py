@@ -17,6 +17,7 @@ from test_trace import make_trace
 
 from ckpt_viz import bus
 from ckpt_viz.cli.merge import merge_traces
+from ckpt_viz.events import Event
 from ckpt_viz.trace import Trace
 from ckpt_viz.trace import document as trace_document
 from ckpt_viz.trace import io as trace_io
@@ -114,7 +115,7 @@ def test_tags_equal_but_not_shared_share_a_run(tmp_path: Path) -> None:
     copies = Trace(events=[dataclasses.replace(e, tags=dict(e.tags)) for e in trace.events])
     copies.save(tmp_path / "t.json")
     doc = json.loads((tmp_path / "t.json").read_text())
-    assert doc["events"]["columns"]["tags"]["runs"] == [8] * 20
+    assert doc["events"]["columns"]["tags"]["runs"] == [8] * 20 and len(doc["events"]["tables"]["tags"]) == 20
     assert Trace.load(tmp_path / "t.json").events == trace.events
 
 
@@ -143,3 +144,14 @@ def test_a_failed_save_stops_its_gzip_thread(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="cannot save"):
         bad.save(tmp_path / "t.json.gz")
     assert threading.active_count() == before and not (tmp_path / "t.json.gz").exists()
+
+
+@pytest.mark.parametrize("first, second", [({"stage": 1}, {"stage": True}), ({"x": 0.0}, {"x": -0.0}),
+                                           ({"a": 1, "b": 2}, {"b": 2, "a": 1}), ({"t": (1,)}, {"t": (True,)})])
+def test_tags_json_tells_apart_stay_apart(tmp_path: Path, first: dict[str, Any], second: dict[str, Any]) -> None:
+    for runs in (True, False):  # as runs (a block each), and one fresh dict per event (a merged trace)
+        events = [Event(seq=i, t_ns=i, kind="error", tags=dict(first if (i // 40 if runs else i % 2) else second))
+                  for i in range(80)]
+        trace_io.save(Trace(events=events), tmp_path / "t.json")
+        loaded = Trace.load(tmp_path / "t.json")
+        assert [json.dumps(e.tags) for e in loaded.events] == [json.dumps(e.tags) for e in events]
