@@ -39,7 +39,17 @@ from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import CkptVizError, RunRequest, Trace, TraceIndex, derived, event_column, obtain_trace
+from ckpt_viz import (
+    CkptVizError,
+    Lifecycle,
+    RunRequest,
+    Trace,
+    TraceIndex,
+    derived,
+    event_column,
+    lifecycle,
+    obtain_trace,
+)
 
 DEFAULT_MODE = "split-reentrant"
 CONFIG = "run_config"  # the session key of the sidebar's RunConfig
@@ -158,6 +168,15 @@ def load_run(config: RunConfig) -> Loaded:
             return Loaded(run=Run(config, trace, TraceIndex.of(trace)))
     except Exception as err:  # shown on the page; the app keeps working
         return Loaded(error=err)
+
+
+def handle_lifecycle(run: Run) -> Lifecycle:
+    """`lifecycle(run.trace)`, built (on first use: the index does not) as the loader builds: with the collector
+    paused and what it built frozen for a file's trace (See NOTE [ Big traces ], rule 2)."""
+    if run.config.source == "builtin" or run.index.lifecycle_built:
+        return lifecycle(run.trace)
+    with _gc_paused():
+        return lifecycle(run.trace)
 
 
 @contextlib.contextmanager

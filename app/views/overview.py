@@ -4,7 +4,7 @@ import streamlit as st
 from ckpt_viz import STATE_MEANINGS, diagnose_all, format_bytes, lifecycle, memory_peak, palette, render_memory
 from ui.cursor import cursor_bar
 from ui.downloads import download_trace_buttons
-from ui.runs import current, kind_counts
+from ui.runs import current, handle_lifecycle, kind_counts
 from ui.show import show_chart
 
 
@@ -12,7 +12,7 @@ def handle_totals(trace):
     """Replays and releases over the whole run, from the lifecycle (non-reentrant frames count as released too)."""
     life = lifecycle(trace)
     reasons = life.released_reasons()
-    return {"replays": sum(map(life.replays, life.handle_ids)), "released": sum(reasons.values()),
+    return {"replays": life.replay_count(), "released": sum(reasons.values()),
             "reasons": reasons.most_common()}
 
 
@@ -76,6 +76,7 @@ def at_the_cursor(run) -> None:
 
     # Last, what needs the handles' lifecycle (one pass over the events of a big trace): the browser draws the
     # rest of the page meanwhile.
+    handle_lifecycle(run)
     totals = run.cached(handle_totals)
     replays.metric("Replays", f"{totals['replays']:,}")
     released.metric("Released", f"{totals['released']:,}", help="handles released by the end of the run: "

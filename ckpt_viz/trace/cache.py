@@ -6,6 +6,7 @@ Standard library only.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any
 
 from ckpt_viz.trace.model import EventColumns, Trace
 
-__all__ = ["derived", "event_column", "event_data", "event_data_key"]
+__all__ = ["derived", "event_column", "event_data", "event_data_key", "is_derived"]
 
 _DERIVED: dict[int, tuple[Any, tuple[int, int, int], dict[str, Any]]] = {}
 
@@ -36,6 +37,13 @@ def derived(trace: Trace, name: str, build: Callable[[Trace], Any]) -> Any:
     if name not in cache:
         cache[name] = build(trace)
     return cache[name]
+
+
+def is_derived(trace: Trace, name: str) -> bool:
+    """Whether `derived(trace, name, ...)` would return a value already computed (and build nothing)."""
+    entry = _DERIVED.get(id(trace))
+    return entry is not None and entry[0]() is trace and \
+        entry[1] == (len(trace.events), len(trace.memory), len(trace.graphs)) and name in entry[2]
 
 
 _CONTEXT_FIELD = {"kind": 0, "mode": 1, "phase": 2, "site": 3, "thread_id": 4}
@@ -74,8 +82,12 @@ def _data_rows(trace: Trace) -> tuple[Any, list[int], list[dict[str, list[Any]]]
         if not all(hasattr(column, name) for name in ("keys", "shape", "values")):
             return None
         shape = column.shape
-        counters = [itertools.count() for _ in column.keys]
-        rows = list(map(next, map(counters.__getitem__, shape)))  # i -> row within its shape
+        rows = getattr(column, "_positions", None)  # the column's own, when it has read a row already
+        if rows is None:
+            counters = [itertools.count() for _ in column.keys]
+            rows = list(map(next, map(counters.__getitem__, shape)))  # i -> row within its shape
+            with contextlib.suppress(AttributeError):
+                column._positions = rows  # the same list: reading event i's row later builds it not again
         return shape, rows, [dict(zip(names, values)) for names, values in zip(column.keys, column.values)]
     return derived(trace, "data:rows", build)
 

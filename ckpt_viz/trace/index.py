@@ -13,7 +13,7 @@ from bisect import bisect_right
 from typing import Any
 
 from ckpt_viz.events import Event
-from ckpt_viz.trace.cache import derived, event_column
+from ckpt_viz.trace.cache import derived, event_column, is_derived
 from ckpt_viz.trace.lifecycle import STATES, Lifecycle, lifecycle
 from ckpt_viz.trace.model import GraphSnapshot, MemoryColumns, MemorySample, Trace
 
@@ -56,12 +56,17 @@ class TraceIndex:
         """The handles' lifecycle (`ckpt_viz.trace.lifecycle`), built on first use: a page that shows no handle
         state (or shows it after the rest, as the Overview does) does not wait for its pass over the events."""
         if self._lifecycle is None:
-            trace = self._trace_ref()
-            if trace is None:
-                raise ReferenceError("TraceIndex.lifecycle: the trace of this index is gone.\n"
-                                     "Tip: keep the trace while you use its index (TraceIndex.of(trace)).")
+            trace = self._trace_ref()  # its lifecycle is cached on it, for the other views: shared
+            if trace is None:  # the index outlived its trace: the same events, in a trace of their own
+                trace = Trace(events=self._events, memory=self._memory, graphs=self._graphs)
             self._lifecycle = lifecycle(trace)
         return self._lifecycle
+
+    @property
+    def lifecycle_built(self) -> bool:
+        """Whether `lifecycle` is built already (reading it costs nothing then)."""
+        trace = self._trace_ref()
+        return self._lifecycle is not None or (trace is not None and is_derived(trace, "lifecycle"))
 
     @classmethod
     def of(cls, trace: Trace) -> TraceIndex:

@@ -327,6 +327,10 @@ class Lifecycle:
         every handle whose final state is "released"), read from each handle's last transition."""
         return Counter(self._reasons[h][-1] for h, _, _, final, _, _ in self._summary if final == "released")
 
+    def replay_count(self) -> int:
+        """How many times any handle's forward was re-run: `sum(map(self.replays, self.handle_ids))`."""
+        return sum(self._replays.values())
+
     def replays(self, handle_id: int) -> int:
         """How many times the handle's forward was re-run (`replay_started` events)."""
         return self._replays[handle_id]

@@ -208,3 +208,22 @@ def test_the_index_builds_the_lifecycle_on_first_use() -> None:
         assert index._lifecycle is None  # the first page of a big trace draws before the pass over its events
         assert index.handles == lifecycle_module.lifecycle(trace).handle_ids
         assert index.lifecycle is lifecycle_module.lifecycle(trace)
+
+
+def test_the_index_says_when_the_lifecycle_is_built() -> None:
+    from ckpt_viz.trace.index import TraceIndex
+
+    trace = _random_trace(1)
+    index = TraceIndex(trace)
+    assert not index.lifecycle_built
+    lifecycle_module.lifecycle(trace)  # built by another view, not through the index
+    assert index.lifecycle_built and index.lifecycle is lifecycle_module.lifecycle(trace)
+    assert PlainLifecycle(trace).replay_count() == sum(map(index.lifecycle.replays, index.handles))
+
+
+def test_an_index_that_outlives_its_trace_still_has_the_lifecycle() -> None:
+    from ckpt_viz.trace.index import TraceIndex
+
+    expected = [PlainLifecycle(_random_trace(2)).transitions(h) for h in range(6)]
+    index = TraceIndex(_random_trace(2))  # the trace is dropped at once
+    assert [index.lifecycle.transitions(h) for h in range(6)] == expected
