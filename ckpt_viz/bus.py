@@ -28,7 +28,8 @@ NOTE [ Cost with nobody listening ]
      subscribers get Events, built with the positional `events.make_event` rather
      than the frozen dataclass's keyword `__init__`. Call sites are cached per
      (file, line) (ckpt_viz/sites.py), and tags are read only once a `tag()` block
-     has opened in the process.
+     has opened in the process. The usual case (this context's scope is one open
+     recording's channel, no global subscriber) takes a path of its own at the top.
 
 NOTE [ Recording scopes ]
   1. A *channel* is one scoped listener with its own seq counter (a recording owns
@@ -79,8 +80,6 @@ from ckpt_viz.sites import call_site, skip_frames_in
 __all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
            "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context", "skip_frames_in",
            "subscribe", "tag"]
-
-
 
 
 class Subscriber(Protocol):
@@ -144,7 +143,7 @@ class Channel:
     with nobody listening ], rule 5).
     """
 
-    __slots__ = ("__weakref__", "_after", "_keep", "_lock", "_seq", "fn", "is_open", "names")
+    __slots__ = ("__weakref__", "_after", "_keep", "_lock", "_only_rows", "_seq", "fn", "is_open", "names")
 
     def __init__(self, fn: Subscriber | None, names: Mapping[int, str] | None,
                  rows: Callable[[tuple[Any, ...]], None] | None = None,
@@ -152,6 +151,7 @@ class Channel:
         self.fn: Subscriber | None = fn
         self._keep = rows
         self._after = after
+        self._only_rows = rows if after is None else None  # emit's fast path (NOTE [ Cost ... ], rule 5)
         self.names = names or {}
         self.is_open = True
         self._seq = 0
@@ -183,7 +183,7 @@ class Channel:
             if not self.is_open:
                 return
             self.is_open = False
-            self.fn = self._keep = self._after = None  # a closed channel a handle's scope names keeps nothing alive
+            self.fn = self._keep = self._after = self._only_rows = None  # a closed channel keeps nothing alive
             _open_channels -= 1
             _update_enabled()
         own = _SCOPE.get()
@@ -319,23 +319,40 @@ def emit(
         here; None if nobody listens.
     """
     own = _SCOPE.get()
+    if (scope is None or scope is own) and own is not None and len(own.channels) == 1 and not _subscribers:
+        # The usual case: one open recording here and nobody else. `_only_rows` is None once it closed.
+        channel = own.channels[0]
+        keep = channel._only_rows
+        if keep is not None:
+            if site is None and capture_site:
+                site = call_site()
+            if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
+                session_id = repr(session_id)
+            values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id,
+                      (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS, site, _get_ident(), data or {})
+            with channel._lock:
+                keep(values)
+                seq = channel._seq
+                channel._seq = seq + 1
+            return _new_row(EventRow, (seq, values))
     if scope is None and own is not None and (own.channels[-1].is_open or own.is_open()):
         scope = own  # the common case: no launch-context fallback (rule 5 of the NOTE), this context's tags
         tags = (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS
-    elif scope is not None and scope.is_open():
-        tags = context_value(_TAGS, _NO_TAGS)
     else:
-        scope = current_scope()
-        tags = context_value(_TAGS, _NO_TAGS)
+        if scope is None or not scope.is_open():
+            scope = current_scope()
+        tags = context_value(_TAGS, _NO_TAGS) if _tagged else _NO_TAGS  # no tag() yet: no context has tags
     channels = scope.channels
     subscribers = _subscribers
-    if not subscribers and not channels:
+    if not channels and not subscribers:
         return None
     if site is None and capture_site:
         site = call_site()
     if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
         session_id = repr(session_id)
     values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id, tags, site, _get_ident(), data or {})
+    if not subscribers and len(channels) == 1:
+        return channels[0]._deliver(values)
     event: Event | EventRow | None = None
     if subscribers:
         with _lock:

@@ -45,6 +45,7 @@ NOTE [ What a recording captures ]
 from __future__ import annotations
 
 import functools
+import itertools
 import linecache
 import os
 import stat
@@ -68,6 +69,7 @@ __all__ = ["Recording", "last_trace", "record"]
 _WATCH_LOCK = threading.Lock()
 _watchers = 0  # open recordings; the autograd watch is installed while this is > 0 (NOTE rule 5)
 _originals: dict[str, Any] = {}
+_wrappers: dict[str, Any] = {}  # name -> our wrapper of _originals[name], reused while the original stays the same
 _BY_CHANNEL: weakref.WeakKeyDictionary[bus.Channel, Recording] = weakref.WeakKeyDictionary()
 _last: list[Trace] = []  # the trace of the last recording closed in this process (`ckpt_viz.explain()`)
 
@@ -118,7 +120,10 @@ def _watch_autograd() -> None:
             for name, roots_keyword in (("backward", "tensors"), ("grad", "outputs")):
                 original = getattr(torch.autograd, name)
                 _originals[name] = original
-                setattr(torch.autograd, name, _watched(f"autograd.{name}", original, roots_keyword))
+                wrapper = _wrappers.get(name)
+                if wrapper is None or wrapper._ckpt_viz_original is not original:  # built once per original
+                    wrapper = _wrappers[name] = _watched(f"autograd.{name}", original, roots_keyword)
+                setattr(torch.autograd, name, wrapper)
         _watchers += 1
 
 
@@ -267,11 +272,14 @@ def _keep_sources(trace: Trace) -> None:
     # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/debug/findings.py).
     events = trace.events
     if isinstance(events, RecordedEvents):  # read the two fields without building the Events
-        pairs = list(zip(events.column("site"), events.column("kind")))
+        all_sites, kinds = events.column("site"), events.column("kind")
     else:
-        pairs = [(e.site, e.kind) for e in events]
-    sites = dict.fromkeys(site for site, kind in pairs if site and kind in _STORY_KINDS)
-    sites.update(dict.fromkeys(site for site, _ in pairs if site))
+        all_sites, kinds = [e.site for e in events], [e.kind for e in events]
+    # C-level passes (this runs at every close, so once per step for a block around each step)
+    sites = dict.fromkeys(itertools.compress(all_sites, map(_STORY_KINDS.__contains__, kinds)))
+    sites.update(dict.fromkeys(all_sites))
+    sites.pop(None, None)
+    sites.pop("", None)
     sources = trace.meta.get("sources")
     if not sites or (sources is not None and type(sources) is not dict):
         return

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from ckpt_viz import bus
@@ -30,30 +31,67 @@ __all__ = ["new_handle_id", "restart_handle_ids"]
 _KEY = "handle_ids"
 
 
+class _Live:
+    """The live objects among those added: a weak reference each, without a callback.
+
+    A `weakref.WeakSet` costs a Python-level add and a Python callback when each handle
+    dies (every checkpoint call, recorded or not); this keeps plain `weakref.ref`s and
+    drops the dead ones while adding, once their number has doubled (amortized O(1)).
+    Adding happens under `_LOCK`; reading (rare: a recording opening, a debug call)
+    only filters.
+    """
+
+    __slots__ = ("_limit", "_refs")
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref[Any]] = []
+        self._limit = 64
+
+    def add(self, owner: Any) -> None:
+        refs = self._refs
+        refs.append(weakref.ref(owner))
+        if len(refs) >= self._limit:
+            refs[:] = [r for r in refs if r() is not None]
+            self._limit = max(64, 2 * len(refs))
+
+    def alive(self) -> list[Any]:
+        """The live objects, dropping the references to dead ones (call under `_LOCK`)."""
+        owners = [owner for r in self._refs if (owner := r()) is not None]
+        if len(owners) < len(self._refs):  # weakref.ref(o) hands back o's existing plain reference
+            self._refs, self._limit = list(map(weakref.ref, owners)), max(64, 2 * len(owners))
+        return owners
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([owner for r in self._refs[:] if (owner := r()) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for r in self._refs[:] if r() is not None)
+
+
 class _Numbering:
     __slots__ = ("ids", "live", "thread")
 
     def __init__(self, start: int, thread: int | None) -> None:
         self.ids = itertools.count(start)
-        self.live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.live = _Live()
         self.thread = thread
 
 
 _OUTSIDE = _Numbering(0, None)  # handles created outside any recording
 _RECORDED: list[_Numbering] = []  # recordings' numberings that may still have live handles
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # every handle and frame still alive, whoever numbered it
+_LIVE = _Live()  # every handle and frame still alive, whoever numbered it
 _LOCK = threading.Lock()
 
 
 def _reachable() -> list[_Numbering]:
     """This thread's numberings with live handles, and the process-wide one; see NOTE rule 2."""
     me = threading.get_ident()
-    _RECORDED[:] = [n for n in _RECORDED if len(n.live)]
+    _RECORDED[:] = [n for n in _RECORDED if n.live.alive()]
     return [_OUTSIDE, *(n for n in _RECORDED if n.thread == me)]
 
 
 def _first_free() -> int:
-    alive = [getattr(owner, "handle_id", -1) for n in _reachable() for owner in list(n.live)]
+    alive = [getattr(owner, "handle_id", -1) for n in _reachable() for owner in n.live.alive()]
     return max(alive, default=-1) + 1
 
 
@@ -86,7 +124,7 @@ def restart_handle_ids() -> bool:
     """Say whether the next recording opened here numbers from h0; see NOTE [ Handle numbering ], rule 3."""
     global _OUTSIDE
     with _LOCK:
-        if any(len(n.live) for n in _reachable()):
+        if any(n.live.alive() for n in _reachable()):
             return False
         _OUTSIDE = _Numbering(0, None)
         return True

@@ -110,22 +110,21 @@ def grad_states(params: list[torch.Tensor]) -> list[tuple[Any, int]]:
     return [(g, g._version) if (g := p.grad) is not None else (None, -1) for p in params]
 
 
-def _no_name(_: Any) -> None:
-    return None
-
-
 def captured_report(params: list[torch.Tensor], before: list[tuple[Any, int]]) -> list[dict[str, Any]]:
     """The `captured` field of `grads_routed`: shape, recorded name and whether the backward accumulated into it."""
-    # bus.name_of only when a recording here names parameters (record(model=...)); else every name is None.
-    name_of = _no_name
-    for channel in bus.current_scope().channels:
-        if channel.names:
-            name_of = bus.name_of
-            break
+    # The innermost recording here that names the parameter (as bus.name_of); none named: every name is None.
+    named = [c.names for c in reversed(bus.current_scope().channels) if c.names]
     report = []
     for p, (old, version) in zip(params, before):
         g = p.grad
-        report.append({"shape": list(p.shape), "name": name_of(p),
+        name = None
+        if named:
+            key = id(p)
+            for names in named:
+                name = names.get(key)
+                if name is not None:
+                    break
+        report.append({"shape": list(p.shape), "name": name,
                        "accumulated": g is not None and (g is not old or g._version != version)})
     return report
 

@@ -40,6 +40,7 @@ import contextlib
 import contextvars
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from threading import get_ident
 from typing import Any
 
 import torch
@@ -145,9 +146,28 @@ class _Checkpoint(torch.autograd.Function):
         return carried(_backward, ctx.frame, grad_outputs)  # See NOTE [ Engine hand-over ], rule 3.
 
 
+_task_site: tuple[int, int, str | None] = (-1, -1, None)  # (graph task, thread, the user's line of its call)
+
+
+def _site_of_backward() -> str | None:
+    """The user's line that launched the running backward: walked once per graph task and thread.
+
+    While one backward call runs, the Python stack below the engine on a thread does not
+    change, so every node of that task on that thread has the same user line.
+    """
+    global _task_site
+    task, thread = torch._C._current_graph_task_id(), get_ident()
+    cached = _task_site
+    if cached[0] == task and cached[1] == thread:
+        return cached[2]
+    site = bus.call_site(3)
+    _task_site = (task, thread, site)
+    return site
+
+
 def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
     if bus.enabled:
-        frame._backward_site = bus.call_site()
+        frame._backward_site = _site_of_backward()
         frame._emit("backward_entered", split=frame.split, retain_graph=frame.retain_graph,
                     grad_count=len(grad_outputs), none_grads=sum(g is None for g in grad_outputs))
     try:
@@ -233,10 +253,15 @@ def reentrant_checkpoint_scope(parameters: Sequence[torch.Tensor] | Callable[[],
 def _checkpoint_inputs(args: tuple, kwargs: dict) -> tuple[tuple, list, Any]:
     """Tensor leaves in order, the template that rebuilds (args, kwargs), and its spec.
 
-    The spec is None when every argument is a positional tensor.
+    The spec is None when every argument is a positional tensor; the template is then
+    empty (the handle calls the function with the tensors as they are).
     """
-    if not kwargs and all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
-        return tuple(args), [input_slot(i) for i in range(len(args))], None
+    if not kwargs:
+        for a in args:
+            if not (type(a) is torch.Tensor or isinstance(a, torch.Tensor)):
+                break
+        else:
+            return args, [], None
     leaves, spec = tree_flatten((args, kwargs))
     inputs: list[torch.Tensor] = []
     template: list = []
@@ -294,11 +319,13 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
         collector_name = "unified" if collector is not None else "none"
     if collector is not None:
         collector.append(frame)
-    if bus.enabled:
-        event = frame._emit("handle_created", split=frame.split, input_count=frame.input_count,
-                            param_input_mask=list(frame.param_input_mask), collector=collector_name,
-                            preserve_rng_state=preserve_rng_state, function=qualname(function),
-                            inputs=[meta(t) for t in inputs])
+    if bus.enabled:  # the site walk starts at our caller (the runtime's frames below it are never the user's)
+        event = bus.emit("handle_created", handle_id=frame.handle_id, mode="reentrant", phase=frame.phase,
+                         session_id=frame.session_id, site=bus.call_site(2), capture_site=False,
+                         data={"split": frame.split, "input_count": frame.input_count,
+                               "param_input_mask": list(frame.param_input_mask), "collector": collector_name,
+                               "preserve_rng_state": preserve_rng_state, "function": qualname(function),
+                               "inputs": [meta(t) for t in inputs]})
         frame.site = event.site if event is not None else None
         frame.divergence = divergence.watch(frame, args, kwargs, inputs, frame._home)
     try:

@@ -98,10 +98,11 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 
 
 def meta(t: torch.Tensor) -> dict[str, Any]:
-    dtype, device = t.dtype, t.device
+    dtype = t.dtype
     return {"shape": list(t.shape), "dtype": _NAMES.get(dtype) or _name(dtype, "torch."),
-            "device": _NAMES.get(device) or _name(device), "requires_grad": t.requires_grad,
-            "nbytes": t.nbytes}  # numel() * element_size()
+            # a CPU tensor's device without building its torch.device
+            "device": "cpu" if t.is_cpu else (_NAMES.get(device := t.device) or _name(device)),
+            "requires_grad": t.requires_grad, "nbytes": t.nbytes}  # numel() * element_size()
 
 
 class ReentrantCheckpointHandle:
@@ -214,11 +215,15 @@ class ReentrantCheckpointHandle:
         return tuple(item.grad if item.requires_grad else None for item in self.replay_inputs)
 
     def _captured(self, values: tuple) -> list[torch.Tensor]:
-        """Parameters the replay reaches without an input edge: a module's own, else found by a graph walk."""
+        """Parameters the replay reaches without an input edge: a module's own, else found by a graph walk.
+
+        A module's own parameters are never replay inputs (those are detached copies), so
+        they need no filtering by the inputs.
+        """
         function = self.function
         owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
         if isinstance(owner, torch.nn.Module):
-            return owners.owned_parameters(owner, {id(t) for t in self.replay_inputs})
+            return [p for p in owners.facts(owner).params if p.requires_grad]
         return owners.captured_leaves(values, self.replay_inputs)
 
     # ------------------------------------------------------------ transitions
