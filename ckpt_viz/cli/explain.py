@@ -17,4 +17,9 @@ def explain_command(args: argparse.Namespace) -> int:
     if args.handle is not None:
         title += f", h{args.handle}"
     print(format_findings(findings, title=title))
+    from ckpt_viz.debug.divergence import replay_checks_note
+
+    note = replay_checks_note(trace)  # replays the divergence checks skipped: "no problem" says nothing of them
+    if note:
+        print(f"\n{note}")
     return 1 if findings and args.strict else 0

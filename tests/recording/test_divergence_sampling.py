@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from ckpt_viz import diagnose, explain
+from ckpt_viz.cli import main as cli_main
 from ckpt_viz.cli.info import summarize
 from ckpt_viz.debug.divergence import replay_checks_note
 from ckpt_viz.recording import record
@@ -162,12 +164,17 @@ def test_checks_off_keep_no_counts() -> None:
     assert "replay_checks" not in trace.meta and replay_checks_note(trace) is None
 
 
-def test_a_saved_trace_keeps_its_counts(never_sampled: None, tmp_path: object) -> None:
+def test_a_saved_trace_keeps_its_counts_and_explain_says_what_was_not_checked(
+        never_sampled: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocks = [Flaky()]
     for _ in range(K):
         _step(blocks)
     trace = _step(blocks)
-    trace.save(tmp_path / "t.json")  # type: ignore[operator]
-    again = Trace.load(tmp_path / "t.json")  # type: ignore[operator]
+    trace.save(tmp_path / "t.json")
+    again = Trace.load(tmp_path / "t.json")
     assert again.meta["replay_checks"] == trace.meta["replay_checks"]
     assert replay_checks_note(again) == replay_checks_note(trace)
+    capsys.readouterr()
+    assert cli_main(["explain", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "no problem found." in out and "1 not checked (Flaky 1)" in out
