@@ -11,12 +11,15 @@ from __future__ import annotations
 import gc
 import random
 import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["CLOCKS", "format_table", "gen0_collections", "interleaved", "paired_ratio", "stable_threads"]
+__all__ = ["CLOCKS", "format_table", "gen0_collections", "interleaved", "opcodes_per_step", "paired_ratio",
+           "stable_threads"]
 
 
 def stable_threads() -> int:
@@ -85,6 +88,34 @@ def gen0_collections(run: Callable[[], None], *, runs: int = 10) -> float:
     finally:
         gc.callbacks.remove(count)
     return seen[0] / runs
+
+
+def opcodes_per_step(run: Callable[[], None], *, steps: int = 4) -> float:
+    """Python bytecode instructions executed per call of `run` (opcode tracing; untimed, load-independent).
+
+    Counts every thread's Python code (`threading.settrace` for threads started meanwhile);
+    C code (torch's kernels, the interpreter's builtins) counts nothing, so this measures
+    the Python work a change adds or removes, not the time it takes.
+    """
+    count = [0]
+
+    def tracer(frame: object, event: str, arg: object) -> object:
+        frame.f_trace_opcodes = True  # type: ignore[attr-defined]
+        if event == "opcode":
+            count[0] += 1
+        return tracer
+
+    run()  # warm: first-call caches are not per-step work
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    threading.settrace(tracer)
+    try:
+        for _ in range(steps):
+            run()
+    finally:
+        sys.settrace(previous)
+        threading.settrace(None)  # type: ignore[arg-type]
+    return count[0] / steps
 
 
 def paired_ratio(candidate: Sequence[float], baseline: Sequence[float]) -> float:

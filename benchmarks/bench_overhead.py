@@ -27,7 +27,10 @@ case_i / baseline_i measured in the same interleaved round, see `_common.interle
 (steadier where other jobs share the cores). `--ablate` adds linear8 rows that split the
 events-only figure: the runtime's own work while recording (`bus.emit` stubbed to return
 None, so every `if bus.enabled:` hook point still runs but no event is built or kept) and
-an empty `record()` block before the step (opening and closing a recording).
+an empty `record()` block before the step (opening and closing a recording). `--opcodes`
+adds, after the timed rounds, the Python bytecode instructions per step of each linear8 and
+runtime case (opcode tracing: untimed and independent of the machine's load, so it shows
+the Python work a change removes).
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import ckpt_viz
-from _common import CLOCKS, format_table, gen0_collections, paired_ratio
+from _common import CLOCKS, format_table, gen0_collections, opcodes_per_step, paired_ratio
 from _common import interleaved as _interleaved
 from ckpt_viz import bus
 from ckpt_viz.runtime import checkpoint as our_checkpoint
@@ -184,10 +187,12 @@ def emit_loop(shape: dict[str, Any] | None, count: int = 1000) -> Step:
 
 
 def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[int, ...] = (1, 2),
-            clock: str = "wall", ablate: bool = False) -> list[dict[str, Any]]:
+            clock: str = "wall", ablate: bool = False, opcodes: bool = False) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     interleaved = functools.partial(_interleaved, clock=clock)
     gen0: dict[int, dict[str, float]] = {}
+    census: dict[tuple[str, int], dict[str, float]] = {}  # --opcodes: (group, threads) -> case -> per step
+    steps = 1 if quick else 4
 
     def add(group: str, name: str, times: dict[str, list[float]], case: str, base: str, target: float | None,
             threads: int) -> None:
@@ -209,6 +214,8 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
             times = interleaved(cases, repeats=repeats)
             if ablate:  # untimed: a case that keeps more tracked objects may cross gen-0's threshold in the step
                 gen0[threads] = {name: gen0_collections(run) for name, run in cases.items()}
+            if opcodes:
+                census["linear8", threads] = {name: opcodes_per_step(run, steps=steps) for name, run in cases.items()}
             add("linear8", "events only / unrecorded", times, "events", "unrecorded", 1.02, threads)
             add("linear8", "record() as it comes (replay checks on) / unrecorded", times, "events+checks",
                 "unrecorded", None, threads)
@@ -220,10 +227,12 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
                 add("linear8", "ablation: empty record(), then the step / unrecorded", times, "empty",
                     "unrecorded", None, threads)
         if "runtime" in groups and threads == thread_counts[0]:
-            times = interleaved({
-                "ours_r": ours_r, "torch_r": linear8_step(model, x0, torch_checkpoint, True),
-                "ours_n": linear8_step(model, x0, our_checkpoint, False),
-                "torch_n": linear8_step(model, x0, torch_checkpoint, False)}, repeats=repeats)
+            cases = {"ours_r": ours_r, "torch_r": linear8_step(model, x0, torch_checkpoint, True),
+                     "ours_n": linear8_step(model, x0, our_checkpoint, False),
+                     "torch_n": linear8_step(model, x0, torch_checkpoint, False)}
+            times = interleaved(cases, repeats=repeats)
+            if opcodes:
+                census["runtime", threads] = {name: opcodes_per_step(run, steps=steps) for name, run in cases.items()}
             add("runtime", "our reentrant checkpoint / torch's", times, "ours_r", "torch_r", 1.01, threads)
             add("runtime", "our non-reentrant checkpoint / torch's", times, "ours_n", "torch_n", 1.01, threads)
     torch.set_num_threads(1)
@@ -252,12 +261,16 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
     for threads, counts in gen0.items():
         rows.append({"group": "linear8", "name": "gen-0 collections per step (untimed pass)", "threads": threads,
                      "gen0": counts})
+    for (group, threads), counts in census.items():
+        rows.append({"group": group, "name": "Python opcodes per step (untimed pass)", "threads": threads,
+                     "opcodes": counts})
     return rows
 
 
 def report(rows: list[dict[str, Any]], repeats: int, clock: str = "wall") -> str:
     census = [r for r in rows if "gen0" in r]
-    rows = [r for r in rows if "gen0" not in r]
+    counted = [r for r in rows if "opcodes" in r]
+    rows = [r for r in rows if "gen0" not in r and "opcodes" not in r]
     header = ["group", "figure", "threads", "case ms", "base ms", "ratio", "target", "result"]
     body = [[r["group"], r["name"], str(r["threads"]), f"{r['case_ms']:.2f}", f"{r['base_ms']:.2f}",
              f"{r['ratio']:.3f}", "-" if r["target"] is None else f"<= {r['target']}",
@@ -266,7 +279,9 @@ def report(rows: list[dict[str, Any]], repeats: int, clock: str = "wall") -> str
             "ratio = median of per-round ratios" + ("; CPU time (process_time)" if clock == "cpu" else "") + "\n"
             + format_table(header, body)
             + "".join(f"\n{r['name']}, {r['threads']} thread(s): "
-                      + ", ".join(f"{name} {n:.1f}" for name, n in r["gen0"].items()) for r in census))
+                      + ", ".join(f"{name} {n:.1f}" for name, n in r["gen0"].items()) for r in census)
+            + "".join(f"\n{r['group']}: {r['name']}, {r['threads']} thread(s): "
+                      + ", ".join(f"{name} {n:,.0f}" for name, n in r["opcodes"].items()) for r in counted))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall: time.perf_counter (default); cpu: time.process_time, steadier under load")
     parser.add_argument("--ablate", action="store_true", help="add linear8 rows that split the events-only figure")
+    parser.add_argument("--opcodes", action="store_true",
+                        help="add Python opcodes per step of each linear8 / runtime case (untimed, load-independent)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     try:
@@ -285,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError:
         pass
     repeats = 3 if args.quick else args.repeats
-    rows = measure(args.rows, args.quick, repeats, tuple(args.threads), args.clock, args.ablate)
+    rows = measure(args.rows, args.quick, repeats, tuple(args.threads), args.clock, args.ablate, args.opcodes)
     print(report(rows, repeats, args.clock))
     if args.json:
         with open(args.json, "w") as out:
