@@ -7,9 +7,10 @@
 Two workloads, each one training step (forward, loss, backward) inside a fresh `record()`
 (how a user who wraps each training step records): 8 blocks of Linear(512) + GELU at batch
 64, every block under our checkpoint (reentrant and non-reentrant), and the built-in
-`transformer` model in reentrant and split-reentrant mode (`run_scenario`). Three cases per
-workload: checks off (events only), checks "all" (every replay checked: the behaviour before
-sampling) and `record()` as it comes (checks "sampled", the default: NOTE [ Sampled replay
+`transformer` model in reentrant and split-reentrant mode (`run_scenario`). Four cases per
+workload: checks off (events only), the same again (A/A: two identical cases, so their ratio is
+the noise of this run), checks "all" (every replay checked: the behaviour before sampling) and
+`record()` as it comes (checks "sampled", the default: NOTE [ Sampled replay
 checks ] in ckpt_viz/runtime/divergence_sampling.py). Each case runs its own copy of the model
 (the transformer: its own build), so its regions start unchecked like a user's: the sampled
 case's first FIRST_CHECKS steps check every replay (they are in the rounds; the median is the
@@ -39,7 +40,8 @@ from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import build_builtin
 from ckpt_viz.runtime import checkpoint, divergence
 
-POLICIES = {"record": False, "record+checks all": "all", "record as it comes": "sampled"}
+# case -> the checks' setting; "record again" is the same as "record" on its own copy: their ratio is the noise.
+CASES = {"record": False, "record again": False, "record+checks all": "all", "record as it comes": "sampled"}
 
 
 def _mlp(width: int, blocks: int) -> nn.Module:
@@ -110,19 +112,19 @@ def main() -> int:
     model = _mlp(width, blocks)
     # Each (workload, case) runs its own copy of the model: its regions start unchecked, and no case's checks
     # count for another's.
-    copies = {(reentrant, policy): copy.deepcopy(model) for reentrant in (True, False) for policy in POLICIES.values()}
+    copies = {(reentrant, case): copy.deepcopy(model) for reentrant in (True, False) for case in CASES}
     x = torch.randn(batch, width, requires_grad=True)
     found: list[int] = []
     digests: dict[str, set[str]] = {}
     checked: dict[str, list[int]] = {}
 
     def mlp(reentrant: bool) -> Callable:
-        return lambda label, policy: _mlp_step(copies[reentrant, policy], x, reentrant, policy, found,
-                                               checked.setdefault(label, [0, 0]))
+        return lambda label, case: _mlp_step(copies[reentrant, case], x, reentrant, CASES[case], found,
+                                             checked.setdefault(label, [0, 0]))
 
     def builtin(mode: str) -> Callable:
-        return lambda label, policy: _builtin_step("transformer", mode, policy, found,
-                                                   checked.setdefault(label, [0, 0]), digests)
+        return lambda label, case: _builtin_step("transformer", mode, CASES[case], found,
+                                                 checked.setdefault(label, [0, 0]), digests)
 
     workloads = {
         f"{blocks}x Linear({width})+GELU, batch {batch}, reentrant": mlp(True),
@@ -130,33 +132,35 @@ def main() -> int:
         "transformer (built-in), reentrant": builtin("reentrant"),
         "transformer (built-in), split-reentrant": builtin("split-reentrant"),
     }
-    cases = {f"{label} | {case}": make(f"{label} | {case}", policy)
-             for label, make in workloads.items() for case, policy in POLICIES.items()}
+    cases = {f"{label} | {case}": make(f"{label} | {case}", case)
+             for label, make in workloads.items() for case in CASES}
     times = interleaved(cases, repeats=repeats, warmup=1, clock=args.clock)
     checked = {name: list(counts) for name, counts in checked.items()}  # the timed rounds' (and warmup's) share
-    calls = {name: _calls_per_step(run, 2 if args.quick else 20) for name, run in cases.items()}
+    counted = ("record", "record+checks all", "record as it comes")
+    calls = {name: _calls_per_step(run, 2 if args.quick else 20) for name, run in cases.items()
+             if name.rpartition(" | ")[2] in counted}
     rows, results = [], []
     for label in workloads:
-        off, every, sampled = (times[f"{label} | {case}"] for case in POLICIES)
+        off, again, every, sampled = (times[f"{label} | {case}"] for case in CASES)
         done, runs = checked[f"{label} | record as it comes"]
-        all_ratio, sampled_ratio = paired_ratio(every, off), paired_ratio(sampled, off)
-        per_step = [calls[f"{label} | {case}"] for case in POLICIES]
-        rows.append([label, f"{statistics.median(off):.2f}", f"{all_ratio:.3f}", f"{sampled_ratio:.3f}",
+        aa, all_ratio, sampled_ratio = paired_ratio(again, off), paired_ratio(every, off), paired_ratio(sampled, off)
+        per_step = [calls[f"{label} | {case}"] for case in counted]
+        rows.append([label, f"{statistics.median(off):.2f}", f"{aa:.3f}", f"{all_ratio:.3f}", f"{sampled_ratio:.3f}",
                      f"{done}/{runs}", " / ".join(f"{n:.0f}" for n in per_step)])
-        results.append({"workload": label, "record_ms": statistics.median(off),
+        results.append({"workload": label, "record_ms": statistics.median(off), "aa_ratio": aa,
                         "checks_all_ms": statistics.median(every), "as_it_comes_ms": statistics.median(sampled),
                         "ratio": sampled_ratio, "ratio_all": all_ratio, "checked": done, "runs": runs,
-                        "python_calls_per_step": dict(zip(POLICIES, per_step))})
+                        "python_calls_per_step": dict(zip(counted, per_step))})
     print(f"torch {torch.__version__}, {threads} thread(s), {repeats} interleaved rounds, {args.clock} clock")
-    print(format_table(["workload", "record ms", "checks all / record", "as it comes / record",
+    print(format_table(["workload", "record ms", "A/A: again / record", "checks all / record", "as it comes / record",
                         "as it comes: runs checked", "Python calls per step: off / all / as it comes"], rows))
-    grads = {"mlp": grad_digest(copies[True, "sampled"])}
+    grads = {"mlp": grad_digest(copies[True, "record as it comes"])}
     for label, make in workloads.items():  # the same step with and without the checks: the same gradients
         if "Linear" in label:
             digest = []
-            for policy in POLICIES.values():
-                make(label, policy)()
-                digest.append(grad_digest(copies["non-reentrant" not in label, policy]))
+            for case in CASES:
+                make(label, case)()
+                digest.append(grad_digest(copies["non-reentrant" not in label, case]))
             if len(set(digest)) != 1:
                 print(f"FAILED: the checks changed the gradients ({label})")
                 return 1
