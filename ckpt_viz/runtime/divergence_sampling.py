@@ -18,7 +18,8 @@ NOTE [ Sampled replay checks ]
      arguments, its closure or its defaults hold; held weakly, so a new model is a
      new region) with its code object and qualname. A function with no such owner is keyed by code and
      qualname alone (at most _MAX_FREE of those; then the table starts over and
-     each is a new region again, checked first).
+     each is a new region again, checked first). A module checkpointed several times
+     in a step is one region, unless each call has its own label (`run.blocks`).
   3. The sample: after its first runs each run of a region is checked with
      probability p = BUDGET * r / c, between P_MIN and 1, drawn as a geometric gap
      from a private seeded RNG (never torch's or `random`'s global state), so a
@@ -218,7 +219,8 @@ def decide(function: Any, scope: Any, policy: str) -> Region | None:
     c = _Clock
     channel = scope.channels[-1]
     if c.channel() is channel and c.policy == policy:
-        c.recorded += now - c.last
+        if now > c.last:  # another thread's run may have ticked after this one read the clock
+            c.recorded += now - c.last
         counts = c.counts
     else:  # a new recording (or policy): its time starts now
         c.channel, c.policy = weakref.ref(channel), policy

@@ -158,6 +158,17 @@ def test_the_switch_keeps_its_on_off_meaning_and_names_the_policies() -> None:
         divergence.set_checks(previous)
 
 
+def test_nested_recordings_each_count_the_runs_they_saw(never_sampled: None) -> None:
+    blocks, x = [Flaky()], torch.randn(4, 8, requires_grad=True)
+    with record() as outer:
+        for _ in range(K):
+            _step(blocks)
+        with record() as inner:
+            checkpoint(blocks[0], x, use_reentrant=True).sum().backward()
+    assert inner.trace.meta["replay_checks"]["checked"] == 0 and inner.trace.meta["replay_checks"]["skipped"] == 1
+    assert outer.trace.meta["replay_checks"]["checked"] == K and outer.trace.meta["replay_checks"]["skipped"] == 1
+
+
 def test_checks_off_keep_no_counts() -> None:
     with divergence.checks(False):
         trace = _step([Flaky()])
