@@ -99,8 +99,12 @@ class _Checkpoint(torch.autograd.Function):
             frame._emit("forward_started", capture_site=False, device_type=frame.state.device_type,
                         rng_captured=frame.state.cpu_rng_state is not None)
         watch = frame.divergence  # See NOTE [ Replay divergence checks ] in divergence.py.
-        with torch.no_grad(), frame.state.forward_context, (watch.mode() if watch is not None else _NULL):
+        context = frame.state.forward_context
+        if watch is None and type(context) is contextlib.nullcontext:  # autograd runs forward without grad
             output = frame._call(inputs)
+        else:
+            with context, (watch.mode() if watch is not None else _NULL):
+                output = frame._call(inputs)
         for entry in frame.entries:  # a save_output=False region's output was needed only during this forward
             entry.chain_outputs = None
         frame.state.check_device_state_preserved(frame.preserve_rng_state, api=_API)
@@ -119,7 +123,7 @@ class _Checkpoint(torch.autograd.Function):
                 f"{qualname(frame.function)} returned {type(output).__name__}).\n"
                 "Tip: return the tensor result, or do not checkpoint a function without tensor outputs."
             )
-        outputs = tuple(v.detach() for v in originals)
+        outputs = tuple([v.detach() for v in originals])
 
         excluded = frame.excluded_output_mask
 

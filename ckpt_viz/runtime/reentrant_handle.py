@@ -212,14 +212,11 @@ class ReentrantCheckpointHandle:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
         if captured:
             self._captured_report = owners.captured_report(captured, before)
-        return tuple(item.grad if item.requires_grad else None for item in self.replay_inputs)
+        return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _captured(self, values: tuple) -> list[torch.Tensor]:
-        """Parameters the replay reaches without an input edge: a module's own, else found by a graph walk.
-
-        A module's own parameters are never replay inputs (those are detached copies), so
-        they need no filtering by the inputs.
-        """
+        """Parameters the replay reaches without an input edge: a module's own (never a replay input: those are
+        detached copies), else found by a graph walk."""
         function = self.function
         owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
         if isinstance(owner, torch.nn.Module):
@@ -251,10 +248,10 @@ class ReentrantCheckpointHandle:
                 self._emit("replay_refused", reason="node_collected", collected_seq=self.collected_seq)
             raise GraphReleasedError(api, self.handle_id, self.collected_seq)
         inputs = ctx.saved_tensors
-        self.replay_inputs = tuple(
+        self.replay_inputs = tuple([
             t.detach().requires_grad_(t.requires_grad) if (t.is_floating_point() or t.is_complex()) else t.detach()
             for t in inputs
-        )
+        ])
         self.replay_count += 1
         if bus.enabled:
             self._emit("replay_started", trigger="backward" if in_backward else "prefire",
@@ -263,12 +260,14 @@ class ReentrantCheckpointHandle:
         if watch is not None:
             watch.replay_starting()
         self.replaying = True
+        grad_was = torch.is_grad_enabled()
         try:
-            def replay() -> None:
-                self.replay_outputs = self._call(self.replay_inputs)
-
-            with torch.enable_grad(), (memtags.category("replay_activations") if memtags.enabled else memtags.NULL):
-                self.state.recompute_fn(replay, {})
+            torch._C._set_grad_enabled(True)  # torch.enable_grad(), without its Python context manager
+            try:
+                with (memtags.category("replay_activations") if memtags.enabled else memtags.NULL):
+                    self.replay_outputs = self.state.recompute_fn(self._call, {}, self.replay_inputs)
+            finally:
+                torch._C._set_grad_enabled(grad_was)
         except BaseException as exc:
             self.replay_outputs = None
             if bus.enabled:
