@@ -14,17 +14,20 @@ NOTE [ Saving fast ]
   1. The fields are read one list per field: a recording's `RecordedEvents.fields()` slices
      its flat rows (NOTE [ Lazy events ] in ckpt_viz.trace.rows: no Event is built); other
      sequences are read with their `column(name)`, a list of Events with one C-level pass
-     per field.
+     per field over a piece of 4,096 Events at a time (they stay in the CPU cache; memory
+     samples and data dicts are read by pieces for the same reason).
   2. A loaded trace keeps, beside each run-packed column, the form it had in the file
      (`tables[PACKED]`: the column and that form); saved while the column is still that
      very list, the form is written again without looking for runs, and the data stays
      stored by key (`DataColumn.packed`). A write through the list protocol turns the
      columns into a plain list and drops both (NOTE [ Rows stored as columns ], rule 3),
      so a modified trace is saved from its events.
-  3. Runs are found before anything is numbered: tags by equality (the bus hands one
-     object to every event of a tag() block), then only the runs' values are numbered;
-     handle_id and session_id are looked at whole (their types) only when a run holds a
-     number (NOTE [ Packed columns ], rule 4).
+  3. Runs are found before anything is numbered: tags by identity (the bus hands one
+     object to every event of a tag() block), then only the runs' values are numbered, by
+     content with the types of the values (a merged trace has a fresh dict per event; {"a":
+     1} == {"a": True} must stay two entries; by identity where a value is not an int, str,
+     bool or None); handle_id and session_id are looked at whole (their types) only when a
+     run holds a number (NOTE [ Packed columns ], rule 4).
   4. `ckpt_viz.trace.io.save` checks and encodes each field of the document (`document_parts`)
      as soon as it is made, and gzips it on a thread while the next one is made; the bytes
      are those of encoding the whole document at once.

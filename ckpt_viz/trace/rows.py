@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
+from operator import attrgetter
 from typing import Any, overload
 
 from ckpt_viz.events import ROW_FIELDS, Event, make_event
@@ -88,8 +89,8 @@ class RecordedEvents(MutableSequence):
         seqs = range(first, first + size // _WIDTH)
         if not built:
             return {"seq": seqs, **dict(zip(ROW_FIELDS, values))}
-        return {"seq": [e.seq for e in built] + list(seqs),
-                **{name: [getattr(e, name) for e in built] + v for name, v in zip(ROW_FIELDS, values)}}
+        return {"seq": [*map(attrgetter("seq"), built), *seqs],
+                **{name: [*map(attrgetter(name), built), *v] for name, v in zip(ROW_FIELDS, values)}}
 
     @property
     def pending(self) -> int:
