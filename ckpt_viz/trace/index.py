@@ -14,7 +14,7 @@ from typing import Any
 
 from ckpt_viz.events import Event
 from ckpt_viz.trace.cache import derived, event_column, is_derived
-from ckpt_viz.trace.lifecycle import STATES, Lifecycle, lifecycle
+from ckpt_viz.trace.lifecycle import STATES, Lifecycle, handle_order, lifecycle
 from ckpt_viz.trace.model import GraphSnapshot, MemoryColumns, MemorySample, Trace
 
 __all__ = ["STATES", "TraceIndex", "derived", "event_column"]
@@ -44,10 +44,7 @@ class TraceIndex:
         self.seqs: list[int] = list(event_column(trace, "seq"))
         self._mem_seqs = _memory_seqs(trace.memory)
         self._graph_seqs = [g.seq for g in trace.graphs]
-        # In order of first sight, as the lifecycle has them (a dict in C: no Python step per event).
-        order = dict.fromkeys(event_column(trace, "handle_id"))
-        order.pop(None, None)
-        self.handles: list[int] = list(order)
+        self.handles: list[int] = list(handle_order(trace))  # as the lifecycle has them, without its pass
         self._trace_ref = weakref.ref(trace)
         self._lifecycle: Lifecycle | None = None
 

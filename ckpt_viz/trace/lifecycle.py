@@ -166,10 +166,8 @@ class Lifecycle:
                 reasons.append(reason)
 
         # rule 1: every handle in order of first sight; one whose first event is not handle_created is "recorded"
-        order = dict.fromkeys(handle_ids)
-        order.pop(None, None)
         first_position = dict(zip(reversed(handle_ids), range(len(handle_ids) - 1, -1, -1)))
-        self.handle_ids = list(order)
+        self.handle_ids = list(handle_order(trace))
         self._first_position = {h: first_position[h] for h in self.handle_ids}
         for h in self.handle_ids:
             lists[h] = ([], [], [], [])
@@ -343,6 +341,16 @@ class Lifecycle:
     def first_position(self, handle_id: int) -> int:
         """The position (index in trace.events) of the first event that names the handle."""
         return self._first_position[handle_id]
+
+
+def handle_order(trace: Trace) -> list[int]:
+    """The handle ids of `trace` in order of first sight (`Lifecycle.handle_ids`, without the pass): once per trace,
+    found in C (a dict of the handle column)."""
+    def build(t: Trace) -> list[int]:
+        order = dict.fromkeys(event_column(t, "handle_id"))
+        order.pop(None, None)
+        return list(order)
+    return derived(trace, "handle_order", build)
 
 
 def lifecycle(trace: Trace) -> Lifecycle:
