@@ -299,15 +299,18 @@ class ReplayWatch:
         for p in watched:
             if p.grad is None:
                 fresh.append(p)
-            else:
-                hooks.append(p.register_hook(functools.partial(seen.__setitem__, id(p))))
+            else:  # a parameter with no hook of its own is left with none: an emptied hook dict costs every backward
+                own = p._backward_hooks is None
+                hooks.append((p, own, p.register_hook(functools.partial(seen.__setitem__, id(p)))))
         spent = sampling.clock() - started
         try:
             yield
         finally:
             started = sampling.clock()
-            for hook in hooks:
+            for p, own, hook in hooks:
                 hook.remove()
+                if own and not p._backward_hooks:
+                    p._backward_hooks = None
         self.region.spent += spent
         try:
             self._gradients_done(emit, watched, fresh, seen)

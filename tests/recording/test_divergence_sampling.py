@@ -169,6 +169,17 @@ def test_nested_recordings_each_count_the_runs_they_saw(never_sampled: None) -> 
     assert outer.trace.meta["replay_checks"]["checked"] == K and outer.trace.meta["replay_checks"]["skipped"] == 1
 
 
+def test_a_checked_replay_leaves_no_hook_on_the_parameters() -> None:
+    blocks = [Flaky()]
+    _step(blocks)  # the first step: no .grad yet, so the gradient check reads .grad and hooks nothing
+    user_hook = blocks[0].lin.bias.register_hook(lambda g: None)  # the user's own hook stays as it was
+    with divergence.checks("all"):
+        _step(blocks)  # .grad now set: the check hooks each parameter while the region's backward runs
+    assert blocks[0].lin.weight._backward_hooks is None
+    assert len(blocks[0].lin.bias._backward_hooks) == 1
+    user_hook.remove()
+
+
 def test_checks_off_keep_no_counts() -> None:
     with divergence.checks(False):
         trace = _step([Flaky()])
