@@ -217,7 +217,8 @@ class MemoryColumns(_LazyRows):
         samples = samples if isinstance(samples, list) else list(samples)
         seq, t_ns, allocated, readings, stages = fields = [[] for _ in _SAMPLE_FIELDS]
         names = tuple(samples[0].bytes_by_category) if samples else ()
-        rows: list[Any] | None = [] if len(names) > 1 else None  # the usual case: the same categories
+        rows: list[list[Any]] | None = [[] for _ in names] if len(names) > 1 else None  # the usual case:
+        # every sample measured the same categories
         for start in range(0, len(samples), _SAMPLE_PIECE):
             piece = samples[start:start + _SAMPLE_PIECE]
             for name, column in zip(_SAMPLE_FIELDS, fields):
@@ -227,10 +228,11 @@ class MemoryColumns(_LazyRows):
                 try:
                     if set(map(len, piece_readings)) != {len(names)}:
                         raise KeyError(names)
-                    rows.extend(map(itemgetter(*names), piece_readings))
+                    for column, values in zip(rows, zip(*map(itemgetter(*names), piece_readings))):
+                        column.extend(values)
                 except (KeyError, TypeError):  # other categories (or not a dict: found and named by the caller)
                     rows = None
-        by_category = dict(zip(names, map(list, zip(*rows)))) if rows else _by_category(readings)
+        by_category = dict(zip(names, rows)) if rows is not None else _by_category(readings)
         return cls({
             "seq": _as_range(seq),
             "t_ns": t_ns,
