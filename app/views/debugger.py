@@ -2,6 +2,7 @@
 import streamlit as st
 
 from ckpt_viz import Trace, diagnose, format_event, render_lifecycles
+from ckpt_viz.debug.divergence import replay_checks_note
 from ui.cursor import cursor_bar, set_cursor
 from ui.graphview import checkpoint_dot, show_svg
 from ui.runs import current
@@ -34,14 +35,19 @@ findings = run.cached(diagnose)
 if findings and st.session_state.get(FINDING) is not None and st.session_state[FINDING] >= len(findings):
     st.session_state[FINDING] = 0  # another run has fewer findings
 seq = cursor_bar(run)
+unchecked = replay_checks_note(run.trace)  # replays the sampled divergence checks skipped: never claim them clean
 if not findings:
     st.success("No problem found in this run: every replay was served, every handle released, every session "
                "cleared.")
+    if unchecked:
+        st.warning(unchecked)
     st.caption("To see the debugger at work, pick **Broken runs to explore** in the sidebar's source picker.")
     st.stop()
 
 st.caption(f"{len(findings)} problem{'s' if len(findings) != 1 else ''} found. Choose one: the time cursor moves "
            "to the event that caused it.")
+if unchecked:
+    st.warning(unchecked)
 i = st.radio("Findings", range(len(findings)), key=FINDING, format_func=lambda i: _label(findings, i),
              on_change=_follow, args=(run, findings), label_visibility="collapsed")
 f = findings[i or 0]

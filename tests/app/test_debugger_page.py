@@ -128,3 +128,34 @@ def test_a_clean_run_has_nothing_to_debug() -> None:
     at.switch_page("views/debugger.py").run()
     assert not at.exception, at.exception
     assert any("No problem found" in s.value for s in at.success)
+
+
+def test_a_clean_run_whose_replays_were_sampled_says_how_many_were_not_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from torch import nn
+
+    import ckpt_viz
+    from ckpt_viz.runtime import checkpoint
+    from ckpt_viz.runtime import divergence_sampling as sampling
+
+    monkeypatch.setattr(sampling, "BUDGET", 0.0)  # after a region's first runs none is checked: deterministic
+    monkeypatch.setattr(sampling, "P_MIN", 0.0)
+    block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    for _ in range(sampling.FIRST_CHECKS + 1):  # the last step's replay is past the region's first runs
+        x = torch.randn(4, 8, requires_grad=True)
+        with ckpt_viz.record() as rec:
+            checkpoint(block, x, use_reentrant=True).sum().backward()
+    assert rec.trace.meta["replay_checks"]["skipped"] == 1 and not diagnose(rec.trace)
+    rec.trace.save(tmp_path / "sampled.json")
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["src_kind"] = "Saved trace"
+    at.session_state["src_trace_how"] = "Path"
+    at.session_state["src_trace_path"] = str(tmp_path / "sampled.json")
+    at.run()
+    at.switch_page("views/debugger.py").run()
+    assert not at.exception, at.exception
+    (success,) = [s.value for s in at.success]
+    assert success.startswith("No problem found in this run")
+    (warning,) = [w.value for w in at.warning]
+    assert "0 of 1 checkpointed runs checked" in warning and "1 not checked" in warning and "checks('all')" in warning
