@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ckpt_viz import lessons  # the lessons: loader, runner, glossary, runs (torch-free at import)
 from ckpt_viz.bus import subscribe, tag
 from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES
+from ckpt_viz.debug.divergence import replay_checks_note
 from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, diagnose_handle, explain
 from ckpt_viz.errors import (
     CheckpointError,
@@ -164,6 +165,7 @@ __all__ = [
     "render_text",
     "render_timeline",
     "render_torchviz_view",
+    "replay_checks_note",
     "routing_at",
     "routing_rows",
     "rows_text",

@@ -1,8 +1,7 @@
 """The debugger: every problem of the run, what happened in order, the line of code, and the fix."""
 import streamlit as st
 
-from ckpt_viz import Trace, diagnose, format_event, render_lifecycles
-from ckpt_viz.debug.divergence import replay_checks_note
+from ckpt_viz import Trace, diagnose, format_event, render_lifecycles, replay_checks_note
 from ui.cursor import cursor_bar, set_cursor
 from ui.graphview import checkpoint_dot, show_svg
 from ui.runs import current
