@@ -39,6 +39,19 @@ def _broken(name: str) -> AppTest:
     return at
 
 
+def _debugger_on_saved(trace, path: Path) -> AppTest:
+    """The Debugger page on `trace`, saved to `path` and opened as a saved trace."""
+    trace.save(path)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["src_kind"] = "Saved trace"
+    at.session_state["src_trace_how"] = "Path"
+    at.session_state["src_trace_path"] = str(path)
+    at.run()
+    at.switch_page("views/debugger.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
 def _position(at: AppTest) -> int:
     return at.slider(key="cursor_slider").value
 
@@ -84,14 +97,7 @@ def test_choosing_another_finding_moves_the_cursor_to_its_event(tmp_path: Path) 
         cleanup()
     first, second = diagnose(rec.trace)
     assert (first.code, second.code) == ("released_explicitly", "session_never_cleared")
-    rec.trace.save(tmp_path / "two.json")
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.session_state["src_kind"] = "Saved trace"
-    at.session_state["src_trace_how"] = "Path"
-    at.session_state["src_trace_path"] = str(tmp_path / "two.json")
-    at.run()
-    at.switch_page("views/debugger.py").run()
-    assert not at.exception, at.exception
+    at = _debugger_on_saved(rec.trace, tmp_path / "two.json")
     assert len(at.radio(key="debug_finding").options) == 2
     at.radio(key="debug_finding").set_value(1).run()
     assert not at.exception, at.exception
@@ -147,14 +153,7 @@ def test_a_clean_run_whose_replays_were_sampled_says_how_many_were_not_checked(
         with ckpt_viz.record() as rec:
             checkpoint(block, x, use_reentrant=True).sum().backward()
     assert rec.trace.meta["replay_checks"]["skipped"] == 1 and not diagnose(rec.trace)
-    rec.trace.save(tmp_path / "sampled.json")
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.session_state["src_kind"] = "Saved trace"
-    at.session_state["src_trace_how"] = "Path"
-    at.session_state["src_trace_path"] = str(tmp_path / "sampled.json")
-    at.run()
-    at.switch_page("views/debugger.py").run()
-    assert not at.exception, at.exception
+    at = _debugger_on_saved(rec.trace, tmp_path / "sampled.json")
     (success,) = [s.value for s in at.success]
     assert success.startswith("No problem found in this run")
     (warning,) = [w.value for w in at.warning]
