@@ -8,6 +8,7 @@ the split helpers replay each region exactly once (spec D6).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,14 @@ def test_bench_usermodel_one_round() -> None:
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, f"{proc.stdout}\n{proc.stderr}"
     assert "first page (warm process ready)" in proc.stdout and "change of mode" in proc.stdout, proc.stdout
     assert "paired median ratio" in proc.stdout, proc.stdout
+
+
+def test_profile_recording_quick() -> None:
+    """profile_recording.py prints the Python work by function and, where perf can sample here, CPU by library."""
+    proc = _run("benchmarks/profile_recording.py", "--quick", timeout=600)
+    totals = re.search(r"unrecorded ([\d,]+) opcodes / [\d,]+ calls; recorded ([\d,]+) /", proc.stdout)
+    assert totals is not None, proc.stdout
+    unrecorded, recorded = (int(v.replace(",", "")) for v in totals.groups())
+    assert recorded > unrecorded, proc.stdout  # a recording's events are Python work the plain step does not do
+    assert " ckpt_viz/" in proc.stdout, proc.stdout  # the table names our functions
+    assert "CPU by library: not measured (" in proc.stdout or "libpython" in proc.stdout, proc.stdout
