@@ -28,7 +28,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ckpt_viz import Trace, describe_event, event_column, event_data
-from ui.runs import Run, RunConfig, jump_positions, next_position
+from ui.runs import Run, RunConfig, next_position
 
 CURSOR = "cursor"
 WINDOW = 2_000  # events either side of the cursor that per-cursor views read on a big trace
@@ -74,15 +74,23 @@ def cursor_seq(run: Run) -> int:
     return run.index.seq_at(cursor_position(run))
 
 
-def _handle_names(trace: Trace) -> dict[int, str]:
-    """handle id -> the checkpointed function (the block's qualified name), from `handle_created`."""
-    handles, data = event_column(trace, "handle_id"), event_data(trace)  # one key of one kind: not every dict
-    names = {}
-    for i in jump_positions(trace, "handle_created"):
-        h, function = handles[i], data(i, "function")
-        if h is not None and function:
-            names[h] = str(function)
-    return names
+def handle_name(trace: Trace, handle_id: int | None) -> str | None:
+    """The checkpointed function of one handle (the block's qualified name) from its last `handle_created` that
+    names one; None when none does. Reads only that handle's events (found in C, list.index), so the cursor line
+    of a big trace does not name every handle first."""
+    if handle_id is None:
+        return None
+    handles, kinds, data = event_column(trace, "handle_id"), event_column(trace, "kind"), event_data(trace)
+    name, i = None, -1
+    while True:
+        try:
+            i = handles.index(handle_id, i + 1)
+        except ValueError:
+            return name
+        if kinds[i] == "handle_created":
+            function = data(i, "function")
+            if function:
+                name = str(function)
 
 
 def cursor_bar(run: Run) -> int:
@@ -107,7 +115,9 @@ def cursor_bar(run: Run) -> int:
             row.button(f"Next {name}", key=f"cursor_next_{name}", on_click=_store,
                        args=(run.config, target if target is not None else p), disabled=target is None)
         seq = run.index.seqs[p]
-        st.code(describe_event(run.trace.events[p], run.cached(_handle_names)), language=None, width="stretch",
+        event = run.trace.events[p]
+        name = run.cached(handle_name, event.handle_id)
+        st.code(describe_event(event, {event.handle_id: name} if name else None), language=None, width="stretch",
                 wrap_lines=True)
     return seq
 
