@@ -3,17 +3,15 @@
     .venv/bin/python benchmarks/bench_record.py            # about half a minute
     .venv/bin/python benchmarks/bench_record.py --quick    # smoke run
 
-For each built-in model, one training step (forward, loss, split DX/DW) runs in five
-variants, interleaved round by round: no recorder, events only, events + memory (the
-dispatch tracker, what `record(memory=True)` uses today), events + memory read by the
-allocation-stream probe (`ckpt_viz.probe.allocations`), events + memory + graphs.
-Reported: median step time, the median of per-round ratios to the unrecorded step, and
-events recorded per second of recorded step time. `--clock cpu` times CPU time (steadier
-on a loaded machine).
-
-The allocation-stream variant runs `record(memory=True)` with the probe chosen by
-`open_probe` and its readings taken through `mark`/`finish` (`_deferred_recording`
-below does what recording.py does once it calls those; it does nothing if it already does).
+For each built-in model, one training step (forward, loss, split DX/DW) runs in six
+variants, interleaved round by round: no recorder, events only, events + memory as
+`record(memory=True)` comes (the allocation probe on the native allocation log where it
+can be built, `ckpt_viz.probe.native`), the same with the dispatch tracker (the probe
+before it, and the fallback), the same with the allocation probe on torch's memory-only
+profiler (`ckpt_viz.probe.stream`), and events + memory + graphs. Reported: median step
+time, the median of per-round ratios to the unrecorded step, and events recorded per
+second of recorded step time. `--clock cpu` times CPU time (steadier on a loaded machine).
+The three probes must read the same memory at every event, or the script fails.
 """
 from __future__ import annotations
 
@@ -33,40 +31,30 @@ VARIANTS = {
     "no recorder": None,
     "events": dict(memory=False, graphs=False),
     "events+memory": dict(memory=True, graphs=False),
-    "events+memory(stream)": dict(memory=True, graphs=False, stream=True),
+    "events+memory(tracker)": dict(memory=True, graphs=False, probe="tracker"),
+    "events+memory(profiler)": dict(memory=True, graphs=False, probe="profiler"),
     "events+memory+graphs": dict(memory=True, graphs=True),
 }
 _clock = time.perf_counter
 
 
 @contextlib.contextmanager
-def _deferred_recording() -> Iterator[None]:
-    """`record(memory=True)` with `open_probe`'s probe, read through `mark`/`finish` when it is deferred."""
-    import ckpt_viz.probe.memory as memory
-    import ckpt_viz.recording as recording
-    from ckpt_viz.probe.allocations import open_probe
+def _probe(kind: str | None) -> Iterator[None]:
+    """`record(memory=True)` with the probe `kind` ("tracker", "profiler"; None: as it comes)."""
+    import ckpt_viz.probe.allocations as allocations
+    from ckpt_viz.probe.memory import MemoryProbe
+    from ckpt_viz.probe.stream import AllocationStream
 
-    cls = recording.Recording
-    sample, release, probe_class = cls._sample, cls._release, memory.MemoryProbe
+    def profiler_probe(params: list = (), tensors: list = ()) -> object:
+        stream = AllocationStream.acquire()
+        return MemoryProbe(params, tensors) if stream is None else allocations.AllocationProbe(stream, params, tensors)
 
-    def deferred_sample(self: recording.Recording, row: tuple) -> None:
-        probe = self._probe
-        if probe is not None and getattr(probe, "deferred", False):
-            probe.mark(row[0], row[1][0])
-        else:
-            sample(self, row)
-
-    def deferred_release(self: recording.Recording, *exc: object) -> None:
-        probe = self._probe
-        release(self, *exc)
-        if probe is not None and getattr(probe, "deferred", False):
-            self.trace.memory.extend(probe.finish())
-
-    cls._sample, cls._release, memory.MemoryProbe = deferred_sample, deferred_release, open_probe
+    chosen = {None: allocations.open_probe, "tracker": MemoryProbe, "profiler": profiler_probe}[kind]
+    original, allocations.open_probe = allocations.open_probe, chosen
     try:
         yield
     finally:
-        cls._sample, cls._release, memory.MemoryProbe = sample, release, probe_class
+        allocations.open_probe = original
 
 
 def _step(model: str, mode: str, options: dict | None) -> tuple[float, int]:
@@ -76,8 +64,7 @@ def _step(model: str, mode: str, options: dict | None) -> tuple[float, int]:
         _unrecorded(spec, mode)
         return _clock() - start, 0
     options = dict(options)
-    stream = options.pop("stream", False)
-    with _deferred_recording() if stream else contextlib.nullcontext():
+    with _probe(options.pop("probe", None)):
         start = _clock()
         trace = run_scenario(spec, mode, **options)
         seconds = _clock() - start
@@ -110,16 +97,16 @@ def main() -> int:
     repeats = 2 if args.quick else args.repeats
     print(f"bench_record: split-reentrant step per built-in model; {repeats} interleaved rounds; "
           f"torch {torch.__version__}, 1 thread, {args.clock} clock")
-    print(f"{'model':<12} {'variant':<22} {'median ms':>10} {'x no rec':>9} {'events':>7} {'events/s':>10}")
+    print(f"{'model':<12} {'variant':<24} {'median ms':>10} {'x no rec':>9} {'events':>7} {'events/s':>10}")
     for model in models:
         _step(model, "split-reentrant", VARIANTS["events+memory+graphs"])  # warm up
         readings = []
-        for stream in (False, True):  # both probes read the same memory at every event (or the figure means nothing)
-            with _deferred_recording() if stream else contextlib.nullcontext():
+        for kind in ("tracker", None, "profiler"):  # the same memory at every event, or the figure means nothing
+            with _probe(kind):
                 trace = run_scenario(build_builtin(model), "split-reentrant", memory=True)
             readings.append([(m.seq, m.bytes_by_category, m.by_stage) for m in trace.memory])
-        if readings[0] != readings[1]:
-            print(f"{model}: the allocation-stream probe read other memory than the dispatch tracker")
+        if readings[1] != readings[0] or readings[2] != readings[0]:
+            print(f"{model}: an allocation probe read other memory than the dispatch tracker")
             return 1
         times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -138,7 +125,7 @@ def main() -> int:
         for variant in VARIANTS:
             median = statistics.median(times[variant])
             rate = f"{events[variant] / median:10.0f}" if events[variant] else f"{'-':>10}"
-            print(f"{model:<12} {variant:<22} {median * 1000:10.2f} {statistics.median(ratios[variant]):9.2f} "
+            print(f"{model:<12} {variant:<24} {median * 1000:10.2f} {statistics.median(ratios[variant]):9.2f} "
                   f"{events[variant] or '-':>7} {rate}")
     return 0
 

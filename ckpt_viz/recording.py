@@ -164,6 +164,9 @@ class Recording:
         probe = self._probe
         if probe is None:
             return
+        if probe.deferred:  # an AllocationProbe: read when it closes (probe/allocations.py NOTE rule 1)
+            probe.mark(row[0], row[1][0])
+            return
         reading = probe.sample()
         if reading != self._last_reading:  # memory is a step function: store only the steps
             self._last_reading = reading
@@ -209,11 +212,11 @@ class Recording:
             self._names = {id(p): n for n, p in self.model.named_parameters()}
         try:
             if self.memory:
-                from ckpt_viz.probe.memory import MemoryProbe
+                from ckpt_viz.probe.allocations import open_probe  # the native log's, else the tracker
 
                 params = list(self.model.parameters()) if self.model is not None else []
                 buffers = list(self.model.buffers()) if self.model is not None else []
-                self._probe = MemoryProbe(params=params, tensors=[*buffers, *_tensors_in(self._tensors)])
+                self._probe = open_probe(params=params, tensors=[*buffers, *_tensors_in(self._tensors)])
                 self._probe.__enter__()
             _watch_autograd()
             self._watching = True
@@ -250,6 +253,8 @@ class Recording:
             probe, self._probe = self._probe, None
             if probe is not None:
                 probe.__exit__(*exc)
+                if probe.deferred:
+                    self.trace.memory.extend(probe.finish())
 
 
 def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:

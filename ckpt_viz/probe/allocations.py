@@ -1,20 +1,21 @@
 """Memory by category from the allocator's record: `record(memory=True)` without a Python call per op.
 
 Owns `AllocationProbe`, the fast reader behind `record(memory=True)`: the allocation
-stream (probe/stream.py) says which storages are live at each event; saved-tensor
+stream (the native log of probe/native.py, as `open_probe` picks; or torch's profiler,
+probe/stream.py, for tests) says which storages are live at each event; saved-tensor
 hooks, the runtime's holds (`ckpt_viz.runtime.memtags`) and the parameters say what
 they are held for. It counts what the dispatch tracker (`MemoryProbe` in
 probe/memory.py, its test oracle) counts, by the same rules (NOTE [ Memory
 categories ] there). Never the UI.
 
 NOTE [ Allocation ledger ]
-  1. Readings are deferred. `mark(seq, t_ns)` at an event allocates a one-byte
-     marker storage (no op, so no dispatch mode sees it) and logs the event; what is
-     live at the event is what the stream has allocated and not freed up to that
-     marker. `finish()` (after `__exit__`) replays the stream against the log and
+  1. Readings are deferred. `mark(seq, t_ns)` at an event logs the event with the
+     stream's mark (the native log: its position; the profiler: a one-byte marker
+     storage, kept alive until drained so its address is its last allocation); what
+     is live at the event is what the stream has allocated and not freed up to that
+     mark. `finish()` (after `__exit__`) replays the stream against the log and
      returns the MemorySamples, one per change of reading, as the recording stores
-     them. Markers stay alive until the stream is drained, so a marker's position is
-     the last allocation at its address.
+     them.
   2. The log is in program order: holds begin (saved-tensor pack, memtags.hold) and
      end (their owner is collected), storages die (a weakref per held or known
      storage), tensors known from before the probe (parameters, the given tensors)
@@ -27,10 +28,12 @@ NOTE [ Allocation ledger ]
      they are known: given, a parameter, a gradient, held, or `memtags.seen`; the
      tracker also counts one that an op only reads, so pass such tensors
      (`record(tensors=...)`) to count them from the start; (b) a storage allocated
-     outside any op and never touched by one counts here as "other" (24 B at two
-     events of a 2-layer GPT-2 step; none on the built-in models, tested); (c) a
-     storage this thread allocated and another thread frees stays counted, as that
-     free is not in this thread's stream.
+     outside any op and never touched by one counts here as "other": a Python scalar
+     multiplied into a tensor that needs grad becomes a 0-dim tensor (8 B) that the
+     graph keeps and no dispatch mode sees (8-24 B on a nested recording and at two
+     events of a 2-layer GPT-2 step; none on the built-in models, tested); (c) the
+     profiler only: a storage this thread allocated and another thread frees stays
+     counted, as that free is not in this thread's stream (the native log has it).
   4. `torch.get_rng_state()` allocates a state tensor outside any op, which the
      tracker never sees; while a stream runs, that function (`torch.get_rng_state`
      and `torch.random.get_rng_state`, which torch's checkpoint, `fork_rng` and the
@@ -40,8 +43,8 @@ NOTE [ Allocation ledger ]
      allocation (the tracker: at its allocation). Stage tags change at events, so
      this differs only for bytes allocated between an action's last event and the
      next action's first.
-  6. The stream is drained every DRAIN_EVERY marks, so the profiler's buffer stays
-     bounded in a long recording, but never inside a backward: the engine runs each
+  6. The stream is drained every DRAIN_EVERY marks, so its buffer stays bounded
+     in a long recording, but never inside a backward (for the profiler): the engine runs each
      node under the thread-local state it captured when the backward began, which
      holds the profiler session of that time, so a session restarted inside a
      backward would miss the rest of that backward's allocations. So there is no
@@ -61,7 +64,7 @@ import torch
 from ckpt_viz import bus
 from ckpt_viz.probe.ledger import RANK, Ledger
 from ckpt_viz.probe.memory import MemoryProbe, join_layer, leave_layer
-from ckpt_viz.probe.stream import AllocationStream
+from ckpt_viz.probe.native import NativeStream
 from ckpt_viz.runtime import memtags
 
 __all__ = ["AllocationProbe", "open_probe"]
@@ -74,21 +77,21 @@ class AllocationProbe:
     """Live bytes by category at each `mark`; see NOTE [ Allocation ledger ].
 
     Args:
-        stream: the process's allocation stream (`AllocationStream.acquire()`), now this probe's.
+        stream: the process's allocation stream (`NativeStream.acquire()`, or the profiler's
+            `AllocationStream.acquire()`), now this probe's.
         params: parameters to count as "parameters" (their .grad as "gradients").
         tensors: other tensors that exist before the probe starts (model inputs, buffers).
     """
 
     deferred = True  # readings come from `finish()`, not from `sample()` at each event
 
-    def __init__(self, stream: AllocationStream, params: Iterable[torch.Tensor] = (),
+    def __init__(self, stream: Any, params: Iterable[torch.Tensor] = (),
                  tensors: Iterable[torch.Tensor] = ()) -> None:
-        self._stream: AllocationStream | None = stream
+        self._stream: Any = stream
         self._pending = (list(params), list(tensors))
         self._params: list[torch.Tensor] = []
         self._param_ids: set[int] = set()
         self._log: list[tuple] = []
-        self._markers: list[tuple[int, Any]] = []  # (ptr, storage) kept alive until the next drain
         self._ledger = Ledger()
         self._readings: list[tuple[int, int, tuple]] = []
         self._grad_ids: tuple = ()
@@ -184,15 +187,9 @@ class AllocationProbe:
 
     def note_untracked(self, tensor: torch.Tensor) -> None:
         """Leave `tensor`'s allocation out: it was made outside any op (NOTE rule 4)."""
-        self._log.append(("X", self._marker(), tensor.untyped_storage().data_ptr()))
+        self._log.append(("X", self._stream.mark(), tensor.untyped_storage().data_ptr()))
 
     # ------------------------------------------------------------ marks and the replay
-
-    def _marker(self) -> int:
-        storage = torch.UntypedStorage(1)
-        ptr = storage.data_ptr()
-        self._markers.append((ptr, storage))
-        return ptr
 
     def _grad_ptrs(self) -> frozenset[int]:
         """The storages of the parameters' .grad now. A .grad is known by its id while a weakref says it lives
@@ -219,33 +216,33 @@ class AllocationProbe:
 
     def mark(self, seq: int, t_ns: int) -> None:
         """The event `seq` happened now: its reading comes out of `finish()` (NOTE rule 1)."""
-        self._log.append(("M", self._marker(), seq, t_ns, self._grad_ptrs(), bus.current_tags().get("stage")))
+        self._log.append(("M", self._stream.mark(), seq, t_ns, self._grad_ptrs(), bus.current_tags().get("stage")))
         self._marks += 1
         if self._marks >= self._drain_at and self._stream is not None and torch._C._current_graph_task_id() == -1:
             self._drain_at = self._marks + DRAIN_EVERY
-            self._replay(self._stream.drain())
+            self._replay(self._stream, self._stream.drain())
 
-    def _replay(self, events: list[tuple[int, int]]) -> None:
-        """Apply the drained stream and the log up to its last marker (NOTE rule 2); keep the rest of the log."""
-        where = {ptr: i for i, (ptr, size) in enumerate(events) if size > 0}  # last allocation at each address
+    def _replay(self, stream: Any, events: list[tuple[int, int]]) -> None:
+        """Apply the drained stream and the log up to its last mark (NOTE rule 2); keep the rest of the log."""
         log, ledger = self._log, self._ledger
         cut = max((i for i, entry in enumerate(log) if entry[0] in "MX"), default=-1)
+        marked = [entry for entry in log[:cut + 1] if entry[0] in "MX"]
+        located = stream.locate(events, [entry[1] for entry in marked])
         skip: set[int] = set()
-        for entry in log[:cut + 1]:
-            if entry[0] in "MX":
-                end = where.get(entry[1], -1)
-                skip.add(end)  # the marker itself
-                if entry[0] == "X":  # NOTE rule 4: the last allocation at its address before its marker
-                    for i in range(end - 1, -1, -1):
-                        if events[i][0] == entry[2] and events[i][1] > 0:
-                            skip.add(i)
-                            break
-        start, pending = 0, []
+        for entry, (end, own) in zip(marked, located):
+            if own is not None:
+                skip.add(own)  # the marker storage itself
+            if entry[0] == "X":  # NOTE rule 4: the last allocation at its address before its mark
+                for i in range(end if own is None else end - 1, -1, -1):
+                    if events[i][0] == entry[2] and events[i][1] > 0:
+                        skip.add(i)
+                        break
+        start, pending, places = 0, [], iter(located)
         for entry in log[:cut + 1]:
             if entry[0] not in "MX":
                 pending.append(entry)
                 continue
-            end = where.get(entry[1], len(events) - 1)
+            end = next(places)[0]
             self._stream_to(events, start, end + 1, skip)  # the stream's events first, then the log's
             start = max(start, end + 1)
             for held in pending:
@@ -255,7 +252,6 @@ class AllocationProbe:
                 self._readings.append((entry[2], entry[3], ledger.reading(entry[4], entry[5])))
         self._stream_to(events, start, len(events), skip)  # after the last marker: read at the next one
         del log[:cut + 1]
-        self._markers.clear()
 
     def _stream_to(self, events: list[tuple[int, int]], start: int, end: int, skip: set[int]) -> None:
         """Apply events[start:end] by their net effect: what was freed of the storages before them, and what
@@ -317,10 +313,9 @@ class AllocationProbe:
                 leave_layer(self, layer)
         finally:
             if stream is not None:
-                self._replay(stream.close())
+                self._replay(stream, stream.close())
             self._watched.clear()
             self._log.clear()
-            self._markers.clear()
             self._params.clear()
             self._grad_known = {}
             self._pending = ([], [])
@@ -328,13 +323,13 @@ class AllocationProbe:
 
 
 def open_probe(params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tensor] = ()) -> Any:
-    """The probe for `record(memory=True)`: an `AllocationProbe` while the process's allocation stream is
-    free (probe/stream.py NOTE rule 1) and parameters are given, else the dispatch tracker (`MemoryProbe`),
-    which finds parameters as ops read them (NOTE rule 3a). Enter it right away: the stream is this
-    probe's from now until it closes.
+    """The probe for `record(memory=True)`: an `AllocationProbe` on the native allocation log while it is
+    free and usable here (probe/native.py NOTE rules 3-4) and parameters are given, else the dispatch
+    tracker (`MemoryProbe`), which finds parameters as ops read them (NOTE rule 3a). Enter it right away:
+    the log is this probe's from now until it closes.
     """
     params = list(params)
-    stream = AllocationStream.acquire() if params else None
+    stream = NativeStream.acquire() if params else None
     if stream is None:
         return MemoryProbe(params, tensors)
     return AllocationProbe(stream, params, tensors)
@@ -344,19 +339,23 @@ class _Ref(weakref.ref):
     __slots__ = ("key", "ptr")
 
 
-_RNG: dict[str, Any] = {}  # the original get_rng_state functions while a probe watches them
+_RNG: dict[str, Any] = {"probes": ()}  # the original get_rng_state functions while probes watch them
 
 
 def _watch_rng(probe: AllocationProbe) -> None:
     """NOTE rule 4: while `probe` runs, `torch.get_rng_state()` on its thread notes its result."""
+    _RNG["probes"] = (*_RNG["probes"], weakref.ref(probe))
+    if "original" in _RNG:  # a nested probe: the wrapper is in place and now reaches it too
+        return
     original = torch.random.get_rng_state
-    me, thread = weakref.ref(probe), probe._stream.thread if probe._stream is not None else None
 
     def get_rng_state() -> torch.Tensor:
         state = original()
-        owner = me()
-        if owner is not None and threading.get_ident() == thread:
-            owner.note_untracked(state)
+        for ref in _RNG["probes"]:
+            owner = ref()
+            stream = owner._stream if owner is not None else None
+            if stream is not None and threading.get_ident() == stream.thread:
+                owner.note_untracked(state)
         return state
 
     get_rng_state.__wrapped__ = original  # type: ignore[attr-defined]
@@ -366,6 +365,9 @@ def _watch_rng(probe: AllocationProbe) -> None:
 
 
 def _unwatch_rng(probe: AllocationProbe) -> None:
+    _RNG["probes"] = tuple(ref for ref in _RNG["probes"] if ref() is not None and ref() is not probe)
+    if _RNG["probes"]:
+        return
     original, ours = _RNG.pop("original", None), _RNG.pop("ours", None)
     if original is None:
         return

@@ -99,6 +99,7 @@ class AllocationStream:
         self._config = _config()
         self._running = False
         self._filter: Any = None
+        self._markers: list[Any] = []  # kept alive until drained, so a marker's address is its last allocation
         self.thread = threading.get_ident()
 
     @staticmethod
@@ -152,6 +153,18 @@ class AllocationStream:
         fields = map(_EXTRA, result.experimental_event_tree())
         return list(map(_PAIR, fields))
 
+    def mark(self) -> int:
+        """A one-byte marker storage (no op, so no dispatch mode sees it): its address marks this instant."""
+        storage = torch.UntypedStorage(1)
+        self._markers.append(storage)
+        return storage.data_ptr()
+
+    def locate(self, events: list[tuple[int, int]], marks: list[int]) -> list[tuple[int, int | None]]:
+        """Each mark's place in the last drain: (the index of its marker's allocation, that same index)."""
+        where = {ptr: i for i, (ptr, size) in enumerate(events) if size > 0}  # last allocation at each address
+        last = len(events) - 1
+        return [(last, -1) if (i := where.get(m)) is None else (i, i) for m in marks]
+
     def drain(self) -> list[tuple[int, int]]:
         """Every allocation and free since the last drain, in order; the stream keeps running (NOTE rule 3)."""
         collecting = gc.isenabled()
@@ -159,6 +172,7 @@ class AllocationStream:
         try:
             found = self._stop()
             self._start()
+            self._markers.clear()
         finally:
             if collecting:
                 gc.enable()
@@ -170,6 +184,7 @@ class AllocationStream:
         try:
             return self._stop() if self._running else []
         finally:
+            self._markers.clear()
             self._unfilter()
             with _LOCK:
                 _taken = False
