@@ -16,7 +16,9 @@ NOTE [ Native log ]
      events before a mark are exactly those logged before it; no marker storage.
   3. Built once per torch version and source (g++ against torch's headers and
      libc10) into the user's cache, `$CKPT_VIZ_CACHE` or `$XDG_CACHE_HOME/ckpt_viz`
-     or `~/.cache/ckpt_viz`, saying so on stderr. Where it cannot be built or
+     or `~/.cache/ckpt_viz`, saying so on stderr (a library already built under the
+     account's home directory is used where $HOME points elsewhere, as in the app's
+     sandbox, if that directory can be read). Where it cannot be built or
      loaded (no compiler, a read-only cache), where a CUDA or MTIA device is
      available (their caching allocators are not this one), where another
      allocator of higher priority is installed, or with `CKPT_VIZ_NATIVE=0`,
@@ -62,6 +64,13 @@ def _cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "ckpt_viz"
 
 
+def _account_cache() -> Path:
+    """The cache under the account's own home directory, whatever $HOME says."""
+    import pwd
+
+    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "ckpt_viz"
+
+
 def _build(target: Path) -> None:
     from torch.utils.cpp_extension import include_paths
 
@@ -87,10 +96,16 @@ def _build(target: Path) -> None:
 def _load() -> Any:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:16]
-    target = _cache_dir() / "native" / f"alloc_log-torch{torch.__version__}-{key}.so"
+    name = f"native/alloc_log-torch{torch.__version__}-{key}.so"
+    target = _cache_dir() / name
     if not target.exists():
-        _build(target)
+        built = _account_cache() / name  # a child whose HOME was moved (the app's sandbox) reads the user's
+        if built.exists():
+            target = built
+        else:
+            _build(target)
     lib = ctypes.CDLL(str(target))
+    lib.path = target
     lib.ckpt_alloc_log_drain.restype = ctypes.c_void_p
     lib.ckpt_alloc_log_drain.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
     lib.ckpt_alloc_log_position_address.restype = ctypes.c_void_p

@@ -45,11 +45,23 @@ def test_record_memory_reads_the_native_log_and_the_tracker_where_it_cannot_load
     # No compiler and nothing cached: the build fails, says so, and memory=True records with the tracker.
     monkeypatch.setattr(native, "_library", [])
     monkeypatch.setenv("CKPT_VIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_account_cache", lambda: tmp_path)
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     slow = run_scenario(build_builtin("transformer"), "split-reentrant", memory=True)
     assert kinds == ["AllocationProbe", "MemoryProbe"]
     assert "native allocation log is not available" in capsys.readouterr().err
     assert _readings(slow) == _readings(fast) and fast.memory
+
+
+def test_a_child_whose_home_moved_reads_the_accounts_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    built = native.library().path  # the account's home holds the build (as it does where no cache is set)
+    monkeypatch.setattr(native, "_account_cache", lambda: built.parent.parent)
+    monkeypatch.delenv("CKPT_VIZ_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CXX", "/nonexistent/g++")  # a build would fail
+    monkeypatch.setattr(native, "_library", [])
+    assert native.library() is not None and not any(tmp_path.iterdir())
 
 
 def test_the_log_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
