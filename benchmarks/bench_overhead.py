@@ -25,9 +25,9 @@ case_i / baseline_i measured in the same interleaved round, see `_common.interle
 
 `--clock cpu` times each case with `time.process_time` instead of `time.perf_counter`
 (steadier where other jobs share the cores). `--ablate` adds linear8 rows that split the
-events-only figure: the runtime's own work while recording (`bus.emit` stubbed to return
-None, so every `if bus.enabled:` hook point still runs but no event is built or kept) and
-an empty `record()` block before the step (opening and closing a recording). `--opcodes`
+events-only figure: the runtime's own work while recording (`bus.emit` and `bus.emit_row`
+stubbed to return None, so every `if bus.enabled:` hook point still runs but no event is
+built or kept) and an empty `record()` block before the step (opening and closing a recording). `--opcodes`
 adds, after the timed rounds, the Python bytecode instructions per step of each linear8 and
 runtime case (opcode tracing: untimed and independent of the machine's load, so it shows
 the Python work a change removes).
@@ -81,16 +81,20 @@ def unrecorded(step: Step) -> Step:
 def emit_stubbed(step: Step) -> Step:
     """`step` recorded with `bus.emit` returning None: what the runtime's hook points cost without the bus."""
     def run() -> None:
-        real = bus.emit
+        real, real_row = bus.emit, getattr(bus, "emit_row", None)  # emit_row: absent from older builds
         bus.emit = _no_event
+        if real_row is not None:
+            bus.emit_row = _no_event
         try:
             step()
         finally:
             bus.emit = real
+            if real_row is not None:
+                bus.emit_row = real_row
     return run
 
 
-def _no_event(kind: str, **fields: Any) -> None:
+def _no_event(kind: str, *fields: Any, **named: Any) -> None:
     return None
 
 

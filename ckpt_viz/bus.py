@@ -4,7 +4,7 @@ Owns `subscribe`, `emit`, the recording scopes (channels), user tags and call-si
 capture. Standard library only; it never imports torch or any UI.
 
 NOTE [ Cost with nobody listening ]
-  1. Every hook point in the runtime is written `if bus.enabled: bus.emit(...)`.
+  1. Every hook point in the runtime is written `if bus.enabled: bus.emit(...)` (or `emit_row`).
      `enabled` is a plain module attribute that is True only while at least one
      subscriber is attached or one channel (a recording) is open anywhere in the
      process, so with nobody listening a hook point costs one attribute read and a
@@ -16,20 +16,20 @@ NOTE [ Cost with nobody listening ]
   3. Call sites (`file:line` of the user's code) are captured only inside `emit`,
      that is, only while somebody listens here.
   4. A subscriber that raises propagates into the runtime; it is not swallowed.
-  5. With somebody listening, `emit` is the hot path (a training step emits tens of
-     events): it reads the scope once (no launch-context lookup when this context has
-     its own open scope, and then the tags are this context's too) and builds the
-     fields once as one tuple that every channel shares. A recording's channel hands
-     that tuple to the recording, which keeps its values in one flat list and builds
-     no Event until its trace is read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
-     `emit` returns the innermost recording's event as an `EventRow` (the channel's
-     seq and that tuple), which has every attribute of the Event (the runtime reads
-     `.seq` and `.site`) and which nothing keeps. Channels opened with `fn` and global
-     subscribers get Events, built with the positional `events.make_event` rather
-     than the frozen dataclass's keyword `__init__`. Call sites are cached per
-     (file, line) (ckpt_viz/sites.py), and tags are read only once a `tag()` block
-     has opened in the process. The usual case (this context's scope is one open
-     recording's channel, no global subscriber) takes a path of its own at the top.
+  5. With somebody listening, emitting is the hot path (a training step emits tens of
+     events). The runtime calls `emit_row` (`emit` with the fields positional; `emit`
+     calls it). The usual case, this context's scope being one open recording's
+     channel (`Scope.sole`, found when the scope is made) and no global subscriber,
+     takes a path of its own at the top: the fields become one tuple that the channel
+     hands to its recording, which keeps the values in one flat list and builds no
+     Event until its trace is read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
+     Otherwise the scope is read once (no launch-context lookup when this context has
+     its own open scope; then the tags are this context's too) and every channel
+     shares that tuple. A recording's event comes back as an `EventRow` (its seq and
+     the tuple), which has every attribute of the Event (the runtime reads `.seq` and
+     `.site`) and which nothing keeps; channels opened with `fn` and global
+     subscribers get Events (`events.make_event`). Call sites are cached per (file,
+     line) (ckpt_viz/sites.py); tags are read only once a `tag()` block has opened.
 
 NOTE [ Recording scopes ]
   1. A *channel* is one scoped listener with its own seq counter (a recording owns
@@ -78,8 +78,8 @@ from ckpt_viz.events import Event, EventRow, make_event
 from ckpt_viz.sites import call_site, skip_frames_in
 
 __all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
-           "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context", "skip_frames_in",
-           "subscribe", "tag"]
+           "emit_error", "emit_row", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context",
+           "skip_frames_in", "subscribe", "tag"]
 
 
 class Subscriber(Protocol):
@@ -136,12 +136,8 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
 # ---------------------------------------------------------------- scopes
 
 class Channel:
-    """One scoped listener: its own seq from 0; see NOTE [ Recording scopes ].
-
-    It hands each event over either as an `Event` to `fn`, or (a recording's channel)
-    as its fields after seq to `rows`, then as an `EventRow` to `after` (NOTE [ Cost
-    with nobody listening ], rule 5).
-    """
+    """One scoped listener, its own seq from 0 (NOTE [ Recording scopes ]): it hands each event as an `Event`
+    to `fn`, or (a recording's) as its fields after seq to `rows`, then as an `EventRow` to `after`."""
 
     __slots__ = ("__weakref__", "_after", "_keep", "_lock", "_only_rows", "_seq", "fn", "is_open", "names")
 
@@ -151,7 +147,7 @@ class Channel:
         self.fn: Subscriber | None = fn
         self._keep = rows
         self._after = after
-        self._only_rows = rows if after is None else None  # emit's fast path (NOTE [ Cost ... ], rule 5)
+        self._only_rows = rows if after is None else None  # emit_row's fast path (NOTE [ Cost ... ], rule 5)
         self.names = names or {}
         self.is_open = True
         self._seq = 0
@@ -198,6 +194,12 @@ class Scope:
 
     channels: tuple[Channel, ...] = ()
     shared: dict[str, Any] = field(default_factory=dict)
+    # the one channel, when it is a recording's without `after`: emit_row's fast path (NOTE [ Cost ... ], 5)
+    sole: Channel | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.channels) == 1 and self.channels[0]._only_rows is not None:
+            object.__setattr__(self, "sole", self.channels[0])
 
     def is_open(self) -> bool:
         for channel in self.channels:  # a plain loop: this runs on every event (NOTE [ Cost ... ], 5)
@@ -219,8 +221,7 @@ def set_launch_context(fn: Callable[[], contextvars.Context | None] | None) -> N
 
 def launch_context() -> contextvars.Context | None:
     """The context of the code that launched the running backward, if the engine carries one here."""
-    reader = _launch_context
-    return reader() if reader is not None else None
+    return reader() if (reader := _launch_context) is not None else None
 
 
 def context_value(var: contextvars.ContextVar[Any], default: Any = None) -> Any:
@@ -236,7 +237,7 @@ def context_value(var: contextvars.ContextVar[Any], default: Any = None) -> Any:
 def current_scope() -> Scope:
     """The recordings code running here belongs to (see NOTE [ Recording scopes ]); empty if none."""
     own = _SCOPE.get()
-    if own is not None and own.is_open():
+    if own is not None and (own.channels[-1].is_open or own.is_open()):  # innermost open: no loop
         return own
     launched = launch_context()
     if launched is not None:
@@ -249,18 +250,12 @@ def current_scope() -> Scope:
 def open_channel(fn: Subscriber | None = None, *, names: Mapping[int, str] | None = None,
                  rows: Callable[[tuple[Any, ...]], None] | None = None,
                  after: Callable[[EventRow], None] | None = None) -> Channel:
-    """Open a channel in the current context, inside the channels already open here.
+    """Open a channel in the current context, inside the channels already open here; `close()` it when done.
 
-    Args:
-        fn: called with each Event the code of this context emits, numbered from seq 0.
-        names: id(object) -> name (a recording's parameter names; see `name_of`).
-        rows: instead of `fn`: called with each event's fields after seq, a tuple
-            (a recording's `RecordedEvents.keep`; NOTE [ Cost with nobody listening ], rule 5).
-        after: with `rows`: called with each event as an `EventRow` right after `rows`
-            (a memory reading).
-
-    Returns:
-        The channel; `close()` it when done.
+    `fn` gets each Event the code of this context emits, numbered from seq 0; or, instead,
+    `rows` gets each event's fields after seq as a tuple (a recording's `RecordedEvents.keep`,
+    NOTE [ Cost with nobody listening ], rule 5) and `after` (only with `rows`, a memory
+    reading) then gets it as an `EventRow`. `names`: id(object) -> name (see `name_of`).
     """
     global _open_channels
     if (fn is None) == (rows is None) or (after is not None and rows is None):
@@ -312,29 +307,34 @@ def emit(
 ) -> Event | EventRow | None:
     """Hand this event to every listener of this context; see NOTE [ Recording scopes ].
 
-    Returns:
-        What the innermost recording got: an `EventRow` for a `record()` block (it has
-        every attribute of the Event, `.seq` and `.site` included), the Event for a
-        channel opened with `fn`; a global subscriber's Event if no channel listens
-        here; None if nobody listens.
+    Returns what the innermost recording got: an `EventRow` for a `record()` block (every attribute
+    of the Event, `.seq` and `.site` included), the Event for a channel opened with `fn`; a global
+    subscriber's Event if no channel listens here; None if nobody listens.
     """
+    return emit_row(kind, handle_id, mode, phase, session_id, site, capture_site, data or {}, scope)
+
+
+def emit_row(kind: str, handle_id: int | None, mode: str | None, phase: str | None, session_id: Any,
+             site: str | None, capture_site: bool, data: dict[str, Any], scope: Scope | None = None
+             ) -> Event | EventRow | None:
+    """`emit` with the fields positional (`data` a dict made for this event): the runtime's hot path."""
     own = _SCOPE.get()
-    if (scope is None or scope is own) and own is not None and len(own.channels) == 1 and not _subscribers:
-        # The usual case: one open recording here and nobody else. `_only_rows` is None once it closed.
-        channel = own.channels[0]
-        keep = channel._only_rows
-        if keep is not None:
-            if site is None and capture_site:
-                site = call_site()
-            if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
-                session_id = repr(session_id)
-            values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id,
-                      (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS, site, _get_ident(), data or {})
-            with channel._lock:
-                keep(values)
-                seq = channel._seq
-                channel._seq = seq + 1
-            return _new_row(EventRow, (seq, values))
+    if own is not None and not _subscribers and (scope is None or scope is own):
+        channel = own.sole  # the usual case: one open recording here and nobody else (NOTE [ Cost ... ], 5)
+        if channel is not None:
+            keep = channel._only_rows  # None once the channel closed
+            if keep is not None:
+                if site is None and capture_site:
+                    site = call_site()
+                if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
+                    session_id = repr(session_id)
+                values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id,
+                          (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS, site, _get_ident(), data)
+                with channel._lock:
+                    keep(values)
+                    seq = channel._seq
+                    channel._seq = seq + 1
+                return _new_row(EventRow, (seq, values))
     if scope is None and own is not None and (own.channels[-1].is_open or own.is_open()):
         scope = own  # the common case: no launch-context fallback (rule 5 of the NOTE), this context's tags
         tags = (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS
@@ -350,7 +350,7 @@ def emit(
         site = call_site()
     if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
         session_id = repr(session_id)
-    values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id, tags, site, _get_ident(), data or {})
+    values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id, tags, site, _get_ident(), data)
     if not subscribers and len(channels) == 1:
         return channels[0]._deliver(values)
     event: Event | EventRow | None = None

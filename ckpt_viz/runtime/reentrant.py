@@ -324,12 +324,12 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
     if collector is not None:
         collector.append(frame)
     if bus.enabled:  # the site walk starts at our caller (the runtime's frames below it are never the user's)
-        event = bus.emit("handle_created", handle_id=frame.handle_id, mode="reentrant", phase=frame.phase,
-                         session_id=frame.session_id, site=bus.call_site(2), capture_site=False,
-                         data={"split": frame.split, "input_count": frame.input_count,
-                               "param_input_mask": list(frame.param_input_mask), "collector": collector_name,
-                               "preserve_rng_state": preserve_rng_state, "function": qualname(function),
-                               "inputs": [meta(t) for t in inputs]})
+        event = bus.emit_row("handle_created", frame.handle_id, "reentrant", frame.phase, frame.session_id,
+                             bus.call_site(2), False,
+                             {"split": frame.split, "input_count": frame.input_count,
+                              "param_input_mask": list(frame.param_input_mask), "collector": collector_name,
+                              "preserve_rng_state": preserve_rng_state, "function": qualname(function),
+                              "inputs": [meta(t) for t in inputs]})
         frame.site = event.site if event is not None else None
         frame.divergence = divergence.watch(frame, args, kwargs, inputs, frame._home)
     try:

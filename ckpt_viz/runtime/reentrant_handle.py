@@ -175,8 +175,8 @@ class ReentrantCheckpointHandle:
 
     def _emit(self, kind: str, capture_site: bool = True, **data: Any) -> Any:
         # Inside one engine callback every event has the same user line: walk the stack once (see backward).
-        return bus.emit(kind, handle_id=self.handle_id, mode="reentrant", phase=self.phase,
-                        session_id=self.session_id, site=self._backward_site, capture_site=capture_site, data=data)
+        return bus.emit_row(kind, self.handle_id, "reentrant", self.phase, self.session_id, self._backward_site,
+                            capture_site, data)
 
     # ------------------------------------------------------------ running the function
 
@@ -379,9 +379,8 @@ class ReentrantCheckpointHandle:
     def _on_node_collected(self) -> None:
         self.node_collected = True
         if bus.enabled:
-            event = bus.emit("node_collected", handle_id=self.handle_id, mode="reentrant", phase=self.phase,
-                             session_id=self.session_id, capture_site=False, scope=self._home,
-                             data={"was_replayed": self.replay_count > 0, "released": self.released})
+            event = bus.emit_row("node_collected", self.handle_id, "reentrant", self.phase, self.session_id, None,
+                                 False, {"was_replayed": self.replay_count > 0, "released": self.released}, self._home)
             if event is not None:
                 self.collected_seq = event.seq
 
