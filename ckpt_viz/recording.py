@@ -9,9 +9,12 @@ NOTE [ What a recording captures ]
      a `RecordedEvents`: it keeps each event as the bus's cheap row and builds the
      Event objects when first read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
   2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
-     probe/memory.py) read right after every event; a `MemorySample` is stored
-     when the reading differs from the previous one, so the memory at any event
-     is that of the last sample at or before it (a step function).
+     probe/memory.py) as of right after every event (the native allocation log's
+     probe marks each event and `trace.memory` is filled when the block closes;
+     the dispatch tracker, its fallback, reads at each event: probe/allocations.py
+     `open_probe`); a `MemorySample` is stored when the reading differs from the
+     previous one, so the memory at any event is that of the last sample at or
+     before it (a step function).
   3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call
      become `error` events even when the caller catches them (R13 needs that).
   4. graphs=True: a `GraphSnapshot` of the roots of every top-level
@@ -32,8 +35,8 @@ NOTE [ What a recording captures ]
   6. Hand-over: a thread started in the block does not inherit the recording.
      `with rec.attach():` on that thread sends its events to `rec` (and to the
      recordings `rec` is nested in), with handle ids from the same numbering.
-     Memory of that thread's own ops is not counted (the probe's dispatch mode is
-     per thread); samples are still taken at its events.
+     Memory of that thread's own ops is not counted (either probe sees only the
+     opening thread's allocations); samples are still taken at its events.
   7. Source lines: when the block closes, the line of code of each distinct event
      `site` ("file:line") is read here, by the process that ran that code, and kept
      in `trace.meta["sources"]` (site -> the stripped line; at most
