@@ -82,6 +82,11 @@ def test_clicking_a_chart_and_an_event_row_moves_the_cursor(browser_page) -> Non
     expect(page.locator('[data-testid="stSliderThumbValue"]').first).to_have_text(str(row), timeout=30_000)
     settle(page)
     assert _cursor_seq(page) == seqs[row]
+    event = trace.events[row]  # the cursor line names the event's handle by its function, as drawn
+    assert event.handle_id is not None, event
+    function = [e.data["function"] for e in trace.events
+                if e.kind == "handle_created" and e.handle_id == event.handle_id and e.data.get("function")][-1]
+    assert function in page.locator('[data-testid="stCode"]').first.inner_text()
     assert page.locator('[data-testid="stMain"]').get_by_text(f"showing 15 around seq {seqs[row]}").count() == 1
 
     # Compare lines runs up by pass: a click in the middle of the DX band puts the cursor in this run's DX pass.
