@@ -36,12 +36,12 @@ retained (DX routed its grads) -> phase_dw is only remembered -> released (dw_co
 from __future__ import annotations
 
 import gc
-import itertools
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 
-from ckpt_viz.trace.cache import derived, event_column, event_data_key
+from ckpt_viz.trace.cache import derived, event_column
+from ckpt_viz.trace.lifecycle_runs import build_runs
 from ckpt_viz.trace.model import Trace
 
 __all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "STATES", "STATE_MEANINGS", "Lifecycle", "Transition", "lifecycle"]
@@ -70,18 +70,6 @@ DERIVED_REASONS: dict[str, str] = {
     "consumed": "every tensor its recompute saved was read back once by the backward",
     "session_cleared": "its recompute session was cleared",
 }
-
-_WAITING = frozenset(("recorded", "phase_dx", "phase_dw"))
-_KEPT = frozenset(("replayed", "retained"))
-_WAITING_FOR_PHASE = {"dx": "phase_dx", "dw": "phase_dw"}
-# The kinds `Lifecycle._build` reads, by code (a handle event of another kind changes no state; session_cleared
-# has no handle).
-(_CREATED, _PHASE_SET, _REPLAY_STARTED, _REPLAY_FINISHED, _REPLAY_FAILED, _ROUTED, _RELEASED, _COLLECTED, _UNPACKED,
- _REFUSED) = range(10)
-_ACTIVE = {"handle_created": _CREATED, "phase_set": _PHASE_SET, "replay_started": _REPLAY_STARTED,
-           "replay_finished": _REPLAY_FINISHED, "replay_failed": _REPLAY_FAILED, "grads_routed": _ROUTED,
-           "released": _RELEASED, "node_collected": _COLLECTED, "tensor_unpacked": _UNPACKED,
-           "replay_refused": _REFUSED}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,126 +122,20 @@ class Lifecycle:
     # -- building: see NOTE [ Handle states ]
 
     def _build(self, trace: Trace, seqs: list[int]) -> None:
-        # One pass over the events that can change a state, written for speed (a million events in a fraction of
-        # a second). The other events are skipped in C (itertools.compress): a handle's first sight is seeded
-        # before the pass (rule 1), and a pending ordinary/dw grads_routed is resolved at once by looking up the
-        # handle's next event (rule 4). Data keys are read inline (`event_data_key`), and each event's move
-        # (`new`, `reason`) is applied at the end of the loop body (a move to the state it is in records nothing).
-        kinds = event_column(trace, "kind")
-        handle_ids = event_column(trace, "handle_id")
-        phase_at = event_column(trace, "phase")
-        new_by, shape, rows = event_data_key(trace, "new", "")
-        count_by, trigger_by, reason_by = (event_data_key(trace, k)[0] for k in ("saved_count", "trigger", "reason"))
-        consumed_by, frames_by = event_data_key(trace, "consumed")[0], event_data_key(trace, "frames", ())[0]
-        state: dict[int, str] = {}
-        phase: dict[int, str] = {}
-        unconsumed: dict[int, int] = {}
-        routed: dict[int, int] = {}  # handle -> seq of an ordinary/dw grads_routed whose next event is a release
-        first_seq = seqs[0] if seqs else 0
-        lists: dict[int, tuple[list[int], list[str], list[str | None], list[str | None]]] = {}
-        active, waiting_for, replays = _ACTIVE, _WAITING_FOR_PHASE, self._replays
-        into, out = self._into, self._out
-
-        def move(h: int, seq: int, new: str, kind: str | None, reason: str | None = None) -> None:
-            if state[h] != new:
-                out[state[h]].append(seq)
-                into[new].append(seq)
-                state[h] = new
-                at, states, causes, reasons = lists[h]
-                at.append(seq)
-                states.append(new)
-                causes.append(kind)
-                reasons.append(reason)
-
-        # rule 1: every handle in order of first sight; one whose first event is not handle_created is "recorded"
-        first_position = dict(zip(reversed(handle_ids), range(len(handle_ids) - 1, -1, -1)))
+        # One pass over runs of the handle column, each run's result remembered by what decides it (NOTE
+        # [ Runs remembered ] in `ckpt_viz.trace.lifecycle_runs`).
         self.handle_ids = list(handle_order(trace))
+        built = build_runs(trace, seqs, self.handle_ids)
+        first_position = built["first_position"]
         self._first_position = {h: first_position[h] for h in self.handle_ids}
+        for s in STATES:
+            self._into[s] = built["into"].get(s, [])
+            self._out[s] = built["out"].get(s, [])
+        self._replays.update(built["replays"])
+        self._refusals = built["refusals"]
+        lists = built["lists"]
         for h in self.handle_ids:
-            lists[h] = ([], [], [], [])
-            state[h] = "not_created"
-            if kinds[first_position[h]] != "handle_created":
-                move(h, first_seq, "recorded", None)
-
-        visited = frozenset((*active, "session_cleared"))
-        for i in itertools.compress(range(len(kinds)), map(visited.__contains__, kinds)):
-            kind, h, seq = kinds[i], handle_ids[i], seqs[i]
-            if h is None:
-                if kind == "session_cleared":
-                    frames = frames_by[shape[i]]
-                    for frame in (frames[rows[i]] if frames is not None else ()) or ():
-                        if frame in routed:
-                            move(frame, routed.pop(frame), "retained", "grads_routed")
-                        if state.get(frame) in _KEPT:
-                            unconsumed[frame] = 0
-                            move(frame, seq, "released", kind, "session_cleared")
-                continue
-            code = active.get(kind)
-            if code is None:  # a session_cleared that names a handle changes no state
-                continue
-            current = state[h]
-            new = reason = None
-            if code == _PHASE_SET:
-                values = new_by[shape[i]]
-                phase[h] = value = values[rows[i]] if values is not None else ""
-                if current in _WAITING:
-                    new = waiting_for.get(value, "recorded")
-            elif code == _CREATED:
-                new = "recorded"
-            elif code == _REPLAY_STARTED:
-                replays[h] += 1
-                new = "replaying"
-            elif code == _REPLAY_FINISHED:
-                counts, triggers = count_by[shape[i]], trigger_by[shape[i]]
-                unconsumed[h] = unconsumed.get(h, 0) + int((counts[rows[i]] if counts is not None else 0) or 0)
-                new = "retained" if triggers is not None and triggers[rows[i]] == "prefire" else "replayed"
-            elif code == _ROUTED:
-                if phase_at[i] == "dx":
-                    new = "retained"
-                else:  # retained unless a release is the handle's next event (rule 4)
-                    try:
-                        following = handle_ids.index(h, i + 1)
-                    except ValueError:
-                        following = -1
-                    if following >= 0 and kinds[following] == "released":
-                        routed[h] = seq
-                    else:
-                        new = "retained"
-            elif code == _RELEASED:
-                routed.pop(h, None)
-                reasons_of = reason_by[shape[i]]
-                new, reason = "released", reasons_of[rows[i]] if reasons_of is not None else None
-            elif code == _REPLAY_FAILED:
-                new = waiting_for.get(phase.get(h, ""), "recorded")
-            elif code == _COLLECTED:
-                if current in _WAITING:
-                    new = "collected"
-            elif code == _UNPACKED:
-                if current in _KEPT:
-                    consumed = consumed_by[shape[i]]
-                    if consumed is not None and consumed[rows[i]]:
-                        unconsumed[h] = unconsumed.get(h, 0) - 1
-                        if unconsumed[h] <= 0:
-                            unconsumed[h] = 0
-                            new, reason = "released", "consumed"
-                    else:
-                        new = "retained"
-            else:  # replay_refused
-                reasons_of = reason_by[shape[i]]
-                self._refusals.setdefault(h, []).append((seq, reasons_of[rows[i]] if reasons_of is not None else None))
-            if new is not None and current != new:
-                out[current].append(seq)
-                into[new].append(seq)
-                state[h] = new
-                at, states, causes, reasons = lists[h]
-                at.append(seq)
-                states.append(new)
-                causes.append(kind)
-                reasons.append(reason)
-        for h, seq in routed.items():
-            move(h, seq, "retained", "grads_routed")
-        for h, (at, states, causes, reasons) in lists.items():
-            self._seqs[h], self._states[h], self._kinds[h], self._reasons[h] = at, states, causes, reasons
+            self._seqs[h], self._states[h], self._kinds[h], self._reasons[h] = lists[h]
 
     # -- queries
 

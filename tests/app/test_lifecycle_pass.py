@@ -1,7 +1,9 @@
-"""The lifecycle's fast pass (events that change no state skipped in C, data keys read inline, a pending
-grads_routed resolved by the handle's next event) gives exactly the transitions of the plain pass over every
-event that it replaced, kept here as the oracle: on every built-in model in every mode, every broken run,
-those traces saved and loaded (the packed data column), synthetic traces and random event streams."""
+"""The lifecycle's pass over runs of the handle column (each run's result remembered by its entry state, kinds,
+phases and data values, NOTE [ Runs remembered ] in ckpt_viz/trace/lifecycle_runs.py) gives exactly the
+transitions of the plain pass over every event, kept here as the oracle: on every built-in model in every mode,
+pipeline schedules, every broken and divergent run, those traces saved and loaded (the packed data column),
+synthetic traces (the 1M-event benchmark's generator among them), random event streams, random streams of
+repeated per-step patterns (so that runs hit the memo) and hand-built special cases."""
 from __future__ import annotations
 
 import random
@@ -14,7 +16,9 @@ from ckpt_viz.events import Event
 from ckpt_viz.trace import Trace
 from ckpt_viz.trace import lifecycle as lifecycle_module
 from ckpt_viz.trace.cache import event_column, event_data
-from ckpt_viz.trace.lifecycle import _ACTIVE, _KEPT, _WAITING, _WAITING_FOR_PHASE, Lifecycle
+from ckpt_viz.trace.lifecycle import Lifecycle
+from ckpt_viz.trace.lifecycle_runs import _KEPT, _WAITING, _WAITING_FOR_PHASE
+from ckpt_viz.trace.lifecycle_runs import ACTIVE as _ACTIVE
 
 (_CREATED, _PHASE_SET, _REPLAY_STARTED, _REPLAY_FINISHED, _REPLAY_FAILED, _ROUTED, _RELEASED, _COLLECTED, _UNPACKED,
  _REFUSED) = range(10)
@@ -227,3 +231,132 @@ def test_an_index_that_outlives_its_trace_still_has_the_lifecycle() -> None:
     expected = [PlainLifecycle(_random_trace(2)).transitions(h) for h in range(6)]
     index = TraceIndex(_random_trace(2))  # the trace is dropped at once
     assert [index.lifecycle.transitions(h) for h in range(6)] == expected
+
+
+def test_pipeline_schedules(tmp_path: Path) -> None:
+    from ckpt_viz.run.pipeline import run_pipeline
+    from ckpt_viz.run.zoo import build_builtin
+
+    for schedule in ("GPipe", "1F1B", "ZB-H1"):
+        for microbatches in (2, 4):
+            trace = run_pipeline(build_builtin("pipeline"), schedule=schedule, microbatches=microbatches)
+            assert_same(trace)
+            assert_same(_loaded(trace, tmp_path, f"pipeline-{schedule}-{microbatches}"))
+
+
+def test_the_benchmark_trace(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_trace_io import build_trace
+
+    for n in (16 * 40, 16 * 40 + 7, 3_001):  # whole handles, and a trace cut inside a handle's life
+        trace = build_trace(n)
+        assert_same(trace)
+        assert_same(_loaded(trace, tmp_path, f"bench{n}"))
+
+
+def _events(rows: list[tuple]) -> Trace:
+    """(kind, handle, phase, data) rows as a trace, seqs 10, 20, ..."""
+    return Trace(events=[Event(seq=10 * (i + 1), t_ns=i, kind=kind, handle_id=h, phase=phase, data=data)
+                         for i, (kind, h, phase, data) in enumerate(rows)])
+
+
+def _life(h: int, dw_next: str, *, refuse: bool = False) -> list[tuple]:
+    rows = [("handle_created", h, "ordinary", {}), ("phase_set", h, "dx", {"new": "dx"}),
+            ("replay_started", h, "dx", {}), ("replay_finished", h, "dx", {"saved_count": 2}),
+            ("grads_routed", h, "dx", {}), ("phase_set", h, "dw", {"new": "dw"}), ("grads_routed", h, "dw", {})]
+    if dw_next:
+        rows.append((dw_next, h, "dw", {"reason": "dw_complete"}))
+    if refuse:
+        rows.append(("replay_refused", h, "dw", {"reason": "released"}))
+    return rows
+
+
+def test_a_grads_routed_that_ends_a_run() -> None:
+    # 1. A dw grads_routed ends each handle's first run; the handle's next event, in a later run, is a release
+    #    (no retained) or another kind (retained from the grads_routed), or there is none (retained).
+    for after in ("released", "backward_entered"):
+        rows = []
+        for h in range(4):
+            rows += _life(h, "")
+        for h in range(4):
+            rows.append((after, h, "dw", {"reason": "dw_complete"}))
+        trace = _events(rows)
+        assert_same(trace)
+        states = [t.state for t in lifecycle_module.lifecycle(trace).transitions(3)]
+        assert states[-1] == ("released" if after == "released" else "retained")
+    trace = _events([row for h in range(3) for row in _life(h, "")])
+    assert_same(trace)
+    assert lifecycle_module.lifecycle(trace).state_at(2, None) == "retained"
+
+
+def test_session_cleared_between_a_handles_runs() -> None:
+    # 2. session_cleared (no handle) names frames whose dw grads_routed waits on a release in a later run, and
+    #    frames kept after a replay: retained from the grads_routed, then released (session_cleared).
+    rows = []
+    for h in range(3):
+        rows += _life(h, "")
+    rows.append(("session_cleared", None, None, {"frames": [0, 1, 9]}))
+    rows.append(("memory_sampled", None, None, {}))
+    for h in range(3):
+        rows.append(("released", h, "dw", {"reason": "dw_complete"}))
+    rows += [("handle_created", 5, "ordinary", {}), ("replay_started", 5, None, {}),
+             ("replay_finished", 5, None, {"saved_count": 1}), ("session_cleared", None, None, {"frames": [5]}),
+             ("tensor_unpacked", 5, None, {"consumed": True})]
+    trace = _events(rows)
+    assert_same(trace)
+    life = lifecycle_module.lifecycle(trace)
+    assert [t.state for t in life.transitions(0)][-2:] == ["retained", "released"]
+    assert life.released(0).reason == "session_cleared" and life.released(5).reason == "session_cleared"
+
+
+def test_handles_split_into_several_runs() -> None:
+    # 3. Handles interleaved event by event and in blocks (a pipeline's order), with refusals and a handle seen
+    #    first by a kind other than handle_created (rule 1).
+    lives = [_life(h, "released", refuse=h % 2 == 0) for h in range(6)]
+    rows = [("phase_set", 7, "dx", {"new": "dx"}), ("replay_started", 7, "dx", {})]
+    for step in range(max(map(len, lives))):
+        for life in lives:
+            rows += life[step:step + 1]
+    for h in range(6, 9):
+        rows += _life(h, "released")[:3] + _life(h + 3, "released") + _life(h, "released")[3:]
+    trace = _events(rows)
+    assert_same(trace)
+    assert lifecycle_module.lifecycle(trace).transitions(7)[0].kind is None
+
+
+def _pattern_trace(seed: int) -> Trace:
+    """Random per-step patterns repeated over many handles, in runs of random lengths: most runs hit the memo."""
+    rng = random.Random(seed)
+    patterns = []
+    for _ in range(rng.randrange(1, 4)):
+        one = _random_trace(rng.randrange(10_000))
+        patterns.append([(e.kind, e.phase, e.data) for e in one.events if e.handle_id is not None][:12])
+    events, seq = [], 0
+    open_lives: list[tuple[int, list]] = []
+    for h in range(rng.randrange(5, 60)):
+        open_lives.append((h, list(rng.choice(patterns))))
+        while open_lives and (len(open_lives) > rng.randrange(1, 4) or rng.random() < 0.3):
+            k = rng.randrange(len(open_lives))
+            handle, life = open_lives[k]
+            for kind, phase, data in life[:rng.randrange(1, 6)]:
+                events.append(Event(seq=seq, t_ns=seq, kind=kind, handle_id=handle, phase=phase, data=data))
+                seq += 1
+            del life[:5]
+            if rng.random() < 0.1:
+                frames = [x for x, _ in rng.sample(open_lives, min(2, len(open_lives)))]
+                events.append(Event(seq=seq, t_ns=seq, kind="session_cleared", data={"frames": frames}))
+                seq += 1
+            if not life:
+                del open_lives[k]
+    return Trace(events=events)
+
+
+def test_repeated_patterns(tmp_path: Path) -> None:
+    for seed in range(200):
+        trace = _pattern_trace(seed)
+        if len(trace.events):
+            assert_same(trace)
+            if seed % 10 == 0:
+                assert_same(_loaded(trace, tmp_path, f"pattern{seed}"))
