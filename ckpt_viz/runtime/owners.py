@@ -19,6 +19,17 @@ NOTE [ Owner facts cache ]
      is never cached: callers filter on it at each use.
   3. A module whose tree cannot be read this way (a custom `_parameters` that is no
      dict) is walked on every call, as before.
+
+NOTE [ Captured report cache ]
+  1. The `captured` field of `grads_routed` lists, per captured parameter, its shape,
+     the name the innermost recording gives it and whether the backward accumulated
+     into its `.grad`. Those three facts are read at every backward (shapes and names
+     too: `p.data = ...` changes a shape, each recording names its own model), in
+     C-level passes (`map`) where no name is given.
+  2. The report is a pure function of those facts, so the list of dicts built for them
+     is kept (bounded, `_MAX_REPORTS`) and the same list is the field of every later
+     event with the same facts. Events are read-only facts: nothing writes into their
+     data (a trace built by hand or loaded has its own objects).
 """
 from __future__ import annotations
 
@@ -26,6 +37,7 @@ import itertools
 import operator
 import weakref
 from collections.abc import Iterable
+from operator import and_, is_not, ne, or_
 from typing import Any
 
 import torch
@@ -36,6 +48,10 @@ __all__ = ["OwnerFacts", "captured_leaves", "captured_report", "facts", "grad_st
 
 _DICTS = operator.attrgetter("_parameters", "_buffers", "_modules")
 _chain = itertools.chain.from_iterable
+_compress, _repeat = itertools.compress, itertools.repeat
+_GRAD, _SHAPE, _REQUIRES_GRAD = (operator.attrgetter(n) for n in ("grad", "shape", "requires_grad"))
+# endless, so shared by every map and zip: getattr(grad, "_version", -1) over a tuple of grads in C
+_VERSION, _NO_VERSION, _NONE = _repeat("_version"), _repeat(-1), _repeat(None)
 
 
 def _signature(modules: Iterable[torch.nn.Module]) -> tuple:
@@ -73,8 +89,10 @@ def facts(module: torch.nn.Module) -> OwnerFacts:
     key = id(module)
     entry = _CACHE.get(key)
     try:
-        if entry is not None and entry[0]() is module and entry[1].current(module):
-            return entry[1]
+        if entry is not None and entry[0]() is module:
+            found = entry[1]
+            if _signature((module, *found.submodules)) == found.signature:  # found.current(module), inlined
+                return found
         found = OwnerFacts(module)
         _CACHE[key] = (weakref.ref(module, lambda ref: _forget(key, ref)), found)
         return found
@@ -105,27 +123,39 @@ def captured_leaves(values: tuple, replay_inputs: tuple) -> list[torch.Tensor]:
     return found
 
 
-def grad_states(params: list[torch.Tensor]) -> list[tuple[Any, int]]:
-    """Each parameter's `.grad` and its version counter (-1 without one), read before a backward."""
-    return [(g, g._version) if (g := p.grad) is not None else (None, -1) for p in params]
+def grad_states(params: Iterable[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]]:
+    """The parameters that require grad, each one's `.grad` and its version counter (-1 without one), read before
+    a backward; `captured_report` reads them again after it."""
+    params = tuple(params)
+    params = tuple(_compress(params, map(_REQUIRES_GRAD, params)))
+    grads = tuple(map(_GRAD, params))
+    return params, grads, tuple(map(getattr, grads, _VERSION, _NO_VERSION))
 
 
-def captured_report(params: list[torch.Tensor], before: list[tuple[Any, int]]) -> list[dict[str, Any]]:
-    """The `captured` field of `grads_routed`: shape, recorded name and whether the backward accumulated into it."""
+_REPORTS: dict[tuple, list[dict[str, Any]]] = {}  # (shapes, names, accumulated) -> the report (NOTE rule 2)
+_MAX_REPORTS = 4096
+
+
+def captured_report(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]]
+                    ) -> list[dict[str, Any]]:
+    """The `captured` field of `grads_routed` from `grad_states` read before the backward: each parameter's shape,
+    recorded name and whether the backward accumulated into it (NOTE [ Captured report cache ])."""
+    params, old, versions = before
+    grads = tuple(map(_GRAD, params))
+    # accumulated: a .grad now, and a new one or the old one written in place (its version moved)
+    accumulated = tuple(map(and_, map(is_not, grads, _NONE),
+                            map(or_, map(is_not, grads, old),
+                                map(ne, map(getattr, grads, _VERSION, _NO_VERSION), versions))))
     # The innermost recording here that names the parameter (as bus.name_of); none named: every name is None.
     named = [c.names for c in reversed(bus.current_scope().channels) if c.names]
-    report = []
-    for p, (old, version) in zip(params, before):
-        g = p.grad
-        name = None
-        if named:
-            key = id(p)
-            for names in named:
-                name = names.get(key)
-                if name is not None:
-                    break
-        report.append({"shape": list(p.shape), "name": name,
-                       "accumulated": g is not None and (g is not old or g._version != version)})
+    names = tuple([next((n for d in named if (n := d.get(id(p))) is not None), None) for p in params]) if named else ()
+    key = (tuple(map(_SHAPE, params)), names, accumulated)
+    report = _REPORTS.get(key)
+    if report is None:
+        if len(_REPORTS) >= _MAX_REPORTS:
+            _REPORTS.clear()
+        report = _REPORTS[key] = [{"shape": list(shape), "name": name, "accumulated": hit}
+                                  for shape, name, hit in zip(key[0], names or _NONE, accumulated)]
     return report
 
 

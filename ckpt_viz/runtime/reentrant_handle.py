@@ -205,22 +205,21 @@ class ReentrantCheckpointHandle:
         for item in self.replay_inputs:
             if item.requires_grad:
                 item.grad = None
-        captured = self._captured(values) if bus.enabled else None
-        before = owners.grad_states(captured) if captured else None
+        before = owners.grad_states(self._captured(values)) if bus.enabled else None
         watch, self.divergence = self.divergence, None
         with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
-        if captured:
-            self._captured_report = owners.captured_report(captured, before)
+        if before is not None and before[0]:
+            self._captured_report = owners.captured_report(before)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
-    def _captured(self, values: tuple) -> list[torch.Tensor]:
-        """Parameters the replay reaches without an input edge: a module's own (never a replay input: those are
-        detached copies), else found by a graph walk."""
+    def _captured(self, values: tuple) -> Sequence[torch.Tensor]:
+        """Parameters the replay may reach without an input edge: a module's own (never a replay input: those are
+        detached copies), else found by a graph walk; `grad_states` keeps those that require grad."""
         function = self.function
         owner = function if isinstance(function, torch.nn.Module) else getattr(function, "__self__", None)
         if isinstance(owner, torch.nn.Module):
-            return [p for p in owners.facts(owner).params if p.requires_grad]
+            return owners.facts(owner).params
         return owners.captured_leaves(values, self.replay_inputs)
 
     # ------------------------------------------------------------ transitions

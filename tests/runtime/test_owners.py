@@ -73,3 +73,39 @@ def test_the_captured_report_names_the_parameters_the_module_has_now() -> None:
     (routed,) = rec.trace.of_kind("grads_routed")
     assert routed.data["captured"] == [{"shape": [3, 4], "name": "weight", "accumulated": True},
                                        {"shape": [3], "name": "bias", "accumulated": True}]
+
+
+def test_the_captured_report_says_which_parameters_the_backward_reached_and_is_shared_when_equal() -> None:
+    # NOTE [ Captured report cache ]: read at every backward, kept per (shapes, names, accumulated).
+    lin = nn.Linear(4, 4)
+    frozen = nn.Parameter(torch.randn(4))  # captured by closure below, never reached by the replay
+    x = torch.randn(2, 4, requires_grad=True)
+    params = [lin.weight, lin.bias, frozen]
+    lin.bias.grad = torch.zeros(4)  # an old .grad the backward writes into in place
+    frozen.grad = torch.ones(4)  # an old .grad nobody touches
+    before = owners.grad_states(params)
+    lin(x).sum().backward()
+    report = owners.captured_report(before)
+    assert report == [{"shape": [4, 4], "name": None, "accumulated": True},
+                      {"shape": [4], "name": None, "accumulated": True},
+                      {"shape": [4], "name": None, "accumulated": False}]
+    before = owners.grad_states(params)
+    assert owners.captured_report(before) == [dict(r, accumulated=False) for r in report]  # no backward
+    lin(x).sum().backward()
+    assert owners.captured_report(before) is report  # the same facts: the same list
+    lin.weight.grad = None
+    before = owners.grad_states(params)
+    frozen.data = torch.randn(2)  # a new shape under the same parameter
+    lin(x).sum().backward()
+    assert [r["shape"] for r in owners.captured_report(before)] == [[4, 4], [4], [2]]
+
+
+def test_nested_recordings_name_captured_parameters_from_the_innermost_that_knows_them() -> None:
+    inner, outer = nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4))
+    x = torch.randn(2, 4, requires_grad=True)
+    with record(model=outer) as out_rec, record(model=inner) as in_rec:
+        checkpoint(inner, x, use_reentrant=True).sum().backward()
+        checkpoint(outer, x, use_reentrant=True).sum().backward()
+    for rec in (in_rec, out_rec):  # every recording here keeps the same event: inner's name, else outer's
+        got = [[c["name"] for c in e.data["captured"]] for e in rec.trace.of_kind("grads_routed")]
+        assert got == [["weight", "bias"], ["0.weight", "0.bias"]]
