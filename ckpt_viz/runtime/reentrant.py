@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from operator import is_, is_not
 from threading import get_ident
 from typing import Any
 
@@ -173,7 +175,7 @@ def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
     if bus.enabled:
         frame._backward_site = _site_of_backward()
         frame._emit("backward_entered", split=frame.split, retain_graph=frame.retain_graph,
-                    grad_count=len(grad_outputs), none_grads=sum(g is None for g in grad_outputs))
+                    grad_count=len(grad_outputs), none_grads=sum(map(is_, grad_outputs, _NONES)))
     try:
         return _run_backward(frame, grad_outputs)
     except BaseException as exc:
@@ -204,28 +206,38 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
     selected = [(v, g) for v, g in zip(outputs, grad_outputs) if v.requires_grad and g is not None]
     input_grads = frame._gradients(*zip(*selected)) if selected else (None,) * frame.input_count
     if bus.enabled:
-        got = [i for i, g in enumerate(input_grads) if g is not None]
-        mask = frame.param_input_mask
-        if True in mask:
-            params = [i for i in got if mask[i]]
-            acts = [i for i in got if not mask[i]]
-        else:  # the usual case: no parameter is an explicit input
-            params, acts = [], list(got)
-        # In DW the activation grads are returned but the engine drops them (they are not DW targets).
-        data: dict[str, Any] = ({"targets": params, "explicit_params": params, "discarded_activations": acts}
-                                if frame.split and frame.phase == "dw"
-                                else {"targets": got, "explicit_params": params, "activations": acts})
-        captured = getattr(frame, "_captured_report", None)
+        key = (tuple(map(is_not, input_grads, _NONES)), frame.param_input_mask, frame.split and frame.phase == "dw")
+        data = _ROUTED.get(key) or _routed(key)
+        captured = frame._captured_report
         if captured is not None:
-            data["captured"] = captured
             frame._captured_report = None
-        frame._emit("grads_routed", **data)
+            frame._emit("grads_routed", **data, captured=captured)
+        else:
+            frame._emit("grads_routed", **data)
     if frame.split:
         if frame.phase == "dw":
             frame._release("dw_complete")
     elif not frame.retain_graph:
         frame._release("ordinary_backward_complete")
     return (None, None, *input_grads, None)
+
+
+_ROUTED: dict[tuple, dict[str, list[int]]] = {}  # (got a grad, param_input_mask, in DW) -> grads_routed's routing
+_NONES = itertools.repeat(None)
+
+
+def _routed(key: tuple[tuple[bool, ...], tuple[bool, ...], bool]) -> dict[str, list[int]]:
+    """`grads_routed`'s routing fields, a function of which inputs got a gradient, which are parameters, and DW."""
+    present, mask, dw = key
+    got = [i for i, hit in enumerate(present) if hit]
+    params = [i for i in got if mask[i]]
+    acts = [i for i in got if not mask[i]]
+    if len(_ROUTED) >= 1024:
+        _ROUTED.clear()
+    # In DW the activation grads are returned but the engine drops them (they are not DW targets).
+    _ROUTED[key] = data = ({"targets": params, "explicit_params": params, "discarded_activations": acts} if dw
+                           else {"targets": got, "explicit_params": params, "activations": acts})
+    return data
 
 
 @contextlib.contextmanager

@@ -151,6 +151,7 @@ class ReentrantCheckpointHandle:
     collected_seq: int | None = None
     replay_count: int = 0
     _backward_site: str | None = None
+    _captured_report: list | None = None  # `grads_routed`'s captured field, between the backward and its event
     divergence: Any = None  # a ReplayWatch while a recording checks this region's replay
 
     def __init__(self, function: Callable, template: list, spec: Any, params: tuple | None,
