@@ -43,7 +43,8 @@ def _columns(trace: Trace) -> tuple[list[int], dict[str, list[int]]]:
         if isinstance(memory, MemoryColumns) and not memory.materialized:
             seqs = list(memory.columns["seq"])
             raw = memory.columns["bytes_by_category"]
-            by_category = {c: [v or 0 for v in values] for c, values in raw.items()}
+            by_category = {c: values if set(map(type, values)) == {int} else [v or 0 for v in values]
+                           for c, values in raw.items()}  # the column itself when it holds ints only
         else:
             seqs = [s.seq for s in memory]
             names = dict.fromkeys(c for s in memory for c in s.bytes_by_category)
@@ -57,7 +58,7 @@ def _columns(trace: Trace) -> tuple[list[int], dict[str, list[int]]]:
 def _totals(trace: Trace) -> list[int]:
     def build(t: Trace) -> list[int]:
         seqs, by_category = _columns(t)
-        return [sum(values) for values in zip(*by_category.values())] if by_category else [0] * len(seqs)
+        return list(map(sum, zip(*by_category.values()))) if by_category else [0] * len(seqs)
     return derived(trace, "memory:totals", build)
 
 

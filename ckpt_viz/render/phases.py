@@ -118,9 +118,15 @@ def phase_spans_more_than(trace: Trace, limit: int) -> bool:
     or dw alone change pass more than `limit` times (each change is a span boundary: a pipeline's or a long
     run's many passes); computed in C."""
     phases = event_column(trace, "phase")
-    split = list(itertools.compress(phases, map(_SPLIT_PHASES.__contains__, phases)))
-    if split and 1 + sum(map(operator.ne, split[1:], split)) > limit:
-        return True
+    size = 4096
+    while True:  # a prefix's changes are a prefix of the whole's: a long run shows more than `limit` early
+        head = phases[:size] if size < len(phases) else phases
+        split = list(itertools.compress(head, map(_SPLIT_PHASES.__contains__, head)))
+        if split and 1 + sum(map(operator.ne, split[1:], split)) > limit:
+            return True
+        if head is phases:
+            break
+        size *= 16
     return phase_span_count(trace) > limit
 
 

@@ -39,6 +39,7 @@ import gc
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 
 from ckpt_viz.trace.cache import derived, event_column
 from ckpt_viz.trace.lifecycle_runs import build_runs
@@ -115,8 +116,10 @@ class Lifecycle:
         self._into: dict[str, list[int]] = {s: [] for s in STATES}
         self._out: dict[str, list[int]] = {s: [] for s in STATES}
         self._build(trace, seqs)
-        self._summary = [(h, s[0], s[-1], self._states[h][-1], s, self._states[h])
-                         for h, s in self._seqs.items()]
+        seq_lists = list(map(self._seqs.__getitem__, self.handle_ids))
+        state_lists = list(map(self._states.__getitem__, self.handle_ids))
+        self._summary = list(zip(self.handle_ids, map(itemgetter(0), seq_lists), map(itemgetter(-1), seq_lists),
+                                 map(itemgetter(-1), state_lists), seq_lists, state_lists))
         self._sorted = False  # `_into` and `_out` are sorted on the first `counts_at`
 
     # -- building: see NOTE [ Handle states ]
@@ -133,9 +136,7 @@ class Lifecycle:
             self._out[s] = built["out"].get(s, [])
         self._replays.update(built["replays"])
         self._refusals = built["refusals"]
-        lists = built["lists"]
-        for h in self.handle_ids:
-            self._seqs[h], self._states[h], self._kinds[h], self._reasons[h] = lists[h]
+        self._seqs, self._states, self._kinds, self._reasons = built["lists"]
 
     # -- queries
 

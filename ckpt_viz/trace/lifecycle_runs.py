@@ -76,22 +76,20 @@ def _value_ids(trace: Trace) -> list[Any] | None:
     if any(c[1] is not shape or c[2] is not rows for c in columns):  # not one packed column: read them alike
         if _data_rows(trace) is not None:
             return None
-    ids: dict[Any, int] = {}
-    numbers = itertools.count(1)  # one numbering for every shape
+    numbers = itertools.count(1)  # one numbering for every shape: an id names one shape's values
     zeros = bytes(len(shape) + 1)
     by_shape: list[Any] = []
     for s in range(len(columns[0][0])):
-        values = [c[0][s] for c in columns]
-        if all(v is None for v in values):
+        present = [c[0][s] for c in columns if c[0][s] is not None]  # a key the shape lacks reads its default
+        if not present:
             by_shape.append(zeros)
             continue
-        width = max(len(v) for v in values if v is not None)
-        parts = [v if v is not None else itertools.repeat(default, width) for v, (_, default) in zip(values, _KEYS)]
-        reasons = values[3]
-        if reasons is not None:  # a reason is kept as given: tell apart values that compare equal (1 and True)
-            parts.append(list(map(type, reasons)))
+        reasons = columns[3][0][s]
+        if reasons is not None and not set(map(type, reasons)) <= {str, type(None)}:
+            present.append(list(map(type, reasons)))  # a reason is kept as given: tell apart 1 and True
+        ids: dict[Any, int] = {}
         try:
-            by_shape.append(list(map(ids.setdefault, zip(*parts), numbers)))
+            by_shape.append(list(map(ids.setdefault, present[0] if len(present) == 1 else zip(*present), numbers)))
         except TypeError:
             return None
     return list(map(getitem, map(by_shape.__getitem__, shape), rows))
@@ -100,7 +98,7 @@ def _value_ids(trace: Trace) -> list[Any] | None:
 def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[str, Any]:
     """Every handle's transitions (NOTE [ Handle states ]), by runs (NOTE [ Runs remembered ]).
 
-    Returns a dict: "lists" (handle -> (seqs, states, kinds, reasons) sequences), "into" and "out" (state ->
+    Returns a dict: "lists" (four dicts, handle -> seqs, states, kinds, reasons), "into" and "out" (state ->
     seqs, unsorted), "replays" (handle -> count), "refusals" (handle -> [(seq, reason)]), "first_position".
     """
     kinds = event_column(trace, "kind")
@@ -125,21 +123,22 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
     into: dict[str, list[int]] = {}
     out: dict[str, list[int]] = {}
     # handle -> (state, remembered phase, unconsumed, pending routed): NOTE rule 2's entry state
-    entry: dict[int, tuple[str, Any, int, bool]] = {}
+    entry: dict[int, tuple[str, Any, int, bool]] = dict.fromkeys(handle_order, ("not_created", None, 0, False))
     routed_seq: dict[int, int] = {}  # handle -> seq of its pending grads_routed
-    seeded: list[int] = []
-    for h in handle_order:
-        if kinds[first_position[h]] != "handle_created":  # rule 1: existed before the recording
-            entry[h] = ("recorded", None, 0, False)
-            seeded.append(h)
-        else:
-            entry[h] = ("not_created", None, 0, False)
-    if seeded:
+    first_kinds = map(kinds.__getitem__, map(first_position.__getitem__, handle_order))
+    seeded = list(itertools.compress(handle_order, map("handle_created".__ne__, first_kinds)))
+    if seeded:  # rule 1: existed before the recording
+        entry.update(dict.fromkeys(seeded, ("recorded", None, 0, False)))
         into["recorded"] = [first_seq] * len(seeded)
         out["not_created"] = [first_seq] * len(seeded)
+    # each run's kinds, phases and data values as one number, found in C
+    slices = list(map(slice, starts, ends))
+    signatures: dict[tuple[Any, Any], int] = {}
+    signature = map(signatures.setdefault, zip(map(tuple, map(contexts.__getitem__, slices)),
+                                               map(tuple, map(values.__getitem__, slices))), itertools.count())
     memo: dict[Any, _Run] = {}
     used: list[Any] = []  # per run: its _Run, or for a run of no handle the moves its session_cleared made
-    for h, a, b in zip(run_handles, starts, ends):
+    for h, a, b, sig in zip(run_handles, starts, ends, signature):
         if h is None:
             moves: list[tuple[Any, ...]] = []
             if "session_cleared" in kinds[a:b]:
@@ -151,10 +150,9 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
             used.append(moves)
             continue
         e = entry[h]
-        key = (e, tuple(contexts[a:b]), tuple(values[a:b]))
-        r = memo.get(key)
+        r = memo.get((e, sig))
         if r is None:
-            r = memo[key] = _simulate(e, a, b, kinds, phase_at, value_of)
+            r = memo[e, sig] = _simulate(e, a, b, kinds, phase_at, value_of)
         if r.tail is not None:  # rule 4 across runs: is the handle's next event a release?
             try:
                 following = handle_ids.index(h, b)
@@ -172,7 +170,7 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
             if entry[h][3] and entry[h][0] != "retained"]  # a stale seq: its release came
     for h, at, *_ in last:
         _count_move(into, out, entry[h][0], "retained", at)
-    lists, replays, refusals = _assemble(memo, seqs, into, out)
+    lists, replays, refusals = _assemble(memo, _positions_to_seqs(trace, seqs), into, out)
     multi = set(seeded)
     multi.update(h for h, *_ in last)
     multi.update(h for moves in used if type(moves) is list for h, *_ in moves)
@@ -183,6 +181,13 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
         _walk(multi, first_seq, seeded, run_handles, starts, used, last, seqs, lists, replays, refusals)
     return {"lists": lists, "into": into, "out": out, "replays": replays, "refusals": refusals,
             "first_position": first_position}
+
+
+def _positions_to_seqs(trace: Trace, seqs: Any) -> Any:
+    """`seqs`, or for a loaded trace whose seqs are consecutive the number to add to a position (no lookup)."""
+    events = trace.events
+    raw = events.columns.get("seq") if isinstance(events, EventColumns) and not events.materialized else None
+    return raw.start if isinstance(raw, range) and raw.step == 1 else seqs
 
 
 def _count_move(into: dict, out: dict, old: str, new: str, seq: int) -> None:
@@ -296,29 +301,32 @@ def _simulate(e: tuple[str, Any, int, bool], a: int, b: int, kinds: list[Any], p
     return r
 
 
-def _assemble(memo: dict[Any, _Run], seqs: Any, into: dict, out: dict) -> tuple[dict, dict, dict]:
+def _assemble(memo: dict[Any, _Run], seqs: Any, into: dict, out: dict) -> tuple[tuple[dict, ...], dict, dict]:
     """Expand the remembered results with each run's seqs, mostly in C (NOTE rule 2): every handle as if it had
-    one run (`_walk` redoes those with more)."""
-    lists: dict[int, Any] = {}
+    one run (`_walk` redoes those with more). `seqs` may be the number that turns a position into its seq."""
+    lists: tuple[dict[int, Any], ...] = ({}, {}, {}, {})  # handle -> seqs, states, kinds, reasons
     replays: dict[int, int] = {}
     refusals: dict[int, list[tuple[int, Any]]] = {}
     results = [t for r in memo.values() for t in ((r,) if r.tail is None else r.tail.values())]
     for r in results:
         if not r.starts:
             continue
-        picked = [list(map(seqs.__getitem__, map(add, r.starts, itertools.repeat(o)))) for o in r.offsets]
+        if isinstance(seqs, int):
+            picked = [list(map(add, r.starts, itertools.repeat(o + seqs))) for o in r.offsets]
+        else:
+            picked = [list(map(seqs.__getitem__, map(add, r.starts, itertools.repeat(o)))) for o in r.offsets]
         for state, column in zip(r.states, picked):
             into.setdefault(state, []).extend(column)
         for state, column in zip(r.prev, picked):
             out.setdefault(state, []).extend(column)
-        at = zip(*picked) if picked else itertools.repeat(())
-        lists.update(zip(r.handles, zip(at, itertools.repeat(r.states), itertools.repeat(r.kinds),
-                                        itertools.repeat(r.reasons))))
+        lists[0].update(zip(r.handles, zip(*picked) if picked else itertools.repeat(())))
+        for values, shared in zip(lists[1:], (r.states, r.kinds, r.reasons)):
+            values.update(zip(r.handles, itertools.repeat(shared)))
         if r.replays:
             replays.update(zip(r.handles, itertools.repeat(r.replays)))
         if r.refusals:
             for h, a in zip(r.handles, r.starts):
-                refusals[h] = [(seqs[a + o], why) for o, why in r.refusals]
+                refusals[h] = [(a + o + seqs if isinstance(seqs, int) else seqs[a + o], why) for o, why in r.refusals]
     return lists, replays, refusals
 
 
@@ -351,4 +359,5 @@ def _walk(multi: set[int], first_seq: int, seeded: list[int], run_handles: list[
     for h, seq, state, kind, reason in last:
         for values, value in zip(acc[h], (seq, state, kind, reason)):
             values.append(value)
-    lists.update(acc)
+    for values, i in zip(lists, range(4)):
+        values.update(zip(acc, map(itemgetter(i), acc.values())))

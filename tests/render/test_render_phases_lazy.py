@@ -68,3 +68,18 @@ def test_random_event_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(phases, "_WALK", 3)  # the fallback to every event's pass, past the walk
     for seed in range(20):
         assert_same(_random_trace(seed))
+
+
+def test_more_than_on_long_traces_read_by_prefix() -> None:
+    # 1. Many passes early (found from the first 4,096 events); 2. few early and many after 70,000 events
+    #    (found from a longer prefix); 3. few anywhere (the whole count).
+    def trace_of(column: list) -> Trace:
+        return Trace(events=[Event(seq=i, t_ns=i, kind="grads_routed", handle_id=0, phase=p)
+                             for i, p in enumerate(column)])
+
+    alternating = ["dx", "dw", None] * 40
+    for column in (alternating * 200, ["dx"] * 70_000 + alternating * 10, ["dx"] * 50_000 + ["dw"] * 50_000):
+        trace = trace_of(column)
+        count = phase_span_count(trace)
+        for limit in (0, 1, 60, count - 1, count):
+            assert phase_spans_more_than(trace, limit) == (count > limit), (limit, count)
