@@ -198,9 +198,10 @@ def as_recording(trace: Trace) -> Trace:
     data, inside a `bus.tag()` block per micro-batch (so the tags are one object per block, as
     in a run); the bus stamps t_ns and thread_id itself. The channel's sink is the
     `RecordedEvents.keep` that `record()` opens (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
+    The memory samples go to a `RecordedMemory.keep`, as record(memory=True)'s probe hands them over.
     """
     from ckpt_viz import bus
-    from ckpt_viz.trace.rows import RecordedEvents
+    from ckpt_viz.trace.rows import RecordedEvents, RecordedMemory
 
     recorded = RecordedEvents()
     channel = bus.open_channel(rows=recorded.keep)
@@ -217,7 +218,10 @@ def as_recording(trace: Trace) -> Trace:
     finally:
         channel.close()
     assert recorded.pending == len(trace.events)
-    return Trace(events=recorded, memory=trace.memory, graphs=trace.graphs, meta=trace.meta)
+    memory = RecordedMemory()  # what record(memory=True) keeps: each change of reading as its probe hands it over
+    for s in trace.memory:
+        memory.keep(s.seq, s.t_ns, s.bytes_by_category, s.device_allocated, s.by_stage)
+    return Trace(events=recorded, memory=memory, graphs=trace.graphs, meta=trace.meta)
 
 
 def as_merged(trace: Trace) -> Trace:

@@ -12,9 +12,11 @@ NOTE [ What a recording captures ]
      probe/memory.py) as of right after every event (the native allocation log's
      probe marks each event and `trace.memory` is filled when the block closes;
      the dispatch tracker, its fallback, reads at each event: probe/allocations.py
-     `open_probe`); a `MemorySample` is stored when the reading differs from the
+     `open_probe`); a sample is stored when the reading differs from the
      previous one, so the memory at any event is that of the last sample at or
-     before it (a step function).
+     before it (a step function). `trace.memory` is then a `RecordedMemory`: the
+     samples kept as columns as they come, read as `MemorySample`s (NOTE [ Lazy
+     events ], rule 5, in ckpt_viz/trace/rows.py).
   3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call
      become `error` events even when the caller catches them (R13 needs that).
   4. graphs=True: a `GraphSnapshot` of the roots of every top-level
@@ -62,8 +64,8 @@ from typing import Any
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
 from ckpt_viz.events import EventRow
-from ckpt_viz.trace import MemorySample, Trace
-from ckpt_viz.trace.rows import RecordedEvents
+from ckpt_viz.trace import Trace
+from ckpt_viz.trace.rows import RecordedEvents, RecordedMemory
 from ckpt_viz.trace.schema import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
 
 __all__ = ["Recording", "last_trace", "record"]
@@ -161,6 +163,7 @@ class Recording:
         self._probe: Any = None
         self._names: dict[int, str] = {}
         self._last_reading: Any = None
+        self._memory = RecordedMemory()  # becomes trace.memory when the block opens with memory=True
 
     def _sample(self, row: EventRow) -> None:
         """Read memory right after the event `row` (the channel calls it in seq order; NOTE rule 2)."""
@@ -174,8 +177,7 @@ class Recording:
         if reading != self._last_reading:  # memory is a step function: store only the steps
             self._last_reading = reading
             totals, by_stage, device = reading
-            self.trace.memory.append(MemorySample(seq=row[0], t_ns=row[1][0], bytes_by_category=totals,
-                                                  device_allocated=device, by_stage=by_stage))
+            self._memory.keep(row[0], row[1][0], totals, device, by_stage)
 
     def assign_stage(self, tensors: Any, stage: Any) -> None:
         """Count `tensors` (a pipeline stage's parameters) under `stage` in the memory samples' `by_stage`."""
@@ -227,6 +229,8 @@ class Recording:
             self._release(None, None, None)
             raise
         events = self.trace.events = RecordedEvents(self.trace.events)  # NOTE [ Lazy events ] in trace/rows.py
+        if self._probe is not None:  # samples kept as columns as they come (NOTE [ Lazy events ], rule 5)
+            self._memory = self.trace.memory = RecordedMemory(self.trace.memory)
         self._channel = bus.open_channel(rows=events.keep, after=self._sample if self._probe is not None else None,
                                          names=self._names)
         _BY_CHANNEL[self._channel] = self
@@ -257,7 +261,7 @@ class Recording:
             if probe is not None:
                 probe.__exit__(*exc)
                 if probe.deferred:
-                    self.trace.memory.extend(probe.finish())
+                    probe.finish(self._memory.keep)
 
 
 def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:

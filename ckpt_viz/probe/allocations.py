@@ -271,8 +271,10 @@ class AllocationProbe:
         for ptr, size in made.items():
             ledger.alloc(ptr, size)
 
-    def finish(self) -> list[Any]:
-        """The MemorySamples of every mark, one per change of reading (after `__exit__`)."""
+    def finish(self, keep: Any = None) -> list[Any]:
+        """The MemorySamples of every mark, one per change of reading (after `__exit__`); with `keep`, each
+        change goes to keep(seq, t_ns, totals, device, by_stage) instead (a recording's RecordedMemory.keep)
+        and nothing is returned."""
         from ckpt_viz.trace import MemorySample
 
         samples, last = [], None
@@ -280,6 +282,9 @@ class AllocationProbe:
             if reading != last:
                 last = reading
                 totals, by_stage, device = reading
+                if keep is not None:
+                    keep(seq, t_ns, totals, device, by_stage)
+                    continue
                 samples.append(MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=totals,
                                             device_allocated=device, by_stage=by_stage))
         self._readings.clear()

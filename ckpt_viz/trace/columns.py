@@ -241,6 +241,10 @@ class MemoryColumns(_LazyRows):
             "bytes_by_category": by_category,
         })
 
+    def saved_columns(self) -> dict[str, Any]:
+        """The columns as a save writes them (`ckpt_viz.trace.document`)."""
+        return dict(self.columns)
+
     def _readings(self, rows: Iterable[int]) -> Iterator[dict[str, int]]:
         by_category = self.columns["bytes_by_category"]
         names = list(by_category)

@@ -193,7 +193,7 @@ def _memory_to_dict(samples: Any) -> dict[str, Any]:
             i = next(i for i, r in enumerate(readings) if type(r) is not dict)
             raise InvalidDocument(f"memory[{i}].bytes_by_category is {show(readings[i])}, expected a dict")
         samples = MemoryColumns.from_samples(samples)
-    columns = dict(samples.columns)
+    columns = samples.saved_columns()  # a recording's: kept as columns as they came (NOTE [ Lazy events ], rule 5)
     t_ns = columns.pop("t_ns")
     check_types(t_ns, {int}, "memory[{}].t_ns", "an integer")
     by_category = columns.pop("bytes_by_category")

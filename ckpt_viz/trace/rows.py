@@ -23,6 +23,13 @@ NOTE [ Lazy events ]
   4. Threads: the bus keeps events under its channel's lock (so they arrive in seq
      order); building takes this container's own lock, so two readers never build an
      event twice.
+  5. Memory: a recording's samples arrive once per change of reading (never per event
+     with the native log: its probe hands them over when the block closes) and go
+     straight into columns (`RecordedMemory.keep`), the form a save writes, so no
+     `MemorySample` is built unless the samples are read, and a save does not turn
+     samples into columns (NOTE [ Saving fast ] in ckpt_viz.trace.document). The values
+     are checked on save like any others: they come from a probe, nothing here proves
+     their types.
 """
 from __future__ import annotations
 
@@ -32,9 +39,10 @@ from operator import attrgetter
 from typing import Any, overload
 
 from ckpt_viz.events import ROW_FIELDS, Event, make_event
-from ckpt_viz.trace.columns import EventColumns
+from ckpt_viz.trace.columns import EventColumns, MemoryColumns, _as_range
+from ckpt_viz.trace.types import MemorySample
 
-__all__ = ["RecordedEvents"]
+__all__ = ["RecordedEvents", "RecordedMemory"]
 
 _WIDTH = len(ROW_FIELDS)  # values kept per event: every field but seq
 _VALUE_INDEX = {name: i for i, name in enumerate(ROW_FIELDS)}
@@ -167,3 +175,64 @@ class RecordedEvents(MutableSequence):
 
     def __repr__(self) -> str:
         return f"RecordedEvents({len(self)} events, {self.pending} not built yet)"
+
+
+class RecordedMemory(MemoryColumns):
+    """A recording's memory samples, kept as columns as they arrive; see NOTE [ Lazy events ], rule 5.
+
+    Reads like the list of `MemorySample`s (a `MemoryColumns`: each read builds the sample); a write
+    through the list protocol turns it into that list, and later samples are appended to it.
+    """
+
+    __slots__ = ("_gaps",)
+
+    def __init__(self, samples: Iterable[MemorySample] = ()) -> None:
+        super().__init__({"seq": [], "t_ns": [], "device_allocated": [], "by_stage": [], "bytes_by_category": {}})
+        self._gaps = False  # some sample lacks a category another one has
+        for s in samples:
+            self.keep(s.seq, s.t_ns, s.bytes_by_category, s.device_allocated, s.by_stage)
+
+    def keep(self, seq: int, t_ns: int, totals: dict[str, int], device: int | None,
+             by_stage: dict[str, dict[str, int]]) -> None:
+        """Keep the next sample: bytes by category `totals` right after event `seq` (a probe's reading)."""
+        if self._list is not None:  # written to through the list protocol: a plain list from then on
+            self._list.append(MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=totals, device_allocated=device,
+                                           by_stage=by_stage))
+            return
+        c = self.columns
+        c["seq"].append(seq)
+        c["t_ns"].append(t_ns)
+        c["device_allocated"].append(device)
+        c["by_stage"].append(by_stage)
+        by_category = c["bytes_by_category"]
+        if totals.keys() == by_category.keys():  # the usual case: the same categories as the last sample
+            for name, column in by_category.items():
+                column.append(totals[name])
+            return
+        n = len(c["seq"]) - 1
+        for name in totals:
+            if name not in by_category:  # a category first measured now
+                by_category[name] = [None] * n
+                self._gaps = self._gaps or n > 0
+        for name, column in by_category.items():
+            value = totals.get(name)
+            self._gaps = self._gaps or value is None
+            column.append(value)
+
+    def saved_columns(self) -> dict[str, Any]:
+        """The columns as a save writes them, at one moment (a sample kept meanwhile is left out)."""
+        c = self.columns
+        by_category = list(c["bytes_by_category"].values())
+        n = min(len(c["seq"]), len(c["t_ns"]), len(c["device_allocated"]), len(c["by_stage"]), *map(len, by_category))
+        columns = {name: c[name][:n] for name in ("seq", "t_ns", "device_allocated", "by_stage")}
+        columns["seq"] = _as_range(columns["seq"])
+        if not any(columns["by_stage"]):
+            columns["by_stage"] = None
+        columns["bytes_by_category"] = {name: column[:n] for name, column in list(c["bytes_by_category"].items())}
+        return columns
+
+    def _has_gaps(self) -> bool:
+        return self._gaps
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a copy or a pickle is a plain list of samples
+        return (list, (list(self),))

@@ -4,10 +4,13 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
 import torch
 
 import ckpt_viz
 from ckpt_viz.runtime import checkpoint
+from ckpt_viz.trace import MemorySample
+from ckpt_viz.trace.rows import RecordedMemory
 
 
 class Net(torch.nn.Module):
@@ -137,3 +140,24 @@ def test_threads_handed_one_recording_number_its_events_in_order() -> None:
     assert [e.seq for e in events] == list(range(600))
     for name in "ab":  # each thread's own events stay in its order
         assert [e.data["at"] for e in events if e.data["at"][0] == name] == [f"{name}{i}" for i in range(300)]
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native-log", "dispatch-tracker"])
+def test_memory_is_kept_as_columns_and_saves_what_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           native: str) -> None:
+    # NOTE [ Lazy events ], rule 5 (ckpt_viz/trace/rows.py): both probes hand their samples to RecordedMemory.keep.
+    monkeypatch.setenv("CKPT_VIZ_NATIVE", native)
+    torch.manual_seed(0)
+    net = Net()
+    with ckpt_viz.record(memory=True, model=net) as rec:
+        net(torch.randn(4, 8)).sum().backward()
+    memory = rec.trace.memory
+    assert isinstance(memory, RecordedMemory) and not memory.materialized and len(memory) > 3
+    samples = list(memory)  # read as MemorySamples, each built when read
+    assert all(isinstance(s, MemorySample) for s in samples)
+    assert all(a.bytes_by_category != b.bytes_by_category or a.by_stage != b.by_stage
+               for a, b in itertools.pairwise(samples))  # still only the steps
+    assert samples[0].bytes_by_category["parameters"] == sum(p.numel() * p.element_size() for p in net.parameters())
+    rec.trace.save(tmp_path / "t.json.gz")
+    back = ckpt_viz.Trace.load(tmp_path / "t.json.gz")
+    assert list(back.memory) == samples and back.events == rec.trace.events
