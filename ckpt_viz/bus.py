@@ -17,22 +17,23 @@ NOTE [ Cost with nobody listening ]
      that is, only while somebody listens here.
   4. A subscriber that raises propagates into the runtime; it is not swallowed.
   5. With somebody listening, emitting is the hot path (a training step emits tens of
-     events). The runtime calls `emit_row` (`emit` with the fields positional; `emit`
-     calls it). The usual case, this context's scope being one open recording's
-     channel (`Scope.sole`, found when the scope is made) and no global subscriber,
-     takes a path of its own at the top: the fields become one tuple that the channel
-     hands to its recording, which keeps the values in one flat list and builds no
-     Event until its trace is read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
-     Otherwise the scope is read once (no launch-context lookup when this context has
-     its own open scope; then the tags are this context's too) and every channel
-     shares that tuple. A recording's event comes back as an `EventRow` (its seq and
-     the tuple), which has every attribute of the Event (the runtime reads `.seq` and
-     `.site`) and which nothing keeps; channels opened with `fn` and global
-     subscribers get Events (`events.make_event`). Call sites are cached per (file,
+     events). The runtime calls `emit_row` (`emit` with the fields positional). The
+     usual case, this context's scope being one open recording's channel (`Scope.sole`,
+     found when the scope is made) and no global subscriber, takes a path of its own:
+     the fields become one tuple that the recording keeps in its flat list with one
+     atomic `list.extend` (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py): no lock, no
+     counter, as a recording numbers its events by position. The event comes back as a
+     `KeptRow` (every attribute of the Event; its `.seq` is looked up when read: a
+     reentrant handle keeps its `released` and `node_collected` rows, and so the
+     recording's events, while it lives, and reads their seq only if an error quotes
+     it). Otherwise the scope is read once and every channel shares the tuple; a
+     channel with a memory reading (`after`) keeps under its lock, so readings come in
+     seq order; channels opened with `fn` and global subscribers get Events, numbered
+     by counters. Call sites are cached per (file,
      line) (ckpt_viz/sites.py); tags are read only once a `tag()` block has opened.
 
 NOTE [ Recording scopes ]
-  1. A *channel* is one scoped listener with its own seq counter (a recording owns
+  1. A *channel* is one scoped listener with its own seq from 0 (a recording owns
      one). `open_channel(fn)` adds it to the scope of the current context, a
      ContextVar holding the open channels innermost last; `Channel.close()` removes
      exactly that channel again. Removal is by identity, never a ContextVar token
@@ -74,7 +75,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ckpt_viz.events import Event, EventRow, make_event
+from ckpt_viz.events import Event, EventRow, KeptRow, make_event
+from ckpt_viz.launch import context_value, launch_context, set_launch_context
 from ckpt_viz.sites import call_site, skip_frames_in
 
 __all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
@@ -95,7 +97,6 @@ _seq = itertools.count()
 _NO_TAGS: Mapping[str, Any] = {}  # one shared object: traces intern tags by identity
 _TAGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ckpt_viz_tags", default=None)
 _tagged = False  # True once any `tag()` block opened in this process: until then no context has tags
-_MISSING: Any = object()
 _new_row = tuple.__new__
 _monotonic_ns = time.monotonic_ns
 _get_ident = threading.get_ident
@@ -139,15 +140,17 @@ class Channel:
     """One scoped listener, its own seq from 0 (NOTE [ Recording scopes ]): it hands each event as an `Event`
     to `fn`, or (a recording's) as its fields after seq to `rows`, then as an `EventRow` to `after`."""
 
-    __slots__ = ("__weakref__", "_after", "_keep", "_lock", "_only_rows", "_seq", "fn", "is_open", "names")
+    __slots__ = ("__weakref__", "_after", "_keep", "_lock", "_only_rows", "_seq", "_seq_of", "fn", "is_open", "names")
 
     def __init__(self, fn: Subscriber | None, names: Mapping[int, str] | None,
                  rows: Callable[[tuple[Any, ...]], None] | None = None,
-                 after: Callable[[EventRow], None] | None = None) -> None:
+                 after: Callable[[EventRow], None] | None = None,
+                 seq_of: Callable[[tuple[Any, ...]], int | None] | None = None) -> None:
         self.fn: Subscriber | None = fn
         self._keep = rows
         self._after = after
-        self._only_rows = rows if after is None else None  # emit_row's fast path (NOTE [ Cost ... ], rule 5)
+        self._seq_of = seq_of  # numbered by position (NOTE [ Cost ... ], rule 5); None: by self._seq
+        self._only_rows = (rows, seq_of) if after is None and seq_of is not None else None  # emit_row's fast path
         self.names = names or {}
         self.is_open = True
         self._seq = 0
@@ -158,8 +161,14 @@ class Channel:
             keep = self._keep
             if keep is not None:
                 keep(values)
-                row = _new_row(EventRow, (self._seq, values))
-                self._seq += 1
+                seq_of = self._seq_of
+                if seq_of is None:
+                    row = _new_row(EventRow, (self._seq, values))
+                    self._seq += 1
+                elif self._after is None:
+                    return _new_row(KeptRow, (seq_of, values))
+                else:
+                    row = _new_row(EventRow, (seq_of(values), values))
                 after = self._after
                 if after is not None:
                     after(row)
@@ -179,7 +188,7 @@ class Channel:
             if not self.is_open:
                 return
             self.is_open = False
-            self.fn = self._keep = self._after = self._only_rows = None  # a closed channel keeps nothing alive
+            self.fn = self._keep = self._after = self._only_rows = self._seq_of = None  # it keeps nothing alive
             _open_channels -= 1
             _update_enabled()
         own = _SCOPE.get()
@@ -210,28 +219,6 @@ class Scope:
 
 _EMPTY = Scope()
 _SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("ckpt_viz_scope", default=None)
-_launch_context: Callable[[], contextvars.Context | None] | None = None
-
-
-def set_launch_context(fn: Callable[[], contextvars.Context | None] | None) -> None:
-    """Install the reader of the context that launched the running backward; see NOTE [ Recording scopes ], rule 5."""
-    global _launch_context
-    _launch_context = fn
-
-
-def launch_context() -> contextvars.Context | None:
-    """The context of the code that launched the running backward, if the engine carries one here."""
-    return reader() if (reader := _launch_context) is not None else None
-
-
-def context_value(var: contextvars.ContextVar[Any], default: Any = None) -> Any:
-    """`var`'s value in this context, else in the backward's launch context, else `default`."""
-    value = var.get(_MISSING)
-    if value is _MISSING or value is None:
-        launched = launch_context()
-        if launched is not None:
-            value = launched.get(var, value)
-    return default if value is _MISSING or value is None else value
 
 
 def current_scope() -> Scope:
@@ -249,19 +236,21 @@ def current_scope() -> Scope:
 
 def open_channel(fn: Subscriber | None = None, *, names: Mapping[int, str] | None = None,
                  rows: Callable[[tuple[Any, ...]], None] | None = None,
-                 after: Callable[[EventRow], None] | None = None) -> Channel:
+                 after: Callable[[EventRow], None] | None = None,
+                 seq_of: Callable[[tuple[Any, ...]], int | None] | None = None) -> Channel:
     """Open a channel in the current context, inside the channels already open here; `close()` it when done.
 
     `fn` gets each Event the code of this context emits, numbered from seq 0; or, instead,
     `rows` gets each event's fields after seq as a tuple (a recording's `RecordedEvents.keep`,
     NOTE [ Cost with nobody listening ], rule 5) and `after` (only with `rows`, a memory
-    reading) then gets it as an `EventRow`. `names`: id(object) -> name (see `name_of`).
+    reading) then gets it as an `EventRow`; `seq_of` (with `rows`: `RecordedEvents.seq_of`) numbers them by
+    position instead of a counter. `names`: id(object) -> name (see `name_of`).
     """
     global _open_channels
     if (fn is None) == (rows is None) or (after is not None and rows is None):
         raise TypeError("ckpt_viz.bus.open_channel: pass either fn or rows (after only with rows).\n"
                         "Tip: open_channel(listener) for Events, open_channel(rows=events.keep) for a recording.")
-    channel = Channel(fn, names, rows, after)
+    channel = Channel(fn, names, rows, after, seq_of if rows is not None else None)
     base = current_scope()
     channels = tuple(c for c in base.channels if c.is_open)
     _SCOPE.set(Scope(channels=(*channels, channel), shared=base.shared if channels else {}))
@@ -322,19 +311,16 @@ def emit_row(kind: str, handle_id: int | None, mode: str | None, phase: str | No
     if own is not None and not _subscribers and (scope is None or scope is own):
         channel = own.sole  # the usual case: one open recording here and nobody else (NOTE [ Cost ... ], 5)
         if channel is not None:
-            keep = channel._only_rows  # None once the channel closed
-            if keep is not None:
+            positional = channel._only_rows  # (keep, seq_of); None once the channel closed
+            if positional is not None:
                 if site is None and capture_site:
                     site = call_site()
                 if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
                     session_id = repr(session_id)
                 values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id,
                           (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS, site, _get_ident(), data)
-                with channel._lock:
-                    keep(values)
-                    seq = channel._seq
-                    channel._seq = seq + 1
-                return _new_row(EventRow, (seq, values))
+                positional[0](values)  # one atomic extend: seq = position, no lock (rows.py NOTE rule 4)
+                return _new_row(KeptRow, (positional[1], values))
     if scope is None and own is not None and (own.channels[-1].is_open or own.is_open()):
         scope = own  # the common case: no launch-context fallback (rule 5 of the NOTE), this context's tags
         tags = (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS

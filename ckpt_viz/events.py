@@ -29,6 +29,7 @@ __all__ = [
     "DiagnosisCode",
     "Event",
     "EventRow",
+    "KeptRow",
     "Mode",
     "Phase",
     "make_event",
@@ -384,4 +385,15 @@ class EventRow(tuple):  # type: ignore[type-arg]
         return make_event(self[0], *self[1])
 
     def __repr__(self) -> str:
-        return f"EventRow(seq={self[0]}, kind={self[1][1]!r}, handle_id={self[1][2]!r})"
+        return f"{type(self).__name__}(seq={self.seq}, kind={self[1][1]!r}, handle_id={self[1][2]!r})"
+
+
+class KeptRow(EventRow):
+    """`(seq_of, values)`: an `EventRow` whose seq, its position in the recording, is found when read (bus NOTE
+    [ Cost with nobody listening ], rule 5)."""
+
+    __slots__ = ()
+    seq = property(lambda row: row[0](row[1]), doc="The event's `seq` in its recording's numbering.")
+
+    def event(self) -> Event:
+        return make_event(self.seq, *self[1])

@@ -30,6 +30,7 @@ from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.owners import qualname
 from ckpt_viz.runtime.state import ExecutionState
+from ckpt_viz.runtime.tensor_meta import meta
 
 __all__ = [
     "InputSlot",
@@ -80,29 +81,11 @@ def input_slot(index: int) -> InputSlot:
     return _SLOTS[index]
 
 
-_NAMES: dict[Any, str] = {}  # dtype or device -> its name: str() of either costs a microsecond per event
-
-
-def _name(value: Any, prefix: str = "") -> str:
-    name = _NAMES.get(value)
-    if name is None:
-        name = _NAMES[value] = str(value).removeprefix(prefix)
-    return name
-
-
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors among a function's outputs, in order (a lone tensor without the pytree walk)."""
     if isinstance(value, torch.Tensor):
         return [value]
     return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
-
-
-def meta(t: torch.Tensor) -> dict[str, Any]:
-    dtype = t.dtype
-    return {"shape": list(t.shape), "dtype": _NAMES.get(dtype) or _name(dtype, "torch."),
-            # a CPU tensor's device without building its torch.device
-            "device": "cpu" if t.is_cpu else (_NAMES.get(device := t.device) or _name(device)),
-            "requires_grad": t.requires_grad, "nbytes": t.nbytes}  # numel() * element_size()
 
 
 class ReentrantCheckpointHandle:
@@ -145,10 +128,10 @@ class ReentrantCheckpointHandle:
     recording_exclude: bool = False
     site: str | None = None
     release_reason: str | None = None
-    release_seq: int | None = None
     release_site: str | None = None
     node_collected: bool = False
-    collected_seq: int | None = None
+    _release_row: Any = None  # the recording's `released` / `node_collected` rows: their seq is found when read
+    _collected_row: Any = None
     replay_count: int = 0
     _backward_site: str | None = None
     _captured_report: list | None = None  # `grads_routed`'s captured field, between the backward and its event
@@ -171,6 +154,16 @@ class ReentrantCheckpointHandle:
     def __repr__(self) -> str:
         state = "released" if self.released else ("replayed" if self.replay_outputs is not None else "recorded")
         return f"<ReentrantCheckpointHandle h{self.handle_id} {state} phase={self.phase}>"
+
+    @property
+    def release_seq(self) -> int | None:
+        """The seq of this handle's `released` event in the innermost recording that got it, else None."""
+        return self._release_row.seq if self._release_row is not None else None
+
+    @property
+    def collected_seq(self) -> int | None:
+        """The seq of this handle's `node_collected` event in the innermost recording that got it, else None."""
+        return self._collected_row.seq if self._collected_row is not None else None
 
     # ------------------------------------------------------------ events
 
@@ -335,8 +328,8 @@ class ReentrantCheckpointHandle:
         if bus.enabled:
             event = self._emit("released", reason=reason, was_replayed=was_replayed,
                                entries_released=entries, exclude_cache_size=cache_size)
-            if event is not None:
-                self.release_seq, self.release_site = event.seq, event.site
+            if event is not None:  # the seq is looked up only if an error quotes it (bus NOTE [ Cost ... ], 5)
+                self._release_row, self.release_site = event, event.site
 
     def bind_session(self, session_id: Hashable) -> None:
         """Register this handle under `session_id` for activation and clearing; does not replay.
@@ -382,7 +375,7 @@ class ReentrantCheckpointHandle:
             event = bus.emit_row("node_collected", self.handle_id, "reentrant", self.phase, self.session_id, None,
                                  False, {"was_replayed": self.replay_count > 0, "released": self.released}, self._home)
             if event is not None:
-                self.collected_seq = event.seq
+                self._collected_row = event
 
 
 def fail(exc: BaseException, where: str, handle: ReentrantCheckpointHandle | None = None) -> BaseException:

@@ -305,3 +305,39 @@ def test_a_keeping_channel_returns_event_rows_and_an_fn_channel_inside_it_gets_e
         bus.open_channel(inner_seen.append, rows=rows.keep)
     with pytest.raises(TypeError, match="either fn or rows"):
         bus.open_channel()
+
+
+def test_a_recording_numbered_by_position_gives_every_thread_the_seq_its_event_has() -> None:
+    # NOTE [ Cost with nobody listening ], rule 5: no lock, no counter; seq = position (rows.py NOTE rule 4).
+    import threading
+
+    from ckpt_viz.events import KeptRow
+    from ckpt_viz.trace.rows import RecordedEvents
+
+    kept = RecordedEvents()
+    channel = bus.open_channel(rows=kept.keep, seq_of=kept.seq_of)
+    scope = bus.current_scope()
+    assert scope.sole is channel
+    got: dict[int, list] = {}
+    start = threading.Barrier(4)
+
+    def work(worker: int) -> None:
+        with bus.enter_scope(scope):
+            start.wait()
+            got[worker] = [bus.emit_row("phase_set", worker, None, None, None, None, False, {"i": i})
+                           for i in range(2000)]
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    half = kept[:100]  # a reader builds some events while the threads keep more
+    for t in threads:
+        t.join()
+    mine = bus.emit("phase_set", handle_id=9, capture_site=False)
+    channel.close()
+    assert isinstance(mine, KeptRow) and mine.seq == 8000 and half == kept[:100]
+    assert [e.seq for e in kept] == list(range(8001))
+    for worker, rows in got.items():
+        assert [kept[row.seq].data["i"] for row in rows] == list(range(2000))  # each row names its own event
+        assert {kept[row.seq].handle_id for row in rows} == {worker} and rows[0].event() == kept[rows[0].seq]
+    assert kept.seq_of((0,)) is None  # an event it never kept
