@@ -360,3 +360,22 @@ def test_repeated_patterns(tmp_path: Path) -> None:
             assert_same(trace)
             if seed % 10 == 0:
                 assert_same(_loaded(trace, tmp_path, f"pattern{seed}"))
+
+
+def test_values_that_cannot_be_keyed_or_compare_equal(tmp_path: Path) -> None:
+    # 4. Data values that are not hashable (a list trigger: no run is a hit, the same result), and reasons 1 and
+    #    True (equal as keys, kept apart: each release keeps the reason it was given).
+    rows = []
+    for h in range(6):
+        rows += [("handle_created", h, "ordinary", {}), ("replay_started", h, None, {}),
+                 ("replay_finished", h, None, {"saved_count": 1, "trigger": [("backward", "prefire")[h % 2]]}),
+                 ("tensor_unpacked", h, None, {"consumed": [h % 3]})]
+    assert_same(_events(rows))
+    reasons = (1, True)
+    rows = []
+    for h in range(6):
+        rows += [*_life(h, "")[:-1], ("released", h, "dx", {"reason": reasons[h % 2]})]
+    trace = _events(rows)
+    assert_same(trace)
+    assert_same(_loaded(trace, tmp_path, "equal-reasons"))
+    assert [type(lifecycle_module.lifecycle(trace).released(h).reason) for h in range(2)] == [int, bool]
