@@ -232,7 +232,7 @@ class Recording:
         if self._probe is not None:  # samples kept as columns as they come (NOTE [ Lazy events ], rule 5)
             self._memory = self.trace.memory = RecordedMemory(self.trace.memory)
         self._channel = bus.open_channel(rows=events.keep, after=self._sample if self._probe is not None else None,
-                                         names=self._names)
+                                         names=self._names, seq_of=events.seq_of)  # numbered by position
         _BY_CHANNEL[self._channel] = self
         self._scope = bus.current_scope()
         return self

@@ -171,7 +171,7 @@ def _number(tags: list[Any]) -> tuple[list[int], list[int]]:
     try:
         keys = zip(map(tuple, map(dict.items, tags)), map(tuple, map(map, repeat(type), map(dict.values, tags))))
         indexes, first = _intern(keys, keep_positions=True)
-        if {type(v) for i in first for v in tags[i].values()} <= _EXACT:
+        if set(map(type, itertools.chain.from_iterable(map(dict.values, map(tags.__getitem__, first))))) <= _EXACT:
             return indexes, first
     except TypeError:  # not a dict, or an unhashable value
         pass

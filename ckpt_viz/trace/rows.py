@@ -20,9 +20,12 @@ NOTE [ Lazy events ]
   3. Writes (append, insert, delete, assignment) act on the built Events; events that
      arrive later are built and appended after them, as on a list the recorder
      appends to.
-  4. Threads: the bus keeps events under its channel's lock (so they arrive in seq
-     order); building takes this container's own lock, so two readers never build an
-     event twice.
+  4. Threads: the bus keeps each event with one `list.extend` of its tuple, which the
+     GIL makes atomic, so threads keeping events at once never interleave their fields
+     and an event's position is its seq; the bus takes no lock for it. `seq_of(values)`
+     finds a kept event's seq afterwards by the identity of its `t_ns` object (unique
+     among live objects), from the end. Building takes this container's own lock, so
+     two readers never build an event twice.
   5. Memory: a recording's samples arrive once per change of reading (never per event
      with the native log: its probe hands them over when the block closes) and go
      straight into columns (`RecordedMemory.keep`), the form a save writes, so no
@@ -99,6 +102,23 @@ class RecordedEvents(MutableSequence):
             return {"seq": seqs, **dict(zip(ROW_FIELDS, values))}
         return {"seq": [*map(attrgetter("seq"), built), *seqs],
                 **{name: [*map(attrgetter(name), built), *v] for name, v in zip(ROW_FIELDS, values)}}
+
+    def seq_of(self, values: tuple[Any, ...]) -> int | None:
+        """The seq of the kept event whose fields after seq are `values` (NOTE rule 4), None if it is gone."""
+        t_ns = values[0]
+        with self._lock:
+            flat = self._flat
+            last = len(flat) - _WIDTH
+            if last >= 0 and flat[last] is t_ns:  # the usual: the last one kept
+                return self._next_seq + last // _WIDTH
+            for at in range(last - _WIDTH, -1, -_WIDTH):
+                if flat[at] is t_ns:
+                    return self._next_seq + at // _WIDTH
+            built = self._built
+            for at in range(len(built) - 1, -1, -1):
+                if built[at].t_ns is t_ns:
+                    return built[at].seq
+        return None
 
     @property
     def pending(self) -> int:
