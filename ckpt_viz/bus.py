@@ -197,6 +197,10 @@ class Channel:
             _SCOPE.set(Scope(channels=rest, shared=own.shared) if rest else None)
 
 
+_NOT_SOLE = Channel(None, None)  # Scope.sole when the fast path does not apply: it keeps nothing
+_NOT_SOLE.is_open = False
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     """The channels code running here belongs to (innermost last), and the state they share."""
@@ -204,7 +208,7 @@ class Scope:
     channels: tuple[Channel, ...] = ()
     shared: dict[str, Any] = field(default_factory=dict)
     # the one channel, when it is a recording's without `after`: emit_row's fast path (NOTE [ Cost ... ], 5)
-    sole: Channel | None = field(default=None, init=False, repr=False, compare=False)
+    sole: Channel = field(default=_NOT_SOLE, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.channels) == 1 and self.channels[0]._only_rows is not None:
@@ -309,18 +313,17 @@ def emit_row(kind: str, handle_id: int | None, mode: str | None, phase: str | No
     """`emit` with the fields positional (`data` a dict made for this event): the runtime's hot path."""
     own = _SCOPE.get()
     if own is not None and not _subscribers and (scope is None or scope is own):
-        channel = own.sole  # the usual case: one open recording here and nobody else (NOTE [ Cost ... ], 5)
-        if channel is not None:
-            positional = channel._only_rows  # (keep, seq_of); None once the channel closed
-            if positional is not None:
-                if site is None and capture_site:
-                    site = call_site()
-                if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
-                    session_id = repr(session_id)
-                values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id,
-                          (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS, site, _get_ident(), data)
-                positional[0](values)  # one atomic extend: seq = position, no lock (rows.py NOTE rule 4)
-                return _new_row(KeptRow, (positional[1], values))
+        # the usual case: one open recording here and nobody else (NOTE [ Cost ... ], 5)
+        positional = own.sole._only_rows  # (keep, seq_of); None once the channel closed, or no sole one
+        if positional is not None:
+            if site is None and capture_site:
+                site = call_site()
+            if session_id is not None and not isinstance(session_id, (str, int, float, bool)):
+                session_id = repr(session_id)
+            values = (_monotonic_ns(), kind, handle_id, mode, phase, session_id,
+                      (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS, site, _get_ident(), data)
+            positional[0](values)  # one atomic extend: seq = position, no lock (rows.py NOTE rule 4)
+            return _new_row(KeptRow, (positional[1], values))
     if scope is None and own is not None and (own.channels[-1].is_open or own.is_open()):
         scope = own  # the common case: no launch-context fallback (rule 5 of the NOTE), this context's tags
         tags = (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS

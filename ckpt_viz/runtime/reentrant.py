@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import operator
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from operator import is_, is_not
@@ -222,6 +223,32 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
     return (None, None, *input_grads, None)
 
 
+_CREATED: dict[int, tuple[Any, tuple, dict[str, Any]]] = {}  # id(function) -> (weakref to it, key, data)
+_TENSOR_KEY = operator.attrgetter("shape", "dtype", "requires_grad", "is_cpu")  # what meta() reads, on the CPU
+
+
+def _created(function: Callable, frame: ReentrantCheckpointHandle, collector: str, inputs: tuple) -> dict[str, Any]:
+    """`handle_created`'s data: kept per function (weakly) while its calls look the same, and then shared by
+    their events (facts nobody writes to; the function's name is read once); a function without weak references,
+    or inputs off the CPU, build it each call."""
+    key = (frame.split, frame.param_input_mask, collector, frame.preserve_rng_state, *map(_TENSOR_KEY, inputs))
+    entry = _CREATED.get(id(function))
+    if entry is not None and entry[0]() is function and entry[1] == key:
+        return entry[2]
+    data = {"split": frame.split, "input_count": frame.input_count, "param_input_mask": list(frame.param_input_mask),
+            "collector": collector, "preserve_rng_state": frame.preserve_rng_state, "function": qualname(function),
+            "inputs": [meta(t) for t in inputs]}
+    if all(t.is_cpu for t in inputs):
+        try:
+            ref = weakref.ref(function)
+        except TypeError:  # a builtin or another callable without weak references
+            return data
+        if len(_CREATED) >= 1024:
+            _CREATED.clear()
+        _CREATED[id(function)] = (ref, key, data)
+    return data
+
+
 _ROUTED: dict[tuple, dict[str, list[int]]] = {}  # (got a grad, param_input_mask, in DW) -> grads_routed's routing
 _NONES = itertools.repeat(None)
 
@@ -337,11 +364,7 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
         collector.append(frame)
     if bus.enabled:  # the site walk starts at our caller (the runtime's frames below it are never the user's)
         event = bus.emit_row("handle_created", frame.handle_id, "reentrant", frame.phase, frame.session_id,
-                             bus.call_site(2), False,
-                             {"split": frame.split, "input_count": frame.input_count,
-                              "param_input_mask": list(frame.param_input_mask), "collector": collector_name,
-                              "preserve_rng_state": preserve_rng_state, "function": qualname(function),
-                              "inputs": [meta(t) for t in inputs]})
+                             bus.call_site(2), False, _created(function, frame, collector_name, inputs))
         frame.site = event.site if event is not None else None
         frame.divergence = divergence.watch(frame, args, kwargs, inputs, frame._home)
     try:
