@@ -10,14 +10,17 @@ NOTE [ Runs remembered ]
      ordinary/dw grads_routed, the kind of the handle's next event (rule 4).
   2. So a run's result (its transitions as offsets into the run, the handle's state after
      it, its replays and refusals) is a function of: the entry state, the run's kinds and
-     phases (the trace's context ids, which hold both), the run's data values (one id per
-     distinct combination, `_value_ids`) and, when the run ends with an ordinary/dw
-     grads_routed, whether the handle's next event (in a later run) is a release. The pass
+     phases (a loaded trace's context ids, which hold both; else (kind, phase) pairs), the
+     run's data values (one id per distinct combination within a data shape, `_value_ids`)
+     and, when the run ends with an ordinary/dw grads_routed, whether the handle's next
+     event (in a later run) is a release. The pass
      computes it once per distinct key (`_simulate`, one step per event) and replays it
      with the run's seqs for every other run with that key: a training run repeats the
      same per-step pattern, so nearly every run is a hit.
   3. Events that name no handle change no state but for `session_cleared` (rule 5: it
-     names frames), interpreted event by event between runs, in order.
+     names frames), interpreted event by event between runs, in order. A handle whose
+     transitions come from more than one part (several runs, a session_cleared, rule 1's
+     seed, a grads_routed still pending at the end) has its lists rebuilt in order (`_walk`).
   4. Values that cannot be keyed (a data value that is not hashable) get one id per
      event: no run is then a hit, and the result is the same.
   5. The result must equal the plain pass exactly; tests/app/test_lifecycle_pass.py keeps
