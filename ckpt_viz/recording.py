@@ -163,7 +163,7 @@ class Recording:
         self._probe: Any = None
         self._names: dict[int, str] = {}
         self._last_reading: Any = None
-        self._memory = RecordedMemory()  # becomes trace.memory when the block opens with memory=True
+        self._memory: RecordedMemory | None = None  # trace.memory once the block opens with memory=True
 
     def _sample(self, row: EventRow) -> None:
         """Read memory right after the event `row` (the channel calls it in seq order; NOTE rule 2)."""
@@ -177,7 +177,7 @@ class Recording:
         if reading != self._last_reading:  # memory is a step function: store only the steps
             self._last_reading = reading
             totals, by_stage, device = reading
-            self._memory.keep(row[0], row[1][0], totals, device, by_stage)
+            self._memory.keep(row[0], row[1][0], totals, device, by_stage)  # type: ignore[union-attr]
 
     def assign_stage(self, tensors: Any, stage: Any) -> None:
         """Count `tensors` (a pipeline stage's parameters) under `stage` in the memory samples' `by_stage`."""
@@ -261,7 +261,10 @@ class Recording:
             if probe is not None:
                 probe.__exit__(*exc)
                 if probe.deferred:
-                    probe.finish(self._memory.keep)
+                    if self._memory is not None:
+                        probe.finish(self._memory.keep)
+                    else:  # the block did not open: nothing to keep
+                        probe.finish()
 
 
 def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:
