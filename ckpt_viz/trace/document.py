@@ -15,7 +15,9 @@ NOTE [ Saving fast ]
      its flat rows (NOTE [ Lazy events ] in ckpt_viz.trace.rows: no Event is built); other
      sequences are read with their `column(name)`, a list of Events with one C-level pass
      per field over a piece of 4,096 Events at a time (they stay in the CPU cache; memory
-     samples and data dicts are read by pieces for the same reason).
+     samples and data dicts are read by pieces for the same reason). A recording's memory
+     samples are already columns (`RecordedMemory`, NOTE [ Lazy events ], rule 5) and are
+     written as they are, with no MemorySample built or read.
   2. A loaded trace keeps, beside each run-packed column, the form it had in the file
      (`tables[PACKED]`: the column and that form); saved while the column is still that
      very list, the form is written again without looking for runs, and the data stays
