@@ -205,10 +205,12 @@ def data_shape(data: dict[str, Any], context: Any) -> list[int]:
     return unpack_runs(context if data["shape"] == "context" else data["shape"])
 
 
-def check_data(data: dict[str, Any], count: int, built_here: bool, context: Any, n_contexts: int) -> None:
+def check_data(data: dict[str, Any], count: int, built_here: bool, context: Any, n_contexts: int,
+               per_context: collections.Counter[int] | None = None) -> None:
     """Raise InvalidDocument for the first problem of a packed data column (of `count` events).
 
     context, n_contexts: the events' context column (checked) and the size of its table.
+    per_context: the count of each index in `context` when the caller has it (a pass over the events less).
     built_here: made by `pack_data`, so only the values are checked (bytes fields), not the layout.
     """
     if built_here:
@@ -236,7 +238,7 @@ def check_data(data: dict[str, Any], count: int, built_here: bool, context: Any,
         checked(shape, lambda col: check_range(col, 0, len(keys), "events[{}].data (its shape)",
                                                f"an index into events.columns.data.keys ({len(keys)} entries)"))
     shape = data_shape(data, context)
-    per_shape = collections.Counter(shape)
+    per_shape = per_context if per_context is not None and data["shape"] == "context" else collections.Counter(shape)
     for k, (names, columns) in enumerate(zip(keys, values)):
         size = per_shape[k]
         if type(names) is not list or not all(type(n) is str for n in names) or len(set(names)) != len(names):

@@ -51,6 +51,7 @@ NOTE [ Trace file format, schema 2 ]
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Any
 
 from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
@@ -161,13 +162,17 @@ def _check_events(events: dict[str, Any], built_here: bool, max_events: int | No
     _check_seq(columns["seq"], "events", count)
     for key in RUN_COLUMNS:  # NOTE [ Packed columns ] in ckpt_viz.trace.packed
         check_runs(columns[key], count, f"events.columns.{key}")
-    data = columns["data"]
+    data, context, per_context = columns["data"], columns["context"], None
     if not built_here:  # to_dict already checked these, or built them right
         check_types(columns["t_ns_delta"], {int}, "events[{}].t_ns (stored as t_ns_delta)", "an integer")
         if type(data) is list:
             check_types(data, {dict}, "events[{}].data", "an object")
         checked(columns["tags"], lambda column: _check_indexes(column, len(tags), "tags"))
-        checked(columns["context"], lambda column: _check_indexes(column, len(contexts), "context"))
+        if type(context) is list:  # its counts serve the data stored by context as well (one pass, not two)
+            per_context = _check_indexes(context, len(contexts), "context",
+                                         counted=type(data) is dict and data.get("shape") == "context")
+        else:
+            checked(context, lambda column: _check_indexes(column, len(contexts), "context"))
     _check_times(columns["t_ns_delta"], "events")
     checked(columns["handle_id"], lambda column: (
         check_types(column, {int, _NONE}, "events[{}].handle_id", "an integer or null"),
@@ -179,7 +184,7 @@ def _check_events(events: dict[str, Any], built_here: bool, max_events: int | No
     if type(data) is list:
         check_values(data, "events[{}].data", finite=not built_here)
     else:  # after the context indexes: packed data may be stored by context
-        check_data(data, count, built_here, columns["context"], len(contexts))
+        check_data(data, count, built_here, context, len(contexts), per_context)
     check_values(tags, "events.tables.tags[{}]", finite=not built_here)
     for entry, row in enumerate(contexts):
         _check_context(row, entry, columns["context"])
@@ -356,8 +361,17 @@ def _check_length(column: list[Any], count: int, name: str, count_name: str) -> 
         raise InvalidDocument(f"field '{name}' has {len(column)} values but {count_name} is {count}")
 
 
-def _check_indexes(column: list[Any], size: int, name: str) -> None:
+def _check_indexes(column: list[Any], size: int, name: str, counted: bool = False) -> Counter[int] | None:
+    # Every value an int from 0 to size - 1; the range is read off the distinct values (at most `size` of them
+    # when valid: a set is built faster than min and max compare a million ints). counted: return their counts.
     check_types(column, {int}, f"events[{{}}].{name}", f"an index into events.tables.{name}")
-    if column and (min(column) < 0 or max(column) >= size):
+    distinct: Any = None
+    if counted:
+        distinct = Counter(column)
+    elif size * 4 < len(column):
+        distinct = set(column)
+    values = distinct if distinct is not None else column
+    if values and (min(values) < 0 or max(values) >= size):
         i = next(i for i, v in enumerate(column) if not 0 <= v < size)
         raise InvalidDocument(f"events[{i}].{name} is {column[i]}, but events.tables.{name} has {size} entries")
+    return distinct if counted else None

@@ -261,3 +261,33 @@ def test_save_of_a_recording_builds_no_event(tmp_path: Path) -> None:
     Trace(events=recorded, meta=trace.meta).save(tmp_path / "t.json")
     assert recorded.pending == len(trace.events)  # saved from the kept fields
     assert Trace.load(tmp_path / "t.json") == trace == Trace(events=recorded, meta=trace.meta)
+
+
+# ---------------------------------------------------------------- the context column checked once for two uses
+
+def _context_doc(tmp_path: Path) -> dict[str, Any]:
+    doc = _saved(tmp_path, runs_trace(), "good.json")
+    columns = doc["events"]["columns"]
+    # A plain context column (no runs: each event has the next context), data stored by context, and four or
+    # more events per table entry: the context check counts the indexes and the data check reads those counts.
+    assert type(columns["context"]) is list and columns["data"]["shape"] == "context"
+    assert len(doc["events"]["tables"]["context"]) * 4 < len(columns["context"])
+    return doc
+
+
+BAD_CONTEXT = [
+    (_edit("context.5", -1), "events[5].context is -1, but events.tables.context has 8 entries"),
+    (_edit("context.5", 8), "events[5].context is 8, but events.tables.context has 8 entries"),
+    (_edit("context.5", True), "events[5].context is True (a boolean), expected an index into events.tables.context"),
+    (_edit("context.5", 1.0), "events[5].context is 1.0 (a number), expected an index into events.tables.context"),
+    # A valid index whose data shape has one event more: the counts of the context check find it.
+    (_edit("context.5", 1), "events.columns.data.values[1] has 12 values of 'nbytes', but 13 events have that"),
+]
+
+
+@pytest.mark.parametrize("mutate, phrase", BAD_CONTEXT, ids=[p[:40] for _, p in BAD_CONTEXT])
+def test_a_bad_context_index_is_refused_naming_the_event(tmp_path: Path, mutate: Any, phrase: str) -> None:
+    doc = _context_doc(tmp_path)
+    mutate(doc)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    _expect_load_error(tmp_path / "t.json", phrase)
