@@ -19,19 +19,24 @@ NOTE [ Rows stored as columns ]
   4. The Trace queries (kinds, count, of_kind, for_handle, handle_ids; in
      `ckpt_viz.trace.model`) read the event columns directly, so they stay fast on
      a loaded million-event trace.
+  5. A loaded trace keeps its events' t_ns as the differences the file stores (`Times`):
+     adding up a million of them makes a million new ints (60-70 ms), and only the
+     schedule timeline reads them all. Iterating adds them up as it goes; reading one
+     adds at most 4,095 to the start of its block of 4,096 (the block starts are summed
+     on the first such read); a slice builds, and keeps, the whole list.
 """
 from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterable, Iterator, MutableSequence
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from operator import attrgetter, eq, itemgetter
 from typing import Any, overload
 
 from ckpt_viz.events import Event
 from ckpt_viz.trace.types import CONTEXT_FIELDS, MemorySample
 
-__all__ = ["PACKED", "EventColumns", "MemoryColumns", "events_as_columns"]
+__all__ = ["PACKED", "EventColumns", "MemoryColumns", "Times", "events_as_columns"]
 
 PACKED = "_packed"  # tables[PACKED]: column name -> (the column, its form in the file it was loaded from)
 
@@ -281,6 +286,49 @@ class MemoryColumns(_LazyRows):
 
 
 _SAMPLE_FIELDS = ("seq", "t_ns", "device_allocated", "bytes_by_category", "by_stage")
+
+
+class Times(Sequence):
+    """Times in ns kept as their differences (the first time, then each next minus the last), read as the
+    times; see NOTE [ Rows stored as columns ], rule 5."""
+
+    __slots__ = ("_list", "_starts", "deltas")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, deltas: list[int]) -> None:
+        self.deltas = deltas
+        self._list: list[int] | None = None
+        self._starts: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.deltas)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._list) if self._list is not None else itertools.accumulate(self.deltas)
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._list is None and isinstance(index, slice):
+            self._list = list(itertools.accumulate(self.deltas))
+        if self._list is not None:
+            return self._list[index]
+        deltas = self.deltas
+        i = range(len(deltas))[index]
+        if self._starts is None:
+            blocks = map(slice, range(0, len(deltas), _BLOCK), range(_BLOCK, len(deltas) + _BLOCK, _BLOCK))
+            self._starts = [0, *itertools.accumulate(map(sum, map(deltas.__getitem__, blocks)))]  # sum before block b
+        block = i // _BLOCK
+        return self._starts[block] + sum(deltas[block * _BLOCK:i + 1])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (list, Times)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(eq, self, other))
+
+    def __repr__(self) -> str:
+        return f"Times({len(self)} values)"
+
+
+_BLOCK = 4096
 
 
 _SAMPLE_PIECE = 2048  # samples read at a time (from_samples)

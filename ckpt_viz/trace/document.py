@@ -46,7 +46,15 @@ from operator import attrgetter
 from typing import Any
 
 from ckpt_viz.events import Event
-from ckpt_viz.trace.columns import PACKED, EventColumns, MemoryColumns, _as_range, _intern, events_as_columns
+from ckpt_viz.trace.columns import (
+    PACKED,
+    EventColumns,
+    MemoryColumns,
+    Times,
+    _as_range,
+    _intern,
+    events_as_columns,
+)
 from ckpt_viz.trace.packed import DataColumn, pack_data, pack_runs, unpack_runs
 from ckpt_viz.trace.schema import (
     CONTEXT_TYPES,
@@ -110,7 +118,11 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
                    "context": pack_runs(context, indexes=True), "handle_id": pack_runs(fields["handle_id"]),
                    "session_id": pack_runs(fields["session_id"]), "tags": tags, "data": fields["data"]}
     t_ns = columns.pop("t_ns")
-    check_types(t_ns, {int}, "events[{}].t_ns", "an integer")
+    if type(t_ns) is Times:  # loaded: the differences the file held (checked then), written again as they are
+        deltas = t_ns.deltas
+    else:
+        check_types(t_ns, {int}, "events[{}].t_ns", "an integer")
+        deltas = _deltas(t_ns)
     data = columns["data"]
     if isinstance(data, DataColumn):  # a loaded trace: already packed
         columns["data"] = data.packed(context)
@@ -120,7 +132,7 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
             data = [_plain_dict(d) for d in data]
             check_types(data, {dict}, "events[{}].data", "an object")
             columns["data"] = pack_data(data, context, len(context_table))
-    columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": _deltas(t_ns), **columns}
+    columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": deltas, **columns}
     tables = {"context": context_table, "tags": [_plain_dict(t) for t in tags_table]}
     return {"count": len(t_ns), "context_fields": list(CONTEXT_FIELDS), "tables": tables, "columns": columns}
 
@@ -222,7 +234,7 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     events, memory = doc["events"], doc["memory"]
     event_columns = dict(events["columns"])
     event_columns["seq"] = _seq_in(event_columns["seq"], events["count"])
-    event_columns["t_ns"] = list(itertools.accumulate(event_columns.pop("t_ns_delta")))
+    event_columns["t_ns"] = Times(event_columns.pop("t_ns_delta"))  # NOTE [ Rows stored as columns ], rule 5
     kept = {}
     for key in RUN_COLUMNS:  # NOTE [ Saving fast ], rule 2: the packed form is saved again while untouched
         packed = event_columns[key]

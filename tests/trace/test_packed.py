@@ -291,3 +291,40 @@ def test_a_bad_context_index_is_refused_naming_the_event(tmp_path: Path, mutate:
     mutate(doc)
     (tmp_path / "t.json").write_text(json.dumps(doc))
     _expect_load_error(tmp_path / "t.json", phrase)
+
+
+# ---------------------------------------------------------------- t_ns kept as differences
+
+def test_times_read_like_the_list_they_add_up_to() -> None:
+    import itertools
+    import random
+
+    from ckpt_viz.trace.columns import Times
+
+    rng = random.Random(3)
+    deltas = [1_700_000_000_000_000_000] + [rng.randrange(0, 5_000) for _ in range(10_000)]  # 3 blocks of 4,096
+    expected = list(itertools.accumulate(deltas))
+    times = Times(deltas)
+    assert len(times) == len(expected) and list(times) == expected and times == expected
+    for i in (0, 1, 4095, 4096, 4097, 8191, 8192, 10_000, -1, -4097, -10_001):
+        assert times[i] == expected[i], i
+    assert all(times[i] == expected[i] for i in rng.sample(range(len(expected)), 300))
+    for bad in (10_001, -10_002):
+        with pytest.raises(IndexError):
+            times[bad]
+    assert times[4090:4100] == expected[4090:4100] and times[::-1] == expected[::-1]  # a slice builds the list
+    assert times[5000] == expected[5000] and list(times) == expected and Times([]) == [] and list(Times([])) == []
+
+
+def test_a_loaded_trace_keeps_its_times_as_differences_and_saves_them_again(tmp_path: Path) -> None:
+    from ckpt_viz.trace.columns import Times
+
+    trace = runs_trace()
+    trace.save(tmp_path / "t.json")
+    loaded = Trace.load(tmp_path / "t.json")
+    times = loaded.events.columns["t_ns"]
+    assert type(times) is Times and times == [e.t_ns for e in trace.events]
+    assert [e.t_ns for e in loaded.events] == [e.t_ns for e in trace.events] and loaded == trace
+    assert loaded.events[50].t_ns == trace.events[50].t_ns and loaded.events[-1] == trace.events[-1]
+    loaded.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == (tmp_path / "t.json").read_bytes()
