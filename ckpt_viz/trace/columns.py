@@ -23,7 +23,8 @@ NOTE [ Rows stored as columns ]
      adding up a million of them makes a million new ints (60-70 ms), and only the
      schedule timeline reads them all. Iterating adds them up as it goes; reading one
      adds at most 4,095 to the start of its block of 4,096 (the block starts are summed
-     on the first such read); a slice builds, and keeps, the whole list.
+     on the first such read); a slice, or a read after 256 rows read one at a time
+     (`Trace.of_kind` on a big trace reads thousands), builds the whole list and keeps it.
 """
 from __future__ import annotations
 
@@ -292,13 +293,14 @@ class Times(Sequence):
     """Times in ns kept as their differences (the first time, then each next minus the last), read as the
     times; see NOTE [ Rows stored as columns ], rule 5."""
 
-    __slots__ = ("_list", "_starts", "deltas")
+    __slots__ = ("_list", "_reads", "_starts", "deltas")
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, deltas: list[int]) -> None:
         self.deltas = deltas
         self._list: list[int] | None = None
         self._starts: list[int] | None = None
+        self._reads = 0
 
     def __len__(self) -> int:
         return len(self.deltas)
@@ -307,12 +309,13 @@ class Times(Sequence):
         return iter(self._list) if self._list is not None else itertools.accumulate(self.deltas)
 
     def __getitem__(self, index: Any) -> Any:
-        if self._list is None and isinstance(index, slice):
+        if self._list is None and (isinstance(index, slice) or self._reads > _READS):
             self._list = list(itertools.accumulate(self.deltas))
         if self._list is not None:
             return self._list[index]
         deltas = self.deltas
         i = range(len(deltas))[index]
+        self._reads += 1
         if self._starts is None:
             blocks = map(slice, range(0, len(deltas), _BLOCK), range(_BLOCK, len(deltas) + _BLOCK, _BLOCK))
             self._starts = [0, *itertools.accumulate(map(sum, map(deltas.__getitem__, blocks)))]  # sum before block b
@@ -329,6 +332,7 @@ class Times(Sequence):
 
 
 _BLOCK = 4096
+_READS = 256  # rows read one at a time (a few microseconds each) before the whole list is built instead
 
 
 _SAMPLE_PIECE = 2048  # samples read at a time (from_samples)

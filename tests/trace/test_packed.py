@@ -308,10 +308,15 @@ def test_times_read_like_the_list_they_add_up_to() -> None:
     assert len(times) == len(expected) and list(times) == expected and times == expected
     for i in (0, 1, 4095, 4096, 4097, 8191, 8192, 10_000, -1, -4097, -10_001):
         assert times[i] == expected[i], i
-    assert all(times[i] == expected[i] for i in rng.sample(range(len(expected)), 300))
     for bad in (10_001, -10_002):
         with pytest.raises(IndexError):
             times[bad]
+    assert times._list is None  # rows read one at a time so far
+    for i in range(300):  # past 256 such reads the list is built
+        assert times[i * 33] == expected[i * 33]
+    assert times._list == expected
+    assert all(times[i] == expected[i] for i in rng.sample(range(len(expected)), 300))
+    times = Times(deltas)
     assert times[4090:4100] == expected[4090:4100] and times[::-1] == expected[::-1]  # a slice builds the list
     assert times[5000] == expected[5000] and list(times) == expected and Times([]) == [] and list(Times([])) == []
 
