@@ -55,7 +55,7 @@ from ckpt_viz.trace.columns import (
     _intern,
     events_as_columns,
 )
-from ckpt_viz.trace.packed import DataColumn, pack_data, pack_runs, unpack_runs
+from ckpt_viz.trace.packed import DataColumn, Runs, pack_data, pack_runs, unpack_runs
 from ckpt_viz.trace.schema import (
     CONTEXT_TYPES,
     FORMAT,
@@ -238,7 +238,8 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     kept = {}
     for key in RUN_COLUMNS:  # NOTE [ Saving fast ], rule 2: the packed form is saved again while untouched
         packed = event_columns[key]
-        event_columns[key] = unpack_runs(packed)
+        lazy = key in _LAZY_RUNS and type(packed) is dict  # NOTE [ Packed columns ], rule 6
+        event_columns[key] = Runs(packed["values"], packed["runs"]) if lazy else unpack_runs(packed)
         kept[key] = (event_columns[key], packed)
     data = event_columns["data"]
     if type(data) is dict:
@@ -253,6 +254,9 @@ def from_document(doc: dict[str, Any]) -> dict[str, Any]:
     return {"events": EventColumns(event_columns, {**events["tables"], PACKED: kept}),
             "memory": MemoryColumns(memory_columns),
             "graphs": graphs, "meta": doc["meta"]}
+
+
+_LAZY_RUNS = ("session_id", "tags")  # no view of the first page reads these whole (the index reads the others)
 
 
 def _seq_in(seq: Any, count: int) -> Any:

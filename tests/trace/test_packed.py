@@ -333,3 +333,46 @@ def test_a_loaded_trace_keeps_its_times_as_differences_and_saves_them_again(tmp_
     assert loaded.events[50].t_ns == trace.events[50].t_ns and loaded.events[-1] == trace.events[-1]
     loaded.save(tmp_path / "again.json")
     assert (tmp_path / "again.json").read_bytes() == (tmp_path / "t.json").read_bytes()
+
+
+# ---------------------------------------------------------------- session_id and tags kept as runs
+
+def test_runs_read_like_the_list_they_stand_for() -> None:
+    import random
+
+    from ckpt_viz.trace.packed import Runs, unpack_runs
+
+    rng = random.Random(5)
+    values = [rng.choice([None, "mb1", 3, True, 2.5]) for _ in range(400)]
+    runs = [rng.randrange(1, 9) for _ in values]
+    expected = unpack_runs({"values": values, "runs": runs})
+    column = Runs(values, runs)
+    assert len(column) == len(expected) and list(column) == expected and column == expected
+    for i in (0, 1, runs[0] - 1, runs[0], len(expected) - 1, -1, -len(expected)):
+        assert column[i] is expected[i], i
+    for bad in (len(expected), -len(expected) - 1):
+        with pytest.raises(IndexError):
+            column[bad]
+    assert column._list is None  # rows read one at a time so far
+    for i in range(300):  # past 256 such reads the list is built
+        assert column[i] is expected[i]
+    assert column._list == expected
+    column = Runs(values, runs)
+    assert column[10:20] == expected[10:20] and column[::-1] == expected[::-1]  # a slice builds the list
+    assert Runs([], []) == [] and len(Runs([], [])) == 0 and list(Runs([], [])) == []
+
+
+def test_a_loaded_trace_keeps_session_and_tags_as_runs_and_saves_them_again(tmp_path: Path) -> None:
+    from ckpt_viz import event_column
+    from ckpt_viz.trace.packed import Runs
+
+    trace = runs_trace()
+    trace.save(tmp_path / "t.json")
+    loaded = Trace.load(tmp_path / "t.json")
+    columns = loaded.events.columns
+    assert type(columns["session_id"]) is Runs and type(columns["tags"]) is Runs
+    assert columns["session_id"] == [e.session_id for e in trace.events]
+    assert event_column(loaded, "tags") == [e.tags for e in trace.events]
+    assert loaded.events[37] == trace.events[37] and loaded.events[-1] == trace.events[-1] and loaded == trace
+    loaded.save(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == (tmp_path / "t.json").read_bytes()
