@@ -376,3 +376,47 @@ def test_a_loaded_trace_keeps_session_and_tags_as_runs_and_saves_them_again(tmp_
     assert loaded.events[37] == trace.events[37] and loaded.events[-1] == trace.events[-1] and loaded == trace
     loaded.save(tmp_path / "again.json")
     assert (tmp_path / "again.json").read_bytes() == (tmp_path / "t.json").read_bytes()
+
+
+# ---------------------------------------------------------------- ranges read off the distinct values
+
+def _memory_doc(tmp_path: Path) -> dict[str, Any]:
+    doc = _saved(tmp_path, make_trace(40), "good.json")
+    doc["memory"]["columns"]["device_allocated"][0] = None  # a null among the values: skipped by the range
+    doc["memory"]["bytes_by_category"]["activations"][0] = None
+    return doc
+
+
+def _memory_edit(path: str, value: Any) -> Any:
+    def apply(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc["memory"]
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(last) if last.isdigit() else last] = value
+    return apply
+
+
+BAD_RANGES = [
+    (_memory_doc, _memory_edit("columns.device_allocated.2", -1), "memory[2].device_allocated is -1, expected 0 to"),
+    (_memory_doc, _memory_edit("columns.device_allocated.2", 2**63), "memory[2].device_allocated is 9223372036854775"),
+    (_memory_doc, _memory_edit("bytes_by_category.activations.3", 2**63),
+     "memory[3].bytes_by_category.activations is 9223372036854775808, expected 0 to 2**63-1 bytes"),
+    (_runs_doc, _edit("handle_id.runs.3", 97), "events.columns.handle_id.runs[3] is 97, expected a run length from 1"),
+    (_runs_doc, _edit("handle_id.runs.3", -8), "events.columns.handle_id.runs[3] is -8, expected a run length from 1"),
+]
+
+
+@pytest.mark.parametrize("good, mutate, phrase", BAD_RANGES, ids=[p[:40] for _, _, p in BAD_RANGES])
+def test_a_value_out_of_range_is_refused_naming_it(tmp_path: Path, good: Any, mutate: Any, phrase: str) -> None:
+    doc = good(tmp_path)
+    mutate(doc)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    _expect_load_error(tmp_path / "t.json", phrase)
+
+
+def test_nulls_among_byte_counts_load(tmp_path: Path) -> None:
+    doc = _memory_doc(tmp_path)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    loaded = Trace.load(tmp_path / "t.json")
+    assert loaded.memory[0].device_allocated is None and "activations" not in loaded.memory[0].bytes_by_category
