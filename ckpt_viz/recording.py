@@ -45,7 +45,9 @@ NOTE [ What a recording captures ]
      MAX_SOURCE_SITES sites, those of the events a debugger finding shows first, and
      MAX_SOURCE_CHARS characters each). Viewers show
      these, never the file a site names: a saved trace shows the code as it was
-     when it ran, and a crafted site cannot make the app read a file.
+     when it ran, and a crafted site cannot make the app read a file. A line read
+     at an earlier close is reused while `linecache` still holds that file's lines
+     (the text getline would give again), without a new stat of the file.
 """
 from __future__ import annotations
 
@@ -282,6 +284,11 @@ _STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "se
                           "grads_routed"})
 
 
+# site -> (file, linecache's entry for it, the line kept): a later close reuses the line while linecache holds
+# the same entry (what getline would read again), with no stat and no getline per site
+_LINES: dict[str, tuple[str, Any, str]] = {}
+
+
 def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
     # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/debug/findings.py).
@@ -300,9 +307,15 @@ def _keep_sources(trace: Trace) -> None:
         return
     sources = trace.meta["sources"] = dict(sources or {})
     readable: dict[str, bool] = {}
+    known, held = _LINES, linecache.cache
     for site in sites:
         if len(sources) >= MAX_SOURCE_SITES:
             break
+        hit = known.get(site)  # read at an earlier close and linecache still holds those lines: the same text
+        if hit is not None and held.get(hit[0]) is hit[1]:
+            if site not in sources:
+                sources[site] = hit[2]
+            continue
         file, _, line = site.rpartition(":")
         if site in sources or not file or not line.isdigit():
             continue
@@ -314,7 +327,12 @@ def _keep_sources(trace: Trace) -> None:
                 readable[file] = False
         text = linecache.getline(file, int(line)).strip() if readable[file] else ""
         if text:
-            sources[site] = text[:MAX_SOURCE_CHARS]
+            sources[site] = text = text[:MAX_SOURCE_CHARS]
+            entry = held.get(file)
+            if entry is not None:
+                if len(known) >= 4096:
+                    known.clear()
+                known[site] = (file, entry, text)
 
 
 def _tensors_in(value: Any) -> list[Any]:
