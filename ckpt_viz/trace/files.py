@@ -14,9 +14,10 @@ NOTE [ Bounded reads ]
      block, never end, or show the process's memory or environment.
   2. At most `max_bytes` are read (the size is checked before reading, and the read stops one
      byte past the cap in case the file grows), and at most `max_bytes` are inflated from a
-     gzip file: the stream is inflated in pieces of 4 MiB and counted, so a 6 GB gzip bomb
-     is refused after `max_bytes` of work. The pieces are kept up to 128 MiB; past that they
-     are dropped and counted only, and a file that turns out to fit is inflated a second time.
+     gzip file: the stream is inflated in one call whose output is capped at 128 MiB, then
+     in pieces of 4 MiB, counted, so a 6 GB gzip bomb is refused after `max_bytes` of work.
+     What is inflated is kept up to 128 MiB; past that it is dropped and counted only, and a
+     file that turns out to fit is inflated a second time.
      The memory a refused bomb takes is 128 MiB, whatever the cap.
   3. The caps default to DEFAULT_MAX_BYTES and DEFAULT_MAX_EVENTS; the environment variables
      CKPT_VIZ_TRACE_MAX_BYTES and CKPT_VIZ_TRACE_MAX_EVENTS change the defaults, and the
@@ -172,14 +173,14 @@ def _inflate(raw: bytes, max_bytes: int, keep: int) -> tuple[bytes | None, int]:
     while True:
         member = zlib.decompressobj(16 + zlib.MAX_WBITS)
         while not member.eof:
-            if member.unconsumed_tail:
-                piece = member.unconsumed_tail
-            elif pos < len(view):
-                piece = view[pos:pos + _IN_PIECE]
-                pos += len(piece)
-            else:
+            if pos >= len(view):
                 raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-            out = member.decompress(piece, _OUT_PIECE)
+            # While the result is kept, all the rest in one call, its output capped at what may be kept (one
+            # piece, nothing to join: 10-20 ms less for 60 MB); then pieces, counted. A tail zlib leaves is a
+            # copy of the rest of the input: it is never fed again, the view is (from where zlib stopped).
+            piece = view[pos:] if chunks is not None else view[pos:pos + _IN_PIECE]
+            out = member.decompress(piece, keep - size + 1 if chunks is not None else _OUT_PIECE)
+            pos += len(piece) - len(member.unconsumed_tail)
             size += len(out)
             if size > max_bytes:
                 return None, size

@@ -369,3 +369,33 @@ def test_the_shown_line_is_the_recorded_one_after_the_file_changed(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     exported = (tmp_path / "p.json").read_text()
     assert "# the recorded line" in exported and "EDITED" not in exported
+
+
+@pytest.mark.parametrize("keep", [1_000, 1 << 27], ids=["inflated twice", "kept"])
+def test_gunzip_in_one_call_then_pieces_gives_the_same_bytes_and_errors(monkeypatch: pytest.MonkeyPatch,
+                                                                        keep: int) -> None:
+    import gzip as gzip_module
+    import random
+    import zlib
+
+    from ckpt_viz.errors import TraceError
+    from ckpt_viz.trace import files
+
+    monkeypatch.setattr(files, "_KEEP", keep)
+    monkeypatch.setattr(files, "_IN_PIECE", 512)
+    monkeypatch.setattr(files, "_OUT_PIECE", 2048)
+    rng = random.Random(7)
+    text = "".join(rng.choice(["handle_created", "released", str(rng.random()), "\n"]) for _ in range(20_000)).encode()
+    one, two = gzip_module.compress(text[:50_000]), gzip_module.compress(text[50_000:])
+    assert files.gunzip_bounded(one + two, 10**7, "api", "t.json.gz") == text  # two members
+    assert files.gunzip_bounded(one, 10**7, "api", "t.json.gz") == text[:50_000]
+    with pytest.raises(EOFError):
+        files.gunzip_bounded(one[:-20], 10**7, "api", "t.json.gz")
+    with pytest.raises(EOFError):
+        files.gunzip_bounded(one + two[:len(two) // 2], 10**7, "api", "t.json.gz")
+    with pytest.raises(gzip_module.BadGzipFile):
+        files.gunzip_bounded(one + b"garbage", 10**7, "api", "t.json.gz")
+    with pytest.raises((OSError, zlib.error)):
+        files.gunzip_bounded(one[:30] + bytes(200) + one[230:], 10**7, "api", "t.json.gz")
+    with pytest.raises(TraceError, match="inflates to more than 40,000 bytes"):
+        files.gunzip_bounded(one + two, 40_000, "api", "t.json.gz")
