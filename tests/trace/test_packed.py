@@ -420,3 +420,12 @@ def test_nulls_among_byte_counts_load(tmp_path: Path) -> None:
     (tmp_path / "t.json").write_text(json.dumps(doc))
     loaded = Trace.load(tmp_path / "t.json")
     assert loaded.memory[0].device_allocated is None and "activations" not in loaded.memory[0].bytes_by_category
+
+
+def test_a_non_finite_number_among_integer_data_is_refused(tmp_path: Path) -> None:
+    # The finite-number check looks at the types of all data values at once; a float among the ints of one
+    # key (input_count of shape 0, row 3: event 24) is still found and named.
+    doc = _runs_doc(tmp_path)
+    doc["events"]["columns"]["data"]["values"][0][1][3] = "NEGINF"
+    (tmp_path / "t.json").write_text(json.dumps(doc).replace('"NEGINF"', "-1e999", 1))
+    _expect_load_error(tmp_path / "t.json", "events[24].data.input_count is -inf (a number), expected a finite number")
