@@ -10,8 +10,15 @@ import streamlit as st
 
 from ui.source import source_sidebar
 
+# While a run is slow (a big trace loading), Streamlit dims what the page showed before: from 0.5 s on it fades
+# to a third of its opacity over 1 s, a smooth transition on every element that repaints the page at each frame
+# (in a Chromium without a GPU about 0.3 s of CPU per second of waiting, taken from the server's cores). The same
+# dimming, at the same times and to the same opacity, in three steps: three repaints.
+STALE_FADE = '.stElementContainer[data-stale="true"] {transition: opacity 1s steps(3, jump-end) 0.5s !important}'
+
 st.set_page_config(page_title="ckpt_viz", page_icon=str(Path(__file__).parent / "assets" / "icon.png"),
                    layout="wide")
+st.html(f"<style>{STALE_FADE}</style>")
 pg = st.navigation({
     "Run": [st.Page("views/overview.py", title="Overview", icon=":material/home:", default=True)],
     "Explore": [st.Page("views/graph.py", title="Autograd graph", icon=":material/account_tree:"),
