@@ -99,7 +99,7 @@ def _on_event(event: Event) -> None:
 def _adopt(handle: Any, created: Event) -> None:
     """Give `handle` a story and make its own `_emit` write into it (see NOTE rule 2)."""
     global _live
-    handle._debug_story = _Story()
+    handle._debug_story = handle._story = _Story()  # `_story`: what the reentrant handle's inlined emits add to
     handle._debug_story.add(created)
     original = type(handle)._emit
     ref = weakref.ref(handle)  # no cycle: the wrapper does not keep the handle alive

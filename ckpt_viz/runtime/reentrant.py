@@ -99,8 +99,12 @@ class _Checkpoint(torch.autograd.Function):
         frame.context_ref = weakref.ref(ctx, _collected_callback(weakref.ref(frame)))
         frame.state = ExecutionState.capture(frame.context_fn, frame.preserve_rng_state, inputs, api=_API)
         if bus.enabled:
-            frame._emit("forward_started", capture_site=False, device_type=frame.state.device_type,
-                        rng_captured=frame.state.cpu_rng_state is not None)
+            # the hot sites call bus.emit_row themselves (no `_emit` frame): see ReentrantCheckpointHandle._emit
+            event = bus.emit_row("forward_started", frame.handle_id, "reentrant", frame.phase, frame.session_id,
+                                 frame._backward_site, False, {"device_type": frame.state.device_type,
+                                                               "rng_captured": frame.state.cpu_rng_state is not None})
+            if frame._story is not None and event is not None:
+                frame._story.add(event)
         watch = frame.divergence  # See NOTE [ Replay divergence checks ] in divergence.py.
         context = frame.state.forward_context
         if watch is None and type(context) is contextlib.nullcontext:  # autograd runs forward without grad
@@ -144,8 +148,12 @@ class _Checkpoint(torch.autograd.Function):
         if watch is not None:
             watch.forward_done(outputs)
         if bus.enabled:
-            frame._emit("forward_finished", capture_site=False, outputs=[meta(o) for o in outputs],
-                        non_differentiable=non_diff, exclude_entries=len(frame.entries))
+            event = bus.emit_row("forward_finished", frame.handle_id, "reentrant", frame.phase, frame.session_id,
+                                 frame._backward_site, False, {"outputs": [meta(o) for o in outputs],
+                                                               "non_differentiable": non_diff,
+                                                               "exclude_entries": len(frame.entries)})
+            if frame._story is not None and event is not None:
+                frame._story.add(event)
         return outputs
 
     @staticmethod
@@ -175,8 +183,12 @@ def _site_of_backward() -> str | None:
 def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
     if bus.enabled:
         frame._backward_site = _site_of_backward()
-        frame._emit("backward_entered", split=frame.split, retain_graph=frame.retain_graph,
-                    grad_count=len(grad_outputs), none_grads=sum(map(is_, grad_outputs, _NONES)))
+        event = bus.emit_row("backward_entered", frame.handle_id, "reentrant", frame.phase, frame.session_id,
+                             frame._backward_site, True, {"split": frame.split, "retain_graph": frame.retain_graph,
+                                                          "grad_count": len(grad_outputs),
+                                                          "none_grads": sum(map(is_, grad_outputs, _NONES))})
+        if frame._story is not None and event is not None:
+            frame._story.add(event)
     try:
         return _run_backward(frame, grad_outputs)
     except BaseException as exc:
@@ -212,9 +224,13 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
         captured = frame._captured_report
         if captured is not None:
             frame._captured_report = None
-            frame._emit("grads_routed", **data, captured=captured)
+            data = {**data, "captured": captured}
         else:
-            frame._emit("grads_routed", **data)
+            data = {**data}  # the event's own dict, never the cached one
+        event = bus.emit_row("grads_routed", frame.handle_id, "reentrant", frame.phase, frame.session_id,
+                             frame._backward_site, True, data)
+        if frame._story is not None and event is not None:
+            frame._story.add(event)
     if frame.split:
         if frame.phase == "dw":
             frame._release("dw_complete")

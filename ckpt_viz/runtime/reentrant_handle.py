@@ -32,19 +32,8 @@ from ckpt_viz.runtime.owners import qualname
 from ckpt_viz.runtime.state import ExecutionState
 from ckpt_viz.runtime.tensor_meta import meta
 
-__all__ = [
-    "InputSlot",
-    "ReentrantCheckpointHandle",
-    "current_frame",
-    "execution_frame",
-    "fail",
-    "input_slot",
-    "meta",
-    "new_handle_id",
-    "qualname",
-    "restart_handle_ids",
-    "tensors_of",
-]
+__all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "input_slot", "meta",
+           "new_handle_id", "qualname", "restart_handle_ids", "tensors_of"]
 
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
 _API = "ckpt_viz.checkpoint"
@@ -134,6 +123,7 @@ class ReentrantCheckpointHandle:
     _collected_row: Any = None
     replay_count: int = 0
     _backward_site: str | None = None
+    _story: Any = None  # debug.py's story of this handle once adopted (runtime/debug.py NOTE rule 2)
     _captured_report: list | None = None  # `grads_routed`'s captured field, between the backward and its event
     divergence: Any = None  # a ReplayWatch while a recording checks this region's replay
 
@@ -169,6 +159,7 @@ class ReentrantCheckpointHandle:
 
     def _emit(self, kind: str, capture_site: bool = True, **data: Any) -> Any:
         # Inside one engine callback every event has the same user line: walk the stack once (see backward).
+        # Each step's events call bus.emit_row themselves (a frame less) and add to `_story` (debug.py's).
         return bus.emit_row(kind, self.handle_id, "reentrant", self.phase, self.session_id, self._backward_site,
                             capture_site, data)
 
@@ -247,8 +238,12 @@ class ReentrantCheckpointHandle:
         ])
         self.replay_count += 1
         if bus.enabled:
-            self._emit("replay_started", trigger="backward" if in_backward else "prefire",
-                       retain_graph=self.retain_graph, replay_index=self.replay_count)
+            data = {"trigger": "backward" if in_backward else "prefire", "retain_graph": self.retain_graph,
+                    "replay_index": self.replay_count}
+            event = bus.emit_row("replay_started", self.handle_id, "reentrant", self.phase, self.session_id,
+                                 self._backward_site, True, data)
+            if self._story is not None and event is not None:
+                self._story.add(event)
         watch = self.divergence
         if watch is not None:
             watch.replay_starting()
@@ -269,7 +264,10 @@ class ReentrantCheckpointHandle:
         finally:
             self.replaying = False
         if bus.enabled:
-            self._emit("replay_finished", trigger="backward" if in_backward else "prefire")
+            event = bus.emit_row("replay_finished", self.handle_id, "reentrant", self.phase, self.session_id,
+                                 self._backward_site, True, {"trigger": "backward" if in_backward else "prefire"})
+            if self._story is not None and event is not None:
+                self._story.add(event)
         if watch is not None:
             watch.replay_done(self._emit, tensors_of(self.replay_outputs))
 
@@ -326,8 +324,12 @@ class ReentrantCheckpointHandle:
         self.released = True
         self.release_reason = reason
         if bus.enabled:
-            event = self._emit("released", reason=reason, was_replayed=was_replayed,
-                               entries_released=entries, exclude_cache_size=cache_size)
+            data = {"reason": reason, "was_replayed": was_replayed, "entries_released": entries,
+                    "exclude_cache_size": cache_size}
+            event = bus.emit_row("released", self.handle_id, "reentrant", self.phase, self.session_id,
+                                 self._backward_site, True, data)
+            if self._story is not None and event is not None:
+                self._story.add(event)
             if event is not None:  # the seq is looked up only if an error quotes it (bus NOTE [ Cost ... ], 5)
                 self._release_row, self.release_site = event, event.site
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import re
 import types
 import warnings
 
@@ -241,6 +242,21 @@ def test_debug_story_of_a_released_reentrant_handle() -> None:
     assert "released reason=ordinary_backward_complete" in message
     assert "replay_refused reason=released" in message
     assert message.splitlines()[-1].startswith("Tip: ")
+
+
+def test_debug_story_of_a_reentrant_handle_has_every_event_in_order() -> None:
+    # forward_started ... released call bus.emit_row themselves (no `_emit` frame): each still reaches the story
+    x = leaf((3, 4), seed=1)
+    loss = cv.checkpoint(torch.tanh, x, use_reentrant=True, debug=True).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(CheckpointError) as info:
+        loss.backward()
+    story = re.split(r"Debug story of h\d+ \(10 events\):\n", str(info.value), maxsplit=1)[1].split("\nTip: ")[0]
+    assert [line.split()[1] for line in story.splitlines()] == [
+        "handle_created", "forward_started", "forward_finished", "backward_entered", "replay_started",
+        "replay_finished", "grads_routed", "released", "backward_entered", "replay_refused"]
+    seqs = [int(line.split()[0][1:]) for line in story.splitlines()]
+    assert seqs == list(range(seqs[0], seqs[0] + 10))  # consecutive: nothing of this handle's is missing
 
 
 def test_debug_listener_leaves_when_the_handles_die() -> None:
