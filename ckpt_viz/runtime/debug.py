@@ -13,7 +13,9 @@ NOTE [ Debug stories ]
      among those that were not alive when the call began: ids are per recording
      and may repeat), and gives it a story of its own.
   2. From then on the handle's own `_emit` also writes each of its events into its
-     story; nothing else does, so a story never mixes two handles.
+     story, and so do the reentrant handle's hot sites that call `bus.emit_row`
+     themselves (through `handle._story`, set here); nothing else does, so a story
+     never mixes two handles.
   3. The listener stays subscribed (so the bus is on and events are built) only
      while a debug handle is alive; otherwise spec D8 holds.
   4. A story keeps the first 8 and the last 24 lines; runs of `tensor_packed` /
