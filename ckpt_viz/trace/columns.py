@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from operator import attrgetter, eq, itemgetter
 from typing import Any, overload
 
 from ckpt_viz.events import Event
+from ckpt_viz.trace.lazy import LazyColumn
 from ckpt_viz.trace.types import CONTEXT_FIELDS, MemorySample
 
 __all__ = ["PACKED", "EventColumns", "MemoryColumns", "Times", "events_as_columns"]
@@ -289,50 +290,39 @@ class MemoryColumns(_LazyRows):
 _SAMPLE_FIELDS = ("seq", "t_ns", "device_allocated", "bytes_by_category", "by_stage")
 
 
-class Times(Sequence):
+class Times(LazyColumn):
     """Times in ns kept as their differences (the first time, then each next minus the last), read as the
     times; see NOTE [ Rows stored as columns ], rule 5."""
 
-    __slots__ = ("_list", "_reads", "_starts", "deltas")
-    __hash__ = None  # type: ignore[assignment]
+    __slots__ = ("_starts", "deltas")
 
     def __init__(self, deltas: list[int]) -> None:
+        super().__init__()
         self.deltas = deltas
-        self._list: list[int] | None = None
         self._starts: list[int] | None = None
-        self._reads = 0
 
     def __len__(self) -> int:
         return len(self.deltas)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._list) if self._list is not None else itertools.accumulate(self.deltas)
+    def _iterate(self) -> Iterator[int]:
+        return itertools.accumulate(self.deltas)
 
-    def __getitem__(self, index: Any) -> Any:
-        if self._list is None and (isinstance(index, slice) or self._reads > _READS):
-            self._list = list(itertools.accumulate(self.deltas))
-        if self._list is not None:
-            return self._list[index]
+    def _build(self) -> list[int]:
+        return list(itertools.accumulate(self.deltas))
+
+    def _row(self, i: int) -> int:
         deltas = self.deltas
-        i = range(len(deltas))[index]
-        self._reads += 1
         if self._starts is None:
             blocks = map(slice, range(0, len(deltas), _BLOCK), range(_BLOCK, len(deltas) + _BLOCK, _BLOCK))
             self._starts = [0, *itertools.accumulate(map(sum, map(deltas.__getitem__, blocks)))]  # sum before block b
         block = i // _BLOCK
         return self._starts[block] + sum(deltas[block * _BLOCK:i + 1])
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (list, Times)):
-            return NotImplemented
-        return len(self) == len(other) and all(map(eq, self, other))
-
     def __repr__(self) -> str:
         return f"Times({len(self)} values)"
 
 
 _BLOCK = 4096
-_READS = 256  # rows read one at a time (a few microseconds each) before the whole list is built instead
 
 
 _SAMPLE_PIECE = 2048  # samples read at a time (from_samples)

@@ -40,9 +40,10 @@ import bisect
 import collections
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from operator import eq, is_not, itemgetter, ne, sub
+from operator import is_not, itemgetter, ne, sub
 from typing import Any
 
+from ckpt_viz.trace.lazy import LazyColumn
 from ckpt_viz.trace.problems import InvalidDocument, show
 from ckpt_viz.trace.ranges import BYTES, I63, check_numbers, check_range, check_types
 
@@ -103,47 +104,32 @@ def unpack_runs(column: Any) -> list[Any]:
     return column
 
 
-class Runs(Sequence):
+class Runs(LazyColumn):
     """A checked run-packed column, read as the plain list it stands for: NOTE [ Packed columns ], rule 6."""
 
-    __slots__ = ("_ends", "_list", "_reads", "runs", "values")
-    __hash__ = None  # type: ignore[assignment]
+    __slots__ = ("_ends", "runs", "values")
 
     def __init__(self, values: list[Any], runs: list[int]) -> None:
+        super().__init__()
         self.values, self.runs = values, runs
-        self._list: list[Any] | None = None
         self._ends: list[int] | None = None
-        self._reads = 0
 
     def __len__(self) -> int:
         if self._ends is None:
             self._ends = list(itertools.accumulate(self.runs))
         return self._ends[-1] if self._ends else 0
 
-    def __iter__(self) -> Iterator[Any]:
-        if self._list is not None:
-            return iter(self._list)
+    def _iterate(self) -> Iterator[Any]:
         return itertools.chain.from_iterable(map(itertools.repeat, self.values, self.runs))
 
-    def __getitem__(self, index: Any) -> Any:
-        if self._list is None and (isinstance(index, slice) or self._reads > _READS):
-            self._list = list(self)
-        if self._list is not None:
-            return self._list[index]
-        i = range(len(self))[index]
-        self._reads += 1
-        return self.values[bisect.bisect_right(self._ends, i)]  # type: ignore[arg-type]
+    def _build(self) -> list[Any]:
+        return list(self._iterate())
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (list, Runs)):
-            return NotImplemented
-        return len(self) == len(other) and all(map(eq, self, other))
+    def _row(self, i: int) -> Any:
+        return self.values[bisect.bisect_right(self._ends, i)]  # type: ignore[arg-type]  # len() made _ends
 
     def __repr__(self) -> str:
         return f"Runs({len(self)} values in {len(self.runs)} runs)"
-
-
-_READS = 256
 
 
 def check_runs(column: Any, count: int, name: str) -> None:

@@ -1,0 +1,55 @@
+"""A column a loaded trace keeps in its file's compact form and reads as the plain list it stands for.
+
+Standard library only. `columns.Times` (t_ns as differences) and `packed.Runs` (a run-packed column) are the two
+forms; this is what they share: a row is computed from the compact form while few rows are read one at a time
+(`_row`), and the whole list is built once (`_build`) at a slice or after `READS` single reads, so a reader that
+goes row by row through a big trace pays the build once, not a computed row each time. Iteration needs no list
+(`_iterate`). Equal to a list, or another lazy column, with the same values in the same order.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from operator import eq
+from typing import Any
+
+__all__ = ["READS", "LazyColumn"]
+
+READS = 256  # rows read one at a time (a few microseconds each) before the whole list is built instead
+
+
+class LazyColumn(Sequence):
+    """The shared part of a compact column read as a list; subclasses give `_row`, `_build`, `_iterate`,
+    `__len__` and `__repr__`."""
+
+    __slots__ = ("_list", "_reads")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        self._list: list[Any] | None = None
+        self._reads = 0
+
+    def _row(self, i: int) -> Any:  # the value at non-negative position i, from the compact form
+        raise NotImplementedError
+
+    def _build(self) -> list[Any]:  # every value, as a list
+        raise NotImplementedError
+
+    def _iterate(self) -> Iterator[Any]:  # every value, in order, without a list
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._list) if self._list is not None else self._iterate()
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._list is None and (isinstance(index, slice) or self._reads > READS):
+            self._list = self._build()
+        if self._list is not None:
+            return self._list[index]
+        i = range(len(self))[index]  # an IndexError or TypeError as a list gives
+        self._reads += 1
+        return self._row(i)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (list, LazyColumn)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(eq, self, other))
