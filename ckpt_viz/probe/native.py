@@ -48,27 +48,15 @@ from typing import Any
 
 import torch
 
+from ckpt_viz.cext import account_cache as _account_cache
+from ckpt_viz.cext import cache_dir as _cache_dir
+
 __all__ = ["NativeStream", "library"]
 
 SOURCE = Path(__file__).with_name("csrc") / "alloc_log.cpp"
 PRIORITY = 1  # above torch's default CPU allocator (0)
 _LOCK = threading.Lock()
 _library: list[Any] = []  # [the loaded library or None] once tried
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("CKPT_VIZ_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "ckpt_viz"
-
-
-def _account_cache() -> Path:
-    """The cache under the account's own home directory, whatever $HOME says."""
-    import pwd
-
-    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "ckpt_viz"
 
 
 def _build(target: Path) -> None:

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGE = ROOT / "ckpt_viz"
 CLIENTS = sorted(p for folder in ("app", "lessons") for p in (ROOT / folder).rglob("*.py"))
 UI = {"streamlit", "plotly", "altair", "graphviz", "matplotlib"}
-TORCH_FREE = ["events.py", "bus.py", "launch.py", "errors.py", "catalog.py", "trace", "render", "diagnose.py", "debug",
-              "cli/explain.py", "cli/__init__.py", "cli/info.py", "usermodel/source.py", "run/schedules.py"]
+TORCH_FREE = ["events.py", "bus.py", "launch.py", "cext.py", "errors.py", "catalog.py", "trace", "render",
+              "diagnose.py", "debug", "cli/explain.py", "cli/__init__.py", "cli/info.py", "usermodel/source.py",
+              "run/schedules.py"]
 CHART_LIBRARIES = {"altair", "graphviz"}  # what a renderer may use to build a figure
 # Torch only inside functions: recording (memory and graph capture) and the commands that run models.
 TORCH_AT_CALL_TIME = ["recording.py", "cli/record.py", "cli/app.py", "run/obtain.py"]
