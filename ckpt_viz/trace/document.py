@@ -33,6 +33,13 @@ NOTE [ Saving fast ]
   4. `ckpt_viz.trace.io.save` checks and encodes each field of the document (`document_parts`)
      as soon as it is made, and gzips it on a thread while the next one is made; the bytes
      are those of encoding the whole document at once.
+  5. A recording none of whose Events is built yet is packed in C where the C speed-up builds
+     (`csrc/packrec.c`, NOTE [ C speed-ups ] in ckpt_viz.cext): one pass over its flat list
+     (`RecordedEvents.packed`) makes the t_ns differences, the context numbering and column,
+     the runs of handle_id, session_id and tags and the data stored by context, exactly as
+     the Python above makes them from the fields; a part it cannot make so (a value of an
+     unusual type, data not stored by context, tags that are not runs) is left to the Python,
+     and the whole is (errors included) where a t_ns or a context field has an unusual type.
   The checks on save stay those of `check_document(doc, built_here=True)`; a load checks
   everything, whoever wrote the file.
 """
@@ -43,9 +50,11 @@ import operator
 from collections.abc import Hashable, Iterator, Mapping
 from itertools import repeat
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
-from ckpt_viz.events import Event
+from ckpt_viz.cext import extension
+from ckpt_viz.events import ROW_FIELDS, Event
 from ckpt_viz.trace.columns import (
     PACKED,
     EventColumns,
@@ -55,7 +64,7 @@ from ckpt_viz.trace.columns import (
     _intern,
     events_as_columns,
 )
-from ckpt_viz.trace.packed import DataColumn, Runs, pack_data, pack_runs, unpack_runs
+from ckpt_viz.trace.packed import DataColumn, Runs, by_context_limit, pack_data, pack_runs, unpack_runs
 from ckpt_viz.trace.schema import (
     CONTEXT_TYPES,
     FORMAT,
@@ -96,7 +105,8 @@ def document_parts(trace: TraceParts) -> Iterator[tuple[str, Any]]:
 
 def _events_to_dict(events: Any) -> dict[str, Any]:
     loaded = events_as_columns(events)
-    if loaded is not None:  # NOTE [ Saving fast ], rule 2
+    recorded = _packed(events) if loaded is None else None
+    if loaded is not None:
         columns = dict(loaded.columns)
         context, context_table, tags_table = columns["context"], loaded.tables["context"], loaded.tables["tags"]
         kept = loaded.tables.get(PACKED, {})
@@ -104,6 +114,14 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
             form = kept.get(key)
             columns[key] = form[1] if form is not None and form[0] is columns[key] else pack_runs(
                 columns[key], indexes=key in ("context", "tags"))
+    elif recorded is not None:  # NOTE [ Saving fast ], rule 5: packed in C, t_ns checked there
+        seq, (deltas, context, context_table, handle_id, session_id, tags, data) = recorded
+        tags, tags_table = _tags(tags[0]) if type(tags) is tuple else _numbered(tags)
+        columns = {"seq": seq, "t_ns": None, "context": context,
+                   "handle_id": pack_runs(handle_id[0]) if type(handle_id) is tuple else handle_id,
+                   "session_id": pack_runs(session_id[0]) if type(session_id) is tuple else session_id,
+                   "tags": tags, "data": data[0] if type(data) is tuple else data}
+        context = unpack_runs(context) if type(data) is tuple else context  # pack_data reads every index
     else:
         fields = _fields(events)
         try:
@@ -118,7 +136,9 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
                    "context": pack_runs(context, indexes=True), "handle_id": pack_runs(fields["handle_id"]),
                    "session_id": pack_runs(fields["session_id"]), "tags": tags, "data": fields["data"]}
     t_ns = columns.pop("t_ns")
-    if type(t_ns) is Times:  # loaded: the differences the file held (checked then), written again as they are
+    if recorded is not None:
+        pass
+    elif type(t_ns) is Times:  # loaded: the differences the file held (checked then), written again as they are
         deltas = t_ns.deltas
     else:
         check_types(t_ns, {int}, "events[{}].t_ns", "an integer")
@@ -126,7 +146,7 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
     data = columns["data"]
     if isinstance(data, DataColumn):  # a loaded trace: already packed
         columns["data"] = data.packed(context)
-    else:
+    elif type(data) is not dict:  # (a dict: packed in C)
         columns["data"] = pack_data(data, context, len(context_table))
         if columns["data"] is None:  # some data is not a dict
             data = [_plain_dict(d) for d in data]
@@ -134,7 +154,22 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
             columns["data"] = pack_data(data, context, len(context_table))
     columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": deltas, **columns}
     tables = {"context": context_table, "tags": [_plain_dict(t) for t in tags_table]}
-    return {"count": len(t_ns), "context_fields": list(CONTEXT_FIELDS), "tables": tables, "columns": columns}
+    return {"count": len(deltas), "context_fields": list(CONTEXT_FIELDS), "tables": tables, "columns": columns}
+
+
+_PACKREC = Path(__file__).with_name("csrc") / "packrec.c"
+
+
+def _packed(events: Any) -> tuple[range, tuple[Any, ...]] | None:
+    # A recording's columns made in C in one pass (NOTE [ Saving fast ], rule 5), or None: not a recording
+    # whose events are all unbuilt, no C, or something the Python decides.
+    packed = getattr(events, "packed", None)
+    if not callable(packed) or isinstance(events, list):
+        return None
+    module = extension(_PACKREC)
+    if module is None:
+        return None
+    return packed(lambda flat, size: module.pack(flat, size, by_context_limit(size // len(ROW_FIELDS))))
 
 
 _FIELDS = ("seq", "t_ns", *CONTEXT_FIELDS, "handle_id", "session_id", "tags", "data")
@@ -172,11 +207,16 @@ def _tags(tags: list[Any]) -> tuple[Any, list[Any]]:
     # by identity when some value is unhashable): a merged trace has a fresh tags dict per event.
     runs = pack_runs(tags, objects=True)
     if type(runs) is dict:
-        values = runs["values"]
-        runs["values"], first = _number(values)
-        return runs, [values[j] for j in first]
+        return _numbered(runs)
     indexes, first = _number(tags)
     return pack_runs(indexes, indexes=True), [tags[i] for i in first]
+
+
+def _numbered(runs: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    # Runs of tags objects -> runs of their indexes, and the table.
+    values = runs["values"]
+    runs["values"], first = _number(values)
+    return runs, [values[j] for j in first]
 
 
 def _number(tags: list[Any]) -> tuple[list[int], list[int]]:

@@ -103,6 +103,18 @@ class RecordedEvents(MutableSequence):
         return {"seq": [*map(attrgetter("seq"), built), *seqs],
                 **{name: [*map(attrgetter(name), built), *v] for name, v in zip(ROW_FIELDS, values)}}
 
+    def packed(self, pack: Callable[[list[Any], int], Any]) -> tuple[range, Any] | None:
+        """(the seqs, `pack(flat, size)`) of the events kept so far, at one moment, where no Event is built yet:
+        `pack` reads the first `size` values of the flat list under this container's lock (the bus only
+        appends meanwhile). None where some Event is built, or where `pack` returns None."""
+        with self._lock:
+            if self._built:
+                return None
+            flat, first = self._flat, self._next_seq
+            size = len(flat) - len(flat) % _WIDTH
+            packed = pack(flat, size)
+        return None if packed is None else (range(first, first + size // _WIDTH), packed)
+
     def seq_of(self, values: tuple[Any, ...]) -> int | None:
         """The seq of the kept event whose fields after seq are `values` (NOTE rule 4), None if it is gone."""
         t_ns = values[0]
