@@ -47,8 +47,8 @@ from ckpt_viz.trace.lazy import LazyColumn
 from ckpt_viz.trace.problems import InvalidDocument, show
 from ckpt_viz.trace.ranges import BYTES, I63, check_numbers, check_range, check_types
 
-__all__ = ["DataColumn", "Runs", "check_data", "check_runs", "checked", "data_shape", "pack_data", "pack_runs",
-           "unpack_runs"]
+__all__ = ["DataColumn", "Runs", "by_context_limit", "check_data", "check_runs", "checked", "data_shape", "pack_data",
+           "pack_runs", "unpack_runs"]
 
 _NONE = type(None)
 _RUN_TYPES = {int, str, bool, _NONE}
@@ -174,7 +174,7 @@ def pack_data(datas: list[Any], context: list[int], n_contexts: int) -> Any:
     None when some data is not a dict (the caller converts or refuses it).
     """
     n = len(datas)
-    if n_contexts <= min(_CHUNK // 4, max(16, n // 8)):
+    if n_contexts <= by_context_limit(n):
         by_context = _by_context(datas, context, n_contexts)
         if by_context is not None:
             return by_context
@@ -194,6 +194,11 @@ def pack_data(datas: list[Any], context: list[int], n_contexts: int) -> Any:
 
 
 _CHUNK = 16384  # events per piece: their data dicts stay in the CPU cache between the two passes over them
+
+
+def by_context_limit(n: int) -> int:
+    """The most contexts for which `pack_data` of `n` events tries storing data by context."""
+    return min(_CHUNK // 4, max(16, n // 8))
 
 
 def _by_context(datas: list[dict[str, Any]], context: list[int], n_contexts: int) -> dict[str, Any] | None:
