@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from operator import is_not, itemgetter, ne, sub
 from typing import Any
 
+from ckpt_viz.trace import fastcheck
 from ckpt_viz.trace.lazy import LazyColumn
 from ckpt_viz.trace.problems import InvalidDocument, show
 from ckpt_viz.trace.ranges import BYTES, I63, check_numbers, check_range, check_types
@@ -144,6 +145,8 @@ def check_runs(column: Any, count: int, name: str) -> None:
     values, runs = column["values"], column["runs"]
     if type(values) is not list or type(runs) is not list or len(values) != len(runs):
         raise InvalidDocument(f"field '{name}' has values and runs that are not two lists of one length")
+    if fastcheck.runs(runs, count):  # NOTE [ Checks in C ] in ckpt_viz.trace.fastcheck: all the checks below pass
+        return
     check_types(runs, {int}, f"{name}.runs[{{}}]", "a run length (an integer of 1 or more)")
     lengths = set(runs)  # few distinct lengths: the range is read off them (check_range names a bad one)
     if lengths and (min(lengths) < 1 or max(lengths) > count):
@@ -258,7 +261,7 @@ def check_data(data: dict[str, Any], count: int, built_here: bool, context: Any,
     if built_here:
         for k, (names, columns) in enumerate(zip(data["keys"], data["values"])):
             for name, column in zip(names, columns):
-                if name.endswith("bytes"):
+                if name.endswith("bytes") and not fastcheck.ints(column, 0, I63, none_ok=True):
                     where: Any = _Where(data_shape(data, context), k, name)
                     check_types(column, {int, _NONE}, where, f"{BYTES} or null")
                     check_range(column, 0, I63, where, f"{BYTES} or null")
@@ -275,12 +278,14 @@ def check_data(data: dict[str, Any], count: int, built_here: bool, context: Any,
                                   f"events.tables.context has {n_contexts} (data stored by context)")
     else:
         check_runs(shape, count, "events.columns.data.shape")
-        checked(shape, lambda col: check_types(col, {int}, "events[{}].data (its shape)", "an index into "
-                                               "events.columns.data.keys"))
-        checked(shape, lambda col: check_range(col, 0, len(keys), "events[{}].data (its shape)",
-                                               f"an index into events.columns.data.keys ({len(keys)} entries)"))
+        checked(shape, lambda col: fastcheck.ints(col, 0, len(keys)) or check_types(
+            col, {int}, "events[{}].data (its shape)", "an index into events.columns.data.keys"))
+        checked(shape, lambda col: fastcheck.ints(col, 0, len(keys)) or check_range(
+            col, 0, len(keys), "events[{}].data (its shape)",
+            f"an index into events.columns.data.keys ({len(keys)} entries)"))
     shape = data_shape(data, context)
-    per_shape = per_context if per_context is not None and data["shape"] == "context" else collections.Counter(shape)
+    per_shape: Any = per_context if per_context is not None and data["shape"] == "context" else (
+        fastcheck.index_counts(shape, len(keys)) or collections.Counter(shape))
     for k, (names, columns) in enumerate(zip(keys, values)):
         size = per_shape[k]
         if type(names) is not list or not all(type(n) is str for n in names) or len(set(names)) != len(names):
@@ -293,13 +298,13 @@ def check_data(data: dict[str, Any], count: int, built_here: bool, context: Any,
                 raise InvalidDocument(f"events.columns.data.values[{k}] has {len(column)} values of {name!r}, "
                                       f"but {size} events have that data shape")
             where = _Where(shape, k, name)
-            if name.endswith("bytes"):
+            if name.endswith("bytes") and not fastcheck.ints(column, 0, I63, none_ok=True):
                 check_types(column, {int, _NONE}, where, f"{BYTES} or null")
                 check_range(column, 0, I63, where, f"{BYTES} or null")
     # Finite numbers: the types of all the values at once (a list of types is built faster than a set, and
     # `in` finds a type by identity); only where some value is a float, each column, naming the event.
     every = itertools.chain.from_iterable(itertools.chain.from_iterable(values))
-    if float in list(map(type, every)):
+    if not all(map(fastcheck.finite, itertools.chain.from_iterable(values))) and float in list(map(type, every)):
         for k, (names, columns) in enumerate(zip(keys, values)):
             for name, column in zip(names, columns):
                 check_numbers(column, _Where(shape, k, name))

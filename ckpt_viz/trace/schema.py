@@ -55,6 +55,7 @@ from collections import Counter
 from typing import Any
 
 from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
+from ckpt_viz.trace import fastcheck
 from ckpt_viz.trace.packed import check_data, check_runs, checked, unpack_runs
 from ckpt_viz.trace.problems import TIP_REWRITE, TIP_SAVE, TIP_TRUNCATED, InvalidDocument, show
 from ckpt_viz.trace.ranges import (
@@ -73,25 +74,9 @@ from ckpt_viz.trace.ranges import (
 )
 from ckpt_viz.trace.types import CONTEXT_FIELDS, MEMORY_CATEGORIES, NODE_KINDS
 
-__all__ = [
-    "CONTEXT_TYPES",
-    "FORMAT",
-    "MAX_EVENTS_ENV",
-    "MAX_SOURCE_CHARS",
-    "MAX_SOURCE_SITES",
-    "RUN_COLUMNS",
-    "SCHEMA_VERSION",
-    "TIP_REWRITE",
-    "TIP_SAVE",
-    "TIP_TRUNCATED",
-    "InvalidDocument",
-    "check_document",
-    "check_numbers",
-    "check_part",
-    "check_range",
-    "check_types",
-    "show",
-]
+__all__ = ["CONTEXT_TYPES", "FORMAT", "MAX_EVENTS_ENV", "MAX_SOURCE_CHARS", "MAX_SOURCE_SITES", "RUN_COLUMNS",
+           "SCHEMA_VERSION", "TIP_REWRITE", "TIP_SAVE", "TIP_TRUNCATED", "InvalidDocument", "check_document",
+           "check_numbers", "check_part", "check_range", "check_types", "show"]
 
 FORMAT = "ckpt_viz.trace"
 SCHEMA_VERSION = 2
@@ -146,6 +131,7 @@ RUN_COLUMNS = ("context", "handle_id", "session_id", "tags")  # may be stored as
 CONTEXT_TYPES = {"kind": ({str}, "a string"), "mode": ({str, _NONE}, "a string or null"),
                   "phase": ({str, _NONE}, "a string or null"), "site": ({str, _NONE}, "a string or null"),
                   "thread_id": ({int}, "an integer")}
+_SCALARS = {str, int, float, bool, _NONE}
 _KNOWN = {"kind": EVENT_KINDS, "mode": (*MODES, None), "phase": (*PHASES, None)}
 
 
@@ -157,15 +143,18 @@ def _check_events(events: dict[str, Any], built_here: bool, max_events: int | No
     tables = _get(events, "tables", dict, "an object", "events.")
     contexts = _get(tables, "context", list, "a list", "events.tables.")
     tags = _get(tables, "tags", list, "a list", "events.tables.")
-    check_types(tags, {dict}, "events.tables.tags[{}]", "an object")
+    if not fastcheck.kinds(tags, {dict}):
+        check_types(tags, {dict}, "events.tables.tags[{}]", "an object")
     columns = _columns(events, "events", _EVENT_COLUMNS, count, (*RUN_COLUMNS, "data") if packed else ())
     _check_seq(columns["seq"], "events", count)
     for key in RUN_COLUMNS:  # NOTE [ Packed columns ] in ckpt_viz.trace.packed
         check_runs(columns[key], count, f"events.columns.{key}")
     data, context, per_context = columns["data"], columns["context"], None
+    times_fine = fastcheck.times(columns["t_ns_delta"])  # NOTE [ Checks in C ] in ckpt_viz.trace.fastcheck
     if not built_here:  # to_dict already checked these, or built them right
-        check_types(columns["t_ns_delta"], {int}, "events[{}].t_ns (stored as t_ns_delta)", "an integer")
-        if type(data) is list:
+        if not times_fine:
+            check_types(columns["t_ns_delta"], {int}, "events[{}].t_ns (stored as t_ns_delta)", "an integer")
+        if type(data) is list and not fastcheck.kinds(data, {dict}):
             check_types(data, {dict}, "events[{}].data", "an object")
         checked(columns["tags"], lambda column: _check_indexes(column, len(tags), "tags"))
         if type(context) is list:  # its counts serve the data stored by context as well (one pass, not two)
@@ -173,14 +162,16 @@ def _check_events(events: dict[str, Any], built_here: bool, max_events: int | No
                                          counted=type(data) is dict and data.get("shape") == "context")
         else:
             checked(context, lambda column: _check_indexes(column, len(contexts), "context"))
-    _check_times(columns["t_ns_delta"], "events")
-    checked(columns["handle_id"], lambda column: (
+    if not times_fine:
+        _check_times(columns["t_ns_delta"], "events")
+    checked(columns["handle_id"], lambda column: fastcheck.ints(column, 0, I63, none_ok=True) or (
         check_types(column, {int, _NONE}, "events[{}].handle_id", "an integer or null"),
         check_range(column, 0, I63, "events[{}].handle_id", "an id from 0 to 2**63-1")))
-    checked(columns["session_id"], lambda column: check_types(
-        column, {str, int, float, bool, _NONE}, "events[{}].session_id", "a string, number, boolean or null"))
+    checked(columns["session_id"], lambda column: fastcheck.kinds(column, _SCALARS) or check_types(
+        column, _SCALARS, "events[{}].session_id", "a string, number, boolean or null"))
     if not built_here:  # on save, NaN and infinities become null
-        checked(columns["session_id"], lambda column: check_numbers(column, "events[{}].session_id"))
+        checked(columns["session_id"], lambda column: fastcheck.finite(column) or check_numbers(
+            column, "events[{}].session_id"))
     if type(data) is list:
         check_values(data, "events[{}].data", finite=not built_here)
     else:  # after the context indexes: packed data may be stored by context
@@ -222,11 +213,13 @@ def _check_memory(memory: dict[str, Any], built_here: bool, max_events: int | No
     count = _count(memory, "memory", max_events)
     columns = _columns(memory, "memory", ("seq", "t_ns_delta", "device_allocated"), count)
     _check_seq(columns["seq"], "memory", count)
-    if not built_here:  # to_dict checked t_ns before taking differences
-        check_types(columns["t_ns_delta"], {int}, "memory[{}].t_ns (stored as t_ns_delta)", "an integer")
-    _check_times(columns["t_ns_delta"], "memory")
-    check_types(columns["device_allocated"], {int, _NONE}, "memory[{}].device_allocated", "an integer or null")
-    _check_bytes(columns["device_allocated"], "memory[{}].device_allocated")
+    if not fastcheck.times(columns["t_ns_delta"]):  # NOTE [ Checks in C ] in ckpt_viz.trace.fastcheck
+        if not built_here:  # to_dict checked t_ns before taking differences
+            check_types(columns["t_ns_delta"], {int}, "memory[{}].t_ns (stored as t_ns_delta)", "an integer")
+        _check_times(columns["t_ns_delta"], "memory")
+    if not fastcheck.ints(columns["device_allocated"], 0, I63, none_ok=True):
+        check_types(columns["device_allocated"], {int, _NONE}, "memory[{}].device_allocated", "an integer or null")
+        _check_bytes(columns["device_allocated"], "memory[{}].device_allocated")
     by_category = _get(memory, "bytes_by_category", dict, "an object", "memory.")
     for category, column in by_category.items():
         if category not in MEMORY_CATEGORIES:
@@ -234,18 +227,21 @@ def _check_memory(memory: dict[str, Any], built_here: bool, max_events: int | No
                            f"(known: {', '.join(MEMORY_CATEGORIES)})")
         _get(by_category, category, list, "a list", "memory.bytes_by_category.")
         _check_length(column, count, f"memory.bytes_by_category.{category}", "memory.count")
-        where = f"memory[{{}}].bytes_by_category.{category}"
-        check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
-        _check_bytes(column, where)
+        if not fastcheck.ints(column, 0, I63, none_ok=True):
+            where = f"memory[{{}}].bytes_by_category.{category}"
+            check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
+            _check_bytes(column, where)
     stages = _get(columns, "by_stage", (list, _NONE), "null or a list", "memory.columns.")
     if stages is not None:
         _check_length(stages, count, "memory.columns.by_stage", "memory.count")
-        check_types(stages, {dict}, "memory[{}].by_stage", "an object")
-        for start in range(0, len(stages), _STAGE_PIECE):  # a piece's dicts stay in the CPU cache across its passes
-            _check_by_stage(stages[start:start + _STAGE_PIECE], start)
+        if not fastcheck.by_stage(stages, _CATEGORIES):
+            check_types(stages, {dict}, "memory[{}].by_stage", "an object")
+            for start in range(0, len(stages), _STAGE_PIECE):  # a piece's dicts stay in the CPU cache across passes
+                _check_by_stage(stages[start:start + _STAGE_PIECE], start)
 
 
 _STAGE_PIECE = 2048
+_CATEGORIES = set(MEMORY_CATEGORIES)
 
 
 def _check_bytes(column: list[Any], where: str) -> None:
@@ -356,7 +352,7 @@ def _check_seq(seq: Any, name: str, count: int) -> None:
         start = _get(seq, "start", int, "an integer", f"{name}.columns.seq.")
         if not 0 <= start < I63 - count:
             raise InvalidDocument(f"field '{name}.columns.seq.start' is {start}, expected 0 to 2**63-1 less the count")
-    else:
+    elif not fastcheck.ints(seq, 0, I63):
         check_types(seq, {int}, f"{name}[{{}}].seq", "an integer")
         check_range(seq, 0, I63, f"{name}[{{}}].seq", "a seq from 0 to 2**63-1")
 
@@ -372,7 +368,14 @@ def _check_length(column: list[Any], count: int, name: str, count_name: str) -> 
 
 def _check_indexes(column: list[Any], size: int, name: str, counted: bool = False) -> Counter[int] | None:
     # Every value an int from 0 to size - 1; the range is read off the distinct values (at most `size` of them
-    # when valid: a set is built faster than min and max compare a million ints). counted: return their counts.
+    # when valid: a set is built faster than min and max compare a million ints). counted: return their counts
+    # (a Counter, or from C a list of size counts: either gives the count of index k as [k]).
+    if counted:
+        fast = fastcheck.index_counts(column, size)
+        if fast is not None:
+            return fast  # type: ignore[return-value]
+    elif fastcheck.ints(column, 0, size):
+        return None
     check_types(column, {int}, f"events[{{}}].{name}", f"an index into events.tables.{name}")
     distinct: Any = None
     if counted:

@@ -1,0 +1,230 @@
+/* load_checks: one C pass over a long column of a trace document, answering "fine" or "look again".
+
+   ckpt_viz.trace.fastcheck wraps these (see its NOTE [ Checks in C ]). Each function returns True
+   only when the Python check it stands in front of would pass; False means "not sure": the caller
+   then runs the Python check, which raises its own message or passes. So an error is always the
+   Python path's error, word for word, and these functions never raise for a bad value (only for
+   wrong arguments, a TypeError). They read the objects only: no reference is taken or dropped
+   except on the results (the counts list of index_counts).
+
+   Exact types throughout, as the Python checks test `type(v) is int`: a bool is not an int, a
+   subclass of int (none comes out of a JSON parser) makes a column "not sure".
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+
+/* v as a long long in *out; 0 when v does not fit (then it is out of any range we test). */
+static int as_i64(PyObject *v, long long *out) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+static int take_list(PyObject *obj, const char *name) {
+    if (!PyList_CheckExact(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a list", name);
+        return 0;
+    }
+    return 1;
+}
+
+/* ints(column, low, high_inclusive, none_ok): every item an int with low <= v <= high (None too when
+   none_ok). Stands for check_types(column, {int} or {int, None}) then check_range(column, low, high + 1). */
+static PyObject *ints(PyObject *self, PyObject *args) {
+    PyObject *column;
+    long long low, high;
+    int none_ok;
+    if (!PyArg_ParseTuple(args, "OLLp", &column, &low, &high, &none_ok) || !take_list(column, "ints"))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = items[i];
+        long long x;
+        if (v == Py_None && none_ok)
+            continue;
+        if (!PyLong_CheckExact(v) || !as_i64(v, &x) || x < low || x > high)
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* index_counts(column, size): how many times each index 0 .. size - 1 occurs, as a list of size ints;
+   None unless every item is an int from 0 to size - 1. Stands for _check_indexes(..., counted=True). */
+static PyObject *index_counts(PyObject *self, PyObject *args) {
+    PyObject *column;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "On", &column, &size) || !take_list(column, "index_counts"))
+        return NULL;
+    if (size < 0 || size > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Py_ssize_t) - 1)
+        Py_RETURN_NONE;
+    Py_ssize_t *counts = PyMem_Calloc((size_t)size + 1, sizeof(Py_ssize_t));
+    if (counts == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = items[i];
+        long long x;
+        if (!PyLong_CheckExact(v) || !as_i64(v, &x) || x < 0 || x >= size) {
+            PyMem_Free(counts);
+            Py_RETURN_NONE;
+        }
+        counts[x]++;
+    }
+    PyObject *result = PyList_New(size);
+    for (Py_ssize_t k = 0; result != NULL && k < size; k++) {
+        PyObject *count = PyLong_FromSsize_t(counts[k]);
+        if (count == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, k, count); /* steals the reference */
+    }
+    PyMem_Free(counts);
+    return result;
+}
+
+/* times(deltas): every item an int of 0 or more and their sum below 2**63. Stands for check_types(deltas,
+   {int}) then check_times (whose quick test is exactly this; other columns it checks one time at a time). */
+static PyObject *times(PyObject *self, PyObject *column) {
+    if (!take_list(column, "times"))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    long long sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long x;
+        if (!PyLong_CheckExact(items[i]) || !as_i64(items[i], &x) || x < 0 || x > LLONG_MAX - sum)
+            Py_RETURN_FALSE;
+        sum += x;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* runs(runs, count): every item an int from 1 to count, adding up to count. Stands for check_runs' checks of
+   the run lengths (types, range, sum). */
+static PyObject *runs(PyObject *self, PyObject *args) {
+    PyObject *column, *count_obj;
+    if (!PyArg_ParseTuple(args, "OO", &column, &count_obj) || !take_list(column, "runs"))
+        return NULL;
+    long long count, sum = 0;
+    if (!PyLong_CheckExact(count_obj) || !as_i64(count_obj, &count))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long x;
+        if (!PyLong_CheckExact(items[i]) || !as_i64(items[i], &x) || x < 1 || x > count || x > count - sum)
+            Py_RETURN_FALSE;
+        sum += x;
+    }
+    return PyBool_FromLong(sum == count);
+}
+
+enum { K_INT = 1, K_NONE = 2, K_STR = 4, K_BOOL = 8, K_FLOAT = 16, K_DICT = 32, K_LIST = 64 };
+
+/* kinds(column, mask): every item of an exact type the mask allows (K_* above); a float only when finite.
+   Stands for check_types(column, <the types>) and, for floats, check_numbers. */
+static PyObject *kinds(PyObject *self, PyObject *args) {
+    PyObject *column;
+    int mask;
+    if (!PyArg_ParseTuple(args, "Oi", &column, &mask) || !take_list(column, "kinds"))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = items[i];
+        PyTypeObject *t = Py_TYPE(v);
+        int kind = t == &PyLong_Type ? K_INT : v == Py_None ? K_NONE : t == &PyUnicode_Type ? K_STR
+                 : t == &PyBool_Type ? K_BOOL : t == &PyFloat_Type ? K_FLOAT : t == &PyDict_Type ? K_DICT
+                 : t == &PyList_Type ? K_LIST : 0;
+        if (!(kind & mask) || (kind == K_FLOAT && !isfinite(PyFloat_AS_DOUBLE(v))))
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* finite(column): no item is a float that is NaN or infinite. Stands for check_numbers. */
+static PyObject *finite_column(PyObject *self, PyObject *column) {
+    if (!take_list(column, "finite"))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyFloat_CheckExact(items[i]) && !isfinite(PyFloat_AS_DOUBLE(items[i])))
+            Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
+/* by_stage(stages, categories): every item a dict of dicts, each of those keyed by strings in the set
+   `categories` with ints from 0 to 2**63-1. Stands for check_types(stages, {dict}) and _check_by_stage. */
+static PyObject *by_stage(PyObject *self, PyObject *args) {
+    PyObject *column, *categories;
+    if (!PyArg_ParseTuple(args, "OO", &column, &categories) || !take_list(column, "by_stage"))
+        return NULL;
+    if (!PyAnySet_CheckExact(categories)) {
+        PyErr_SetString(PyExc_TypeError, "by_stage: expected a set of categories");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *stages = items[i], *stage, *reading;
+        Py_ssize_t at = 0;
+        if (!PyDict_CheckExact(stages))
+            Py_RETURN_FALSE;
+        while (PyDict_Next(stages, &at, &stage, &reading)) {
+            PyObject *category, *nbytes;
+            Py_ssize_t at2 = 0;
+            if (!PyDict_CheckExact(reading))
+                Py_RETURN_FALSE;
+            while (PyDict_Next(reading, &at2, &category, &nbytes)) {
+                long long x;
+                if (!PyUnicode_CheckExact(category) || !PyLong_CheckExact(nbytes) || !as_i64(nbytes, &x) || x < 0)
+                    Py_RETURN_FALSE;
+                int known = PySet_Contains(categories, category);
+                if (known != 1) {
+                    PyErr_Clear(); /* -1: cannot happen for a str, but "not sure" is always safe */
+                    Py_RETURN_FALSE;
+                }
+            }
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+    {"ints", ints, METH_VARARGS, "ints(column, low, high_inclusive, none_ok) -> bool"},
+    {"index_counts", index_counts, METH_VARARGS, "index_counts(column, size) -> list of counts or None"},
+    {"times", times, METH_O, "times(deltas) -> bool"},
+    {"runs", runs, METH_VARARGS, "runs(run_lengths, count) -> bool"},
+    {"kinds", kinds, METH_VARARGS, "kinds(column, mask) -> bool"},
+    {"finite", finite_column, METH_O, "finite(column) -> bool"},
+    {"by_stage", by_stage, METH_VARARGS, "by_stage(stages, categories) -> bool"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "load_checks", "One C pass over a column: fine, or look again.",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit_load_checks(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "INT", K_INT) < 0 || PyModule_AddIntConstant(m, "NONE", K_NONE) < 0
+        || PyModule_AddIntConstant(m, "STR", K_STR) < 0 || PyModule_AddIntConstant(m, "BOOL", K_BOOL) < 0
+        || PyModule_AddIntConstant(m, "FLOAT", K_FLOAT) < 0 || PyModule_AddIntConstant(m, "DICT", K_DICT) < 0
+        || PyModule_AddIntConstant(m, "LIST", K_LIST) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,229 @@
+"""The checks of a trace document in C (ckpt_viz.trace.fastcheck, NOTE [ Checks in C ]) against the Python checks.
+
+Every corrupt document of tests/trace is checked both ways and must give the same message; random edits of
+good documents too; good documents pass both ways and load to the same columns. The C functions are also
+compared one by one with a Python statement of what each answers, on random and edge-case columns.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from old_layout import as_schema1
+from test_hostile import HUGE
+from test_hostile import _doc as hostile_doc
+from test_packed import BAD_PACKED, runs_trace
+from test_trace import BAD_DOCS, BAD_SCHEMA1_DOCS, JSON_VALUES, _paths, make_trace
+
+from ckpt_viz.trace import Trace, fastcheck
+from ckpt_viz.trace.io import parts_from_dict
+from ckpt_viz.trace.schema import InvalidDocument, check_document
+from ckpt_viz.trace.types import MEMORY_CATEGORIES
+
+C = fastcheck._c()
+pytestmark = pytest.mark.skipif(C is None, reason="no C compiler: the Python checks alone are used")
+I63 = 2**63
+
+
+def _outcome(doc: Any, use_c: bool, **options: Any) -> tuple[str, str] | None:
+    """(what, tip) of the first problem check_document finds, or None; with or without the C checks."""
+    saved = fastcheck._C
+    fastcheck._C = C if use_c else None
+    try:
+        check_document(copy.deepcopy(doc), **options)
+    except InvalidDocument as bad:
+        return bad.what, bad.tip
+    except (KeyError, TypeError, IndexError, AttributeError) as err:
+        # Only with built_here=True (a save's document, whose layout to_dict made) on an edited layout.
+        assert options.get("built_here"), err
+        return _CRASH
+    finally:
+        fastcheck._C = saved
+    return None
+
+
+_CRASH = ("crash", "")
+
+
+def _both(doc: Any, **options: Any) -> tuple[str, str] | None:
+    without = _outcome(doc, False, **options)
+    if without is not _CRASH:  # where the Python checks fail on a layout no save makes, C may see further
+        assert _outcome(doc, True, **options) == without
+    return without
+
+
+def _good(tmp_path: Path, trace: Trace) -> dict[str, Any]:
+    trace.save(tmp_path / "good.json")
+    return json.loads((tmp_path / "good.json").read_text())
+
+
+@pytest.mark.parametrize("schema", [1, 2])
+@pytest.mark.parametrize("mutate, phrase", BAD_DOCS + BAD_SCHEMA1_DOCS,
+                         ids=[phrase[:40] for _, phrase in BAD_DOCS + BAD_SCHEMA1_DOCS])
+def test_every_bad_field_gives_the_same_message_with_c(tmp_path: Path, mutate: Any, phrase: str, schema: int) -> None:
+    doc = _good(tmp_path, make_trace())
+    if schema == 1:
+        doc = as_schema1(doc)
+    mutate(doc)
+    found = _both(doc)
+    if schema == 1 or (mutate, phrase) not in BAD_SCHEMA1_DOCS:  # in schema 2 those are other edits, or none
+        assert found is not None and phrase in found[0]
+
+
+@pytest.mark.parametrize("good, mutate, phrase", BAD_PACKED, ids=[p[:40] for _, _, p in BAD_PACKED])
+def test_every_bad_packed_column_gives_the_same_message_with_c(tmp_path: Path, good: Any, mutate: Any,
+                                                               phrase: str) -> None:
+    doc = good(tmp_path)
+    mutate(doc)
+    found = _both(doc)
+    assert found is not None and phrase in found[0]
+
+
+@pytest.mark.parametrize("mutate, phrase", HUGE, ids=[p[:40] for _, p in HUGE])
+def test_every_number_out_of_range_gives_the_same_message_with_c(tmp_path: Path, mutate: Any, phrase: str) -> None:
+    doc = hostile_doc(tmp_path)
+    mutate(doc)
+    found = _both(doc)
+    assert found is not None and phrase in found[0]
+
+
+def test_a_non_finite_float_and_an_event_cap_give_the_same_message_with_c(tmp_path: Path) -> None:
+    doc = _good(tmp_path, make_trace(200))
+    assert _both(doc, max_events=100)[0].startswith("it holds 200 events, over the cap of 100")
+    doc["events"]["columns"]["data"]["values"][4][1][3] = math.inf
+    assert "is inf (a number), expected a finite number" in _both(doc)[0]
+    doc = _good(tmp_path, runs_trace())
+    doc["events"]["columns"]["session_id"]["values"][1] = math.nan
+    assert "session_id is nan (a number), expected a finite number" in _both(doc)[0]
+
+
+@pytest.mark.parametrize("make", [lambda: make_trace(300), lambda: runs_trace(40), lambda: make_trace(0)],
+                         ids=["varied", "runs", "empty"])
+def test_good_documents_pass_both_ways_and_load_the_same(tmp_path: Path, make: Any) -> None:
+    doc = _good(tmp_path, make())
+    assert _both(doc) is None and _both(doc, built_here=True) is None
+    loaded = {}
+    for use_c in (True, False):
+        fastcheck._C, saved = (C if use_c else None), fastcheck._C
+        try:
+            loaded[use_c] = Trace(**parts_from_dict(copy.deepcopy(doc)))
+        finally:
+            fastcheck._C = saved
+    assert list(loaded[True].events) == list(loaded[False].events)
+    assert list(loaded[True].memory) == list(loaded[False].memory) and loaded[True].meta == loaded[False].meta
+
+
+# Values that sit on an edge of some check: types JSON tells apart, the ends of the ranges, non-finite floats.
+EDGES = [None, True, False, 0, 1, -1, 2, 2**63 - 1, 2**63, -2**63, 2**64, 10**40, 0.0, -0.0, 1.5, 1e40,
+         math.inf, -math.inf, math.nan, "", "x", "0", [], [0], {}, {"activations": 1}]
+EDIT = st.sampled_from(EDGES) | JSON_VALUES
+
+
+def _edit(doc: dict[str, Any], path: tuple[Any, ...], data: st.DataObject) -> None:
+    node: Any = doc
+    for part in path[:-1]:
+        node = node[part]
+    if data.draw(st.booleans()) and isinstance(node, dict):
+        del node[path[-1]]
+    else:
+        node[path[-1]] = data.draw(EDIT)
+
+
+_DOCS = {}
+
+
+def _doc_of(name: str) -> dict[str, Any]:
+    if name not in _DOCS:
+        trace = {"varied": lambda: make_trace(60), "runs": lambda: runs_trace(12)}[name]()
+        _DOCS[name] = json.loads(json.dumps(trace.to_dict()))
+    return copy.deepcopy(_DOCS[name])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_edits_give_the_same_outcome_with_c(data: st.DataObject) -> None:
+    doc = _doc_of(data.draw(st.sampled_from(["varied", "runs"])))
+    for _ in range(data.draw(st.integers(1, 3))):  # up to three problems: the same one must be named first
+        paths = _paths(doc)[1:]
+        if not paths:
+            break
+        _edit(doc, data.draw(st.sampled_from(paths)), data)
+    _both(doc)
+    _both(doc, built_here=True)
+
+
+# ---------------------------------------------------------------- each function against its statement
+
+COLUMNS = st.lists(st.sampled_from(EDGES[:20]) | st.integers(-5, 300), max_size=40)
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+@settings(max_examples=300, deadline=None)
+@given(column=COLUMNS, low=st.sampled_from([0, 1, -5]), high=st.sampled_from([0, 3, 300, I63, I63 - 1]),
+       none_ok=st.booleans())
+def test_each_c_function_answers_what_it_says(column: list[Any], low: int, high: int, none_ok: bool) -> None:
+    assert fastcheck.ints(column, low, high, none_ok) == all(
+        (v is None and none_ok) or (_is_int(v) and low <= v < high) for v in column)
+    counts = fastcheck.index_counts(column, high) if high < 1000 else None
+    if high < 1000:
+        fine = all(_is_int(v) and 0 <= v < high for v in column)
+        assert counts == ([column.count(k) for k in range(high)] if fine else None)
+    assert fastcheck.times(column) == (all(_is_int(v) and v >= 0 for v in column) and sum(
+        v for v in column if _is_int(v)) < I63)
+    count = sum(v for v in column if _is_int(v) and v > 0)
+    assert fastcheck.runs(column, count) == (count < I63 and all(_is_int(v) and 1 <= v <= count for v in column))
+    allowed = {int, str, type(None)} if none_ok else {float, bool}
+    assert fastcheck.kinds(column, allowed) == all(
+        type(v) in allowed and (type(v) is not float or math.isfinite(v)) for v in column)
+    assert fastcheck.finite(column) == all(type(v) is not float or math.isfinite(v) for v in column)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stages=st.lists(st.sampled_from([{}, {"0": {}}, {"0": {"activations": 5}}, {"1": {"other": 0}},
+                                         {"0": {"activations": -1}}, {"0": {"weights": 1}}, {"0": 5},
+                                         {"0": {"activations": 2**63}}, {"0": {"activations": True}},
+                                         {"0": {"activations": 1.0}}, []]), max_size=6))
+def test_by_stage_answers_what_it_says(stages: list[Any]) -> None:
+    def fine(s: Any) -> bool:
+        return type(s) is dict and all(type(r) is dict and all(
+            k in MEMORY_CATEGORIES and _is_int(v) and 0 <= v < I63 for k, v in r.items()) for r in s.values())
+    assert fastcheck.by_stage(stages, set(MEMORY_CATEGORIES)) == all(map(fine, stages))
+
+
+def test_the_c_functions_keep_reference_counts_and_run_clean_under_dev_mode() -> None:
+    big = 10**12 + 7
+    column = [big, None, "s", 1.5, {}, big]
+    before = [sys.getrefcount(v) for v in column]
+    for _ in range(1000):
+        fastcheck.ints(column, 0, I63, True), fastcheck.times(column), fastcheck.runs(column, 3)
+        fastcheck.kinds(column, {int, str}), fastcheck.finite(column), fastcheck.by_stage(column, {"a"})
+        fastcheck.index_counts([0, 1, 1], 2)
+    assert [sys.getrefcount(v) for v in column] == before
+    counts = fastcheck.index_counts([0, 1, 1, 2**40], 3)
+    assert counts is None and fastcheck.index_counts([0, 1, 1], 3) == [1, 2, 0]
+    code = ("from ckpt_viz.trace import fastcheck as f; import math; "
+            "assert f.ints([1, None], 0, 5, True) and not f.ints([True], 0, 5); "
+            "assert f.index_counts([0, 2], 3) == [1, 0, 1] and f.index_counts([3], 3) is None; "
+            "assert f.times([1, 2]) and not f.times([2**62, 2**62]); assert f.runs([1, 2], 3); "
+            "assert f.kinds(['a', 1.5], {str, float}) and not f.finite([math.nan]); "
+            "assert f.by_stage([{'0': {'other': 1}}], {'other'}); print('ok')")
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok" and "Warning" not in done.stderr, done.stderr
+
+
+def test_without_the_c_module_every_answer_is_not_sure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastcheck, "_C", None)
+    assert not fastcheck.ints([1], 0, 5) and fastcheck.index_counts([0], 1) is None and not fastcheck.times([1])
+    assert not fastcheck.runs([1], 1) and not fastcheck.kinds([1], {int}) and not fastcheck.finite([1])
+    assert not fastcheck.by_stage([], {"a"})
