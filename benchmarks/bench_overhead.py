@@ -79,18 +79,19 @@ def unrecorded(step: Step) -> Step:
 
 
 def emit_stubbed(step: Step) -> Step:
-    """`step` recorded with `bus.emit` returning None: what the runtime's hook points cost without the bus."""
+    """`step` recorded with `bus.emit` (and `emit_row`, `emit_for`) returning None: what the runtime's hook points
+    cost without the bus."""
+    names = [name for name in ("emit", "emit_row", "emit_for") if hasattr(bus, name)]  # older builds lack some
+
     def run() -> None:
-        real, real_row = bus.emit, getattr(bus, "emit_row", None)  # emit_row: absent from older builds
-        bus.emit = _no_event
-        if real_row is not None:
-            bus.emit_row = _no_event
+        real = [getattr(bus, name) for name in names]
+        for name in names:
+            setattr(bus, name, _no_event)
         try:
             step()
         finally:
-            bus.emit = real
-            if real_row is not None:
-                bus.emit_row = real_row
+            for name, function in zip(names, real):
+                setattr(bus, name, function)
     return run
 
 

@@ -4,65 +4,58 @@ Owns `subscribe`, `emit`, the recording scopes (channels), user tags and call-si
 capture. Standard library only; it never imports torch or any UI.
 
 NOTE [ Cost with nobody listening ]
-  1. Every hook point in the runtime is written `if bus.enabled: bus.emit(...)` (or `emit_row`).
-     `enabled` is a plain module attribute that is True only while at least one
-     subscriber is attached or one channel (a recording) is open anywhere in the
-     process, so with nobody listening a hook point costs one attribute read and a
-     branch: no Event object, no string formatting, no stack walk (spec D8).
-  2. While a recording is open on another thread but none here, a hook point does
-     reach `emit`, which finds no listener for this context and returns None before
-     building anything (a ContextVar read and the launch-context check of NOTE
-     [ Recording scopes ], rule 5).
-  3. Call sites (`file:line` of the user's code) are captured only inside `emit`,
-     that is, only while somebody listens here.
+  1. Every hook point in the runtime is written `if bus.enabled: bus.emit(...)` (or `emit_row`). `enabled` is a
+     plain module attribute that is True only while at least one subscriber is attached or one channel (a
+     recording) is open anywhere in the process, so with nobody listening a hook point costs one attribute read
+     and a branch: no Event object, no string formatting, no stack walk (spec D8).
+  2. While a recording is open on another thread but none here, a hook point does reach `emit`, which finds no
+     listener for this context and returns None before building anything (a ContextVar read and the
+     launch-context check of NOTE [ Recording scopes ], rule 5).
+  3. Call sites (`file:line` of the user's code) are captured only inside `emit`, that is, only while somebody
+     listens here.
   4. A subscriber that raises propagates into the runtime; it is not swallowed.
-  5. With somebody listening, emitting is the hot path (a training step emits tens of
-     events). The runtime calls `emit_row` (`emit` with the fields positional). The
-     usual case, this context's scope being one open recording's channel (`Scope.sole`,
-     found when the scope is made) and no global subscriber, takes a path of its own:
-     the fields become one tuple that the recording keeps in its flat list with one
-     atomic `list.extend` (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py): no lock, no
-     counter, as a recording numbers its events by position. The event comes back as a
-     `KeptRow` (every attribute of the Event; its `.seq` is looked up when read: a
-     reentrant handle keeps its `released` and `node_collected` rows, and so the
-     recording's events, while it lives, and reads their seq only if an error quotes
-     it). Otherwise the scope is read once and every channel shares the tuple; a
-     channel with a memory reading (`after`) keeps under its lock, so readings come in
-     seq order; channels opened with `fn` and global subscribers get Events, numbered
-     by counters. Call sites are cached per (file,
-     line) (ckpt_viz/sites.py); tags are read only once a `tag()` block has opened.
+  5. With somebody listening, emitting is the hot path (a training step emits tens of events). The runtime calls
+     `emit_row` (`emit` with the fields positional) or `emit_for(handle, ...)` (the handle's id, mode, phase and
+     session id, and its debug story). The usual case, this context's scope being one open recording's channel
+     (`Scope.sole`, found when the scope is made) and no global subscriber, takes a path of its own: the fields
+     become one tuple that the recording keeps in its flat list with one atomic `list.extend` (NOTE [ Lazy
+     events ] in ckpt_viz/trace/rows.py): no lock, no counter. The event comes back as a `KeptRow` (every
+     attribute of the Event; its `.seq`, the position, is looked up when read). Otherwise the scope is read once
+     and every channel shares the tuple; a channel with a memory reading (`after`) keeps under its lock, so
+     readings come in seq order; channels opened with `fn` and global subscribers get Events, numbered by
+     counters. Call sites are cached per (file, line) (ckpt_viz/sites.py); tags are read only once a `tag()`
+     opened.
+  6. That usual case and the call-site walk over files seen before are also in C (ckpt_viz/csrc/busfast.c, NOTE
+     [ C speed-ups ] in ckpt_viz/cext.py), loaded when the first channel opens (`use_native`): `emit_row`,
+     `emit_for` and `call_site` are then C, handing every other case unchanged to the Python ones
+     (`_emit_row_py`, `_emit_for_py`, `sites.call_site`: the reference; tests/core/test_bus_native.py runs both).
 
 NOTE [ Recording scopes ]
-  1. A *channel* is one scoped listener with its own seq from 0 (a recording owns
-     one). `open_channel(fn)` adds it to the scope of the current context, a
-     ContextVar holding the open channels innermost last; `Channel.close()` removes
-     exactly that channel again. Removal is by identity, never a ContextVar token
-     reset, so closing out of order, or with an exception escaping, leaves every
-     other channel as it was (the outer sees both, the inner its own events).
-  2. `emit` hands one event to each channel, numbered by that channel from seq 0, and
-     returns what the innermost channel got (so a seq the runtime quotes back, such
-     as `last_release_seq`, is in the numbering of the innermost recording). Global
-     subscribers (`subscribe`) share one process-wide counter and see every event
+  1. A *channel* is one scoped listener with its own seq from 0 (a recording owns one). `open_channel(fn)` adds
+     it to the scope of the current context, a ContextVar holding the open channels innermost last;
+     `Channel.close()` removes exactly that channel again. Removal is by identity, never a ContextVar token
+     reset, so closing out of order, or with an exception escaping, leaves every other channel as it was (the
+     outer sees both, the inner its own events).
+  2. `emit` hands one event to each channel, numbered by that channel from seq 0, and returns what the innermost
+     channel got (so a seq the runtime quotes back, such as `last_release_seq`, is in the numbering of the
+     innermost recording). Global subscribers (`subscribe`) share one process-wide counter and see every event
      of every context (the CLI's progress bar uses one).
-  3. Nested channels share the outermost one's `Scope.shared` dict: per-recording
-     state that must be the same for all of them (the runtime's handle numbering).
-  4. Threads do not inherit a scope: a `threading.Thread` starts with an empty
-     context (Python's default), so a thread started inside a recording reaches
-     it only when handed over explicitly: `scope = bus.current_scope()` on the
-     recording's thread, then `with bus.enter_scope(scope):` on the other thread
-     (`Recording.attach()` does both). Inheriting would make two app sessions on
-     Streamlit threads, or any helper thread, leak into each other's traces.
-  5. Autograd worker threads: on CUDA the engine runs backward nodes on device
-     threads whose context is not the caller's. The runtime installs
-     `set_launch_context(fn)`, where `fn` returns the context of the code that
-     launched the running backward (torch carries a copy of it to the worker with
-     the graph task); `context_value` (and so `current_scope`, the tags, the memory
-     holders) falls back to it when this context has no value of its own. The
-     runtime's nodes that run a nested backward run in a copy of that context
+  3. Nested channels share the outermost one's `Scope.shared` dict: per-recording state that must be the same
+     for all of them (the runtime's handle numbering).
+  4. Threads do not inherit a scope: a `threading.Thread` starts with an empty context (Python's default), so a
+     thread started inside a recording reaches it only when handed over explicitly: `scope =
+     bus.current_scope()` on the recording's thread, then `with bus.enter_scope(scope):` on the other thread
+     (`Recording.attach()` does both). Inheriting would make two app sessions on Streamlit threads, or any
+     helper thread, leak into each other's traces.
+  5. Autograd worker threads: on CUDA the engine runs backward nodes on device threads whose context is not the
+     caller's. The runtime installs `set_launch_context(fn)`, where `fn` returns the context of the code that
+     launched the running backward (torch carries a copy of it to the worker with the graph task);
+     `context_value` (and so `current_scope`, the tags, the memory holders) falls back to it when this context
+     has no value of its own. The runtime's nodes that run a nested backward run in a copy of that context
      (`ckpt_viz.runtime.handover`), so the nested pass carries it on.
-  6. `emit(..., scope=s)` sends to `s` instead of this context's scope when `s`
-     has an open channel (a handle's `node_collected`, which garbage collection may
-     run on any thread, goes to the recordings that saw the handle created).
+  6. `emit(..., scope=s)` sends to `s` instead of this context's scope when `s` has an open channel (a handle's
+     `node_collected`, which garbage collection may run on any thread, goes to the recordings that saw the
+     handle created).
 """
 from __future__ import annotations
 
@@ -73,6 +66,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from ckpt_viz.events import Event, EventRow, KeptRow, make_event
@@ -80,8 +74,8 @@ from ckpt_viz.launch import context_value, launch_context, set_launch_context
 from ckpt_viz.sites import call_site, skip_frames_in
 
 __all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
-           "emit_error", "emit_row", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context",
-           "skip_frames_in", "subscribe", "tag"]
+           "emit_error", "emit_for", "emit_row", "enabled", "enter_scope", "name_of", "open_channel",
+           "set_launch_context", "skip_frames_in", "subscribe", "tag", "use_native"]
 
 
 class Subscriber(Protocol):
@@ -97,9 +91,7 @@ _seq = itertools.count()
 _NO_TAGS: Mapping[str, Any] = {}  # one shared object: traces intern tags by identity
 _TAGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ckpt_viz_tags", default=None)
 _tagged = False  # True once any `tag()` block opened in this process: until then no context has tags
-_new_row = tuple.__new__
-_monotonic_ns = time.monotonic_ns
-_get_ident = threading.get_ident
+_new_row, _monotonic_ns, _get_ident = tuple.__new__, time.monotonic_ns, threading.get_ident
 
 
 def _update_enabled() -> None:
@@ -108,11 +100,8 @@ def _update_enabled() -> None:
 
 
 def subscribe(fn: Subscriber) -> Callable[[], None]:
-    """Attach `fn(event)` to every event emitted from now on, in every context.
-
-    Returns:
-        A function that detaches `fn` again (calling it twice is harmless).
-    """
+    """Attach `fn(event)` to every event emitted from now on, in every context; returns a function that detaches
+    `fn` again (calling it twice is harmless)."""
     global _subscribers, _seq
     if not callable(fn):
         raise TypeError(f"ckpt_viz.subscribe: expected a callable taking one Event, got {fn!r}.")
@@ -143,8 +132,7 @@ class Channel:
     __slots__ = ("__weakref__", "_after", "_keep", "_lock", "_only_rows", "_seq", "_seq_of", "fn", "is_open", "names")
 
     def __init__(self, fn: Subscriber | None, names: Mapping[int, str] | None,
-                 rows: Callable[[tuple[Any, ...]], None] | None = None,
-                 after: Callable[[EventRow], None] | None = None,
+                 rows: Callable[[tuple[Any, ...]], None] | None = None, after: Callable[[EventRow], None] | None = None,
                  seq_of: Callable[[tuple[Any, ...]], int | None] | None = None) -> None:
         self.fn: Subscriber | None = fn
         self._keep = rows
@@ -239,21 +227,21 @@ def current_scope() -> Scope:
 
 
 def open_channel(fn: Subscriber | None = None, *, names: Mapping[int, str] | None = None,
-                 rows: Callable[[tuple[Any, ...]], None] | None = None,
-                 after: Callable[[EventRow], None] | None = None,
+                 rows: Callable[[tuple[Any, ...]], None] | None = None, after: Callable[[EventRow], None] | None = None,
                  seq_of: Callable[[tuple[Any, ...]], int | None] | None = None) -> Channel:
     """Open a channel in the current context, inside the channels already open here; `close()` it when done.
 
-    `fn` gets each Event the code of this context emits, numbered from seq 0; or, instead,
-    `rows` gets each event's fields after seq as a tuple (a recording's `RecordedEvents.keep`,
-    NOTE [ Cost with nobody listening ], rule 5) and `after` (only with `rows`, a memory
-    reading) then gets it as an `EventRow`; `seq_of` (with `rows`: `RecordedEvents.seq_of`) numbers them by
-    position instead of a counter. `names`: id(object) -> name (see `name_of`).
+    `fn` gets each Event the code of this context emits, numbered from seq 0; or, instead, `rows` gets each event's
+    fields after seq as a tuple (a recording's `RecordedEvents.keep`, NOTE [ Cost with nobody listening ], rule 5)
+    and `after` (only with `rows`, a memory reading) then gets it as an `EventRow`; `seq_of` (with `rows`:
+    `RecordedEvents.seq_of`) numbers them by position instead of a counter. `names`: id(object) -> name.
     """
     global _open_channels
     if (fn is None) == (rows is None) or (after is not None and rows is None):
         raise TypeError("ckpt_viz.bus.open_channel: pass either fn or rows (after only with rows).\n"
                         "Tip: open_channel(listener) for Events, open_channel(rows=events.keep) for a recording.")
+    if not _native_tried:
+        use_native()  # the C twins, built or loaded once, when the first recording opens (NOTE [ Cost ... ], 6)
     channel = Channel(fn, names, rows, after, seq_of if rows is not None else None)
     base = current_scope()
     channels = tuple(c for c in base.channels if c.is_open)
@@ -286,31 +274,23 @@ def name_of(obj: Any) -> str | None:
 
 # ---------------------------------------------------------------- emitting
 
-def emit(
-    kind: str,
-    *,
-    handle_id: int | None = None,
-    mode: str | None = None,
-    phase: str | None = None,
-    session_id: Any = None,
-    site: str | None = None,
-    capture_site: bool = True,
-    data: Mapping[str, Any] | None = None,
-    scope: Scope | None = None,
-) -> Event | EventRow | None:
+def emit(kind: str, *, handle_id: int | None = None, mode: str | None = None, phase: str | None = None,
+         session_id: Any = None, site: str | None = None, capture_site: bool = True,
+         data: Mapping[str, Any] | None = None, scope: Scope | None = None) -> Event | EventRow | None:
     """Hand this event to every listener of this context; see NOTE [ Recording scopes ].
 
-    Returns what the innermost recording got: an `EventRow` for a `record()` block (every attribute
-    of the Event, `.seq` and `.site` included), the Event for a channel opened with `fn`; a global
-    subscriber's Event if no channel listens here; None if nobody listens.
+    Returns what the innermost recording got: an `EventRow` for a `record()` block (every attribute of the Event,
+    `.seq` and `.site` included), the Event for a channel opened with `fn`; a global subscriber's Event if no
+    channel listens here; None if nobody listens.
     """
     return emit_row(kind, handle_id, mode, phase, session_id, site, capture_site, data or {}, scope)
 
 
-def emit_row(kind: str, handle_id: int | None, mode: str | None, phase: str | None, session_id: Any,
-             site: str | None, capture_site: bool, data: dict[str, Any], scope: Scope | None = None
-             ) -> Event | EventRow | None:
-    """`emit` with the fields positional (`data` a dict made for this event): the runtime's hot path."""
+def _emit_row_py(kind: str, handle_id: int | None, mode: str | None, phase: str | None, session_id: Any,
+                 site: str | None, capture_site: bool, data: dict[str, Any], scope: Scope | None = None
+                 ) -> Event | EventRow | None:
+    """`emit` with the fields positional (`data` a dict made for this event): the runtime's hot path, `emit_row`
+    (the reference of its C twin, NOTE [ Cost with nobody listening ], rule 6)."""
     own = _SCOPE.get()
     if own is not None and not _subscribers and (scope is None or scope is own):
         # the usual case: one open recording here and nobody else (NOTE [ Cost ... ], 5)
@@ -355,14 +335,44 @@ def emit_row(kind: str, handle_id: int | None, mode: str | None, phase: str | No
     return event
 
 
+def _emit_for_py(handle: Any, kind: str, site: str | None, capture_site: bool, data: dict[str, Any],
+                 scope: Scope | None = None) -> Event | EventRow | None:
+    """`emit_row` with a checkpoint handle's id, mode, phase and session id; then into its debug story, if any."""
+    event = emit_row(kind, handle.handle_id, handle.mode, handle.phase, handle.session_id, site, capture_site,
+                     data, scope)
+    story = handle._story
+    if story is not None and event is not None:
+        story.add(event)
+    return event
+
+
+emit_row = _emit_row_py
+emit_for = _emit_for_py
+_NATIVE_SOURCE = Path(__file__).resolve().parent / "csrc" / "busfast.c"
+_native_tried = False
+
+
+def use_native(on: bool = True) -> bool:
+    """Emit and find call sites through the C twins of `_emit_row_py`, `_emit_for_py` and `sites.call_site`
+    (`on`), or through the Python (NOTE [ Cost with nobody listening ], rule 6). Says whether C is in use."""
+    global emit_row, emit_for, call_site, _native_tried
+    from ckpt_viz import cext, sites
+
+    _native_tried, native = True, cext.extension(_NATIVE_SOURCE) if on else None
+    if native is not None:
+        native.configure(globals(), _SCOPE, _TAGS, _NO_TAGS, KeptRow, _emit_row_py, sites.call_site,
+                         sites._skip_cache, sites._site_cache)
+    emit_row, emit_for, call_site = ((native.emit_row, native.emit_for, native.call_site) if native is not None
+                                     else (_emit_row_py, _emit_for_py, sites.call_site))
+    return native is not None
+
+
 def emit_error(exc: BaseException, where: str, **fields: Any) -> Event | EventRow | None:
     """Emit the `error` event for `exc` once: an exception that already has one is not reported again."""
     if getattr(exc, "_ckpt_viz_reported", False):
         return None
-    try:
+    with contextlib.suppress(AttributeError):  # an exception type without a __dict__
         exc._ckpt_viz_reported = True  # type: ignore[attr-defined]
-    except AttributeError:  # an exception type without a __dict__
-        pass
     code = getattr(exc, "code", None)  # a ckpt_viz error's code (see ckpt_viz.errors); data may set one
     data = {"where": where, "type": type(exc).__name__, "message": str(exc),
             "code": code if isinstance(code, str) else None, **fields.pop("data", {})}

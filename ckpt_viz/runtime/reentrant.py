@@ -98,13 +98,10 @@ class _Checkpoint(torch.autograd.Function):
         ctx.save_for_backward(*inputs)
         frame.context_ref = weakref.ref(ctx, _collected_callback(weakref.ref(frame)))
         frame.state = ExecutionState.capture(frame.context_fn, frame.preserve_rng_state, inputs, api=_API)
-        if bus.enabled:
-            # the hot sites call bus.emit_row themselves (no `_emit` frame): see ReentrantCheckpointHandle._emit
-            event = bus.emit_row("forward_started", frame.handle_id, "reentrant", frame.phase, frame.session_id,
-                                 frame._backward_site, False, {"device_type": frame.state.device_type,
-                                                               "rng_captured": frame.state.cpu_rng_state is not None})
-            if frame._story is not None and event is not None:
-                frame._story.add(event)
+        if bus.enabled:  # the hot sites call bus.emit_for (C where built): see ReentrantCheckpointHandle._emit
+            state = frame.state
+            bus.emit_for(frame, "forward_started", frame._backward_site, False,
+                         {"device_type": state.device_type, "rng_captured": state.cpu_rng_state is not None})
         watch = frame.divergence  # See NOTE [ Replay divergence checks ] in divergence.py.
         context = frame.state.forward_context
         if watch is None and type(context) is contextlib.nullcontext:  # autograd runs forward without grad
@@ -148,12 +145,9 @@ class _Checkpoint(torch.autograd.Function):
         if watch is not None:
             watch.forward_done(outputs)
         if bus.enabled:
-            event = bus.emit_row("forward_finished", frame.handle_id, "reentrant", frame.phase, frame.session_id,
-                                 frame._backward_site, False, {"outputs": [meta(o) for o in outputs],
-                                                               "non_differentiable": non_diff,
-                                                               "exclude_entries": len(frame.entries)})
-            if frame._story is not None and event is not None:
-                frame._story.add(event)
+            bus.emit_for(frame, "forward_finished", frame._backward_site, False,
+                         {"outputs": [meta(o) for o in outputs], "non_differentiable": non_diff,
+                          "exclude_entries": len(frame.entries)})
         return outputs
 
     @staticmethod
@@ -183,12 +177,9 @@ def _site_of_backward() -> str | None:
 def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
     if bus.enabled:
         frame._backward_site = _site_of_backward()
-        event = bus.emit_row("backward_entered", frame.handle_id, "reentrant", frame.phase, frame.session_id,
-                             frame._backward_site, True, {"split": frame.split, "retain_graph": frame.retain_graph,
-                                                          "grad_count": len(grad_outputs),
-                                                          "none_grads": sum(map(is_, grad_outputs, _NONES))})
-        if frame._story is not None and event is not None:
-            frame._story.add(event)
+        bus.emit_for(frame, "backward_entered", frame._backward_site, True,
+                     {"split": frame.split, "retain_graph": frame.retain_graph, "grad_count": len(grad_outputs),
+                      "none_grads": sum(map(is_, grad_outputs, _NONES))})
     try:
         return _run_backward(frame, grad_outputs)
     except BaseException as exc:
@@ -227,10 +218,7 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
             data = {**data, "captured": captured}
         else:
             data = {**data}  # the event's own dict, never the cached one
-        event = bus.emit_row("grads_routed", frame.handle_id, "reentrant", frame.phase, frame.session_id,
-                             frame._backward_site, True, data)
-        if frame._story is not None and event is not None:
-            frame._story.add(event)
+        bus.emit_for(frame, "grads_routed", frame._backward_site, True, data)
     if frame.split:
         if frame.phase == "dw":
             frame._release("dw_complete")

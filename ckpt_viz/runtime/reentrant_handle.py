@@ -159,7 +159,7 @@ class ReentrantCheckpointHandle:
 
     def _emit(self, kind: str, capture_site: bool = True, **data: Any) -> Any:
         # Inside one engine callback every event has the same user line: walk the stack once (see backward).
-        # Each step's events call bus.emit_row themselves (a frame less) and add to `_story` (debug.py's).
+        # Each step's events call bus.emit_for themselves (a frame less; C where built: it adds to `_story` too).
         return bus.emit_row(kind, self.handle_id, "reentrant", self.phase, self.session_id, self._backward_site,
                             capture_site, data)
 
@@ -240,10 +240,7 @@ class ReentrantCheckpointHandle:
         if bus.enabled:
             data = {"trigger": "backward" if in_backward else "prefire", "retain_graph": self.retain_graph,
                     "replay_index": self.replay_count}
-            event = bus.emit_row("replay_started", self.handle_id, "reentrant", self.phase, self.session_id,
-                                 self._backward_site, True, data)
-            if self._story is not None and event is not None:
-                self._story.add(event)
+            bus.emit_for(self, "replay_started", self._backward_site, True, data)
         watch = self.divergence
         if watch is not None:
             watch.replay_starting()
@@ -264,10 +261,8 @@ class ReentrantCheckpointHandle:
         finally:
             self.replaying = False
         if bus.enabled:
-            event = bus.emit_row("replay_finished", self.handle_id, "reentrant", self.phase, self.session_id,
-                                 self._backward_site, True, {"trigger": "backward" if in_backward else "prefire"})
-            if self._story is not None and event is not None:
-                self._story.add(event)
+            bus.emit_for(self, "replay_finished", self._backward_site, True,
+                         {"trigger": "backward" if in_backward else "prefire"})
         if watch is not None:
             watch.replay_done(self._emit, tensors_of(self.replay_outputs))
 
@@ -326,10 +321,7 @@ class ReentrantCheckpointHandle:
         if bus.enabled:
             data = {"reason": reason, "was_replayed": was_replayed, "entries_released": entries,
                     "exclude_cache_size": cache_size}
-            event = bus.emit_row("released", self.handle_id, "reentrant", self.phase, self.session_id,
-                                 self._backward_site, True, data)
-            if self._story is not None and event is not None:
-                self._story.add(event)
+            event = bus.emit_for(self, "released", self._backward_site, True, data)
             if event is not None:  # the seq is looked up only if an error quotes it (bus NOTE [ Cost ... ], 5)
                 self._release_row, self.release_site = event, event.site
 

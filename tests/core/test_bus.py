@@ -191,16 +191,22 @@ def test_d8_tripwires_fire_when_someone_listens(tripwires: list[str]) -> None:
 def test_d8_emit_is_not_called_without_a_subscriber(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every hook point is guarded by `if bus.enabled:`, so not even `emit` is called.
 
-    Every event goes through `emit_row` (the runtime calls it directly; `emit` calls it), so that is
-    where the calls are counted."""
+    Every event goes through `emit_row` or `emit_for` (the runtime calls them directly; `emit` calls
+    `emit_row`), so that is where the calls are counted."""
     calls: list[str] = []
-    real_emit_row = bus.emit_row
+    bus.use_native()  # what the first recording does: after it, the patches below stay in place
+    real_emit_row, real_emit_for = bus.emit_row, bus.emit_for
 
     def counting_emit_row(kind: str, *args, **kwargs):
         calls.append(kind)
         return real_emit_row(kind, *args, **kwargs)
 
+    def counting_emit_for(handle, kind: str, *args, **kwargs):
+        calls.append(kind)
+        return real_emit_for(handle, kind, *args, **kwargs)
+
     monkeypatch.setattr(bus, "emit_row", counting_emit_row)
+    monkeypatch.setattr(bus, "emit_for", counting_emit_for)
     _forward_backward()
     assert calls == []
     with ckpt_viz.record() as rec:
