@@ -11,8 +11,7 @@ NOTE [ Cost with nobody listening ]
   2. While a recording is open on another thread but none here, a hook point does reach `emit`, which finds no
      listener for this context and returns None before building anything (a ContextVar read and the
      launch-context check of NOTE [ Recording scopes ], rule 5).
-  3. Call sites (`file:line` of the user's code) are captured only inside `emit`, that is, only while somebody
-     listens here.
+  3. Call sites (`file:line` of the user's code) are captured only inside `emit`: only while somebody listens here.
   4. A subscriber that raises propagates into the runtime; it is not swallowed.
   5. With somebody listening, emitting is the hot path (a training step emits tens of events). The runtime calls
      `emit_row` (`emit` with the fields positional) or `emit_for(handle, ...)` (the handle's id, mode, phase and
@@ -23,12 +22,11 @@ NOTE [ Cost with nobody listening ]
      attribute of the Event; its `.seq`, the position, is looked up when read). Otherwise the scope is read once
      and every channel shares the tuple; a channel with a memory reading (`after`) keeps under its lock, so
      readings come in seq order; channels opened with `fn` and global subscribers get Events, numbered by
-     counters. Call sites are cached per (file, line) (ckpt_viz/sites.py); tags are read only once a `tag()`
-     opened.
-  6. That usual case and the call-site walk over files seen before are also in C (ckpt_viz/csrc/busfast.c, NOTE
-     [ C speed-ups ] in ckpt_viz/cext.py), loaded when the first channel opens (`use_native`): `emit_row`,
-     `emit_for` and `call_site` are then C, handing every other case unchanged to the Python ones
-     (`_emit_row_py`, `_emit_for_py`, `sites.call_site`: the reference; tests/core/test_bus_native.py runs both).
+     counters. Call sites are cached per (file, line) (ckpt_viz/sites.py); tags are read once a `tag()` opened.
+  6. That usual case, `current_scope` while this context's innermost channel is open, and the call-site walk over
+     files seen before are also in C (ckpt_viz/csrc/busfast.c, NOTE [ C speed-ups ] in ckpt_viz/cext.py), loaded
+     when the first channel opens (`use_native`); they hand every other case unchanged to the Python ones
+     (`_emit_row_py`, ..., `sites.call_site`: the reference; tests/core/test_bus_native.py runs both).
 
 NOTE [ Recording scopes ]
   1. A *channel* is one scoped listener with its own seq from 0 (a recording owns one). `open_channel(fn)` adds
@@ -213,7 +211,7 @@ _EMPTY = Scope()
 _SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("ckpt_viz_scope", default=None)
 
 
-def current_scope() -> Scope:
+def _current_scope_py() -> Scope:
     """The recordings code running here belongs to (see NOTE [ Recording scopes ]); empty if none."""
     own = _SCOPE.get()
     if own is not None and (own.channels[-1].is_open or own.is_open()):  # innermost open: no loop
@@ -224,6 +222,9 @@ def current_scope() -> Scope:
         if carried is not None and carried.is_open():
             return carried
     return _EMPTY
+
+
+current_scope = _current_scope_py
 
 
 def open_channel(fn: Subscriber | None = None, *, names: Mapping[int, str] | None = None,
@@ -346,24 +347,23 @@ def _emit_for_py(handle: Any, kind: str, site: str | None, capture_site: bool, d
     return event
 
 
-emit_row = _emit_row_py
-emit_for = _emit_for_py
-_NATIVE_SOURCE = Path(__file__).resolve().parent / "csrc" / "busfast.c"
-_native_tried = False
+emit_row, emit_for = _emit_row_py, _emit_for_py
+_NATIVE_SOURCE, _native_tried = Path(__file__).resolve().parent / "csrc" / "busfast.c", False
 
 
 def use_native(on: bool = True) -> bool:
     """Emit and find call sites through the C twins of `_emit_row_py`, `_emit_for_py` and `sites.call_site`
     (`on`), or through the Python (NOTE [ Cost with nobody listening ], rule 6). Says whether C is in use."""
-    global emit_row, emit_for, call_site, _native_tried
+    global emit_row, emit_for, call_site, current_scope, _native_tried
     from ckpt_viz import cext, sites
 
     _native_tried, native = True, cext.extension(_NATIVE_SOURCE) if on else None
     if native is not None:
         native.configure(globals(), _SCOPE, _TAGS, _NO_TAGS, KeptRow, _emit_row_py, sites.call_site,
-                         sites._skip_cache, sites._site_cache)
-    emit_row, emit_for, call_site = ((native.emit_row, native.emit_for, native.call_site) if native is not None
-                                     else (_emit_row_py, _emit_for_py, sites.call_site))
+                         sites._skip_cache, sites._site_cache, _current_scope_py)
+    emit_row, emit_for, call_site, current_scope = (
+        (native.emit_row, native.emit_for, native.call_site, native.current_scope) if native is not None
+        else (_emit_row_py, _emit_for_py, sites.call_site, _current_scope_py))
     return native is not None
 
 

@@ -7,6 +7,7 @@
  *     None, a str, an int or a float. It builds the same values tuple (t_ns from CLOCK_MONOTONIC, the clock of
  *     time.monotonic_ns; the thread ident of threading.get_ident), calls keep(values) and returns the same
  *     KeptRow (seq_of, values). Anything else goes, with the same arguments, to the Python emit_row.
+ *   - current_scope: this context's own scope while its innermost channel is open; else the Python decides.
  *   - call sites: a walk over frames whose files are already in sites._skip_cache and whose (file, line) is
  *     already in sites._site_cache; at the first frame that is not, the Python call_site does the whole walk
  *     (and fills the caches), so both give the same answer.
@@ -24,10 +25,11 @@ static PyObject *no_tags;       /* bus._NO_TAGS */
 static PyTypeObject *kept_type; /* events.KeptRow, a tuple subclass without slots of its own */
 static PyObject *py_emit_row;   /* bus._emit_row_py: the reference, and every case this file does not take */
 static PyObject *py_call_site;  /* sites.call_site */
+static PyObject *py_current_scope; /* bus._current_scope_py */
 static PyObject *skip_cache;    /* sites._skip_cache: filename -> bool (skipped) */
 static PyObject *site_cache;    /* sites._site_cache: (filename, line) -> "short/path.py:line" */
 static PyObject *s_subscribers, *s_tagged, *s_sole, *s_only_rows, *s_handle_id, *s_mode, *s_phase,
-    *s_session_id, *s_story, *s_add;
+    *s_session_id, *s_story, *s_add, *s_channels, *s_is_open;
 
 #define MISS Py_NotImplemented /* "the Python path decides": never a real result here (not a new reference) */
 
@@ -262,12 +264,37 @@ done:
     return row;
 }
 
-/* configure(bus_dict, scope_var, tags_var, no_tags, KeptRow, emit_row_py, call_site_py, skip_cache, site_cache) */
+/* current_scope(): this context's own scope when its innermost channel is open (the usual case, as the Python
+ * returns it first), else whatever the Python says (the launch context's scope, or the empty one). */
+static PyObject *current_scope(PyObject *self, PyObject *unused)
+{
+    PyObject *own;
+    if (PyContextVar_Get(scope_var, NULL, &own) < 0)
+        return NULL;
+    if (own != Py_None) {
+        PyObject *channels = PyObject_GetAttr(own, s_channels);
+        int innermost_open = 0;
+        if (channels != NULL && PyTuple_CheckExact(channels) && PyTuple_GET_SIZE(channels) > 0) {
+            PyObject *is_open = PyObject_GetAttr(PyTuple_GET_ITEM(channels, PyTuple_GET_SIZE(channels) - 1), s_is_open);
+            innermost_open = is_open == Py_True;
+            Py_XDECREF(is_open);
+        }
+        Py_XDECREF(channels);
+        PyErr_Clear(); /* an odd scope: the Python meets it again and raises what it raises */
+        if (innermost_open)
+            return own;
+    }
+    Py_DECREF(own);
+    return PyObject_CallNoArgs(py_current_scope);
+}
+
+/* configure(bus_dict, scope_var, tags_var, no_tags, KeptRow, emit_row_py, call_site_py, skip_cache, site_cache,
+ *           current_scope_py) */
 static PyObject *configure(PyObject *self, PyObject *args)
 {
-    PyObject *d, *sv, *tv, *nt, *kt, *er, *cs, *sk, *si;
-    if (!PyArg_ParseTuple(args, "O!OOOO!OOO!O!", &PyDict_Type, &d, &sv, &tv, &nt, &PyType_Type, &kt, &er, &cs,
-                          &PyDict_Type, &sk, &PyDict_Type, &si))
+    PyObject *d, *sv, *tv, *nt, *kt, *er, *cs, *sk, *si, *cur;
+    if (!PyArg_ParseTuple(args, "O!OOOO!OOO!O!O", &PyDict_Type, &d, &sv, &tv, &nt, &PyType_Type, &kt, &er, &cs,
+                          &PyDict_Type, &sk, &PyDict_Type, &si, &cur))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)kt, &PyTuple_Type) || ((PyTypeObject *)kt)->tp_basicsize
         != PyTuple_Type.tp_basicsize) {
@@ -284,6 +311,7 @@ static PyObject *configure(PyObject *self, PyObject *args)
     Py_XSETREF(py_call_site, Py_NewRef(cs));
     Py_XSETREF(skip_cache, Py_NewRef(sk));
     Py_XSETREF(site_cache, Py_NewRef(si));
+    Py_XSETREF(py_current_scope, Py_NewRef(cur));
     Py_RETURN_NONE;
 }
 
@@ -292,6 +320,7 @@ static PyMethodDef methods[] = {
     {"emit_row", (PyCFunction)(void (*)(void))emit_row, METH_FASTCALL | METH_KEYWORDS, "bus.emit_row, in C."},
     {"emit_for", (PyCFunction)(void (*)(void))emit_for, METH_FASTCALL, "bus.emit_for, in C."},
     {"call_site", (PyCFunction)(void (*)(void))call_site, METH_FASTCALL, "sites.call_site, in C."},
+    {"current_scope", current_scope, METH_NOARGS, "bus.current_scope, in C."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "busfast", NULL, -1, methods};
@@ -299,10 +328,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "busfast", NULL, -1, 
 PyMODINIT_FUNC PyInit_busfast(void)
 {
     const char *names[] = {"_subscribers", "_tagged", "sole", "_only_rows", "handle_id", "mode", "phase",
-                           "session_id", "_story", "add"};
+                           "session_id", "_story", "add", "channels", "is_open"};
     PyObject **slots[] = {&s_subscribers, &s_tagged, &s_sole, &s_only_rows, &s_handle_id, &s_mode, &s_phase,
-                          &s_session_id, &s_story, &s_add};
-    for (int i = 0; i < 10; i++)
+                          &s_session_id, &s_story, &s_add, &s_channels, &s_is_open};
+    for (int i = 0; i < 12; i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;
     return PyModule_Create(&module);

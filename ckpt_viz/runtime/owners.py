@@ -30,21 +30,29 @@ NOTE [ Captured report cache ]
      is kept (bounded, `_MAX_REPORTS`) and the same list is the field of every later
      event with the same facts. Events are read-only facts: nothing writes into their
      data (a trace built by hand or loaded has its own objects).
+  3. (Both caches.) The cache check of `facts`, `grad_states` and the report's key are
+     also in C (ckpt_viz/csrc/ownersfast.c, NOTE [ C speed-ups ] in ckpt_viz/cext.py):
+     C answers for plain modules and tensors and says "none" for anything odd, and the
+     Python here, the reference, then does it (tests/runtime/test_owners_native.py runs
+     both on the same inputs).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import weakref
 from collections.abc import Iterable
 from operator import and_, is_not, ne, or_
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ckpt_viz import bus
+from ckpt_viz import bus, cext
 
-__all__ = ["OwnerFacts", "captured_leaves", "captured_report", "facts", "grad_states", "owned_parameters", "qualname"]
+__all__ = ["OwnerFacts", "captured_leaves", "captured_report", "captured_states", "facts", "grad_states",
+           "owned_parameters", "qualname"]
 
 _DICTS = operator.attrgetter("_parameters", "_buffers", "_modules")
 _chain = itertools.chain.from_iterable
@@ -88,6 +96,10 @@ def facts(module: torch.nn.Module) -> OwnerFacts:
     """The module's parameters and buffers, from the cache when its tree is unchanged (NOTE rule 2)."""
     key = id(module)
     entry = _CACHE.get(key)
+    if entry is not None and _native is not None:  # in C; None: Python decides (NOTE [ Captured ... ], rule 3)
+        found = _native.current_facts(entry, module)
+        if found is not None:
+            return found
     try:
         if entry is not None and entry[0]() is module:
             found = entry[1]
@@ -123,9 +135,10 @@ def captured_leaves(values: tuple, replay_inputs: tuple) -> list[torch.Tensor]:
     return found
 
 
-def grad_states(params: Iterable[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]]:
+def _grad_states(params: Iterable[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]]:
     """The parameters that require grad, each one's `.grad` and its version counter (-1 without one), read before
-    a backward; `captured_report` reads them again after it."""
+    a backward; `captured_report` reads them again after it (`grad_states`: C where built, NOTE [ Captured
+    report cache ], rule 3)."""
     params = tuple(params)
     params = tuple(_compress(params, map(_REQUIRES_GRAD, params)))
     grads = tuple(map(_GRAD, params))
@@ -140,6 +153,22 @@ def captured_report(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tup
                     ) -> list[dict[str, Any]]:
     """The `captured` field of `grads_routed` from `grad_states` read before the backward: each parameter's shape,
     recorded name and whether the backward accumulated into it (NOTE [ Captured report cache ])."""
+    key = _native.report_key(before, bus.current_scope().channels) if _native is not None else None
+    if key is None:
+        key = _report_key(before, bus.current_scope().channels)
+    report = _REPORTS.get(key)
+    if report is None:
+        if len(_REPORTS) >= _MAX_REPORTS:
+            _REPORTS.clear()
+        report = _REPORTS[key] = [{"shape": list(shape), "name": name, "accumulated": hit}
+                                  for shape, name, hit in zip(key[0], key[1] or _NONE, key[2])]
+    return report
+
+
+def _report_key(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]],
+                channels: tuple[Any, ...]) -> tuple[tuple, tuple, tuple[bool, ...]]:
+    """`captured_report`'s key, (shapes, names, accumulated), from `grad_states` read before the backward and the
+    channels of this context (innermost last): the reference of its C twin (NOTE rule 3)."""
     params, old, versions = before
     grads = tuple(map(_GRAD, params))
     # accumulated: a .grad now, and a new one or the old one written in place (its version moved)
@@ -147,16 +176,20 @@ def captured_report(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tup
                             map(or_, map(is_not, grads, old),
                                 map(ne, map(getattr, grads, _VERSION, _NO_VERSION), versions))))
     # The innermost recording here that names the parameter (as bus.name_of); none named: every name is None.
-    named = [c.names for c in reversed(bus.current_scope().channels) if c.names]
+    named = [c.names for c in reversed(channels) if c.names]
     names = tuple([next((n for d in named if (n := d.get(id(p))) is not None), None) for p in params]) if named else ()
-    key = (tuple(map(_SHAPE, params)), names, accumulated)
-    report = _REPORTS.get(key)
-    if report is None:
-        if len(_REPORTS) >= _MAX_REPORTS:
-            _REPORTS.clear()
-        report = _REPORTS[key] = [{"shape": list(shape), "name": name, "accumulated": hit}
-                                  for shape, name, hit in zip(key[0], names or _NONE, accumulated)]
-    return report
+    return tuple(map(_SHAPE, params)), names, accumulated
+
+
+def _no_states(function: Any) -> None:
+    return None
+
+
+_native = cext.extension(Path(__file__).resolve().parent.parent / "csrc" / "ownersfast.c")
+grad_states = _native.grad_states if _native is not None else _grad_states
+# captured_states(function): grad_states(facts(owner).params) for the module owning `function` when its cached facts
+# are current, else None (then: grad_states of ReentrantCheckpointHandle._captured); C only (NOTE [ Captured ... ], 3)
+captured_states = functools.partial(_native.captured_states, _CACHE, torch.nn.Module) if _native else _no_states
 
 
 def qualname(function: Any) -> str:

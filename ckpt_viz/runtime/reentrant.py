@@ -146,7 +146,7 @@ class _Checkpoint(torch.autograd.Function):
             watch.forward_done(outputs)
         if bus.enabled:
             bus.emit_for(frame, "forward_finished", frame._backward_site, False,
-                         {"outputs": [meta(o) for o in outputs], "non_differentiable": non_diff,
+                         {"outputs": list(map(meta, outputs)), "non_differentiable": non_diff,
                           "exclude_entries": len(frame.entries)})
         return outputs
 
@@ -155,7 +155,9 @@ class _Checkpoint(torch.autograd.Function):
         return carried(_backward, ctx.frame, grad_outputs)  # See NOTE [ Engine hand-over ], rule 3.
 
 
-_task_site: tuple[int, int, str | None] = (-1, -1, None)  # (graph task, thread, the user's line of its call)
+_task: tuple[int, int] = (-1, -1)  # (graph task, thread) of the last backward that looked its site up
+_task_site: str | None = None  # the user's line of that task's call
+_graph_task_id = torch._C._current_graph_task_id
 
 
 def _site_of_backward() -> str | None:
@@ -164,13 +166,12 @@ def _site_of_backward() -> str | None:
     While one backward call runs, the Python stack below the engine on a thread does not
     change, so every node of that task on that thread has the same user line.
     """
-    global _task_site
-    task, thread = torch._C._current_graph_task_id(), get_ident()
-    cached = _task_site
-    if cached[0] == task and cached[1] == thread:
-        return cached[2]
+    global _task, _task_site
+    task = (_graph_task_id(), get_ident())
+    if task == _task:
+        return _task_site
     site = bus.call_site(3)
-    _task_site = (task, thread, site)
+    _task, _task_site = task, site
     return site
 
 

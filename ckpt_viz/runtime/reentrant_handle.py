@@ -190,7 +190,9 @@ class ReentrantCheckpointHandle:
         for item in self.replay_inputs:
             if item.requires_grad:
                 item.grad = None
-        before = owners.grad_states(self._captured(values)) if bus.enabled else None
+        before = None
+        if bus.enabled:  # a module's cached parameters in one C call where it can (owners.captured_states)
+            before = owners.captured_states(self.function) or owners.grad_states(self._captured(values))
         watch, self.divergence = self.divergence, None
         with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
