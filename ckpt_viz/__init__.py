@@ -43,7 +43,7 @@ from ckpt_viz.render.text import format_event, render_text
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace import Trace
 from ckpt_viz.trace.cache import derived, event_data
-from ckpt_viz.trace.index import TraceIndex, event_column
+from ckpt_viz.trace.index import TraceIndex, event_column, event_counts
 from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transition, lifecycle
 
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
@@ -133,6 +133,7 @@ __all__ = [
     "diagnose_handle",
     "dot_svg",
     "event_column",
+    "event_counts",
     "event_data",
     "event_rows",
     "explain",

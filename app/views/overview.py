@@ -2,7 +2,7 @@
 import streamlit as st
 
 from ckpt_viz import STATE_MEANINGS, diagnose_all, format_bytes, lifecycle, memory_peak, palette, render_memory
-from ui.cursor import cursor_bar
+from ui.cursor import cursor_bar, cursor_seq
 from ui.downloads import download_trace_buttons
 from ui.runs import current, handle_lifecycle, kind_counts
 from ui.show import show_chart
@@ -27,21 +27,15 @@ if meta.get("look_at"):
 # A cursor move (step buttons, slider, a click on the chart) reruns only this part of the page: the sidebar and the
 # heading are not sent or drawn again. On a big trace a step costs the server almost nothing; what is left is the
 # browser redrawing what it is sent (in Chromium without a GPU, about 0.2 s of CPU a step; a fifth less this way).
+# The memory chart is sent first, into its place below the cursor bar and the figures (containers made before it):
+# the browser's longest job on the first page is drawing it (Vega), and it does that while the server still works
+# on the rest (the cursor bar, the event counts, the lifecycle), instead of after.
 @st.fragment
 def at_the_cursor(run) -> None:
-    seq = cursor_bar(run)
-
-    kinds = kind_counts(run.trace)
-    peak = run.cached(memory_peak)
-    cols = st.columns(6)
-    cols[0].metric("Events", f"{len(run.trace):,}")
-    cols[1].metric("Handles", f"{len(run.index.handles):,}")
-    replays, released = cols[2].empty(), cols[4].empty()  # from the lifecycle: filled last (see below)
-    cols[3].metric("Refused replays", f"{kinds['replay_refused']:,}")
-    cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not sampled",
-                   help=f"at seq {peak['seq']}: " + ", ".join(f"{palette.category_word(c)} {format_bytes(b)}"
-                                                           for c, b in peak["top"])
-                   if peak else None)
+    if not len(run.index.seqs):
+        cursor_bar(run)  # says the trace holds no events, and stops
+    seq = cursor_seq(run)
+    bar, figures = st.container(), st.container()
 
     st.subheader("Memory over the run")
     if len(run.trace.memory):
@@ -51,6 +45,21 @@ def at_the_cursor(run) -> None:
                    "The Memory page has the tables.")
     else:
         st.info("This trace has no memory samples.")
+
+    with bar:
+        cursor_bar(run)  # at `seq`, the cursor `cursor_seq` read
+    with figures:
+        kinds = kind_counts(run.trace)
+        peak = run.cached(memory_peak)
+        cols = st.columns(6)
+        cols[0].metric("Events", f"{len(run.trace):,}")
+        cols[1].metric("Handles", f"{len(run.index.handles):,}")
+        replays, released = cols[2].empty(), cols[4].empty()  # from the lifecycle: filled last (see below)
+        cols[3].metric("Refused replays", f"{kinds['replay_refused']:,}")
+        cols[5].metric("Peak memory", format_bytes(peak["total"]) if peak else "not sampled",
+                       help=f"at seq {peak['seq']}: " + ", ".join(f"{palette.category_word(c)} {format_bytes(b)}"
+                                                               for c, b in peak["top"])
+                       if peak else None)
 
     left, right = st.columns(2, gap="large")
     with left:

@@ -7,11 +7,11 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ckpt_viz.trace import columnpass
 from ckpt_viz.trace.model import EventColumns, Trace
 
 __all__ = ["derived", "event_column", "event_data", "event_data_key", "is_derived"]
@@ -84,8 +84,7 @@ def _data_rows(trace: Trace) -> tuple[Any, list[int], list[dict[str, list[Any]]]
         shape = column.shape
         rows = getattr(column, "_positions", None)  # the column's own, when it has read a row already
         if rows is None:
-            counters = [itertools.count() for _ in column.keys]
-            rows = list(map(next, map(counters.__getitem__, shape)))  # i -> row within its shape
+            rows = columnpass.rows(shape, len(column.keys))  # i -> row within its shape
             with contextlib.suppress(AttributeError):
                 column._positions = rows  # the same list: reading event i's row later builds it not again
         return shape, rows, [dict(zip(names, values)) for names, values in zip(column.keys, column.values)]

@@ -10,14 +10,22 @@ from __future__ import annotations
 import gc
 import weakref
 from bisect import bisect_right
+from collections import Counter
 from typing import Any
 
 from ckpt_viz.events import Event
 from ckpt_viz.trace.cache import derived, event_column, is_derived
+from ckpt_viz.trace.columnpass import identity_counts
 from ckpt_viz.trace.lifecycle import STATES, Lifecycle, handle_order, lifecycle
 from ckpt_viz.trace.model import GraphSnapshot, MemoryColumns, MemorySample, Trace
 
-__all__ = ["STATES", "TraceIndex", "derived", "event_column"]
+__all__ = ["STATES", "TraceIndex", "derived", "event_column", "event_counts"]
+
+
+def event_counts(trace: Trace, name: str) -> Counter[Any]:
+    """How many events hold each value of the field `name` (`Counter(event_column(trace, name))`, counted in C
+    where it can be: NOTE [ Column passes ] in ckpt_viz/trace/columnpass.py); once per trace and field."""
+    return derived(trace, f"counts:{name}", lambda t: identity_counts(event_column(t, name)))
 
 
 def _memory_seqs(memory: Any) -> list[int]:

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from operator import add, getitem, itemgetter
+from operator import add, itemgetter
 from typing import Any
 
+from ckpt_viz.trace import columnpass
 from ckpt_viz.trace.cache import _data_rows, event_column, event_data_key
 from ckpt_viz.trace.columns import EventColumns
 from ckpt_viz.trace.model import Trace
@@ -95,7 +96,7 @@ def _value_ids(trace: Trace) -> list[Any] | None:
             by_shape.append(list(map(ids.setdefault, present[0] if len(present) == 1 else zip(*present), numbers)))
         except TypeError:
             return None
-    return list(map(getitem, map(by_shape.__getitem__, shape), rows))
+    return columnpass.gather(by_shape, shape, rows)
 
 
 def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[str, Any]:
@@ -108,10 +109,8 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
     handle_ids = event_column(trace, "handle_id")
     phase_at = event_column(trace, "phase")
     n = len(kinds)
-    lens = list(map(len, map(list, map(itemgetter(1), itertools.groupby(handle_ids)))))
-    starts = list(itertools.accumulate(lens, initial=0))
-    ends = starts[1:]
-    del starts[-1]
+    starts = columnpass.run_starts(handle_ids)
+    ends = [*starts[1:], n] if starts else []
     run_handles = list(map(handle_ids.__getitem__, starts))
     first_position = dict(zip(reversed(run_handles), reversed(starts)))
     first_position.pop(None, None)

@@ -1,0 +1,184 @@
+/* columnpass: passes over one column of a million events, for the app's first page (APP's file).
+ *
+ * Built by ckpt_viz.cext (NOTE [ C speed-ups ]). Each function has a Python twin that is the reference
+ * (ckpt_viz/trace/columnpass.py) and is used where this module is missing. On anything unusual (an
+ * argument that is not a list, a value that is not a small int, an index out of range) a function
+ * returns None and the Python twin redoes the work, so errors are always the Python ones.
+ *
+ *   rows(shape, shapes)          i -> how many events before i have the same shape id as i (ids < shapes)
+ *   gather(tables, keys, rows)   i -> tables[keys[i]][rows[i]] (each table a list, or bytes)
+ *   run_starts(column)           the index of every run's first event (a run: equal consecutive values)
+ *   identity_counts(column)      [(value, count), ...] for each distinct object, in order of first sight
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define MAX_SHAPES 65536  /* shape ids at most this many: more, and Python does it */
+#define MAX_DISTINCT 256  /* identity_counts: more distinct objects, and Python does it */
+
+/* A small non-negative int below `limit`, or -1. */
+static Py_ssize_t small_index(PyObject *v, Py_ssize_t limit) {
+    if (!PyLong_CheckExact(v)) return -1;
+    int overflow = 0;
+    long x = PyLong_AsLongAndOverflow(v, &overflow);
+    if (overflow || x < 0 || x >= limit) {
+        PyErr_Clear();
+        return -1;
+    }
+    return (Py_ssize_t)x;
+}
+
+static PyObject *rows(PyObject *self, PyObject *args) {
+    PyObject *shape;
+    Py_ssize_t shapes;
+    if (!PyArg_ParseTuple(args, "On", &shape, &shapes)) return NULL;
+    if (!PyList_CheckExact(shape) || shapes < 0 || shapes > MAX_SHAPES) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(shape);
+    Py_ssize_t *counts = PyMem_Calloc(shapes + 1, sizeof(Py_ssize_t));
+    PyObject **ints = PyMem_Calloc(n + 1, sizeof(PyObject *));  /* one int object per row number, shared */
+    PyObject *out = counts == NULL || ints == NULL ? NULL : PyList_New(n);
+    Py_ssize_t made = 0, i = 0;
+    for (; out != NULL && i < n; i++) {
+        Py_ssize_t k = small_index(PyList_GET_ITEM(shape, i), shapes);
+        if (k < 0) break;  /* an unusual id: Python redoes it */
+        Py_ssize_t row = counts[k]++;
+        if (ints[row] == NULL) {
+            if ((ints[row] = PyLong_FromSsize_t(row)) == NULL) break;
+            made = row + 1 > made ? row + 1 : made;
+        }
+        Py_INCREF(ints[row]);
+        PyList_SET_ITEM(out, i, ints[row]);  /* steals the reference just taken */
+    }
+    for (Py_ssize_t j = 0; j < made; j++) Py_XDECREF(ints[j]);  /* the cache's own references */
+    PyMem_Free(ints);
+    PyMem_Free(counts);
+    if (out != NULL && i == n) return out;
+    int failed = PyErr_Occurred() != NULL || counts == NULL || ints == NULL;
+    if (out != NULL) {  /* the items not yet set are NULL: the list frees only those it holds */
+        Py_DECREF(out);
+    }
+    if (failed) return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *gather(PyObject *self, PyObject *args) {
+    PyObject *tables, *keys, *where;
+    if (!PyArg_ParseTuple(args, "OOO", &tables, &keys, &where)) return NULL;
+    if (!PyList_CheckExact(tables) || !PyList_CheckExact(keys) || !PyList_CheckExact(where) ||
+        PyList_GET_SIZE(keys) != PyList_GET_SIZE(where))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(keys), m = PyList_GET_SIZE(tables);
+    for (Py_ssize_t t = 0; t < m; t++) {  /* lists, or bytes (read as ints) */
+        PyObject *table = PyList_GET_ITEM(tables, t);
+        if (!PyList_CheckExact(table) && !PyBytes_CheckExact(table)) Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t k = small_index(PyList_GET_ITEM(keys, i), m);
+        PyObject *table = k < 0 ? NULL : PyList_GET_ITEM(tables, k);
+        int bytes = table != NULL && PyBytes_CheckExact(table);
+        Py_ssize_t size = table == NULL ? 0 : bytes ? PyBytes_GET_SIZE(table) : PyList_GET_SIZE(table);
+        Py_ssize_t j = table == NULL ? -1 : small_index(PyList_GET_ITEM(where, i), size);
+        if (j < 0) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        PyObject *v;
+        if (bytes) {
+            v = PyLong_FromLong((unsigned char)PyBytes_AS_STRING(table)[j]);  /* as bytes[j] reads */
+            if (v == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        } else {
+            v = PyList_GET_ITEM(table, j);
+            Py_INCREF(v);
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+static PyObject *run_starts(PyObject *self, PyObject *column) {
+    if (!PyList_CheckExact(column)) Py_RETURN_NONE;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    PyObject *last = NULL;  /* borrowed: the list is not changed while we walk it (no Python code runs ...) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(column); i++) {
+        PyObject *v = PyList_GET_ITEM(column, i);
+        int same = 0;
+        if (last != NULL) {
+            if (v == last) same = 1;
+            else if ((v == Py_None) != (last == Py_None)) same = 0;
+            else if (PyLong_CheckExact(v) && PyLong_CheckExact(last)) same = PyObject_RichCompareBool(v, last, Py_EQ);
+            else {  /* ... but for ints and None: any other value, and Python does it */
+                Py_DECREF(out);
+                Py_RETURN_NONE;
+            }
+            if (same < 0) {
+                PyErr_Clear();
+                Py_DECREF(out);
+                Py_RETURN_NONE;
+            }
+        }
+        if (!same) {
+            PyObject *at = PyLong_FromSsize_t(i);
+            if (at == NULL || PyList_Append(out, at) < 0) {
+                Py_XDECREF(at);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(at);
+        }
+        last = v;
+    }
+    return out;
+}
+
+static PyObject *identity_counts(PyObject *self, PyObject *column) {
+    if (!PyList_CheckExact(column)) Py_RETURN_NONE;
+    PyObject *seen[MAX_DISTINCT];
+    Py_ssize_t counts[MAX_DISTINCT];
+    Py_ssize_t distinct = 0, last = -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(column); i++) {
+        PyObject *v = PyList_GET_ITEM(column, i);
+        if (last >= 0 && seen[last] == v) {  /* the same object as the last one: the common case */
+            counts[last]++;
+            continue;
+        }
+        Py_ssize_t k = 0;
+        while (k < distinct && seen[k] != v) k++;
+        if (k == distinct) {
+            if (distinct == MAX_DISTINCT) Py_RETURN_NONE;
+            seen[distinct] = v;
+            counts[distinct++] = 0;
+        }
+        counts[k]++;
+        last = k;
+    }
+    PyObject *out = PyList_New(distinct);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < distinct; k++) {
+        PyObject *pair = Py_BuildValue("(On)", seen[k], counts[k]);  /* a new reference to the value */
+        if (pair == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k, pair);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"rows", rows, METH_VARARGS, "i -> how many events before i have shape[i]; None: let Python do it"},
+    {"gather", gather, METH_VARARGS, "i -> tables[keys[i]][rows[i]]; None: let Python do it"},
+    {"run_starts", run_starts, METH_O, "the first index of each run of equal values; None: let Python do it"},
+    {"identity_counts", identity_counts, METH_O, "[(object, count)] in order of first sight; None: Python"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "columnpass", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_columnpass(void) { return PyModule_Create(&module); }

@@ -1,0 +1,98 @@
+"""ckpt_viz.trace.columnpass: the C passes (csrc/columnpass.c) give exactly what their Python twins give, on random
+and edge inputs, and hand anything unusual back to Python (NOTE [ Column passes ])."""
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from collections import Counter
+from operator import getitem, itemgetter
+
+import pytest
+
+from ckpt_viz.trace import columnpass
+
+C = columnpass.native()
+needs_c = pytest.mark.skipif(C is None, reason="no C compiler: the Python code is used (NOTE [ C speed-ups ])")
+
+
+@pytest.fixture(params=["c", "python"])
+def impl(request, monkeypatch):
+    """columnpass as it runs with the C module, and with the Python code only."""
+    if request.param == "c" and C is None:
+        pytest.skip("no C compiler")
+    if request.param == "python":
+        monkeypatch.setattr(columnpass, "_NATIVE", [None])
+    return columnpass
+
+
+def _plain_rows(shape, shapes):
+    counters = [itertools.count() for _ in range(shapes)]
+    return list(map(next, map(counters.__getitem__, shape)))
+
+
+def _plain_runs(column):
+    lens = list(map(len, map(list, map(itemgetter(1), itertools.groupby(column)))))
+    return list(itertools.accumulate(lens, initial=0))[:-1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_columns_give_the_plain_results(impl, seed):
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 2, 17, 5_000])
+    shapes = rng.randint(1, 40)
+    shape = [rng.randrange(shapes) for _ in range(n)]
+    assert impl.rows(shape, shapes) == _plain_rows(shape, shapes)
+    rows = _plain_rows(shape, shapes)
+    tables = [[rng.choice([None, "a", 3, (1, 2)]) for _ in range(shape.count(k) + 1)] for k in range(shapes)]
+    tables[0] = bytes(rng.randrange(256) for _ in range(len(tables[0])))  # a shape of no key reads zeros
+    assert impl.gather(tables, shape, rows) == list(map(getitem, map(tables.__getitem__, shape), rows))
+    handles = [rng.choice([None, 0, 1, 2, 10**20]) for _ in range(n)]  # runs, a big int, None between
+    assert impl.run_starts(handles) == _plain_runs(handles)
+    kinds = [rng.choice(["a", "b", "c", "".join(["a", ""])]) for _ in range(n)]  # equal strings, other objects
+    counted = impl.identity_counts(kinds)
+    assert counted == Counter(kinds) and list(counted) == list(Counter(kinds))
+
+
+def test_edge_cases_give_the_python_results_and_errors(impl):
+    assert impl.rows([], 0) == []
+    assert impl.rows([0, 0, 1, 0], 2) == [0, 1, 0, 2]
+    with pytest.raises(IndexError):  # a shape id past the shapes: the Python error
+        impl.rows([0, 3], 2)
+    with pytest.raises(IndexError):
+        impl.gather([[1]], [0], [1])
+    assert impl.gather([[1, 2], b"\x00\x07"], [1, 0, 1], [1, 0, -2]) == [7, 1, 0]  # negative index as Python
+    assert impl.gather([[1], (5, 6)], [1], [1]) == [6]  # a tuple table: Python does it
+    assert impl.run_starts([]) == []
+    assert impl.run_starts([None, None, 1, 1.0, True, "x", "x"]) == [0, 2, 5]  # equal, not identical: one run
+    assert impl.run_starts([int("300"), int("300"), None, int("301")]) == [0, 2, 3]
+    assert impl.identity_counts([]) == Counter()
+    many = [f"k{i % 300}" for i in range(900)]  # more distinct objects than C keeps
+    assert impl.identity_counts(many) == Counter(many)
+    with pytest.raises(TypeError):
+        impl.identity_counts([[1], [1]])
+
+
+@needs_c
+def test_c_hands_unusual_inputs_back_and_keeps_counts_of_references():
+    assert C.rows((0, 1), 2) is None and C.rows([0, -1], 2) is None and C.rows([0, "a"], 2) is None
+    assert C.gather([[1]], [0], [5]) is None and C.gather([[1]], [0, 0], [0]) is None
+    assert C.run_starts([1, "a"]) is None and C.run_starts([1.0, float("1")]) is None
+    assert C.identity_counts([object() for _ in range(300)]) is None
+    value = object()
+    before = sys.getrefcount(value)
+    got = C.gather([[value] * 3], [0, 0], [0, 2])
+    held = sys.getrefcount(value)
+    assert held == before + 2 and got[0] is value and got[1] is value
+    del got
+    pairs = C.identity_counts([value, value, None])
+    held = sys.getrefcount(value)
+    assert held == before + 1 and pairs[0][0] is value and pairs[0][1] == 2 and pairs[1] == (None, 1)
+    del pairs
+    assert sys.getrefcount(value) == before
+    big = 10**20
+    before = sys.getrefcount(big)
+    starts = C.run_starts([big, big, None])
+    assert starts == [0, 2] and sys.getrefcount(big) == before
+    rows = C.rows([0] * 1000 + [1] * 1000, 2)
+    assert rows == list(range(1000)) * 2 and rows[500] is rows[1500]  # one int object per row number
