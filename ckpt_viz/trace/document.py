@@ -222,6 +222,10 @@ def _numbered(runs: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
 def _number(tags: list[Any]) -> tuple[list[int], list[int]]:
     # (each dict's index, the first position of each distinct one): by content where every value is an int,
     # str, bool or None (the types are part of the key: {"a": 1} == {"a": True}), else by identity.
+    module = extension(_PACKREC) if type(tags) is list and len(tags) > 64 else None
+    numbered = module.number_tags(tags) if module is not None else None  # C, where every key is a str
+    if numbered is not None:
+        return numbered
     try:
         keys = zip(map(tuple, map(dict.items, tags)), map(tuple, map(map, repeat(type), map(dict.values, tags))))
         indexes, first = _intern(keys, keep_positions=True)

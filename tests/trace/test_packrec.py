@@ -247,3 +247,29 @@ def test_bad_arguments():
         _C.pack([0] * 25, 25, 16)
     with pytest.raises(TypeError):
         _C.pack((0,) * 10, 10, 16)
+
+
+def _python_number(tags: list, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    with monkeypatch.context() as m:
+        m.setattr(document, "extension", lambda source: None)
+        return document._number(tags)
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(12))
+def test_tags_numbered_as_in_python(seed, monkeypatch):
+    rng = random.Random(seed)
+    pool = [{}, {"stage": 0}, {"stage": 1}, {"stage": True}, {"stage": 1, "mb": 2}, {"mb": 2, "stage": 1},
+            {"stage": "1"}, {"stage": None}, {"stage": 10**30}, {"stage": False}, {"stage": 0, "mb": -1}]
+    odd = [{"stage": 1.0}, {1: "a"}, {"stage": [1]}, {"stage": -0.0}, [("stage", 1)], None, {"s": b"x"}]
+    for n in (0, 1, 65, 300, 5000):
+        tags = [dict(rng.choice(pool)) if rng.random() < 0.5 else rng.choice(pool) for _ in range(n)]
+        if seed % 3 and n:
+            tags[rng.randrange(n)] = rng.choice(odd)
+        numbered = _C.number_tags(tags)
+        python = _python_number(tags, monkeypatch)
+        if numbered is None:  # left to the Python: something odd is there
+            assert seed % 3 and n
+        else:
+            assert numbered == python and type(numbered[0]) is list
+        assert document._number(tags) == python

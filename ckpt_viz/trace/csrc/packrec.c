@@ -81,6 +81,8 @@ static int runs_see(Runs *r, Py_ssize_t i, PyObject *v)
     int kind = V_ODD, same;
     if (r->state == DEFER || (r->state == COLUMN && i >= r->head))
         return 0;
+    if (i > 0 && v == r->first) /* the usual: the value of the event before, its type already seen */
+        goto seen;
     if (!r->by_identity) {
         kind = value_kind(v);
         if (kind == V_ODD) { /* pack_runs would compare it (its quick look reads the whole head): Python */
@@ -92,11 +94,7 @@ static int runs_see(Runs *r, Py_ssize_t i, PyObject *v)
     }
     if (r->state == COLUMN) /* decided, but the head is still looked at for odd values */
         return 0;
-    if (i == 0) {
-        same = 0;
-    } else if (v == r->first) {
-        same = 1;
-    } else if (r->by_identity) {
+    if (i == 0 || r->by_identity) {
         same = 0;
     } else {
         int numbers = (kind == V_INT || kind == V_BOOL) && (r->first_kind == V_INT || r->first_kind == V_BOOL);
@@ -119,6 +117,7 @@ static int runs_see(Runs *r, Py_ssize_t i, PyObject *v)
         r->first_kind = kind;
         r->numbers_first |= kind == V_INT || kind == V_BOOL;
     }
+seen:
     if (i == r->head - 1 && r->head_changes > HEAD_CHANGES)
         r->state = COLUMN;
     return 0;
@@ -376,6 +375,118 @@ static PyObject *delta(PyObject *now, PyObject *before, long long *last, int *la
     return PyNumber_Subtract(now, before);
 }
 
+/* ---------------------------------------------------------------- tags (document._number) */
+
+/* The hash of tags d's content (keys, values and the values' types, in order), or -1 where a key is not an
+ * exact str or a value not an exact int, str, bool or None (then document._number decides by its own rules). */
+static Py_hash_t content_hash(PyObject *d)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    Py_uhash_t h = (Py_uhash_t)PyDict_GET_SIZE(d) * 1000003u;
+    while (PyDict_Next(d, &pos, &key, &value)) {
+        int kind = value_kind(value);
+        Py_hash_t hk, hv;
+        if (!PyUnicode_CheckExact(key) || kind == V_ODD)
+            return -1;
+        hk = PyObject_Hash(key);
+        hv = kind == V_NONE ? 0 : PyObject_Hash(value); /* str and int hashes: C, never fail */
+        if (hk == -1 || hv == -1) {
+            PyErr_Clear();
+            return -1;
+        }
+        h = (h ^ (Py_uhash_t)hk) * 0x100000001B3u;
+        h = (h ^ (Py_uhash_t)hv ^ (Py_uhash_t)kind) * 0x100000001B3u;
+    }
+    h ^= h >> 29; /* the low bits pick the slot: mix the high ones in */
+    h *= 0xBF58476D1CE4E5B9u;
+    h ^= h >> 32;
+    return (Py_hash_t)(h & ((Py_uhash_t)-1 >> 2)); /* never -1 */
+}
+
+/* Tags a and b (exact dicts whose content_hash is not -1) equal as document._number's keys: the same keys
+ * in the same order, equal values of the same types. */
+static int same_content(PyObject *a, PyObject *b)
+{
+    Py_ssize_t pa = 0, pb = 0;
+    PyObject *ka, *va, *kb, *vb;
+    if (PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b))
+        return 0;
+    while (PyDict_Next(a, &pa, &ka, &va) && PyDict_Next(b, &pb, &kb, &vb)) {
+        int kind = value_kind(va);
+        if ((ka != kb && PyUnicode_Compare(ka, kb) != 0) || kind != value_kind(vb))
+            return 0;
+        if (va != vb && (kind == V_NONE || kind == V_BOOL || PyObject_RichCompareBool(va, vb, Py_EQ) != 1))
+            return 0;
+    }
+    return 1;
+}
+
+typedef struct { Py_hash_t hash; Py_ssize_t first, k; } Entry;
+
+/* number_tags(tags): document._number(tags), (each dict's index, the first position of each distinct one),
+ * by content; None where _number would look further (not a dict, a key or value of another type). */
+static PyObject *number_tags(PyObject *self, PyObject *tags)
+{
+    Py_ssize_t n, size = 8, count = 0;
+    Entry *entries;
+    PyObject *indexes = NULL, *firsts = NULL, *result = NULL;
+    int odd = 0;
+    (void)self;
+    if (!PyList_CheckExact(tags)) {
+        PyErr_SetString(PyExc_TypeError, "number_tags: expected a list");
+        return NULL;
+    }
+    n = PyList_GET_SIZE(tags);
+    while (size < 2 * n)
+        size *= 2;
+    entries = PyMem_Malloc(size * sizeof(Entry));
+    indexes = PyList_New(n);
+    firsts = PyList_New(0);
+    if (entries == NULL || indexes == NULL || firsts == NULL) {
+        if (entries == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t at = 0; at < size; at++)
+        entries[at].first = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyList_GET_ITEM(tags, i), *k;
+        Py_hash_t h = PyDict_CheckExact(d) ? content_hash(d) : -1;
+        Entry *e;
+        if (h == -1) {
+            odd = 1;
+            goto done;
+        }
+        for (size_t at = (size_t)h & (size - 1);; at = (at + 1) & (size - 1)) {
+            e = &entries[at];
+            if (e->first < 0 || (e->hash == h && same_content(PyList_GET_ITEM(tags, e->first), d)))
+                break;
+        }
+        if (e->first < 0) { /* a new one */
+            PyObject *position = PyLong_FromSsize_t(i);
+            if (position == NULL || PyList_Append(firsts, position) < 0) {
+                Py_XDECREF(position);
+                goto done;
+            }
+            Py_DECREF(position);
+            e->hash = h, e->first = i, e->k = count++;
+        }
+        k = PyLong_FromSsize_t(e->k);
+        if (k == NULL)
+            goto done;
+        PyList_SET_ITEM(indexes, i, k);
+    }
+    result = PyTuple_Pack(2, indexes, firsts);
+done:
+    PyMem_Free(entries);
+    Py_XDECREF(indexes);
+    Py_XDECREF(firsts);
+    if (odd)
+        Py_RETURN_NONE;
+    return result;
+}
+
 /* ---------------------------------------------------------------- pack */
 
 static int is_str_or_none(PyObject *v)
@@ -531,6 +642,8 @@ done:
 static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS,
      "pack(flat, size, max_contexts): a recording's columns for its trace file, or None (see the file's comment)"},
+    {"number_tags", number_tags, METH_O,
+     "number_tags(tags): document._number(tags) where every tags dict has str keys and int, str, bool or None values; else None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "packrec", NULL, -1, methods};
