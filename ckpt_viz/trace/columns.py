@@ -19,7 +19,8 @@ NOTE [ Rows stored as columns ]
   4. The Trace queries (kinds, count, of_kind, for_handle, handle_ids; in
      `ckpt_viz.trace.model`) read the event columns directly, so they stay fast on
      a loaded million-event trace.
-  5. A loaded trace keeps its events' t_ns as the differences the file stores (`Times`):
+  5. A loaded trace keeps its events' t_ns as the differences the file stores (`Times`; read into an
+     array of int64s by the load where the C speed-up is built, NOTE [ Checks in C ], rule 4):
      adding up a million of them makes a million new ints (60-70 ms), and only the
      schedule timeline reads them all. Iterating adds them up as it goes; reading one
      adds at most 4,095 to the start of its block of 4,096 (the block starts are summed
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+from array import array
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from operator import attrgetter, eq, itemgetter
 from typing import Any, overload
@@ -294,24 +296,31 @@ class Times(LazyColumn):
     """Times in ns kept as their differences (the first time, then each next minus the last), read as the
     times; see NOTE [ Rows stored as columns ], rule 5."""
 
-    __slots__ = ("_starts", "deltas")
+    __slots__ = ("_deltas", "_starts")
 
-    def __init__(self, deltas: list[int]) -> None:
+    def __init__(self, deltas: list[int] | array) -> None:
         super().__init__()
-        self.deltas = deltas
+        self._deltas = deltas  # a list, or the array('q') the load read them into (ckpt_viz.trace.fastcheck)
         self._starts: list[int] | None = None
 
+    @property
+    def deltas(self) -> list[int]:
+        """The differences, as a list (what a save writes again)."""
+        if type(self._deltas) is not list:
+            self._deltas = self._deltas.tolist()
+        return self._deltas
+
     def __len__(self) -> int:
-        return len(self.deltas)
+        return len(self._deltas)
 
     def _iterate(self) -> Iterator[int]:
-        return itertools.accumulate(self.deltas)
+        return itertools.accumulate(self._deltas)
 
     def _build(self) -> list[int]:
-        return list(itertools.accumulate(self.deltas))
+        return list(itertools.accumulate(self._deltas))
 
     def _row(self, i: int) -> int:
-        deltas = self.deltas
+        deltas = self._deltas
         if self._starts is None:
             blocks = map(slice, range(0, len(deltas), _BLOCK), range(_BLOCK, len(deltas) + _BLOCK, _BLOCK))
             self._starts = [0, *itertools.accumulate(map(sum, map(deltas.__getitem__, blocks)))]  # sum before block b

@@ -51,6 +51,7 @@ NOTE [ Trace file format, schema 2 ]
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections import Counter
 from typing import Any
 
@@ -340,9 +341,9 @@ def _columns(part: dict[str, Any], name: str, required: tuple[str, ...], count: 
              packed: tuple[str, ...] = ()) -> dict[str, Any]:
     columns = _get(part, "columns", dict, "an object", f"{name}.")
     for key in required:
-        column = _get(columns, key, (list, dict) if key == "seq" or key in packed else list, "a list",
-                      f"{name}.columns.")
-        if type(column) is list:
+        kinds = (list, dict) if key == "seq" or key in packed else (list, array) if key == "t_ns_delta" else list
+        column = _get(columns, key, kinds, "a list", f"{name}.columns.")  # array: NOTE [ Checks in C ], rule 4
+        if type(column) is not dict:
             _check_length(column, count, f"{name}.columns.{key}", f"{name}.count")
     return columns
 

@@ -210,6 +210,11 @@ def test_the_c_functions_keep_reference_counts_and_run_clean_under_dev_mode() ->
         fastcheck.kinds(column, {int, str}), fastcheck.finite(column), fastcheck.by_stage(column, {"a"})
         fastcheck.index_counts([0, 1, 1], 2)
     assert [sys.getrefcount(v) for v in column] == before
+    text = b'{"events": {"columns": {"t_ns_delta": [1, 2]}}}' + bytes(8)
+    held = sys.getrefcount(text)
+    for _ in range(1000):
+        fastcheck.split_times(text), fastcheck.split_times(text[:-12])
+    assert sys.getrefcount(text) == held
     counts = fastcheck.index_counts([0, 1, 1, 2**40], 3)
     assert counts is None and fastcheck.index_counts([0, 1, 1], 3) == [1, 2, 0]
     code = ("from ckpt_viz.trace import fastcheck as f; import math; "
@@ -217,7 +222,10 @@ def test_the_c_functions_keep_reference_counts_and_run_clean_under_dev_mode() ->
             "assert f.index_counts([0, 2], 3) == [1, 0, 1] and f.index_counts([3], 3) is None; "
             "assert f.times([1, 2]) and not f.times([2**62, 2**62]); assert f.runs([1, 2], 3); "
             "assert f.kinds(['a', 1.5], {str, float}) and not f.finite([math.nan]); "
-            "assert f.by_stage([{'0': {'other': 1}}], {'other'}); print('ok')")
+            "assert f.by_stage([{'0': {'other': 1}}], {'other'}); "
+            "t = b'{\"events\": {\"columns\": {\"t_ns_delta\": [1, 2]}}}'; r = f.split_times(t); "
+            "assert r[1].tolist() == [1, 2] and r[2] in r[0].decode() and f.split_times(t[:-9]) is None; "
+            "assert f.times(r[1]); print('ok')")
     done = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok" and "Warning" not in done.stderr, done.stderr
 
@@ -227,3 +235,104 @@ def test_without_the_c_module_every_answer_is_not_sure(monkeypatch: pytest.Monke
     assert not fastcheck.ints([1], 0, 5) and fastcheck.index_counts([0], 1) is None and not fastcheck.times([1])
     assert not fastcheck.runs([1], 1) and not fastcheck.kinds([1], {int}) and not fastcheck.finite([1])
     assert not fastcheck.by_stage([], {"a"})
+
+
+# ---------------------------------------------------------------- t_ns differences read in C (NOTE rule 4)
+
+def _parsed_with_split(text: bytes) -> Any:
+    """What the load's first try makes of `text`: the document with its t_ns_delta read in C, or None (not sure)."""
+    split = fastcheck.split_times(text)
+    if split is None:
+        return None
+    rest, deltas, placeholder = split
+    try:
+        doc = json.loads(rest)
+    except ValueError:
+        return None
+    columns = doc.get("events", {}).get("columns") if type(doc) is dict and type(doc.get("events")) is dict else None
+    if type(columns) is not dict or columns.get("t_ns_delta") != placeholder:
+        return None
+    columns["t_ns_delta"] = deltas.tolist()
+    return doc
+
+
+SPLIT_CASES = [
+    b'{"events": {"columns": {"t_ns_delta": [1, 2, 3]}}}',
+    b'{ "format" : "x" ,\n "events" :{ "count":3,"columns":{"seq":{"start":0},'
+    b'"t_ns_delta":[ 0 , -0,\t-5 ,\r\n9223372036854775807 ] } } }',
+    b'{"meta": {"a]": "}{[\\"", "b": [[{}], {"c": "\\\\"}]}, '
+    b'"events": {"tables": {"x": "t_ns_delta"}, "columns": {"t_ns_delta": []}}}',
+    b'{"events": {"columns": {"t_ns_delta": [1], "t_ns_delta": [2]}}}',  # a repeated key: the parser takes the last
+    b'{"events": {"columns": {"t_ns_delta": [1]}}, "events": {"columns": {"t_ns_delta": [5]}}}',
+    b'{"events": {"columns": {"t_ns\\u005fdelta": [7], "t_ns_delta": [1]}}}',
+    b'{"events": {"columns": {"t_ns_delta": [1], "t_ns\\u005fdelta": [7]}}}',
+]
+NOT_SPLIT = [
+    b'{"events": {"columns": {"t_ns_delta": [1.0]}}}', b'{"events": {"columns": {"t_ns_delta": [1e3]}}}',
+    b'{"events": {"columns": {"t_ns_delta": [01]}}}', b'{"events": {"columns": {"t_ns_delta": [9223372036854775808]}}}',
+    b'{"events": {"columns": {"t_ns_delta": [1,]}}}', b'{"events": {"columns": {"t_ns_delta": [1 2]}}}',
+    b'{"events": {"columns": {"t_ns_delta": ["1"]}}}', b'{"events": {"columns": {"t_ns_delta": [1, null]}}}',
+    b'{"events": {"columns": {"t_ns_delta": [-]}}}', b'{"events": {"columns": {"t_ns_delta": [1', b'{"events": {"col',
+    b'{"events": [{"columns": {"t_ns_delta": [1]}}]}', b'[{"events": {"columns": {"t_ns_delta": [1]}}}]', b'',
+    b'{"events": {"columns": {"t_ns_delta": {"a": [1]}}}}',
+]
+
+
+@pytest.mark.parametrize("text", SPLIT_CASES + NOT_SPLIT)
+def test_t_ns_read_in_c_gives_what_the_parser_gives_or_nothing(text: bytes) -> None:
+    found = _parsed_with_split(text)
+    if text in NOT_SPLIT:
+        assert found is None
+    elif text in SPLIT_CASES[:3]:  # the others repeat a key: read in C, or not, but never read otherwise
+        assert found is not None
+    if found is not None:
+        assert found == json.loads(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=st.fixed_dictionaries({"events": st.fixed_dictionaries(
+    {"columns": st.fixed_dictionaries({"t_ns_delta": st.lists(st.integers(1 - 2**63, 2**63 - 1), max_size=20)},
+                                      optional={"seq": JSON_VALUES, "data": JSON_VALUES})},
+    optional={"tables": JSON_VALUES, "count": JSON_VALUES})}, optional={"meta": JSON_VALUES, "format": st.text()}),
+    indent=st.sampled_from([None, 0, 2]), ascii=st.booleans())
+def test_t_ns_read_in_c_matches_the_parser_on_any_layout(doc: dict[str, Any], indent: Any, ascii: bool) -> None:
+    text = json.dumps(doc, indent=indent, ensure_ascii=ascii).encode()
+    found = _parsed_with_split(text)
+    assert found == json.loads(text)  # every such document is read in C: no key repeats
+
+
+def test_a_loaded_trace_reads_the_same_with_t_ns_read_in_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = make_trace(5000)
+    trace.save(tmp_path / "t.json.gz")
+    fast = Trace.load(tmp_path / "t.json.gz")
+    assert type(fast.events.columns["t_ns"]._deltas).__name__ == "array"  # read in C
+    monkeypatch.setattr(fastcheck, "_C", None)
+    plain = Trace.load(tmp_path / "t.json.gz")
+    assert type(plain.events.columns["t_ns"]._deltas) is list
+    a, b = fast.events.columns["t_ns"], plain.events.columns["t_ns"]
+    assert len(a) == len(b) and a[0] == b[0] and a[4999] == b[4999] and a[-1] == b[-1] and a[10:20] == b[10:20]
+    assert [a[i] for i in range(0, 5000, 7)] == [b[i] for i in range(0, 5000, 7)] and list(a) == list(b) and a == b
+    assert list(fast.events) == list(plain.events) == list(trace.events)
+    fast.save(tmp_path / "again-fast.json.gz")
+    plain.save(tmp_path / "again-plain.json.gz")
+    assert (tmp_path / "again-fast.json.gz").read_bytes() == (tmp_path / "again-plain.json.gz").read_bytes()
+
+
+@pytest.mark.parametrize("mutate, phrase", [
+    *BAD_DOCS[:12],
+    (lambda d: d["events"]["columns"]["t_ns_delta"].__setitem__(3, -10**18), "events[3].t_ns is"),
+    (lambda d: d["events"]["columns"]["t_ns_delta"].__setitem__(3, 2**63 - 1), "events[3].t_ns is"),
+    (lambda d: d["events"]["columns"]["t_ns_delta"].pop(), "has 39 values but events.count is 40"),
+], ids=lambda v: v[:30] if isinstance(v, str) else None)
+def test_a_bad_file_gets_the_same_error_with_t_ns_read_in_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            mutate: Any, phrase: str) -> None:
+    doc = _good(tmp_path, make_trace())
+    mutate(doc)
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    messages = []
+    for c in (C, None):
+        monkeypatch.setattr(fastcheck, "_C", c)
+        with pytest.raises(Exception) as info:
+            Trace.load(tmp_path / "t.json")
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and phrase in messages[0]

@@ -14,6 +14,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* v as a long long in *out; 0 when v does not fit (then it is out of any range we test). */
 static int as_i64(PyObject *v, long long *out) {
@@ -95,8 +96,20 @@ static PyObject *index_counts(PyObject *self, PyObject *args) {
 /* times(deltas): every item an int of 0 or more and their sum below 2**63. Stands for check_types(deltas,
    {int}) then check_times (whose quick test is exactly this; other columns it checks one time at a time). */
 static PyObject *times(PyObject *self, PyObject *column) {
-    if (!take_list(column, "times"))
-        return NULL;
+    if (!PyList_CheckExact(column)) { /* the int64 buffer split_times made (an array('q')) */
+        Py_buffer view;
+        if (PyObject_GetBuffer(column, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        int fine = view.format != NULL && strcmp(view.format, "q") == 0 && view.itemsize == 8;
+        long long sum = 0;
+        const long long *x = view.buf;
+        for (Py_ssize_t i = 0; fine && i < view.len / 8; i++) {
+            fine = x[i] >= 0 && x[i] <= LLONG_MAX - sum;
+            sum += fine ? x[i] : 0;
+        }
+        PyBuffer_Release(&view);
+        return PyBool_FromLong(fine);
+    }
     Py_ssize_t n = PyList_GET_SIZE(column);
     PyObject **items = PySequence_Fast_ITEMS(column);
     long long sum = 0;
@@ -201,7 +214,177 @@ static PyObject *by_stage(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* ---------------------------------------------------------------- split_times
+   The document's events.columns.t_ns_delta (a million ints) read here into int64s instead of by the JSON
+   parser into a million Python ints: NOTE [ Checks in C ], rule 4, in ckpt_viz/trace/fastcheck.py.
+   Only the part of the text before the column is scanned (its structure: strings, nesting); the column
+   must be a JSON array of integers that fit in 64 bits, else NULL ("not sure", the caller parses as usual). */
+
+static const char *skip_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* p at an opening quote: the position after the closing one (a quote after an even run of backslashes). */
+static const char *skip_string(const char *p, const char *end) {
+    const char *content = ++p;
+    while (p < end) {
+        const char *q = memchr(p, '"', (size_t)(end - p));
+        if (q == NULL)
+            return NULL;
+        const char *r = q;
+        while (r > content && r[-1] == '\\')
+            r--;
+        if ((q - r) % 2 == 0)
+            return q + 1;
+        p = q + 1;
+    }
+    return NULL;
+}
+
+/* The position after the JSON value at p (exact for valid JSON; a parser checks the whole text later). */
+static const char *skip_value(const char *p, const char *end) {
+    int depth = 0;
+    do {
+        p = skip_ws(p, end);
+        if (p >= end)
+            return NULL;
+        char c = *p;
+        if (c == '"') {
+            if ((p = skip_string(p, end)) == NULL)
+                return NULL;
+        } else if (c == '[' || c == '{') {
+            depth++, p++;
+        } else if (c == ']' || c == '}' || c == ',' || c == ':') {
+            if (depth == 0)
+                return NULL;
+            depth -= c == ']' || c == '}';
+            p++;
+        } else {
+            while (p < end && *p != ',' && *p != ']' && *p != '}' && *p != ' ' && *p != '\n' && *p != '\t'
+                   && *p != '\r' && *p != ':' && *p != '[' && *p != '{' && *p != '"')
+                p++;
+        }
+    } while (depth > 0);
+    return p;
+}
+
+typedef struct { long long *items; Py_ssize_t n, cap; } Ints;
+
+/* p at '[': a JSON array of integers into out; the position after ']', or NULL. */
+static const char *read_ints(const char *p, const char *end, Ints *out) {
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == ']')
+        return p + 1;
+    for (;;) {
+        int negative = p < end && *p == '-';
+        p += negative;
+        if (p >= end || *p < '0' || *p > '9')
+            return NULL;
+        unsigned long long x = 0;
+        if (*p == '0') {
+            p++;
+        } else {
+            for (; p < end && *p >= '0' && *p <= '9'; p++) {
+                if (x > (ULLONG_MAX - 9) / 10)
+                    return NULL;
+                x = x * 10 + (unsigned)(*p - '0');
+            }
+        }
+        if (x > (unsigned long long)LLONG_MAX || (p < end && (*p == '.' || *p == 'e' || *p == 'E'
+                                                              || (*p >= '0' && *p <= '9'))))
+            return NULL; /* too big, a fraction or exponent (a float), or a leading zero (not JSON) */
+        if (out->n == out->cap) {
+            Py_ssize_t cap = out->cap ? 2 * out->cap : 1 << 16;
+            long long *grown = PyMem_Realloc(out->items, (size_t)cap * sizeof(long long));
+            if (grown == NULL)
+                return NULL;
+            out->items = grown, out->cap = cap;
+        }
+        out->items[out->n++] = negative ? -(long long)x : (long long)x;
+        p = skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p = skip_ws(p + 1, end);
+            continue;
+        }
+        return p < end && *p == ']' ? p + 1 : NULL;
+    }
+}
+
+static const char *const PATH[] = {"events", "columns", "t_ns_delta"};
+
+/* p at the value of the object at PATH[level - 1] (the document when level is 0): find PATH[level] in it;
+   *start, *stop: where the array is. 1 when found and read. */
+static int find(const char *p, const char *end, int level, Ints *out, const char **start, const char **stop) {
+    p = skip_ws(p, end);
+    if (p >= end || *p != '{')
+        return 0;
+    p = skip_ws(p + 1, end);
+    while (p < end && *p == '"') {
+        const char *key = p + 1, *after = skip_string(p, end);
+        if (after == NULL)
+            return 0;
+        size_t length = (size_t)(after - 1 - key);
+        p = skip_ws(after, end);
+        if (p >= end || *p != ':')
+            return 0;
+        p = skip_ws(p + 1, end);
+        if (length == strlen(PATH[level]) && memcmp(key, PATH[level], length) == 0) {
+            if (level < 2)
+                return find(p, end, level + 1, out, start, stop);
+            if (p >= end || *p != '[')
+                return 0;
+            *start = p;
+            return (*stop = read_ints(p, end, out)) != NULL;
+        }
+        if ((p = skip_value(p, end)) == NULL)
+            return 0;
+        p = skip_ws(p, end);
+        if (p >= end || *p != ',')
+            return 0;
+        p = skip_ws(p + 1, end);
+    }
+    return 0;
+}
+
+/* split_times(text, placeholder): (the text with the array of events.columns.t_ns_delta replaced by
+   `placeholder`, the array's ints as int64 bytes), or None. */
+static PyObject *split_times(PyObject *self, PyObject *args) {
+    Py_buffer text;
+    const char *placeholder;
+    Py_ssize_t placeholder_length;
+    if (!PyArg_ParseTuple(args, "y*y#", &text, &placeholder, &placeholder_length))
+        return NULL;
+    const char *begin = text.buf, *end = begin + text.len, *start = NULL, *stop = NULL;
+    Ints ints = {NULL, 0, 0};
+    PyObject *result = NULL;
+    if (find(begin, end, 0, &ints, &start, &stop)) {
+        Py_ssize_t head = start - begin, tail = end - stop;
+        PyObject *spliced = PyBytes_FromStringAndSize(NULL, head + placeholder_length + tail);
+        PyObject *values = PyBytes_FromStringAndSize((const char *)ints.items, ints.n * (Py_ssize_t)sizeof(long long));
+        if (spliced != NULL && values != NULL) {
+            char *to = PyBytes_AS_STRING(spliced);
+            memcpy(to, begin, (size_t)head);
+            memcpy(to + head, placeholder, (size_t)placeholder_length);
+            memcpy(to + head + placeholder_length, stop, (size_t)tail);
+            result = PyTuple_Pack(2, spliced, values);
+        }
+        Py_XDECREF(spliced);
+        Py_XDECREF(values);
+    } else if (!PyErr_Occurred()) {
+        result = Py_NewRef(Py_None);
+    }
+    PyErr_Clear(); /* a failed allocation above is "not sure" too: the caller parses as usual */
+    if (result == NULL)
+        result = Py_NewRef(Py_None);
+    PyMem_Free(ints.items);
+    PyBuffer_Release(&text);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"split_times", split_times, METH_VARARGS, "split_times(text, placeholder) -> (text, int64 bytes) or None"},
     {"ints", ints, METH_VARARGS, "ints(column, low, high_inclusive, none_ok) -> bool"},
     {"index_counts", index_counts, METH_VARARGS, "index_counts(column, size) -> list of counts or None"},
     {"times", times, METH_O, "times(deltas) -> bool"},
