@@ -16,7 +16,8 @@ NOTE [ Lazy events ]
   2. Any read (index, iterate, slice, compare, `in`, ...) first builds, in order, the
      Event of every event not built yet and keeps it. Each event is built once: later
      reads return the same object, so a `RecordedEvents` reads like a plain list of
-     Events that grows while the block runs. `len` and `column` read without building.
+     Events that grows while the block runs. `len`, `column`, `fields` and `packed` (a
+     save's: NOTE [ Saving fast ] in ckpt_viz.trace.document) read without building.
   3. Writes (append, insert, delete, assignment) act on the built Events; events that
      arrive later are built and appended after them, as on a list the recorder
      appends to.
