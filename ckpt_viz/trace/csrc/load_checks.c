@@ -295,13 +295,8 @@ static const char *read_ints(const char *p, const char *end, Ints *out) {
         if (x > (unsigned long long)LLONG_MAX || (p < end && (*p == '.' || *p == 'e' || *p == 'E'
                                                               || (*p >= '0' && *p <= '9'))))
             return NULL; /* too big, a fraction or exponent (a float), or a leading zero (not JSON) */
-        if (out->n == out->cap) {
-            Py_ssize_t cap = out->cap ? 2 * out->cap : 1 << 16;
-            long long *grown = PyMem_Realloc(out->items, (size_t)cap * sizeof(long long));
-            if (grown == NULL)
-                return NULL;
-            out->items = grown, out->cap = cap;
-        }
+        if (out->n == out->cap)
+            return NULL; /* cannot happen: find made room for every int before the first ']' */
         out->items[out->n++] = negative ? -(long long)x : (long long)x;
         p = skip_ws(p, end);
         if (p < end && *p == ',') {
@@ -334,6 +329,13 @@ static int find(const char *p, const char *end, int level, Ints *out, const char
             if (level < 2)
                 return find(p, end, level + 1, out, start, stop);
             if (p >= end || *p != '[')
+                return 0;
+            /* room for every int the array can hold (at least 2 bytes each, but for the last), taken once */
+            const char *close = memchr(p, ']', (size_t)(end - p));
+            if (close == NULL)
+                return 0;
+            out->cap = (close - p) / 2 + 1;
+            if ((out->items = PyMem_Malloc((size_t)out->cap * sizeof(long long))) == NULL)
                 return 0;
             *start = p;
             return (*stop = read_ints(p, end, out)) != NULL;
