@@ -273,3 +273,18 @@ def test_tags_numbered_as_in_python(seed, monkeypatch):
         else:
             assert numbered == python and type(numbered[0]) is list
         assert document._number(tags) == python
+
+
+@needs_c
+def test_the_cyclic_gc_is_left_as_it_was():
+    import gc
+
+    rows = [_row(1000 + i) for i in range(100)]
+    flat = [v for row in rows for v in row]
+    assert gc.isenabled()
+    assert _C.pack(flat, len(flat), 16) is not None and gc.isenabled()
+    gc.disable()
+    try:
+        assert _C.pack(flat, len(flat), 16) is not None and not gc.isenabled()
+    finally:
+        gc.enable()

@@ -505,7 +505,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
     int32_t *index = NULL;
     int data_ok = 1, whole = 1;
     long long last = 0;
-    int last_ok = 0;
+    int last_ok = 0, gc_was_on;
     (void)self;
     if (!PyArg_ParseTuple(args, "O!nn:pack", &PyList_Type, &flat, &size, &max_contexts))
         return NULL;
@@ -516,6 +516,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
     n = size / WIDTH;
     if (n < SHORT || n > INT32_MAX)
         Py_RETURN_NONE;
+    gc_was_on = PyGC_Disable(); /* no collection, so no finalizer (Python code) runs while items are borrowed */
     memset(&handle_runs, 0, sizeof handle_runs);
     memset(&session_runs, 0, sizeof session_runs);
     memset(&tag_runs, 0, sizeof tag_runs);
@@ -634,6 +635,8 @@ done:
     Py_XDECREF(sessions);
     Py_XDECREF(tags);
     Py_XDECREF(data);
+    if (gc_was_on)
+        PyGC_Enable();
     if (result == NULL && !whole && !PyErr_Occurred())
         Py_RETURN_NONE;
     return result;
