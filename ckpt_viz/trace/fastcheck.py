@@ -36,7 +36,7 @@ from typing import Any
 
 from ckpt_viz.cext import extension
 
-__all__ = ["by_stage", "finite", "index_counts", "ints", "kinds", "runs", "split_times", "times"]
+__all__ = ["by_stage", "finite", "index_counts", "ints", "kinds", "runs", "split_times", "times", "unpack"]
 
 I63 = 2**63
 
@@ -69,6 +69,12 @@ def times(deltas: Any) -> bool:
     """Every item an int of 0 or more, adding up to less than 2**63 (check_times' quick test, types included)."""
     c = _c()
     return c is not None and type(deltas) in (list, array) and c.times(deltas)
+
+
+def unpack(values: Any, runs: Any) -> list[Any] | None:
+    """`values[i]` repeated `runs[i]` times, as one list (`packed.unpack_runs`); None: not sure."""
+    c = _c()
+    return c.unpack(values, runs) if c is not None and type(values) is list and type(runs) is list else None
 
 
 def split_times(text: bytes) -> tuple[bytes, array, str] | None:

@@ -101,6 +101,9 @@ def _runs_safe(types: set[type]) -> bool:
 def unpack_runs(column: Any) -> list[Any]:
     """The plain list a checked column stands for (itself when it is a list)."""
     if type(column) is dict:
+        fast = fastcheck.unpack(column["values"], column["runs"])
+        if fast is not None:
+            return fast
         return list(itertools.chain.from_iterable(map(itertools.repeat, column["values"], column["runs"])))
     return column
 

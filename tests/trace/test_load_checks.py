@@ -336,3 +336,22 @@ def test_a_bad_file_gets_the_same_error_with_t_ns_read_in_c(tmp_path: Path, monk
             Trace.load(tmp_path / "t.json")
         messages.append(str(info.value))
     assert messages[0] == messages[1] and phrase in messages[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.sampled_from(EDGES[:20]), max_size=12), runs=st.lists(st.sampled_from(
+    [0, 1, 2, 5, -1, True, 1.0, None, 2**70]), max_size=12))
+def test_unpack_gives_the_python_unpack_or_nothing(values: list[Any], runs: list[Any]) -> None:
+    fast = fastcheck.unpack(values, runs)
+    if len(values) == len(runs) and all(type(r) is int and 0 <= r < 2**40 for r in runs):
+        plain = [v for v, r in zip(values, runs) for _ in range(r)]
+        assert fast is not None and len(fast) == len(plain)
+        assert all(a is b for a, b in zip(fast, plain))  # the same objects, repeated
+    else:
+        assert fast is None
+    shared = object()
+    before = sys.getrefcount(shared)
+    unpacked = fastcheck.unpack([shared, 1], [3, 2])
+    assert sys.getrefcount(shared) == before + 3
+    del unpacked
+    assert sys.getrefcount(shared) == before

@@ -214,6 +214,37 @@ static PyObject *by_stage(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* unpack(values, runs): the list of values[i] repeated runs[i] times; None unless both are lists of one length
+   and every run an int of 0 or more. Stands for unpack_runs (one pass, no iterator per run). */
+static PyObject *unpack(PyObject *self, PyObject *args) {
+    PyObject *values, *lengths;
+    if (!PyArg_ParseTuple(args, "OO", &values, &lengths) || !take_list(values, "unpack") || !take_list(lengths, "unpack"))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(values), total = 0;
+    if (PyList_GET_SIZE(lengths) != n)
+        Py_RETURN_NONE;
+    PyObject **items = PySequence_Fast_ITEMS(values), **runs = PySequence_Fast_ITEMS(lengths);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long x;
+        if (!PyLong_CheckExact(runs[i]) || !as_i64(runs[i], &x) || x < 0 || x > PY_SSIZE_T_MAX / 8 - total)
+            Py_RETURN_NONE;
+        total += (Py_ssize_t)x;
+    }
+    PyObject *result = PyList_New(total);
+    if (result == NULL)
+        return NULL;
+    PyObject **to = PySequence_Fast_ITEMS(result);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = items[i];
+        Py_ssize_t run = PyLong_AsSsize_t(runs[i]);
+        for (Py_ssize_t j = 0; j < run; j++) {
+            Py_INCREF(v); /* one reference per place it fills */
+            *to++ = v;
+        }
+    }
+    return result;
+}
+
 /* ---------------------------------------------------------------- split_times
    The document's events.columns.t_ns_delta (a million ints) read here into int64s instead of by the JSON
    parser into a million Python ints: NOTE [ Checks in C ], rule 4, in ckpt_viz/trace/fastcheck.py.
@@ -386,6 +417,7 @@ static PyObject *split_times(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"unpack", unpack, METH_VARARGS, "unpack(values, runs) -> list or None"},
     {"split_times", split_times, METH_VARARGS, "split_times(text, placeholder) -> (text, int64 bytes) or None"},
     {"ints", ints, METH_VARARGS, "ints(column, low, high_inclusive, none_ok) -> bool"},
     {"index_counts", index_counts, METH_VARARGS, "index_counts(column, size) -> list of counts or None"},
