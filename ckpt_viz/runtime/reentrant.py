@@ -100,7 +100,7 @@ class _Checkpoint(torch.autograd.Function):
         frame.state = ExecutionState.capture(frame.context_fn, frame.preserve_rng_state, inputs, api=_API)
         if bus.enabled:  # the hot sites call bus.emit_for (C where built): see ReentrantCheckpointHandle._emit
             state = frame.state
-            bus.emit_for(frame, "forward_started", frame._backward_site, False,
+            bus.emit_for(frame, "forward_started", None, False,  # a new handle: no backward site yet
                          {"device_type": state.device_type, "rng_captured": state.cpu_rng_state is not None})
         watch = frame.divergence  # See NOTE [ Replay divergence checks ] in divergence.py.
         context = frame.state.forward_context
@@ -145,7 +145,7 @@ class _Checkpoint(torch.autograd.Function):
         if watch is not None:
             watch.forward_done(outputs)
         if bus.enabled:
-            bus.emit_for(frame, "forward_finished", frame._backward_site, False,
+            bus.emit_for(frame, "forward_finished", None, False,
                          {"outputs": list(map(meta, outputs)), "non_differentiable": non_diff,
                           "exclude_entries": len(frame.entries)})
         return outputs
@@ -177,8 +177,8 @@ def _site_of_backward() -> str | None:
 
 def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
     if bus.enabled:
-        frame._backward_site = _site_of_backward()
-        bus.emit_for(frame, "backward_entered", frame._backward_site, True,
+        frame._backward_site = site = _site_of_backward()
+        bus.emit_for(frame, "backward_entered", site, True,
                      {"split": frame.split, "retain_graph": frame.retain_graph, "grad_count": len(grad_outputs),
                       "none_grads": sum(map(is_, grad_outputs, _NONES))})
     try:
@@ -368,10 +368,12 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
     if collector is not None:
         collector.append(frame)
     if bus.enabled:  # the site walk starts at our caller (the runtime's frames below it are never the user's)
-        event = bus.emit_row("handle_created", frame.handle_id, "reentrant", frame.phase, frame.session_id,
-                             bus.call_site(2), False, _created(function, frame, collector_name, inputs))
-        frame.site = event.site if event is not None else None
-        frame.divergence = divergence.watch(frame, args, kwargs, inputs, frame._home)
+        site = bus.call_site(2)
+        event = bus.emit_row("handle_created", frame.handle_id, "reentrant", frame.phase, frame.session_id, site,
+                             False, _created(function, frame, collector_name, inputs))
+        frame.site = site if event is not None else None  # the event's site: given, never captured (False)
+        if divergence._checks_on:  # watch() would say None at once otherwise
+            frame.divergence = divergence.watch(frame, args, kwargs, inputs, frame._home)
     try:
         with (memtags.category("checkpoint_inputs") if memtags.enabled else memtags.NULL):
             result = _Checkpoint.apply(frame, torch.empty(0, requires_grad=True), *inputs, frame.backward_trigger)

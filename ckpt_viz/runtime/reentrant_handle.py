@@ -240,9 +240,9 @@ class ReentrantCheckpointHandle:
         ])
         self.replay_count += 1
         if bus.enabled:
-            data = {"trigger": "backward" if in_backward else "prefire", "retain_graph": self.retain_graph,
-                    "replay_index": self.replay_count}
-            bus.emit_for(self, "replay_started", self._backward_site, True, data)
+            bus.emit_for(self, "replay_started", self._backward_site, True,
+                         {"trigger": "backward" if in_backward else "prefire", "retain_graph": self.retain_graph,
+                          "replay_index": self.replay_count})
         watch = self.divergence
         if watch is not None:
             watch.replay_starting()
