@@ -43,6 +43,7 @@ typedef struct {
     Py_ssize_t n, limit;  /* events; the most runs that pack (n // 2) */
     Py_ssize_t head, head_changes;
     Py_ssize_t *starts, nruns;
+    PyObject **firsts;    /* borrowed: each run's first value (kept here: the flat list is not read again) */
     PyObject *first;      /* borrowed (the flat list holds it): the value that opened the current run */
     int first_kind, numbers_first, has_int, has_bool;
 } Runs;
@@ -68,7 +69,8 @@ static int runs_init(Runs *r, Py_ssize_t n, int by_identity)
     r->limit = n / 2;
     r->head = n < HEAD ? n : HEAD;
     r->starts = PyMem_Malloc((r->limit + 2) * sizeof(Py_ssize_t));
-    if (r->starts == NULL) {
+    r->firsts = PyMem_Malloc((r->limit + 2) * sizeof(PyObject *));
+    if (r->starts == NULL || r->firsts == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -112,7 +114,7 @@ static int runs_see(Runs *r, Py_ssize_t i, PyObject *v)
         if (r->nruns == r->limit) /* one run more than pack_runs takes */
             r->state = COLUMN;
         else
-            r->starts[r->nruns++] = i;
+            r->firsts[r->nruns] = v, r->starts[r->nruns++] = i;
         r->first = v;
         r->first_kind = kind;
         r->numbers_first |= kind == V_INT || kind == V_BOOL;
@@ -137,16 +139,16 @@ static PyObject *column_of(PyObject *flat, Py_ssize_t n, int f)
     return column;
 }
 
-/* {"values": [...], "runs": [...]} from the run starts; values[j] is value(j) (a new reference). */
-static PyObject *runs_dict(Py_ssize_t *starts, Py_ssize_t nruns, Py_ssize_t n, PyObject *(*value)(void *, Py_ssize_t),
-                           void *source)
+/* {"values": [...], "runs": [...]} of runs r; values[j] is value(r, j, source) (a new reference). */
+static PyObject *runs_dict(Runs *r, PyObject *(*value)(Runs *, Py_ssize_t, void *), void *source)
 {
-    PyObject *values = PyList_New(nruns), *lengths = PyList_New(nruns), *out = NULL;
+    PyObject *values = PyList_New(r->nruns), *lengths = PyList_New(r->nruns), *out = NULL;
     if (values == NULL || lengths == NULL)
         goto done;
-    for (Py_ssize_t j = 0; j < nruns; j++) {
-        PyObject *v = value(source, starts[j]);
-        PyObject *length = v != NULL ? PyLong_FromSsize_t((j + 1 < nruns ? starts[j + 1] : n) - starts[j]) : NULL;
+    for (Py_ssize_t j = 0; j < r->nruns; j++) {
+        Py_ssize_t end = j + 1 < r->nruns ? r->starts[j + 1] : r->n;
+        PyObject *v = value(r, j, source);
+        PyObject *length = v != NULL ? PyLong_FromSsize_t(end - r->starts[j]) : NULL;
         if (length == NULL) {
             Py_XDECREF(v);
             goto done;
@@ -161,28 +163,24 @@ done:
     return out;
 }
 
-typedef struct { PyObject *flat; int field; } FieldSource;
-
-static PyObject *field_value(void *source, Py_ssize_t i)
+static PyObject *first_value(Runs *r, Py_ssize_t j, void *source)
 {
-    FieldSource *s = source;
-    PyObject *v = ITEM(s->flat, i, s->field);
-    Py_INCREF(v);
-    return v;
+    (void)source;
+    Py_INCREF(r->firsts[j]);
+    return r->firsts[j];
 }
 
-static PyObject *index_value(void *source, Py_ssize_t i)
+static PyObject *index_value(Runs *r, Py_ssize_t j, void *index)
 {
-    return PyLong_FromLong(((int32_t *)source)[i]);
+    return PyLong_FromLong(((int32_t *)index)[r->starts[j]]);
 }
 
 /* A run column's part of the result: pack_runs's answer, or (column,) for the Python to pack. */
 static PyObject *runs_result(Runs *r, PyObject *flat, int field)
 {
-    FieldSource source = {flat, field};
     PyObject *column;
     if (r->state == LIVE && !(r->numbers_first && r->has_int && r->has_bool)) /* True == 1 would merge */
-        return runs_dict(r->starts, r->nruns, r->n, field_value, &source);
+        return runs_dict(r, first_value, NULL);
     column = column_of(flat, r->n, field);
     if (column == NULL || r->state != DEFER)
         return column;
@@ -577,7 +575,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
     }
 
     if (context_runs.state == LIVE) {
-        context = runs_dict(context_runs.starts, context_runs.nruns, n, index_value, index);
+        context = runs_dict(&context_runs, index_value, index);
     } else {
         context = PyList_New(n);
         for (Py_ssize_t i = 0; context != NULL && i < n; i++) {
@@ -595,8 +593,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
     if (sessions == NULL)
         goto done;
     if (tag_runs.state == LIVE) {
-        FieldSource source = {flat, TAGS};
-        tags = runs_dict(tag_runs.starts, tag_runs.nruns, n, field_value, &source);
+        tags = runs_dict(&tag_runs, first_value, NULL);
     } else {
         PyObject *column = column_of(flat, n, TAGS);
         tags = column != NULL ? Py_BuildValue("(N)", column) : NULL;
@@ -626,9 +623,13 @@ done:
     Py_XDECREF(contexts.numbering);
     Py_XDECREF(contexts.table);
     PyMem_Free(handle_runs.starts);
+    PyMem_Free(handle_runs.firsts);
     PyMem_Free(session_runs.starts);
+    PyMem_Free(session_runs.firsts);
     PyMem_Free(tag_runs.starts);
+    PyMem_Free(tag_runs.firsts);
     PyMem_Free(context_runs.starts);
+    PyMem_Free(context_runs.firsts);
     Py_XDECREF(deltas);
     Py_XDECREF(context);
     Py_XDECREF(handles);
