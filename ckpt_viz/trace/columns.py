@@ -251,8 +251,11 @@ class MemoryColumns(_LazyRows):
         })
 
     def saved_columns(self) -> dict[str, Any]:
-        """The columns as a save writes them (`ckpt_viz.trace.document`)."""
-        return dict(self.columns)
+        """The columns as a save writes them (`ckpt_viz.trace.document`): by_stage kept as text is parsed."""
+        columns = dict(self.columns)
+        if isinstance(columns["by_stage"], LazyColumn):
+            columns["by_stage"] = list(columns["by_stage"])
+        return columns
 
     def _readings(self, rows: Iterable[int]) -> Iterator[dict[str, int]]:
         by_category = self.columns["bytes_by_category"]

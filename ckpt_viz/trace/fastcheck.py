@@ -17,7 +17,7 @@ NOTE [ Checks in C ]
      compiler, or with CKPT_VIZ_CEXT=0, every function here is False and the Python checks do all.
      Tests run every corrupt file both ways and compare the messages (tests/trace/test_load_checks.py).
   4. Parsing makes a Python int of each of the million t_ns differences (a fifth of the parse).
-     `split_times` reads events.columns.t_ns_delta in C into an array('q') instead and hands the
+     `split_text` reads events.columns.t_ns_delta in C into an array('q') instead and hands the
      JSON parser the rest of the text, with a placeholder there that no file can hold (a random
      string per load). Only the text before the column is scanned (its strings and nesting); the
      column must be a JSON array of integers that fit in 64 bits, and after the parse the
@@ -25,18 +25,28 @@ NOTE [ Checks in C ]
      repeats): otherwise, and whenever the document is then refused, `ckpt_viz.trace.io` parses the
      file as it is, so what a file is or which error it gets never depends on this. A loaded trace's
      `Times` keeps the array (NOTE [ Rows stored as columns ], rule 5).
+  5. No view of the first page reads memory.columns.by_stage (62,500 small dicts for 1M events, a
+     tenth of the parse). `split_text` cuts it out as well, where its text is an array of
+     {stage: {category: int}} objects with stage names of plain printable ASCII (no escapes),
+     categories spelled as MEMORY_CATEGORIES and ints of 0 to 2**63-1: exactly what the Python checks
+     pass, in a form any JSON parser reads to the same objects. The trace keeps that text as a
+     `ckpt_viz.trace.lazy.JSONColumn`, parsed when a sample is first read (or the trace saved);
+     otherwise the parser reads it as usual, under the same placeholder rule as rule 4.
 """
 from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ckpt_viz.cext import extension
+from ckpt_viz.trace.lazy import JSONColumn
+from ckpt_viz.trace.types import MEMORY_CATEGORIES
 
-__all__ = ["by_stage", "finite", "index_counts", "ints", "kinds", "runs", "split_times", "times", "unpack"]
+__all__ = ["by_stage", "finite", "index_counts", "ints", "kinds", "runs", "split_text", "times", "unpack"]
 
 I63 = 2**63
 
@@ -77,20 +87,35 @@ def unpack(values: Any, runs: Any) -> list[Any] | None:
     return c.unpack(values, runs) if c is not None and type(values) is list and type(runs) is list else None
 
 
-def split_times(text: bytes) -> tuple[bytes, array, str] | None:
-    """(the text with events.columns.t_ns_delta replaced by a placeholder, that column, the placeholder), or None
-    (no C module, or not sure: NOTE rule 4)."""
+def split_text(text: bytes, loads: Callable[[bytes], Any]) -> tuple[bytes, dict[tuple[str, ...], Any]] | None:
+    """(the text with events.columns.t_ns_delta and memory.columns.by_stage cut out, {path: (placeholder, the
+    column read in C)}), or None: no C module, or neither found as NOTE rules 4 and 5 need."""
     c = _c()
     if c is None:
         return None
-    placeholder = f"ckpt_viz t_ns_delta {os.urandom(16).hex()}"
-    found = c.split_times(text, f'"{placeholder}"'.encode("ascii"))
-    if found is None:
+    cuts = []  # (start, stop, path, column)
+    found = c.find_times(text)
+    if found is not None:
+        start, stop, values = found
+        deltas = array("q")
+        deltas.frombytes(values)
+        cuts.append((start, stop, ("events", "columns", "t_ns_delta"), deltas))
+    at = text.rfind(b'"by_stage"')
+    stages = c.find_stages(text, at, _CATEGORY_BYTES) if at >= 0 else None
+    if stages is not None and (not cuts or stages[0] > cuts[0][1]):
+        start, stop, count = stages
+        cuts.append((start, stop, ("memory", "columns", "by_stage"),
+                     JSONColumn(text[start:stop], count, loads, checked=True)))
+    if not cuts:
         return None
-    rest, values = found
-    deltas = array("q")
-    deltas.frombytes(values)
-    return rest, deltas, placeholder
+    view, pieces, placed, done = memoryview(text), [], {}, 0
+    for start, stop, path, column in cuts:
+        placeholder = f"ckpt_viz {path[-1]} {os.urandom(16).hex()}"
+        pieces += [view[done:start], f'"{placeholder}"'.encode("ascii")]
+        placed[path] = (placeholder, column)
+        done = stop
+    pieces.append(view[done:])
+    return b"".join(pieces), placed
 
 
 def runs(lengths: Any, count: int) -> bool:
@@ -118,5 +143,10 @@ def finite(column: Any) -> bool:
 
 def by_stage(stages: Any, categories: set[str]) -> bool:
     """Every item a dict of {category in `categories`: int from 0 to 2**63-1} dicts."""
+    if type(stages) is JSONColumn and stages._list is None:  # its text was checked when it was cut out (rule 5)
+        return stages.checked and categories == set(MEMORY_CATEGORIES)
     c = _c()
     return c is not None and type(stages) is list and c.by_stage(stages, categories)
+
+
+_CATEGORY_BYTES = tuple(c.encode("ascii") for c in MEMORY_CATEGORIES)

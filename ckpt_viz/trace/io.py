@@ -332,24 +332,32 @@ def _fast_document(raw: bytes, max_events: int) -> dict[str, Any] | None:
     # orjson's parse if it parses and validates; otherwise None, and the stdlib
     # path parses again and explains what is wrong. First with the t_ns differences read in C
     # (NOTE [ Checks in C ], rule 4, in ckpt_viz.trace.fastcheck), then, if that is not sure, as the file is.
-    split = fastcheck.split_times(raw)
+    split = fastcheck.split_text(raw, _orjson.loads)
     if split is not None:
-        rest, deltas, placeholder = split
+        rest, placed = split
         with contextlib.suppress(ValueError, InvalidDocument):
             doc = _orjson.loads(rest)
-            events = doc.get("events") if type(doc) is dict else None
-            columns = events.get("columns") if type(events) is dict else None
-            if type(columns) is dict and columns.get("t_ns_delta") == placeholder:
-                columns["t_ns_delta"] = deltas
+            if all(_put(doc, path, placeholder, column) for path, (placeholder, column) in placed.items()):
                 check_document(doc, max_events=max_events)
                 return doc
-        doc = rest = None
+        doc = rest = placed = None
     try:
         doc = _orjson.loads(raw)
         check_document(doc, max_events=max_events)
     except (ValueError, InvalidDocument):  # orjson.JSONDecodeError is a ValueError
         return None
     return doc
+
+
+def _put(doc: Any, path: tuple[str, ...], placeholder: str, column: Any) -> bool:
+    # doc[a][b][c] = column where it holds the placeholder (NOTE [ Checks in C ], rule 4); else False.
+    *parents, last = path
+    for key in parents:
+        doc = doc.get(key) if type(doc) is dict else None
+    if type(doc) is not dict or doc.get(last) != placeholder:
+        return False
+    doc[last] = column
+    return True
 
 
 def _reject_constant(name: str) -> NoReturn:

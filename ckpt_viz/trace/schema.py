@@ -57,6 +57,7 @@ from typing import Any
 
 from ckpt_viz.events import EVENT_KINDS, MODES, PHASES
 from ckpt_viz.trace import fastcheck
+from ckpt_viz.trace.lazy import JSONColumn
 from ckpt_viz.trace.packed import check_data, check_runs, checked, unpack_runs
 from ckpt_viz.trace.problems import TIP_REWRITE, TIP_SAVE, TIP_TRUNCATED, InvalidDocument, show
 from ckpt_viz.trace.ranges import (
@@ -232,7 +233,8 @@ def _check_memory(memory: dict[str, Any], built_here: bool, max_events: int | No
             where = f"memory[{{}}].bytes_by_category.{category}"
             check_types(column, {int, _NONE}, where, "an integer of 0 or more, or null")
             _check_bytes(column, where)
-    stages = _get(columns, "by_stage", (list, _NONE), "null or a list", "memory.columns.")
+    stages = _get(columns, "by_stage", (list, _NONE, JSONColumn), "null or a list", "memory.columns.")  # JSONColumn:
+    # NOTE [ Checks in C ], rule 5
     if stages is not None:
         _check_length(stages, count, "memory.columns.by_stage", "memory.count")
         if not fastcheck.by_stage(stages, _CATEGORIES):

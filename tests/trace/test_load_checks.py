@@ -24,7 +24,7 @@ from test_packed import BAD_PACKED, runs_trace
 from test_trace import BAD_DOCS, BAD_SCHEMA1_DOCS, JSON_VALUES, _paths, make_trace
 
 from ckpt_viz.trace import Trace, fastcheck
-from ckpt_viz.trace.io import parts_from_dict
+from ckpt_viz.trace.io import _put, parts_from_dict
 from ckpt_viz.trace.schema import InvalidDocument, check_document
 from ckpt_viz.trace.types import MEMORY_CATEGORIES
 
@@ -213,7 +213,8 @@ def test_the_c_functions_keep_reference_counts_and_run_clean_under_dev_mode() ->
     text = b'{"events": {"columns": {"t_ns_delta": [1, 2]}}}' + bytes(8)
     held = sys.getrefcount(text)
     for _ in range(1000):
-        fastcheck.split_times(text), fastcheck.split_times(text[:-12])
+        fastcheck.split_text(text, json.loads), fastcheck.split_text(text[:-12], json.loads)
+        C.find_stages(b'"by_stage": [{"0": {"other": 1}}]', 0, (b"other",)), C.find_times(text[:-14])
     assert sys.getrefcount(text) == held
     counts = fastcheck.index_counts([0, 1, 1, 2**40], 3)
     assert counts is None and fastcheck.index_counts([0, 1, 1], 3) == [1, 2, 0]
@@ -223,9 +224,12 @@ def test_the_c_functions_keep_reference_counts_and_run_clean_under_dev_mode() ->
             "assert f.times([1, 2]) and not f.times([2**62, 2**62]); assert f.runs([1, 2], 3); "
             "assert f.kinds(['a', 1.5], {str, float}) and not f.finite([math.nan]); "
             "assert f.by_stage([{'0': {'other': 1}}], {'other'}); "
-            "t = b'{\"events\": {\"columns\": {\"t_ns_delta\": [1, 2]}}}'; r = f.split_times(t); "
-            "assert r[1].tolist() == [1, 2] and r[2] in r[0].decode() and f.split_times(t[:-9]) is None; "
-            "assert f.times(r[1]); print('ok')")
+            "import json; t = b'{\"events\": {\"columns\": {\"t_ns_delta\": [1, 2]}}}'; "
+            "r = f.split_text(t, json.loads); "
+            "d = r[1][('events', 'columns', 't_ns_delta')]; assert d[1].tolist() == [1, 2] and d[0] in r[0].decode(); "
+            "assert f.split_text(t[:-9], json.loads) is None and f.times(d[1]); "
+            "assert f._c().find_stages(b'\"by_stage\": [{\"0\": {\"other\": 1}}]', 0, (b'other',)) == (12, 33, 1); "
+            "print('ok')")
     done = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok" and "Warning" not in done.stderr, done.stderr
 
@@ -240,19 +244,20 @@ def test_without_the_c_module_every_answer_is_not_sure(monkeypatch: pytest.Monke
 # ---------------------------------------------------------------- t_ns differences read in C (NOTE rule 4)
 
 def _parsed_with_split(text: bytes) -> Any:
-    """What the load's first try makes of `text`: the document with its t_ns_delta read in C, or None (not sure)."""
-    split = fastcheck.split_times(text)
+    """What the load's first try makes of `text`: the document with the columns read in C put in, or None
+    (not sure: the load parses the text as it is)."""
+    split = fastcheck.split_text(text, json.loads)
     if split is None:
         return None
-    rest, deltas, placeholder = split
+    rest, placed = split
     try:
         doc = json.loads(rest)
     except ValueError:
         return None
-    columns = doc.get("events", {}).get("columns") if type(doc) is dict and type(doc.get("events")) is dict else None
-    if type(columns) is not dict or columns.get("t_ns_delta") != placeholder:
+    if not all(_put(doc, path, placeholder, column) for path, (placeholder, column) in placed.items()):
         return None
-    columns["t_ns_delta"] = deltas.tolist()
+    for (part, _, name), (_, column) in placed.items():  # compare as the lists they stand for
+        doc[part]["columns"][name] = column.tolist() if name == "t_ns_delta" else list(column)
     return doc
 
 
@@ -319,7 +324,7 @@ def test_a_loaded_trace_reads_the_same_with_t_ns_read_in_c(tmp_path: Path, monke
 
 
 @pytest.mark.parametrize("mutate, phrase", [
-    *BAD_DOCS[:12],
+    *BAD_DOCS,
     (lambda d: d["events"]["columns"]["t_ns_delta"].__setitem__(3, -10**18), "events[3].t_ns is"),
     (lambda d: d["events"]["columns"]["t_ns_delta"].__setitem__(3, 2**63 - 1), "events[3].t_ns is"),
     (lambda d: d["events"]["columns"]["t_ns_delta"].pop(), "has 39 values but events.count is 40"),
@@ -355,3 +360,66 @@ def test_unpack_gives_the_python_unpack_or_nothing(values: list[Any], runs: list
     assert sys.getrefcount(shared) == before + 3
     del unpacked
     assert sys.getrefcount(shared) == before
+
+
+
+def _stages_fine(stages: list[Any]) -> bool:
+    return all(type(s) is dict and all(type(r) is dict and all(
+        k in MEMORY_CATEGORIES and _is_int(v) and 0 <= v < I63 for k, v in r.items()) for r in s.values())
+        for s in stages)
+
+
+def _memory_doc(stages: Any) -> dict[str, Any]:
+    return {"events": {"columns": {"t_ns_delta": [1, 2]}}, "memory": {"count": 3, "columns": {
+        "seq": [0, 1, 2], "by_stage": stages}, "bytes_by_category": {}}, "graphs": []}
+
+
+STAGES = st.lists(st.dictionaries(st.sampled_from(["0", "1", "st\u00e9ge", "a b", "\u00e9", '"', "\\", "\x7f"]),
+                                  st.dictionaries(st.sampled_from([*MEMORY_CATEGORIES, "weights", "activations "]),
+                                                  st.sampled_from([0, 1, 2**63 - 1, 2**63, -1, 1.0, True, None, "1"]),
+                                                  max_size=3) | st.sampled_from([5, [], None]), max_size=3), max_size=5)
+
+
+@settings(max_examples=400, deadline=None)
+@given(stages=STAGES, indent=st.sampled_from([None, 0, 1]), ascii=st.booleans())
+def test_by_stage_cut_out_in_c_reads_as_the_parser_reads_it(stages: list[Any], indent: Any, ascii: bool) -> None:
+    text = json.dumps(_memory_doc(stages), indent=indent, ensure_ascii=ascii).encode()
+    found = _parsed_with_split(text)
+    assert found == json.loads(text)
+    split = fastcheck.split_text(text, json.loads)
+    cut = ("memory", "columns", "by_stage") in split[1]
+    plain = all(key.isascii() and key.isprintable() and key not in ('"', "\\")
+                for s in stages if type(s) is dict for key in s)
+    assert cut == (plain and _stages_fine(json.loads(text)["memory"]["columns"]["by_stage"]))
+
+
+@pytest.mark.parametrize("text, cut", [
+    (b'"by_stage": []', True),
+    (b'"by_stage" :\n[ { } , {"0":{}} ,{"x y":{"other":0,"activations":9223372036854775807}}]', True),
+    (b'"by_stage": [{"0": {"other": -0}}]', False), (b'"by_stage": [{"0": {"other": 01}}]', False),
+    (b'"by_stage": [{"0": {"other": 1e3}}]', False), (b'"by_stage": [{"0": {"other": 9223372036854775808}}]', False),
+    (b'"by_stage": [{"0": {"oth\\u0065r": 1}}]', False), (b'"by_stage": [{"\\u0030": {"other": 1}}]', False),
+    (b'"by_stage": [{"0": {"other": 1}}', False), (b'"by_stage": [{"0": {"other": 1},}]', False),
+    (b'"by_stage": null', False), (b'"by_stage": [{"0": {"other": 1}}], "by_stage": [{"1": {}}]', None),
+])
+def test_by_stage_is_cut_out_only_in_the_plain_form(text: bytes, cut: bool | None) -> None:
+    doc = b'{"memory": {"columns": {' + text + b'}}}'
+    split = fastcheck.split_text(doc, json.loads)
+    found = _parsed_with_split(doc)
+    if cut is not None:
+        assert (split is not None and ("memory", "columns", "by_stage") in split[1]) == cut
+    if found is not None:
+        assert found == json.loads(doc)
+
+
+def test_a_loaded_traces_by_stage_is_read_when_a_sample_is(tmp_path: Path) -> None:
+    trace = make_trace(300)
+    trace.save(tmp_path / "t.json.gz")
+    loaded = Trace.load(tmp_path / "t.json.gz")
+    stages = loaded.memory.columns["by_stage"]
+    assert type(stages).__name__ == "JSONColumn" and stages._list is None and len(stages) == len(trace.memory)
+    assert loaded.memory[4] == trace.memory[4] and stages._list is not None
+    assert list(loaded.memory) == list(trace.memory)
+    again = Trace.load(tmp_path / "t.json.gz")
+    again.save(tmp_path / "again.json.gz")  # unread: written from its text's objects
+    assert Trace.load(tmp_path / "again.json.gz").memory == trace.memory

@@ -245,7 +245,7 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* ---------------------------------------------------------------- split_times
+/* ---------------------------------------------------------------- find_times
    The document's events.columns.t_ns_delta (a million ints) read here into int64s instead of by the JSON
    parser into a million Python ints: NOTE [ Checks in C ], rule 4, in ckpt_viz/trace/fastcheck.py.
    Only the part of the text before the column is scanned (its structure: strings, nesting); the column
@@ -381,44 +381,150 @@ static int find(const char *p, const char *end, int level, Ints *out, const char
     return 0;
 }
 
-/* split_times(text, placeholder): (the text with the array of events.columns.t_ns_delta replaced by
-   `placeholder`, the array's ints as int64 bytes), or None. */
-static PyObject *split_times(PyObject *self, PyObject *args) {
+/* find_times(text): (start, stop, the ints as int64 bytes) of the array of events.columns.t_ns_delta, or None. */
+static PyObject *find_times(PyObject *self, PyObject *arg) {
     Py_buffer text;
-    const char *placeholder;
-    Py_ssize_t placeholder_length;
-    if (!PyArg_ParseTuple(args, "y*y#", &text, &placeholder, &placeholder_length))
+    if (PyObject_GetBuffer(arg, &text, PyBUF_SIMPLE) < 0)
         return NULL;
     const char *begin = text.buf, *end = begin + text.len, *start = NULL, *stop = NULL;
     Ints ints = {NULL, 0, 0};
     PyObject *result = NULL;
-    if (find(begin, end, 0, &ints, &start, &stop)) {
-        Py_ssize_t head = start - begin, tail = end - stop;
-        PyObject *spliced = PyBytes_FromStringAndSize(NULL, head + placeholder_length + tail);
-        PyObject *values = PyBytes_FromStringAndSize((const char *)ints.items, ints.n * (Py_ssize_t)sizeof(long long));
-        if (spliced != NULL && values != NULL) {
-            char *to = PyBytes_AS_STRING(spliced);
-            memcpy(to, begin, (size_t)head);
-            memcpy(to + head, placeholder, (size_t)placeholder_length);
-            memcpy(to + head + placeholder_length, stop, (size_t)tail);
-            result = PyTuple_Pack(2, spliced, values);
-        }
-        Py_XDECREF(spliced);
-        Py_XDECREF(values);
-    } else if (!PyErr_Occurred()) {
-        result = Py_NewRef(Py_None);
-    }
-    PyErr_Clear(); /* a failed allocation above is "not sure" too: the caller parses as usual */
-    if (result == NULL)
-        result = Py_NewRef(Py_None);
+    if (find(begin, end, 0, &ints, &start, &stop))
+        result = Py_BuildValue("nny#", (Py_ssize_t)(start - begin), (Py_ssize_t)(stop - begin),
+                               (const char *)ints.items, ints.n * (Py_ssize_t)sizeof(long long));
+    PyErr_Clear(); /* a failed allocation is "not sure" too: the caller parses as usual */
     PyMem_Free(ints.items);
     PyBuffer_Release(&text);
-    return result;
+    return result != NULL ? result : Py_NewRef(Py_None);
+}
+
+/* ---------------------------------------------------------------- find_stages
+   memory.columns.by_stage kept as its text until read (NOTE [ Checks in C ], rule 5): the text must be
+   an array of {stage: {category: int}} objects whose stage names are plain printable ASCII (no escapes),
+   whose categories are exactly one of the known ones and whose ints are 0 to 2**63-1: what the Python
+   checks pass, in a form any JSON parser reads to the same objects. */
+
+/* p at '"': the position after a string of printable ASCII without escapes, or NULL. */
+static const char *plain_string(const char *p, const char *end) {
+    for (p++; p < end && *p != '"'; p++)
+        if (*p < 0x20 || *p > 0x7e || *p == '\\')
+            return NULL;
+    return p < end ? p + 1 : NULL;
+}
+
+/* p at '{': an object of `item` members ("name": value), each read by item; the position after '}', or NULL. */
+typedef const char *(*Member)(const char *p, const char *end, PyObject *categories);
+
+static const char *object_of(const char *p, const char *end, PyObject *categories, Member item) {
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}')
+        return p + 1;
+    for (;;) {
+        if (p >= end || *p != '"' || (p = item(p, end, categories)) == NULL)
+            return NULL;
+        p = skip_ws(p, end);
+        if (p < end && *p == '}')
+            return p + 1;
+        if (p >= end || *p != ',')
+            return NULL;
+        p = skip_ws(p + 1, end);
+    }
+}
+
+static const char *reading(const char *p, const char *end, PyObject *categories) { /* "category": int */
+    const char *name = p + 1, *after = plain_string(p, end);
+    if (after == NULL)
+        return NULL;
+    int known = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(categories) && !known; k++) {
+        PyObject *c = PyTuple_GET_ITEM(categories, k);
+        known = PyBytes_GET_SIZE(c) == after - 1 - name && memcmp(PyBytes_AS_STRING(c), name, (size_t)(after - 1 - name)) == 0;
+    }
+    p = skip_ws(after, end);
+    if (!known || p >= end || *p != ':')
+        return NULL;
+    p = skip_ws(p + 1, end);
+    if (p >= end || *p < '0' || *p > '9' || (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9'))
+        return NULL;
+    unsigned long long x = 0;
+    for (; p < end && *p >= '0' && *p <= '9'; p++) {
+        if (x > (ULLONG_MAX - 9) / 10)
+            return NULL;
+        x = x * 10 + (unsigned)(*p - '0');
+    }
+    return x <= (unsigned long long)LLONG_MAX && p < end && *p != '.' && *p != 'e' && *p != 'E' ? p : NULL;
+}
+
+static const char *stage(const char *p, const char *end, PyObject *categories) { /* "stage": {readings} */
+    if ((p = plain_string(p, end)) == NULL)
+        return NULL;
+    p = skip_ws(p, end);
+    if (p >= end || *p != ':')
+        return NULL;
+    p = skip_ws(p + 1, end);
+    return p < end && *p == '{' ? object_of(p, end, categories, reading) : NULL;
+}
+
+/* find_stages(text, at, categories): at is where the key "by_stage" starts; (start, stop, samples) of its
+   array value when it has the form above, else None. categories: a tuple of bytes. */
+static PyObject *find_stages(PyObject *self, PyObject *args) {
+    Py_buffer text;
+    Py_ssize_t at;
+    PyObject *categories;
+    if (!PyArg_ParseTuple(args, "y*nO!", &text, &at, &PyTuple_Type, &categories))
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(categories); k++)
+        if (!PyBytes_CheckExact(PyTuple_GET_ITEM(categories, k))) {
+            PyBuffer_Release(&text);
+            PyErr_SetString(PyExc_TypeError, "find_stages: categories must be bytes");
+            return NULL;
+        }
+    const char *begin = text.buf, *end = begin + text.len, *p = begin + at, *start;
+    Py_ssize_t samples = 0;
+    int fine = at >= 0 && at + 10 <= text.len && memcmp(p, "\"by_stage\"", 10) == 0;
+    if (fine) {
+        p = skip_ws(p + 10, end);
+        fine = p < end && *p == ':';
+    }
+    if (fine) {
+        p = skip_ws(p + 1, end);
+        fine = p < end && *p == '[';
+    }
+    start = p;
+    if (fine) {
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == ']') {
+            p++;
+        } else {
+            for (;;) {
+                if (p >= end || *p != '{' || (p = object_of(p, end, categories, stage)) == NULL) {
+                    fine = 0;
+                    break;
+                }
+                samples++;
+                p = skip_ws(p, end);
+                if (p < end && *p == ']') {
+                    p++;
+                    break;
+                }
+                if (p >= end || *p != ',') {
+                    fine = 0;
+                    break;
+                }
+                p = skip_ws(p + 1, end);
+            }
+        }
+    }
+    PyBuffer_Release(&text);
+    if (!fine)
+        Py_RETURN_NONE;
+    return Py_BuildValue("nnn", (Py_ssize_t)(start - begin), (Py_ssize_t)(p - begin), samples);
 }
 
 static PyMethodDef methods[] = {
     {"unpack", unpack, METH_VARARGS, "unpack(values, runs) -> list or None"},
-    {"split_times", split_times, METH_VARARGS, "split_times(text, placeholder) -> (text, int64 bytes) or None"},
+    {"find_times", find_times, METH_O, "find_times(text) -> (start, stop, int64 bytes) or None"},
+    {"find_stages", find_stages, METH_VARARGS, "find_stages(text, at, categories) -> (start, stop, samples) or None"},
     {"ints", ints, METH_VARARGS, "ints(column, low, high_inclusive, none_ok) -> bool"},
     {"index_counts", index_counts, METH_VARARGS, "index_counts(column, size) -> list of counts or None"},
     {"times", times, METH_O, "times(deltas) -> bool"},
