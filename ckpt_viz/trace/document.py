@@ -141,8 +141,7 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
     elif type(t_ns) is Times:  # loaded: the differences the file held (checked then), written again as they are
         deltas = t_ns.deltas
     else:
-        check_types(t_ns, {int}, "events[{}].t_ns", "an integer")
-        deltas = _deltas(t_ns)
+        deltas = _checked_deltas(t_ns, "events[{}].t_ns")
     data = columns["data"]
     if isinstance(data, DataColumn):  # a loaded trace: already packed
         columns["data"] = data.packed(context)
@@ -253,14 +252,24 @@ def _memory_to_dict(samples: Any) -> dict[str, Any]:
         samples = MemoryColumns.from_samples(samples)
     columns = samples.saved_columns()  # a recording's: kept as columns as they came (NOTE [ Lazy events ], rule 5)
     t_ns = columns.pop("t_ns")
-    check_types(t_ns, {int}, "memory[{}].t_ns", "an integer")
+    deltas = _checked_deltas(t_ns, "memory[{}].t_ns")
     by_category = columns.pop("bytes_by_category")
-    columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": _deltas(t_ns), **columns}
+    columns = {"seq": _seq_out(columns.pop("seq")), "t_ns_delta": deltas, **columns}
     return {"count": len(t_ns), "columns": columns, "bytes_by_category": by_category}
 
 
 def _seq_out(seq: Any) -> Any:
     return {"start": seq.start} if isinstance(seq, range) and seq.step == 1 else list(seq)
+
+
+def _checked_deltas(t_ns: Any, where: str) -> list[int]:
+    # check_types(t_ns, {int}, ...) and _deltas(t_ns), in one C pass where the C speed-up builds.
+    module = extension(_PACKREC) if type(t_ns) is list and len(t_ns) > 64 else None
+    deltas = module.deltas(t_ns) if module is not None else None
+    if deltas is None:
+        check_types(t_ns, {int}, where, "an integer")
+        deltas = _deltas(t_ns)
+    return deltas
 
 
 def _deltas(values: list[int]) -> list[int]:

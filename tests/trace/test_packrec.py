@@ -288,3 +288,32 @@ def test_the_cyclic_gc_is_left_as_it_was():
         assert _C.pack(flat, len(flat), 16) is not None and not gc.isenabled()
     finally:
         gc.enable()
+
+
+@needs_c
+@pytest.mark.parametrize("values", [[], [5], list(range(0, 10**6, 7)), [2**63 + 5, 3, -(2**70), 2**62, -(2**63)],
+                                    [1, 2, True], [1, 2.0], [1, None]])
+def test_deltas_as_in_python(values):
+    if all(type(v) is int for v in values):
+        assert _C.deltas(values) == document._deltas(values)
+    else:
+        assert _C.deltas(values) is None  # the Python checks and says what is wrong
+
+
+@needs_c
+@pytest.mark.parametrize("bad", [None, 1.5, True])
+def test_bad_times_of_samples_and_events_refused_as_in_python(bad, monkeypatch):
+    from ckpt_viz.events import Event
+    from ckpt_viz.trace import MemorySample
+
+    samples = [MemorySample(seq=i, t_ns=10 + i, bytes_by_category={"activations": i}) for i in range(100)]
+    events = [Event(seq=i, t_ns=10 + i, kind="forward_started") for i in range(100)]
+    if bad is not None:
+        samples[70] = MemorySample(seq=70, t_ns=bad, bytes_by_category={"activations": 70})
+        events[80] = Event(seq=80, t_ns=bad, kind="forward_started")
+    for trace in (Trace(events=[], memory=samples), Trace(events=events)):
+        c, python = _saved(trace, monkeypatch, True), _saved(trace, monkeypatch, False)
+        assert c == python
+        assert (bad is None) == isinstance(c, bytes)
+        if bad is not None:
+            assert "memory[70].t_ns" in c or "events[80].t_ns" in c

@@ -373,6 +373,33 @@ static PyObject *delta(PyObject *now, PyObject *before, long long *last, int *la
     return PyNumber_Subtract(now, before);
 }
 
+/* deltas(t_ns): document._deltas(t_ns) where every value is an exact int (check_types' test), else None. */
+static PyObject *deltas(PyObject *self, PyObject *values)
+{
+    Py_ssize_t n;
+    PyObject *out;
+    long long last = 0;
+    int last_ok = 0;
+    (void)self;
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "deltas: expected a list");
+        return NULL;
+    }
+    n = PyList_GET_SIZE(values);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(values, i)))
+            Py_RETURN_NONE;
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *step = delta(PyList_GET_ITEM(values, i), i ? PyList_GET_ITEM(values, i - 1) : NULL, &last, &last_ok);
+        if (step == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, step);
+    }
+    return out;
+}
+
 /* ---------------------------------------------------------------- tags (document._number) */
 
 /* The hash of tags d's content (keys, values and the values' types, in order), or -1 where a key is not an
@@ -646,6 +673,7 @@ done:
 static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS,
      "pack(flat, size, max_contexts): a recording's columns for its trace file, or None (see the file's comment)"},
+    {"deltas", deltas, METH_O, "deltas(t_ns): document._deltas(t_ns) where every value is an exact int; else None"},
     {"number_tags", number_tags, METH_O,
      "number_tags(tags): document._number(tags) where every tags dict has str keys and int, str, bool or None values; else None"},
     {NULL, NULL, 0, NULL}};
