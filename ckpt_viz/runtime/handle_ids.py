@@ -18,10 +18,12 @@ NOTE [ Handle numbering ]
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import weakref
 from collections.abc import Iterator
+from operator import call, is_not
 from typing import Any
 
 from ckpt_viz import bus
@@ -29,6 +31,7 @@ from ckpt_viz import bus
 __all__ = ["new_handle_id", "restart_handle_ids"]
 
 _KEY = "handle_ids"
+_is_something = functools.partial(is_not, None)
 
 
 class _Live:
@@ -56,7 +59,7 @@ class _Live:
 
     def alive(self) -> list[Any]:
         """The live objects, dropping the references to dead ones (call under `_LOCK`)."""
-        owners = [owner for r in self._refs if (owner := r()) is not None]
+        owners = list(filter(_is_something, map(call, self._refs)))  # C-level passes: r() of each, not None
         if len(owners) < len(self._refs):  # weakref.ref(o) hands back o's existing plain reference
             self._refs, self._limit = list(map(weakref.ref, owners)), max(64, 2 * len(owners))
         return owners

@@ -177,8 +177,8 @@ def _site_of_backward() -> str | None:
 
 def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
     if bus.enabled:
-        frame._backward_site = site = _site_of_backward()
-        bus.emit_for(frame, "backward_entered", site, True,
+        frame._backward_site = _site_of_backward()
+        bus.emit_for(frame, "backward_entered", frame._backward_site, True,
                      {"split": frame.split, "retain_graph": frame.retain_graph, "grad_count": len(grad_outputs),
                       "none_grads": sum(map(is_, grad_outputs, _NONES))})
     try:
