@@ -63,9 +63,9 @@ def _read_column(events: Any, name: str) -> list[Any]:
         cols = events.columns
         if name in _CONTEXT_FIELD:
             table = [row[_CONTEXT_FIELD[name]] for row in events.tables["context"]]
-            return list(map(table.__getitem__, cols["context"]))
+            return columnpass.take(table, cols["context"])
         if name == "tags":
-            return list(map(events.tables["tags"].__getitem__, cols["tags"]))
+            return columnpass.take(events.tables["tags"], cols["tags"])
         return list(cols[name])
     return [getattr(e, name) for e in events]
 

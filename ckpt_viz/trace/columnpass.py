@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["gather", "identity_counts", "native", "rows", "run_starts"]
+__all__ = ["gather", "identity_counts", "native", "rows", "run_starts", "take"]
 
 _SOURCE = Path(__file__).parent / "csrc" / "columnpass.c"
 _NATIVE: list[ModuleType | None] = []
@@ -56,6 +56,15 @@ def gather(tables: Any, keys: Any, where: Any) -> list[Any]:
     if result is not None:
         return result
     return list(map(getitem, map(tables.__getitem__, keys), where))
+
+
+def take(table: Any, where: Any) -> list[Any]:
+    """i -> table[where[i]]."""
+    fast = _c("take")
+    result = fast(table, where) if fast is not None else None
+    if result is not None:
+        return result
+    return list(map(table.__getitem__, where))
 
 
 def run_starts(column: Any) -> list[int]:

@@ -47,6 +47,8 @@ def test_random_columns_give_the_plain_results(impl, seed):
     tables = [[rng.choice([None, "a", 3, (1, 2)]) for _ in range(shape.count(k) + 1)] for k in range(shapes)]
     tables[0] = bytes(rng.randrange(256) for _ in range(len(tables[0])))  # a shape of no key reads zeros
     assert impl.gather(tables, shape, rows) == list(map(getitem, map(tables.__getitem__, shape), rows))
+    table = [rng.choice(["a", None, 7]) for _ in range(shapes)]
+    assert impl.take(table, shape) == [table[k] for k in shape]
     handles = [rng.choice([None, 0, 1, 2, 10**20]) for _ in range(n)]  # runs, a big int, None between
     assert impl.run_starts(handles) == _plain_runs(handles)
     kinds = [rng.choice(["a", "b", "c", "".join(["a", ""])]) for _ in range(n)]  # equal strings, other objects
@@ -63,6 +65,10 @@ def test_edge_cases_give_the_python_results_and_errors(impl):
         impl.gather([[1]], [0], [1])
     assert impl.gather([[1, 2], b"\x00\x07"], [1, 0, 1], [1, 0, -2]) == [7, 1, 0]  # negative index as Python
     assert impl.gather([[1], (5, 6)], [1], [1]) == [6]  # a tuple table: Python does it
+    assert impl.take(["a", "b"], [1, -1, 0]) == ["b", "b", "a"]  # negative index as Python
+    assert impl.take(("a", "b"), [1]) == ["b"]
+    with pytest.raises(IndexError):
+        impl.take(["a"], [0, 1])
     assert impl.run_starts([]) == []
     assert impl.run_starts([None, None, 1, 1.0, True, "x", "x"]) == [0, 2, 5]  # equal, not identical: one run
     assert impl.run_starts([int("300"), int("300"), None, int("301")]) == [0, 2, 3]
@@ -77,6 +83,7 @@ def test_edge_cases_give_the_python_results_and_errors(impl):
 def test_c_hands_unusual_inputs_back_and_keeps_counts_of_references():
     assert C.rows((0, 1), 2) is None and C.rows([0, -1], 2) is None and C.rows([0, "a"], 2) is None
     assert C.gather([[1]], [0], [5]) is None and C.gather([[1]], [0, 0], [0]) is None
+    assert C.take(["a"], [1]) is None and C.take(["a"], [0.0]) is None and C.take(["a"], range(1)) is None
     assert C.run_starts([1, "a"]) is None and C.run_starts([1.0, float("1")]) is None
     assert C.identity_counts([object() for _ in range(300)]) is None
     value = object()

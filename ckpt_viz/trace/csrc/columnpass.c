@@ -7,6 +7,7 @@
  *
  *   rows(shape, shapes)          i -> how many events before i have the same shape id as i (ids < shapes)
  *   gather(tables, keys, rows)   i -> tables[keys[i]][rows[i]] (each table a list, or bytes)
+ *   take(table, where)           i -> table[where[i]]
  *   run_starts(column)           the index of every run's first event (a run: equal consecutive values)
  *   identity_counts(column)      [(value, count), ...] for each distinct object, in order of first sight
  */
@@ -101,6 +102,26 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     return out;
 }
 
+static PyObject *take(PyObject *self, PyObject *args) {
+    PyObject *table, *where;
+    if (!PyArg_ParseTuple(args, "OO", &table, &where)) return NULL;
+    if (!PyList_CheckExact(table) || !PyList_CheckExact(where)) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(where), m = PyList_GET_SIZE(table);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = small_index(PyList_GET_ITEM(where, i), m);
+        if (j < 0) {  /* a negative index, out of range or not an int: Python does it */
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        PyObject *v = PyList_GET_ITEM(table, j);
+        Py_INCREF(v);
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 static PyObject *run_starts(PyObject *self, PyObject *column) {
     if (!PyList_CheckExact(column)) Py_RETURN_NONE;
     PyObject *out = PyList_New(0);
@@ -174,6 +195,7 @@ static PyObject *identity_counts(PyObject *self, PyObject *column) {
 static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS, "i -> how many events before i have shape[i]; None: let Python do it"},
     {"gather", gather, METH_VARARGS, "i -> tables[keys[i]][rows[i]]; None: let Python do it"},
+    {"take", take, METH_VARARGS, "i -> table[where[i]]; None: let Python do it"},
     {"run_starts", run_starts, METH_O, "the first index of each run of equal values; None: let Python do it"},
     {"identity_counts", identity_counts, METH_O, "[(object, count)] in order of first sight; None: Python"},
     {NULL, NULL, 0, NULL},
