@@ -33,13 +33,14 @@ NOTE [ Saving fast ]
   4. `ckpt_viz.trace.io.save` checks and encodes each field of the document (`document_parts`)
      as soon as it is made, and gzips it on a thread while the next one is made; the bytes
      are those of encoding the whole document at once.
-  5. A recording none of whose Events is built yet is packed in C where the C speed-up builds
-     (`csrc/packrec.c`, NOTE [ C speed-ups ] in ckpt_viz.cext): one pass over its flat list
-     (`RecordedEvents.packed`) makes the t_ns differences, the context numbering and column,
-     the runs of handle_id, session_id and tags and the data stored by context, exactly as
-     the Python above makes them from the fields; a part it cannot make so (a value of an
-     unusual type, data not stored by context, tags that are not runs) is left to the Python,
-     and the whole is (errors included) where a t_ns or a context field has an unusual type.
+  5. A recording (of 64 events or more) is packed in C where the C speed-up builds (`csrc/packrec.c`,
+     NOTE [ C speed-ups ] in ckpt_viz.cext): one pass over its flat list, after the fields of the
+     Events a read has built already (`RecordedEvents.packed`), makes the t_ns differences, the
+     context numbering and column, the runs of handle_id, session_id and tags and the data
+     stored by context, exactly as the Python above makes them from the fields; a part it
+     cannot make so (a value of an unusual type, data not stored by context, tags that are not
+     runs) is left to the Python, and the whole is (errors included) where a t_ns or a context
+     field has an unusual type. Tags are numbered, and t_ns checked and differenced, in C too.
   The checks on save stay those of `check_document(doc, built_here=True)`; a load checks
   everything, whoever wrote the file.
 """
@@ -117,7 +118,7 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
     elif recorded is not None:  # NOTE [ Saving fast ], rule 5: packed in C, t_ns checked there
         seq, (deltas, context, context_table, handle_id, session_id, tags, data) = recorded
         tags, tags_table = _tags(tags[0]) if type(tags) is tuple else _numbered(tags)
-        columns = {"seq": seq, "t_ns": None, "context": context,
+        columns = {"seq": _as_range(seq), "t_ns": None, "context": context,
                    "handle_id": pack_runs(handle_id[0]) if type(handle_id) is tuple else handle_id,
                    "session_id": pack_runs(session_id[0]) if type(session_id) is tuple else session_id,
                    "tags": tags, "data": data[0] if type(data) is tuple else data}
@@ -168,7 +169,8 @@ def _packed(events: Any) -> tuple[range, tuple[Any, ...]] | None:
     module = extension(_PACKREC)
     if module is None:
         return None
-    return packed(lambda flat, size: module.pack(flat, size, by_context_limit(size // len(ROW_FIELDS))))
+    return packed(lambda head, flat, size: module.pack(
+        flat, size, by_context_limit((len(head) + size) // len(ROW_FIELDS)), head))
 
 
 _FIELDS = ("seq", "t_ns", *CONTEXT_FIELDS, "handle_id", "session_id", "tags", "data")

@@ -37,6 +37,7 @@ NOTE [ Lazy events ]
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator, MutableSequence
 from operator import attrgetter
@@ -50,6 +51,7 @@ __all__ = ["RecordedEvents", "RecordedMemory"]
 
 _WIDTH = len(ROW_FIELDS)  # values kept per event: every field but seq
 _VALUE_INDEX = {name: i for i, name in enumerate(ROW_FIELDS)}
+_ROW_VALUES = attrgetter(*ROW_FIELDS)  # an Event's fields after seq, as the bus keeps them
 
 
 class RecordedEvents(MutableSequence):
@@ -104,17 +106,23 @@ class RecordedEvents(MutableSequence):
         return {"seq": [*map(attrgetter("seq"), built), *seqs],
                 **{name: [*map(attrgetter(name), built), *v] for name, v in zip(ROW_FIELDS, values)}}
 
-    def packed(self, pack: Callable[[list[Any], int], Any]) -> tuple[range, Any] | None:
-        """(the seqs, `pack(flat, size)`) of the events kept so far, at one moment, where no Event is built yet:
-        `pack` reads the first `size` values of the flat list under this container's lock (the bus only
-        appends meanwhile). None where some Event is built, or where `pack` returns None."""
+    def packed(self, pack: Callable[[list[Any], list[Any], int], Any]) -> tuple[list[int] | range, Any] | None:
+        """(the seqs, `pack(head, flat, size)`) of the events kept so far, at one moment, without building the
+        Events not built yet: `pack` reads the fields after seq of the Events built already (`head`, one flat
+        list, as the bus keeps them), then the first `size` values of the flat list, under this container's
+        lock (the bus only appends meanwhile). None where a built one is not an Event (written through the
+        list protocol), or where `pack` returns None."""
         with self._lock:
-            if self._built:
+            built, first, flat = self._built, self._next_seq, self._flat
+            if not set(map(type, built)) <= {Event}:
                 return None
-            flat, first = self._flat, self._next_seq
+            head = list(itertools.chain.from_iterable(map(_ROW_VALUES, built)))
             size = len(flat) - len(flat) % _WIDTH
-            packed = pack(flat, size)
-        return None if packed is None else (range(first, first + size // _WIDTH), packed)
+            packed = pack(head, flat, size)
+            seqs = range(first, first + size // _WIDTH)
+            if built:
+                seqs = [*map(attrgetter("seq"), built), *seqs]
+        return None if packed is None else (seqs, packed)
 
     def seq_of(self, values: tuple[Any, ...]) -> int | None:
         """The seq of the kept event whose fields after seq are `values` (NOTE rule 4), None if it is gone."""

@@ -120,7 +120,7 @@ def test_the_usual_recording_is_packed_in_c(monkeypatch):
     recorded = RecordedEvents()
     for row in rows:
         recorded.keep(row)
-    parts = recorded.packed(lambda flat, size: _C.pack(flat, size, by_context_limit(size // 10)))
+    parts = recorded.packed(lambda head, flat, size: _C.pack(flat, size, by_context_limit(size // 10), head))
     assert parts is not None
     seq, (deltas, context, table, handle_id, _, tags, data) = parts
     assert seq == range(2000) and len(deltas) == 2000
@@ -191,10 +191,19 @@ def test_edges_save_as_in_python(case, monkeypatch):
 
 
 @needs_c
-def test_built_events_take_the_python_path(monkeypatch):
-    rows = _random_rows(random.Random(1), 500, 0.0)
-    c, python = _both(rows, monkeypatch, built=10)
-    assert c == python and isinstance(c, bytes)
+@pytest.mark.parametrize("built", [1, 10, 63, 64, 499, 500])
+@pytest.mark.parametrize("odd", [0.0, 0.02])
+def test_built_events_saved_as_in_python(built, odd, monkeypatch):
+    rows = _random_rows(random.Random(built), 500, odd, parts_only=True)
+    c, python = _both(rows, monkeypatch, built=built)
+    assert c == python and (isinstance(c, bytes) or odd)
+    recorded = RecordedEvents()
+    for row in rows:
+        recorded.keep(row)
+    recorded[built - 1]
+    recorded[3] = "not an Event"  # written through the list protocol: the Python path (and its error)
+    c, python = _saved(Trace(events=recorded), monkeypatch, True), _saved(Trace(events=recorded), monkeypatch, False)
+    assert c == python
 
 
 @needs_c

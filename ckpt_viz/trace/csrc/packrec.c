@@ -1,8 +1,9 @@
 /* packrec: a recording's events packed for its trace file in one pass, in C (NOTE [ C speed-ups ] in
  * ckpt_viz/cext.py; NOTE [ Saving fast ] in ckpt_viz/trace/document.py, rule 5).
  *
- * pack(flat, size, max_contexts) reads the first `size` values of a RecordedEvents' flat list (each event's
- * fields after seq, in events.ROW_FIELDS order: NOTE [ Lazy events ] in ckpt_viz/trace/rows.py) and returns
+ * pack(flat, size, max_contexts[, head]) reads the first `size` values of a RecordedEvents' flat list (each
+ * event's fields after seq, in events.ROW_FIELDS order: NOTE [ Lazy events ] in ckpt_viz/trace/rows.py), after
+ * those of `head` (the same of the Events a read has built already), and returns
  * what ckpt_viz/trace/document.py and packed.py make of those fields, the reference:
  *   (t_ns_delta, context, context_table, handle_id, session_id, tags, data)
  *   - t_ns_delta: document._deltas(t_ns), every t_ns an int (the check_types of the save);
@@ -30,7 +31,14 @@ enum { T_NS, KIND, HANDLE_ID, MODE, PHASE, SESSION_ID, TAGS, SITE, THREAD_ID, DA
 #define HEAD 1024
 #define HEAD_CHANGES 512
 
-#define ITEM(flat, i, f) PyList_GET_ITEM((flat), (i) * WIDTH + (f)) /* re-read each time: never a stale array */
+/* The events: those of `head` (the fields of the Events a read has built already), then those of `flat`. */
+typedef struct { PyObject *head, *flat; Py_ssize_t nhead; } Source;
+
+/* Field f of event i (borrowed); the lists are read again each time, never through a stale array. */
+static inline PyObject *ITEM(const Source *s, Py_ssize_t i, int f)
+{
+    return i < s->nhead ? PyList_GET_ITEM(s->head, i * WIDTH + f) : PyList_GET_ITEM(s->flat, (i - s->nhead) * WIDTH + f);
+}
 
 /* ---------------------------------------------------------------- runs (packed.pack_runs) */
 
@@ -126,13 +134,13 @@ seen:
 }
 
 /* The plain column of field f, a new list. */
-static PyObject *column_of(PyObject *flat, Py_ssize_t n, int f)
+static PyObject *column_of(const Source *events, Py_ssize_t n, int f)
 {
     PyObject *column = PyList_New(n);
     if (column == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = ITEM(flat, i, f);
+        PyObject *v = ITEM(events, i, f);
         Py_INCREF(v);
         PyList_SET_ITEM(column, i, v);
     }
@@ -176,12 +184,12 @@ static PyObject *index_value(Runs *r, Py_ssize_t j, void *index)
 }
 
 /* A run column's part of the result: pack_runs's answer, or (column,) for the Python to pack. */
-static PyObject *runs_result(Runs *r, PyObject *flat, int field)
+static PyObject *runs_result(Runs *r, const Source *events, int field)
 {
     PyObject *column;
     if (r->state == LIVE && !(r->numbers_first && r->has_int && r->has_bool)) /* True == 1 would merge */
         return runs_dict(r, first_value, NULL);
-    column = column_of(flat, r->n, field);
+    column = column_of(events, r->n, field);
     if (column == NULL || r->state != DEFER)
         return column;
     return Py_BuildValue("(N)", column);
@@ -521,7 +529,7 @@ static int is_str_or_none(PyObject *v)
 
 static PyObject *pack(PyObject *self, PyObject *args)
 {
-    PyObject *flat, *deltas = NULL, *context = NULL, *handles = NULL, *sessions = NULL, *tags = NULL,
+    PyObject *head = NULL, *flat, *deltas = NULL, *context = NULL, *handles = NULL, *sessions = NULL, *tags = NULL,
              *data = NULL, *result = NULL;
     Py_ssize_t size, max_contexts, n;
     Contexts contexts = {NULL, 0, 0, NULL, NULL};
@@ -532,13 +540,16 @@ static PyObject *pack(PyObject *self, PyObject *args)
     long long last = 0;
     int last_ok = 0, gc_was_on;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!nn:pack", &PyList_Type, &flat, &size, &max_contexts))
+    Source source;
+    if (!PyArg_ParseTuple(args, "O!nn|O!:pack", &PyList_Type, &flat, &size, &max_contexts, &PyList_Type, &head))
         return NULL;
-    if (size < 0 || size % WIDTH || size > PyList_GET_SIZE(flat) || max_contexts < 0) {
-        PyErr_SetString(PyExc_ValueError, "pack: size must be a multiple of 10 within the list");
+    if (size < 0 || size % WIDTH || size > PyList_GET_SIZE(flat) || max_contexts < 0
+        || (head != NULL && PyList_GET_SIZE(head) % WIDTH)) {
+        PyErr_SetString(PyExc_ValueError, "pack: size must be a multiple of 10 within the list (and head's length)");
         return NULL;
     }
-    n = size / WIDTH;
+    source.head = head, source.flat = flat, source.nhead = head != NULL ? PyList_GET_SIZE(head) / WIDTH : 0;
+    n = source.nhead + size / WIDTH;
     if (n < SHORT || n > INT32_MAX)
         Py_RETURN_NONE;
     gc_was_on = PyGC_Disable(); /* no collection, so no finalizer (Python code) runs while items are borrowed */
@@ -564,16 +575,16 @@ static PyObject *pack(PyObject *self, PyObject *args)
         goto done;
 
     for (Py_ssize_t i = 0; i < n; i++) { /* the one pass over the events */
-        PyObject *t = ITEM(flat, i, T_NS), *d, *f[5] = {ITEM(flat, i, KIND), ITEM(flat, i, MODE),
-                                                        ITEM(flat, i, PHASE), ITEM(flat, i, SITE),
-                                                        ITEM(flat, i, THREAD_ID)};
+        PyObject *t = ITEM(&source, i, T_NS), *d, *f[5] = {ITEM(&source, i, KIND), ITEM(&source, i, MODE),
+                                                        ITEM(&source, i, PHASE), ITEM(&source, i, SITE),
+                                                        ITEM(&source, i, THREAD_ID)};
         int32_t k;
         if (!PyLong_CheckExact(t) || !PyUnicode_CheckExact(f[0]) || !is_str_or_none(f[1]) || !is_str_or_none(f[2])
             || !is_str_or_none(f[3]) || !PyLong_CheckExact(f[4])) {
             whole = 0; /* the Python checks it and says what is wrong */
             goto done;
         }
-        PyObject *step = delta(t, i ? ITEM(flat, i - 1, T_NS) : NULL, &last, &last_ok);
+        PyObject *step = delta(t, i ? ITEM(&source, i - 1, T_NS) : NULL, &last, &last_ok);
         if (step == NULL)
             goto done;
         PyList_SET_ITEM(deltas, i, step);
@@ -583,13 +594,13 @@ static PyObject *pack(PyObject *self, PyObject *args)
         index[i] = k;
         /* the context column's runs, by index (context_runs compares the same small ints by identity) */
         if (runs_see(&context_runs, i, (PyObject *)(intptr_t)(k + 1)) < 0
-            || runs_see(&handle_runs, i, ITEM(flat, i, HANDLE_ID)) < 0
-            || runs_see(&session_runs, i, ITEM(flat, i, SESSION_ID)) < 0
-            || runs_see(&tag_runs, i, ITEM(flat, i, TAGS)) < 0)
+            || runs_see(&handle_runs, i, ITEM(&source, i, HANDLE_ID)) < 0
+            || runs_see(&session_runs, i, ITEM(&source, i, SESSION_ID)) < 0
+            || runs_see(&tag_runs, i, ITEM(&source, i, TAGS)) < 0)
             goto done;
         if (data_ok) {
             int added;
-            d = ITEM(flat, i, DATA);
+            d = ITEM(&source, i, DATA);
             if (k >= max_contexts) { /* more contexts than pack_data stores by context */
                 data_ok = 0;
                 continue;
@@ -615,14 +626,14 @@ static PyObject *pack(PyObject *self, PyObject *args)
     }
     if (context == NULL)
         goto done;
-    handles = runs_result(&handle_runs, flat, HANDLE_ID);
-    sessions = handles != NULL ? runs_result(&session_runs, flat, SESSION_ID) : NULL;
+    handles = runs_result(&handle_runs, &source, HANDLE_ID);
+    sessions = handles != NULL ? runs_result(&session_runs, &source, SESSION_ID) : NULL;
     if (sessions == NULL)
         goto done;
     if (tag_runs.state == LIVE) {
         tags = runs_dict(&tag_runs, first_value, NULL);
     } else {
-        PyObject *column = column_of(flat, n, TAGS);
+        PyObject *column = column_of(&source, n, TAGS);
         tags = column != NULL ? Py_BuildValue("(N)", column) : NULL;
     }
     if (tags == NULL)
@@ -630,7 +641,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
     if (data_ok) {
         data = data_dict(shapes, PyList_GET_SIZE(contexts.table));
     } else {
-        PyObject *column = column_of(flat, n, DATA);
+        PyObject *column = column_of(&source, n, DATA);
         data = column != NULL ? Py_BuildValue("(N)", column) : NULL;
     }
     if (data == NULL)
