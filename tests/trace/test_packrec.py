@@ -244,6 +244,12 @@ def test_no_reference_leaks():
         assert [i for i, part in enumerate(result) if type(part) is tuple] == list(left_to_python)
         del result
         assert [sys.getrefcount(x) for x in objects] == before
+    values, head = flat(), flat()[:20_000]  # with the fields of built Events first
+    before = [sys.getrefcount(x) for x in objects]
+    result = _C.pack(values, 30_000, by_context_limit(5000), head)
+    assert len(result[0]) == 5000
+    del result
+    assert [sys.getrefcount(x) for x in objects] == before
     values = flat(30, 1.5)  # a t_ns the Python refuses: None, the Python decides
     before = [sys.getrefcount(x) for x in objects]
     assert _C.pack(values, len(values), 625) is None
