@@ -4,7 +4,8 @@ Standard library only. `columns.Times` (t_ns as differences) and `packed.Runs` (
 forms; this is what they share: a row is computed from the compact form while few rows are read one at a time
 (`_row`), and the whole list is built once (`_build`) at a slice or after `READS` single reads, so a reader that
 goes row by row through a big trace pays the build once, not a computed row each time. Iteration needs no list
-(`_iterate`). Equal to a list, or another lazy column, with the same values in the same order.
+(`_iterate`). Equal to a list, or another lazy column, with the same values in the same order. A third form,
+`JSONColumn`, is a column still in its file's JSON text, checked at load, parsed whole at its first read.
 """
 from __future__ import annotations
 
@@ -69,7 +70,11 @@ class JSONColumn(LazyColumn):
         return self._count if self._list is None else len(self._list)
 
     def _build(self) -> list[Any]:
-        return self._loads(self.text)
+        if self._list is not None:
+            return self._list
+        rows = self._loads(self.text)
+        self.text = b""  # parsed: the list is kept instead (LazyColumn uses it from now on)
+        return rows
 
     def _row(self, i: int) -> Any:
         self._list = self._build()
