@@ -11,7 +11,9 @@ a trace file is plain JSON that `json.load` reads.
 
 The system calls (bounded reads, the capped gunzip, the atomic fsync-ed write, OS errors
 as `TraceError`s naming the user's path) are `ckpt_viz.trace.files`: see NOTE [ Bounded
-reads ] and NOTE [ Atomic save ] there.
+reads ] and NOTE [ Atomic save ] there. Where our C speed-up is built, a load reads two long
+columns in C and the checks run one C pass per column: NOTE [ Checks in C ] in
+`ckpt_viz.trace.fastcheck` (the same documents load, with the same errors, without it).
 """
 from __future__ import annotations
 
@@ -330,8 +332,8 @@ def _ends_early(text: str, err: json.JSONDecodeError) -> bool:
 
 def _fast_document(raw: bytes, max_events: int) -> dict[str, Any] | None:
     # orjson's parse if it parses and validates; otherwise None, and the stdlib
-    # path parses again and explains what is wrong. First with the t_ns differences read in C
-    # (NOTE [ Checks in C ], rule 4, in ckpt_viz.trace.fastcheck), then, if that is not sure, as the file is.
+    # path parses again and explains what is wrong. First with the t_ns differences and by_stage cut out in C
+    # (NOTE [ Checks in C ], rules 4 and 5, in ckpt_viz.trace.fastcheck), then, if that is not sure, as the file is.
     split = fastcheck.split_text(raw, _orjson.loads)
     if split is not None:
         rest, placed = split
