@@ -160,17 +160,27 @@ def _events_to_dict(events: Any) -> dict[str, Any]:
 _PACKREC = Path(__file__).with_name("csrc") / "packrec.c"
 
 
-def _packed(events: Any) -> tuple[range, tuple[Any, ...]] | None:
-    # A recording's columns made in C in one pass (NOTE [ Saving fast ], rule 5), or None: not a recording
-    # whose events are all unbuilt, no C, or something the Python decides.
+def _packed(events: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    # (the seqs, the columns made in C in one pass) of a recording or a list of Events (NOTE [ Saving fast ],
+    # rule 5), or None: another sequence, no C, or something the Python decides.
     packed = getattr(events, "packed", None)
-    if not callable(packed) or isinstance(events, list):
+    recording = callable(packed) and not isinstance(events, list)
+    if not (recording or (type(events) is list and len(events) >= 64)):
         return None
     module = extension(_PACKREC)
     if module is None:
         return None
-    return packed(lambda head, flat, size: module.pack(
-        flat, size, by_context_limit((len(head) + size) // len(ROW_FIELDS)), head))
+    if recording:
+        return packed(lambda head, flat, size: module.pack(
+            flat, size, by_context_limit((len(head) + size) // len(ROW_FIELDS)), head))
+    if not set(map(type, events)) <= {Event}:
+        return None  # the Python names what is not an Event
+    head = list(itertools.chain.from_iterable(map(_ROW_VALUES, events)))  # as a recording keeps them
+    parts = module.pack([], 0, by_context_limit(len(events)), head)
+    return None if parts is None else ([*map(attrgetter("seq"), events)], parts)
+
+
+_ROW_VALUES = attrgetter(*ROW_FIELDS)
 
 
 _FIELDS = ("seq", "t_ns", *CONTEXT_FIELDS, "handle_id", "session_id", "tags", "data")

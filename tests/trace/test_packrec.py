@@ -332,3 +332,22 @@ def test_bad_times_of_samples_and_events_refused_as_in_python(bad, monkeypatch):
         assert (bad is None) == isinstance(c, bytes)
         if bad is not None:
             assert "memory[70].t_ns" in c or "events[80].t_ns" in c
+
+
+@needs_c
+@pytest.mark.parametrize("odd", [0.0, 0.001, 0.02])
+@pytest.mark.parametrize("seqs", ["counting", "gaps", "not_an_event"])
+def test_lists_of_events_save_as_in_python(odd, seqs, monkeypatch):
+    from ckpt_viz.events import make_event
+
+    rows = _random_rows(random.Random(7), 1500, odd, parts_only=seqs == "gaps")
+    events = [make_event(i * (2 if seqs == "gaps" else 1) + 5, *row) for i, row in enumerate(rows)]
+    if seqs == "not_an_event":
+        events[900] = rows[900]
+    trace = Trace(events=events)
+    c, python = _saved(trace, monkeypatch, True), _saved(trace, monkeypatch, False)
+    assert c == python
+    if seqs == "not_an_event":
+        assert "events[900] is" in c
+    if seqs == "counting" and not odd:
+        assert document._packed(events) is not None and b'"seq":{"start":5}' in c
