@@ -40,7 +40,9 @@ NOTE [ Saving fast ]
      stored by context, exactly as the Python above makes them from the fields; a part it
      cannot make so (a value of an unusual type, data not stored by context, tags that are not
      runs) is left to the Python, and the whole is (errors included) where a t_ns or a context
-     field has an unusual type. Tags are numbered, and t_ns checked and differenced, in C too.
+     field has an unusual type. A list of Events (64 or more, every one an Event) is packed so
+     from its Events' fields, read into one flat list. Tags are numbered, and t_ns checked and
+     differenced, in C too.
   The checks on save stay those of `check_document(doc, built_here=True)`; a load checks
   everything, whoever wrote the file.
 """
