@@ -16,15 +16,16 @@ NOTE [ Checks in C ]
   3. The C module is built on first use, not at import (`import ckpt_viz` builds nothing); without a
      compiler, or with CKPT_VIZ_CEXT=0, every function here is False and the Python checks do all.
      Tests run every corrupt file both ways and compare the messages (tests/trace/test_load_checks.py).
-  4. Parsing makes a Python int of each of the million t_ns differences (a fifth of the parse).
-     `split_text` reads events.columns.t_ns_delta in C into an array('q') instead and hands the
-     JSON parser the rest of the text, with a placeholder there that no file can hold (a random
-     string per load). Only the text before the column is scanned (its strings and nesting); the
-     column must be a JSON array of integers that fit in 64 bits, and after the parse the
-     placeholder must be what the document holds at events.columns.t_ns_delta (not so if a key
-     repeats): otherwise, and whenever the document is then refused, `ckpt_viz.trace.io` parses the
-     file as it is, so what a file is or which error it gets never depends on this. A loaded trace's
-     `Times` keeps the array (NOTE [ Rows stored as columns ], rule 5).
+  4. Parsing makes a Python int of each of the million t_ns differences (a fifth of the parse) and
+     reads a million context indexes (a tenth). `split_text` reads both columns in C instead (t_ns into
+     an array('q'), which a loaded trace's `Times` keeps, NOTE [ Rows stored as columns ], rule 5; the
+     context indexes into the list the parser would make) and hands the JSON parser the rest of the
+     text, with a placeholder in their place that no file can hold (a random string per load). Only
+     the text up to events.columns and through it is scanned (its strings and nesting); a column must
+     be a JSON array of integers that fit in 64 bits, and after the parse each placeholder must be what
+     the document holds at its place (not so if a key repeats): otherwise, and whenever the document
+     is then refused, `ckpt_viz.trace.io` parses the file as it is, so what a file is or which error it
+     gets never depends on this.
   5. No view of the first page reads memory.columns.by_stage (62,500 small dicts for 1M events, a
      tenth of the parse). `split_text` cuts it out as well, where its text is an array of
      {stage: {category: int}} objects with stage names of plain printable ASCII (no escapes),
@@ -35,6 +36,7 @@ NOTE [ Checks in C ]
 """
 from __future__ import annotations
 
+import itertools
 import os
 from array import array
 from collections.abc import Callable
@@ -94,19 +96,21 @@ def split_text(text: bytes, loads: Callable[[bytes], Any]) -> tuple[bytes, dict[
     if c is None:
         return None
     cuts = []  # (start, stop, path, column)
-    found = c.find_times(text)
-    if found is not None:
-        start, stop, values = found
-        deltas = array("q")
-        deltas.frombytes(values)
-        cuts.append((start, stop, ("events", "columns", "t_ns_delta"), deltas))
+    for name, (start, stop, values) in c.find_ints(text).items():
+        if name == "t_ns_delta":  # kept as int64s (rule 4)
+            column: Any = array("q")
+            column.frombytes(values)
+        else:  # the context indexes: a list, as the parser makes it (its small ints are shared objects)
+            column = c.int_list(values)
+        cuts.append((start, stop, ("events", "columns", name), column))
     at = text.rfind(b'"by_stage"')
     stages = c.find_stages(text, at, _CATEGORY_BYTES) if at >= 0 else None
-    if stages is not None and (not cuts or stages[0] > cuts[0][1]):
+    if stages is not None:
         start, stop, count = stages
         cuts.append((start, stop, ("memory", "columns", "by_stage"),
                      JSONColumn(text[start:stop], count, loads, checked=True)))
-    if not cuts:
+    cuts.sort(key=lambda cut: cut[0])
+    if not cuts or any(a[1] > b[0] for a, b in itertools.pairwise(cuts)):  # none, or overlapping: not sure
         return None
     view, pieces, placed, done = memoryview(text), [], {}, 0
     for start, stop, path, column in cuts:

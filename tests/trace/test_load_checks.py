@@ -214,7 +214,8 @@ def test_the_c_functions_keep_reference_counts_and_run_clean_under_dev_mode() ->
     held = sys.getrefcount(text)
     for _ in range(1000):
         fastcheck.split_text(text, json.loads), fastcheck.split_text(text[:-12], json.loads)
-        C.find_stages(b'"by_stage": [{"0": {"other": 1}}]', 0, (b"other",)), C.find_times(text[:-14])
+        C.find_stages(b'"by_stage": [{"0": {"other": 1}}]', 0, (b"other",)), C.find_ints(text[:-14])
+        C.int_list(bytes(16))
     assert sys.getrefcount(text) == held
     counts = fastcheck.index_counts([0, 1, 1, 2**40], 3)
     assert counts is None and fastcheck.index_counts([0, 1, 1], 3) == [1, 2, 0]
@@ -294,16 +295,28 @@ def test_t_ns_read_in_c_gives_what_the_parser_gives_or_nothing(text: bytes) -> N
         assert found == json.loads(text)
 
 
+INTS = st.lists(st.integers(1 - 2**63, 2**63 - 1) | st.integers(0, 300), max_size=20)
+
+
 @settings(max_examples=300, deadline=None)
 @given(doc=st.fixed_dictionaries({"events": st.fixed_dictionaries(
-    {"columns": st.fixed_dictionaries({"t_ns_delta": st.lists(st.integers(1 - 2**63, 2**63 - 1), max_size=20)},
-                                      optional={"seq": JSON_VALUES, "data": JSON_VALUES})},
+    {"columns": st.fixed_dictionaries({"t_ns_delta": INTS}, optional={
+        "seq": JSON_VALUES, "context": INTS | JSON_VALUES, "data": JSON_VALUES, "handle_id": JSON_VALUES})},
     optional={"tables": JSON_VALUES, "count": JSON_VALUES})}, optional={"meta": JSON_VALUES, "format": st.text()}),
-    indent=st.sampled_from([None, 0, 2]), ascii=st.booleans())
-def test_t_ns_read_in_c_matches_the_parser_on_any_layout(doc: dict[str, Any], indent: Any, ascii: bool) -> None:
+    indent=st.sampled_from([None, 0, 2]), ascii=st.booleans(), order=st.randoms())
+def test_t_ns_read_in_c_matches_the_parser_on_any_layout(doc: dict[str, Any], indent: Any, ascii: bool,
+                                                          order: Any) -> None:
+    columns = doc["events"]["columns"]
+    names = list(columns)
+    order.shuffle(names)
+    doc["events"]["columns"] = {name: columns[name] for name in names}
     text = json.dumps(doc, indent=indent, ensure_ascii=ascii).encode()
     found = _parsed_with_split(text)
     assert found == json.loads(text)  # every such document is read in C: no key repeats
+    placed = fastcheck.split_text(text, json.loads)[1]
+    context = columns.get("context")
+    assert (("events", "columns", "context") in placed) == (type(context) is list and all(
+        type(v) is int for v in context))
 
 
 def test_a_loaded_trace_reads_the_same_with_t_ns_read_in_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -318,6 +331,8 @@ def test_a_loaded_trace_reads_the_same_with_t_ns_read_in_c(tmp_path: Path, monke
     assert len(a) == len(b) and a[0] == b[0] and a[4999] == b[4999] and a[-1] == b[-1] and a[10:20] == b[10:20]
     assert [a[i] for i in range(0, 5000, 7)] == [b[i] for i in range(0, 5000, 7)] and list(a) == list(b) and a == b
     assert list(fast.events) == list(plain.events) == list(trace.events)
+    assert type(fast.events.columns["context"]) is list and fast.events.columns["context"] == plain.events.columns[
+        "context"]  # read in C, the same list
     fast.save(tmp_path / "again-fast.json.gz")
     plain.save(tmp_path / "again-plain.json.gz")
     assert (tmp_path / "again-fast.json.gz").read_bytes() == (tmp_path / "again-plain.json.gz").read_bytes()

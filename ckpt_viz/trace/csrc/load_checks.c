@@ -245,9 +245,9 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* ---------------------------------------------------------------- find_times
-   The document's events.columns.t_ns_delta (a million ints) read here into int64s instead of by the JSON
-   parser into a million Python ints: NOTE [ Checks in C ], rule 4, in ckpt_viz/trace/fastcheck.py.
+/* ---------------------------------------------------------------- find_ints
+   The document's events.columns.t_ns_delta and context (a million ints each) read here instead of by the
+   JSON parser: NOTE [ Checks in C ], rule 4, in ckpt_viz/trace/fastcheck.py.
    Only the part of the text before the column is scanned (its structure: strings, nesting); the column
    must be a JSON array of integers that fit in 64 bits, else NULL ("not sure", the caller parses as usual). */
 
@@ -338,64 +338,117 @@ static const char *read_ints(const char *p, const char *end, Ints *out) {
     }
 }
 
-static const char *const PATH[] = {"events", "columns", "t_ns_delta"};
+static const char *const PATH[] = {"events", "columns"};
 
-/* p at the value of the object at PATH[level - 1] (the document when level is 0): find PATH[level] in it;
-   *start, *stop: where the array is. 1 when found and read. */
-static int find(const char *p, const char *end, int level, Ints *out, const char **start, const char **stop) {
+/* A column of events.columns to read as ints: its name, its ints, where its array starts and stops. */
+typedef struct { const char *name; Ints ints; const char *start, *stop; int tried; } Wanted;
+
+/* p at '[': read the array into want (room for every int it can hold, at least 2 bytes each but the last). */
+static const char *read_wanted(const char *p, const char *end, Wanted *want) {
+    const char *close = memchr(p, ']', (size_t)(end - p));
+    if (close == NULL)
+        return NULL;
+    want->ints.cap = (close - p) / 2 + 1;
+    if ((want->ints.items = PyMem_Malloc((size_t)want->ints.cap * sizeof(long long))) == NULL)
+        return NULL;
+    const char *stop = read_ints(p, end, &want->ints);
+    if (stop != NULL)
+        want->start = p, want->stop = stop;
+    return stop;
+}
+
+/* p at the value of the object at PATH[level - 1] (the document when level is 0): descend to PATH[level]; in
+   events.columns (level 2) read each wanted column that is an array of ints. How many were looked at. */
+static int find(const char *p, const char *end, int level, Wanted *wanted, int n_wanted) {
+    int found = 0;
     p = skip_ws(p, end);
     if (p >= end || *p != '{')
         return 0;
     p = skip_ws(p + 1, end);
-    while (p < end && *p == '"') {
+    while (p < end && *p == '"' && found < n_wanted) {
         const char *key = p + 1, *after = skip_string(p, end);
         if (after == NULL)
-            return 0;
+            return found;
         size_t length = (size_t)(after - 1 - key);
         p = skip_ws(after, end);
         if (p >= end || *p != ':')
-            return 0;
+            return found;
         p = skip_ws(p + 1, end);
-        if (length == strlen(PATH[level]) && memcmp(key, PATH[level], length) == 0) {
-            if (level < 2)
-                return find(p, end, level + 1, out, start, stop);
-            if (p >= end || *p != '[')
-                return 0;
-            /* room for every int the array can hold (at least 2 bytes each, but for the last), taken once */
-            const char *close = memchr(p, ']', (size_t)(end - p));
-            if (close == NULL)
-                return 0;
-            out->cap = (close - p) / 2 + 1;
-            if ((out->items = PyMem_Malloc((size_t)out->cap * sizeof(long long))) == NULL)
-                return 0;
-            *start = p;
-            return (*stop = read_ints(p, end, out)) != NULL;
+        if (level < 2) {
+            if (length == strlen(PATH[level]) && memcmp(key, PATH[level], length) == 0)
+                return find(p, end, level + 1, wanted, n_wanted);
+        } else {
+            for (int w = 0; w < n_wanted; w++) {
+                if (!wanted[w].tried && length == strlen(wanted[w].name) && memcmp(key, wanted[w].name, length) == 0
+                    && p < end && *p == '[') {
+                    wanted[w].tried = 1; /* once: a repeated key is the parser's to resolve (the placeholder rule) */
+                    const char *stop = read_wanted(p, end, &wanted[w]);
+                    if (stop != NULL) {
+                        found++, p = stop;
+                        goto next;
+                    }
+                    PyMem_Free(wanted[w].ints.items); /* not all ints: the parser reads this column */
+                    wanted[w].ints.items = NULL, wanted[w].ints.n = 0;
+                    found++; /* done with it either way */
+                    break;
+                }
+            }
         }
         if ((p = skip_value(p, end)) == NULL)
-            return 0;
+            return found;
+    next:
         p = skip_ws(p, end);
         if (p >= end || *p != ',')
-            return 0;
+            return found;
         p = skip_ws(p + 1, end);
     }
-    return 0;
+    return found;
 }
 
-/* find_times(text): (start, stop, the ints as int64 bytes) of the array of events.columns.t_ns_delta, or None. */
-static PyObject *find_times(PyObject *self, PyObject *arg) {
+/* find_ints(text): {name: (start, stop, the ints as int64 bytes)} for events.columns.t_ns_delta and
+   events.columns.context, each where it is a JSON array of ints that fit in 64 bits. */
+static PyObject *find_ints(PyObject *self, PyObject *arg) {
     Py_buffer text;
     if (PyObject_GetBuffer(arg, &text, PyBUF_SIMPLE) < 0)
         return NULL;
-    const char *begin = text.buf, *end = begin + text.len, *start = NULL, *stop = NULL;
-    Ints ints = {NULL, 0, 0};
-    PyObject *result = NULL;
-    if (find(begin, end, 0, &ints, &start, &stop))
-        result = Py_BuildValue("nny#", (Py_ssize_t)(start - begin), (Py_ssize_t)(stop - begin),
-                               (const char *)ints.items, ints.n * (Py_ssize_t)sizeof(long long));
-    PyErr_Clear(); /* a failed allocation is "not sure" too: the caller parses as usual */
-    PyMem_Free(ints.items);
+    const char *begin = text.buf, *end = begin + text.len;
+    Wanted wanted[2] = {{"t_ns_delta", {NULL, 0, 0}, NULL, NULL, 0}, {"context", {NULL, 0, 0}, NULL, NULL, 0}};
+    find(begin, end, 0, wanted, 2);
+    PyObject *result = PyDict_New();
+    for (int w = 0; result != NULL && w < 2; w++) {
+        if (wanted[w].start == NULL)
+            continue;
+        PyObject *found = Py_BuildValue("nny#", (Py_ssize_t)(wanted[w].start - begin), (Py_ssize_t)(wanted[w].stop - begin),
+                                        (const char *)wanted[w].ints.items,
+                                        wanted[w].ints.n * (Py_ssize_t)sizeof(long long));
+        if (found == NULL || PyDict_SetItemString(result, wanted[w].name, found) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(found);
+    }
+    for (int w = 0; w < 2; w++)
+        PyMem_Free(wanted[w].ints.items);
     PyBuffer_Release(&text);
-    return result != NULL ? result : Py_NewRef(Py_None);
+    return result;
+}
+
+/* int_list(int64 bytes): the list of those ints (small ones are shared objects, so a list of indexes costs
+   little more than its pointers). */
+static PyObject *int_list(PyObject *self, PyObject *arg) {
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t n = data.len / (Py_ssize_t)sizeof(long long);
+    const long long *x = data.buf;
+    PyObject *result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(x[i]);
+        if (v == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, v);
+    }
+    PyBuffer_Release(&data);
+    return result;
 }
 
 /* ---------------------------------------------------------------- find_stages
@@ -523,7 +576,8 @@ static PyObject *find_stages(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"unpack", unpack, METH_VARARGS, "unpack(values, runs) -> list or None"},
-    {"find_times", find_times, METH_O, "find_times(text) -> (start, stop, int64 bytes) or None"},
+    {"find_ints", find_ints, METH_O, "find_ints(text) -> {column name: (start, stop, int64 bytes)}"},
+    {"int_list", int_list, METH_O, "int_list(int64 bytes) -> list of int"},
     {"find_stages", find_stages, METH_VARARGS, "find_stages(text, at, categories) -> (start, stop, samples) or None"},
     {"ints", ints, METH_VARARGS, "ints(column, low, high_inclusive, none_ok) -> bool"},
     {"index_counts", index_counts, METH_VARARGS, "index_counts(column, size) -> list of counts or None"},
