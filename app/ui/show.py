@@ -65,7 +65,24 @@ def _spec(render: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, d
         spec = chart.to_dict(validate=False)
     # Fit the width to the page; keep the renderer's height for the plot (a lane chart sizes it by its lanes).
     spec.setdefault("autosize", {"type": "fit-x", "contains": "padding"})
+    _no_mark_descriptions(spec)
     return chart, spec
+
+
+def _no_mark_descriptions(spec: dict[str, Any]) -> None:
+    """Vega-Lite gives every mark item an ARIA description, a text built from its fields (format calls and string
+    joins), which Streamlit's Vega evaluates item by item with its expression interpreter: on the Overview's memory
+    chart of a big trace, thousands of items. Only the SVG renderer ever shows them; these charts draw on a canvas
+    (Streamlit's default renderer, which a spec changes through usermeta.embedOptions.renderer), where they are
+    never read, so a canvas chart is built without them, as Streamlit itself does for charts of over 5,000 rows.
+    A chart given another renderer, or its own mark aria setting, is left as it is."""
+    usermeta = spec.get("usermeta")
+    options = usermeta.get("embedOptions") if isinstance(usermeta, dict) else None
+    renderer = options.get("renderer") if isinstance(options, dict) else None
+    if renderer not in (None, "canvas"):
+        return
+    config = spec.setdefault("config", {})
+    config.setdefault("mark", {}).setdefault("aria", False)
 
 
 def _spec_and_datasets(render: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[dict[str, Any],
