@@ -592,7 +592,7 @@ static PyObject *pack(PyObject *self, PyObject *args)
         if (k < 0)
             goto done;
         index[i] = k;
-        /* the context column's runs, by index (context_runs compares the same small ints by identity) */
+        /* the context column's runs: by index, handed over as an opaque token (k + 1) compared by identity */
         if (runs_see(&context_runs, i, (PyObject *)(intptr_t)(k + 1)) < 0
             || runs_see(&handle_runs, i, ITEM(&source, i, HANDLE_ID)) < 0
             || runs_see(&session_runs, i, ITEM(&source, i, SESSION_ID)) < 0
@@ -683,10 +683,12 @@ done:
 
 static PyMethodDef methods[] = {
     {"pack", pack, METH_VARARGS,
-     "pack(flat, size, max_contexts): a recording's columns for its trace file, or None (see the file's comment)"},
+     "pack(flat, size, max_contexts[, head]): a recording's columns for its trace file, or None (see the file's "
+     "comment)"},
     {"deltas", deltas, METH_O, "deltas(t_ns): document._deltas(t_ns) where every value is an exact int; else None"},
     {"number_tags", number_tags, METH_O,
-     "number_tags(tags): document._number(tags) where every tags dict has str keys and int, str, bool or None values; else None"},
+     "number_tags(tags): document._number(tags) where every tags dict has str keys and int, str, bool or None "
+     "values; else None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "packrec", NULL, -1, methods};
