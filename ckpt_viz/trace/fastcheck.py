@@ -33,6 +33,10 @@ NOTE [ Checks in C ]
      pass, in a form any JSON parser reads to the same objects. The trace keeps that text as a
      `ckpt_viz.trace.lazy.JSONColumn`, parsed when a sample is first read (or the trace saved);
      otherwise the parser reads it as usual, under the same placeholder rule as rule 4.
+  6. memory.bytes_by_category (seven lists of byte counts per sample, a sixth of what is left to parse)
+     is cut out and read in C as well, where it is an object of plain names to lists of 64-bit ints and
+     nulls: the same dict of lists, but an int equal to the one before it in its list is the same
+     object (a category that does not change costs one int, not one per sample). Then checked as usual.
 """
 from __future__ import annotations
 
@@ -90,8 +94,8 @@ def unpack(values: Any, runs: Any) -> list[Any] | None:
 
 
 def split_text(text: bytes, loads: Callable[[bytes], Any]) -> tuple[bytes, dict[tuple[str, ...], Any]] | None:
-    """(the text with events.columns.t_ns_delta and memory.columns.by_stage cut out, {path: (placeholder, the
-    column read in C)}), or None: no C module, or neither found as NOTE rules 4 and 5 need."""
+    """(the text with the columns of NOTE rules 4 to 6 cut out, {path: (placeholder, the column read in C)}),
+    or None: no C module, or none found in the form those rules need."""
     c = _c()
     if c is None:
         return None
@@ -109,6 +113,11 @@ def split_text(text: bytes, loads: Callable[[bytes], Any]) -> tuple[bytes, dict[
         start, stop, count = stages
         cuts.append((start, stop, ("memory", "columns", "by_stage"),
                      JSONColumn(text[start:stop], count, loads, checked=True)))
+    at = text.rfind(b'"bytes_by_category"')
+    by_category = c.find_categories(text, at) if at >= 0 else None
+    if by_category is not None:  # rule 6
+        start, stop, columns = by_category
+        cuts.append((start, stop, ("memory", "bytes_by_category"), columns))
     cuts.sort(key=lambda cut: cut[0])
     if not cuts or any(a[1] > b[0] for a, b in itertools.pairwise(cuts)):  # none, or overlapping: not sure
         return None

@@ -332,8 +332,8 @@ def _ends_early(text: str, err: json.JSONDecodeError) -> bool:
 
 def _fast_document(raw: bytes, max_events: int) -> dict[str, Any] | None:
     # orjson's parse if it parses and validates; otherwise None, and the stdlib
-    # path parses again and explains what is wrong. First with the t_ns differences and by_stage cut out in C
-    # (NOTE [ Checks in C ], rules 4 and 5, in ckpt_viz.trace.fastcheck), then, if that is not sure, as the file is.
+    # path parses again and explains what is wrong. First with long columns cut out and read in C
+    # (NOTE [ Checks in C ], rules 4 to 6, in ckpt_viz.trace.fastcheck), then, if that is not sure, as the file is.
     split = fastcheck.split_text(raw, _orjson.loads)
     if split is not None:
         rest, placed = split

@@ -147,7 +147,8 @@ def _doc_of(name: str) -> dict[str, Any]:
     return copy.deepcopy(_DOCS[name])
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=500, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_any_edits_give_the_same_outcome_with_c(data: st.DataObject) -> None:
     doc = _doc_of(data.draw(st.sampled_from(["varied", "runs"])))
@@ -257,8 +258,12 @@ def _parsed_with_split(text: bytes) -> Any:
         return None
     if not all(_put(doc, path, placeholder, column) for path, (placeholder, column) in placed.items()):
         return None
-    for (part, _, name), (_, column) in placed.items():  # compare as the lists they stand for
-        doc[part]["columns"][name] = column.tolist() if name == "t_ns_delta" else list(column)
+    for path, (_, column) in placed.items():  # compare as the lists they stand for
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = column.tolist() if path[-1] == "t_ns_delta" else column if path[-1] == "bytes_by_category" \
+            else list(column)
     return doc
 
 
@@ -389,7 +394,8 @@ def _memory_doc(stages: Any) -> dict[str, Any]:
         "seq": [0, 1, 2], "by_stage": stages}, "bytes_by_category": {}}, "graphs": []}
 
 
-STAGES = st.lists(st.dictionaries(st.sampled_from(["0", "1", "st\u00e9ge", "a b", "\u00e9", '"', "\\", "\x7f"]),
+STAGES = st.lists(st.dictionaries(st.sampled_from(["0", "1", "st\u00e9ge", "a b", "\u00e9", '"', "\\", "\x7f",
+                                                  "a\\u0062"]),
                                   st.dictionaries(st.sampled_from([*MEMORY_CATEGORIES, "weights", "activations "]),
                                                   st.sampled_from([0, 1, 2**63 - 1, 2**63, -1, 1.0, True, None, "1"]),
                                                   max_size=3) | st.sampled_from([5, [], None]), max_size=3), max_size=5)
@@ -403,7 +409,7 @@ def test_by_stage_cut_out_in_c_reads_as_the_parser_reads_it(stages: list[Any], i
     assert found == json.loads(text)
     split = fastcheck.split_text(text, json.loads)
     cut = ("memory", "columns", "by_stage") in split[1]
-    plain = all(key.isascii() and key.isprintable() and key not in ('"', "\\")
+    plain = all(key.isascii() and key.isprintable() and '"' not in key and "\\" not in key
                 for s in stages if type(s) is dict for key in s)
     assert cut == (plain and _stages_fine(json.loads(text)["memory"]["columns"]["by_stage"]))
 
@@ -438,3 +444,35 @@ def test_a_loaded_traces_by_stage_is_read_when_a_sample_is(tmp_path: Path) -> No
     again = Trace.load(tmp_path / "t.json.gz")
     again.save(tmp_path / "again.json.gz")  # unread: written from its text's objects
     assert Trace.load(tmp_path / "again.json.gz").memory == trace.memory
+
+
+CATEGORY_COLUMNS = st.dictionaries(st.sampled_from(["activations", "other", "w\u00e9", "a\\u0062", '"', "x y"]),
+                                   st.lists(st.sampled_from([0, 0, 7, 7, 2**63 - 1, -3, None, 1.5, True, "1", 2**63]),
+                                            max_size=6) | st.sampled_from([None, {}, 5]), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(columns=CATEGORY_COLUMNS, indent=st.sampled_from([None, 0, 1]), ascii=st.booleans())
+def test_bytes_by_category_read_in_c_reads_as_the_parser_reads_it(columns: Any, indent: Any, ascii: bool) -> None:
+    doc = {"memory": {"count": 6, "bytes_by_category": columns}}
+    text = json.dumps(doc, indent=indent, ensure_ascii=ascii).encode()
+    found = _parsed_with_split(text)
+    assert found is None or found == json.loads(text)
+    plain = all(type(v) is list and all(x is None or (type(x) is int and -2**63 < x < 2**63) for x in v)
+                and k.isascii() and k.isprintable() and '"' not in k and "\\" not in k for k, v in columns.items())
+    split = fastcheck.split_text(text, json.loads)
+    assert (split is not None and ("memory", "bytes_by_category") in split[1]) == plain
+    if plain:
+        read = split[1][("memory", "bytes_by_category")][1]
+        assert read == columns and all(type(x) is type(y) for k in columns for x, y in zip(read[k], columns[k]))
+
+
+def test_a_loaded_traces_byte_counts_read_in_c_read_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = make_trace(300)
+    trace.save(tmp_path / "t.json.gz")
+    fast = Trace.load(tmp_path / "t.json.gz")
+    by_category = fast.memory.columns["bytes_by_category"]
+    assert len({id(v) for v in by_category["parameters"]}) == 1  # a constant category: one object
+    monkeypatch.setattr(fastcheck, "_C", None)
+    plain = Trace.load(tmp_path / "t.json.gz")
+    assert by_category == plain.memory.columns["bytes_by_category"] and list(fast.memory) == list(trace.memory)

@@ -574,10 +574,127 @@ static PyObject *find_stages(PyObject *self, PyObject *args) {
     return Py_BuildValue("nnn", (Py_ssize_t)(start - begin), (Py_ssize_t)(p - begin), samples);
 }
 
+/* ---------------------------------------------------------------- find_categories
+   memory.bytes_by_category read here (NOTE [ Checks in C ], rule 6): an object of plain printable ASCII names
+   (no escapes) to arrays of ints (64 bits) and nulls, read to the same dict of lists a JSON parser makes,
+   except that an int equal to the one before it in its list is the same object (most categories repeat). */
+
+/* p at '[': a list of ints and None, or NULL (not that form; no error set). */
+static PyObject *int_or_null_list(const char **at, const char *end) {
+    const char *p = skip_ws(*at + 1, end);
+    PyObject *list = PyList_New(0), *last = NULL;
+    long long last_value = 0;
+    if (list == NULL)
+        return NULL;
+    if (p < end && *p == ']') {
+        *at = p + 1;
+        return list;
+    }
+    for (;;) {
+        PyObject *item;
+        if (end - p >= 4 && memcmp(p, "null", 4) == 0) {
+            item = Py_NewRef(Py_None), p += 4;
+        } else {
+            int negative = p < end && *p == '-';
+            p += negative;
+            if (p >= end || *p < '0' || *p > '9' || (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9'))
+                goto not_this_form;
+            unsigned long long x = 0;
+            for (; p < end && *p >= '0' && *p <= '9'; p++) {
+                if (x > (ULLONG_MAX - 9) / 10)
+                    goto not_this_form;
+                x = x * 10 + (unsigned)(*p - '0');
+            }
+            if (x > (unsigned long long)LLONG_MAX || (p < end && (*p == '.' || *p == 'e' || *p == 'E')))
+                goto not_this_form;
+            long long value = negative ? -(long long)x : (long long)x;
+            item = last != NULL && value == last_value ? Py_NewRef(last) : PyLong_FromLongLong(value);
+            if (item == NULL)
+                goto not_this_form;
+            last = item, last_value = value; /* borrowed: the list holds it */
+        }
+        if (PyList_Append(list, item) < 0) {
+            Py_DECREF(item);
+            goto not_this_form;
+        }
+        Py_DECREF(item);
+        p = skip_ws(p, end);
+        if (p < end && *p == ']') {
+            *at = p + 1;
+            return list;
+        }
+        if (p >= end || *p != ',')
+            goto not_this_form;
+        p = skip_ws(p + 1, end);
+    }
+not_this_form:
+    Py_DECREF(list);
+    PyErr_Clear();
+    return NULL;
+}
+
+/* find_categories(text, at): at is where the key "bytes_by_category" starts; (start, stop, {name: list}) of its
+   object value when it has the form above, else None. */
+static PyObject *find_categories(PyObject *self, PyObject *args) {
+    Py_buffer text;
+    Py_ssize_t at;
+    if (!PyArg_ParseTuple(args, "y*n", &text, &at))
+        return NULL;
+    const char *begin = text.buf, *end = begin + text.len, *p = begin + at, *start = NULL;
+    static const char KEY[] = "\"bytes_by_category\"";
+    PyObject *found = NULL, *result = NULL;
+    if (at < 0 || at > text.len - (Py_ssize_t)(sizeof KEY - 1) || memcmp(p, KEY, sizeof KEY - 1) != 0)
+        goto done;
+    p = skip_ws(p + sizeof KEY - 1, end);
+    if (p >= end || *p != ':')
+        goto done;
+    start = p = skip_ws(p + 1, end);
+    if (p >= end || *p != '{' || (found = PyDict_New()) == NULL)
+        goto done;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}') {
+        p++;
+    } else {
+        for (;;) {
+            const char *name = p + 1, *after = p < end && *p == '"' ? plain_string(p, end) : NULL;
+            if (after == NULL)
+                goto done;
+            p = skip_ws(after, end);
+            if (p >= end || *p != ':')
+                goto done;
+            p = skip_ws(p + 1, end);
+            if (p >= end || *p != '[')
+                goto done;
+            PyObject *values = int_or_null_list(&p, end);
+            PyObject *key = values != NULL ? PyUnicode_FromStringAndSize(name, after - 1 - name) : NULL;
+            int stored = key != NULL && PyDict_SetItem(found, key, values) == 0;
+            Py_XDECREF(key);
+            Py_XDECREF(values);
+            if (!stored)
+                goto done;
+            p = skip_ws(p, end);
+            if (p < end && *p == '}') {
+                p++;
+                break;
+            }
+            if (p >= end || *p != ',')
+                goto done;
+            p = skip_ws(p + 1, end);
+        }
+    }
+    result = Py_BuildValue("nnO", (Py_ssize_t)(start - begin), (Py_ssize_t)(p - begin), found);
+done:
+    Py_XDECREF(found);
+    PyBuffer_Release(&text);
+    PyErr_Clear(); /* anything unusual is "not sure": the parser reads it */
+    return result != NULL ? result : Py_NewRef(Py_None);
+}
+
 static PyMethodDef methods[] = {
     {"unpack", unpack, METH_VARARGS, "unpack(values, runs) -> list or None"},
     {"find_ints", find_ints, METH_O, "find_ints(text) -> {column name: (start, stop, int64 bytes)}"},
     {"int_list", int_list, METH_O, "int_list(int64 bytes) -> list of int"},
+    {"find_categories", find_categories, METH_VARARGS, "find_categories(text, at) -> (start, stop, dict) or None"},
     {"find_stages", find_stages, METH_VARARGS, "find_stages(text, at, categories) -> (start, stop, samples) or None"},
     {"ints", ints, METH_VARARGS, "ints(column, low, high_inclusive, none_ok) -> bool"},
     {"index_counts", index_counts, METH_VARARGS, "index_counts(column, size) -> list of counts or None"},
