@@ -134,7 +134,8 @@ def test_the_usual_recording_is_packed_in_c(monkeypatch):
 @pytest.mark.parametrize("case", ["changes_in_head", "runs_over_half", "bool_and_int", "odd_in_head",
                                   "odd_after_runs_over_half", "raising_eq", "fresh_tags", "many_contexts",
                                   "keys_differ", "deleted_built", "huge_t_ns", "short", "context_runs",
-                                  "context_changes_in_head"])
+                                  "context_changes_in_head", "head_512", "head_513", "runs_half", "runs_half_1",
+                                  "contexts_375", "contexts_376"])
 def test_edges_save_as_in_python(case, monkeypatch):
     n = 3000
     rows = [_row(1000 + i, KINDS[i % 2], handle_id=i // 10, data={"k": i}) for i in range(n)]
@@ -168,6 +169,14 @@ def test_edges_save_as_in_python(case, monkeypatch):
         rows = [_put(r, T_NS, r[0] + (2**63 if i > 1500 else 0)) for i, r in enumerate(rows)]
     elif case == "short":
         rows = rows[:63]
+    elif case in ("head_512", "head_513"):  # pack_runs's quick look gives up above 512 changes in 1,024 values
+        changes = int(case[-3:])
+        rows = [_put(r, HANDLE, min(i, changes) if i < 1024 else changes) for i, r in enumerate(rows)]
+    elif case in ("runs_half", "runs_half_1"):  # at most n // 2 runs pack: 1,500 runs of 3,000 events, or 1,501
+        rows = [_put(r, HANDLE, i // 2) for i, r in enumerate(rows)]
+        rows = [_put(r, HANDLE, 10**6) if case == "runs_half_1" and i == 2999 else r for i, r in enumerate(rows)]
+    elif case in ("contexts_375", "contexts_376"):  # by_context_limit(3000) is 375: data by context up to it
+        rows = [_put(_put(r, KIND, KINDS[0]), SITE, f"s.py:{i % int(case[-3:])}") for i, r in enumerate(rows)]
     elif case == "context_runs":
         rows = [_put(r, KIND, KINDS[i // 10 % 3]) for i, r in enumerate(rows)]
     elif case == "context_changes_in_head":
@@ -176,6 +185,12 @@ def test_edges_save_as_in_python(case, monkeypatch):
     assert c == python
     if case == "context_runs":
         assert b'"context":{"values":[0,1,2,0,' in c
+    if case in ("head_512", "runs_half"):
+        assert b'"handle_id":{"values":' in c
+    if case.startswith("contexts_"):
+        assert (b'"shape":"context"' in c) == (case == "contexts_375")
+    if case in ("head_513", "runs_half_1"):
+        assert b'"handle_id":[' in c
     if case == "deleted_built":  # Events built, then deleted: the seqs start after them
         def recording(c):
             recorded = RecordedEvents()
