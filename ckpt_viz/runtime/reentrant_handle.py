@@ -190,13 +190,23 @@ class ReentrantCheckpointHandle:
         for item in self.replay_inputs:
             if item.requires_grad:
                 item.grad = None
-        before = None
-        if bus.enabled:  # a module's cached parameters in one C call where it can (owners.captured_states)
-            before = owners.captured_states(self.function) or owners.grad_states(self._captured(values))
+        if bus.enabled:
+            return self._recorded_gradients(values, grads)
         watch, self.divergence = self.divergence, None
         with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
-        if before is not None and before[0]:
+        return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
+
+    def _recorded_gradients(self, values: tuple, grads: tuple) -> tuple:
+        """`_gradients`' ordinary or DW pass while somebody listens: the same backward, and the captured-parameter
+        report around it (a module's cached parameters in one C call where it can: owners.captured_states)."""
+        before = owners.captured_states(self.function) or owners.grad_states(self._captured(values))
+        watch, self.divergence = self.divergence, None
+        backward = torch.autograd.backward  # a recording's wrapper passes an inner pass through: call what it wraps
+        backward = getattr(backward, "_ckpt_viz_original", backward)  # (ckpt_viz/recording.py, `_watched`)
+        with watch.gradients(self._emit) if watch is not None else memtags.NULL:
+            backward(values, grads, retain_graph=self.retain_graph)
+        if before[0]:
             self._captured_report = owners.captured_report(before)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 

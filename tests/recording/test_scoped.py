@@ -106,8 +106,19 @@ def assert_clean() -> None:
 
 # ------------------------------------------------------------------ threads
 
+def _on_a_thread_of_its_own(width: int, seed: int) -> tuple[Any, list[str]]:
+    """`recorded` run alone on a fresh thread: like the threads below, it numbers handles from h0 whatever this
+    thread's earlier tests left alive (handle_ids NOTE [ Handle numbering ], rule 2)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(recorded(width, seed)))
+    thread.start()
+    thread.join(60)
+    assert out, "the solo run failed"
+    return out[0]
+
+
 def test_two_threads_recording_different_models_each_get_their_solo_trace(no_gc) -> None:
-    solo = {width: recorded(width, seed) for width, seed in ((6, 1), (10, 2))}
+    solo = {width: _on_a_thread_of_its_own(width, seed) for width, seed in ((6, 1), (10, 2))}
     barrier = threading.Barrier(2, timeout=30)
     results: dict[int, Any] = {}
     failures: list[BaseException] = []
