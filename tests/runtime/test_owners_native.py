@@ -217,3 +217,25 @@ def test_a_debug_story_is_the_same_with_and_without_c(monkeypatch: pytest.Monkey
     bus.use_native(True)
     assert with_c == python
     assert "forward_started" in with_c and "replay_finished" in with_c and "released" in with_c
+
+
+@pytest.mark.parametrize("use_c", [True, False], ids=["c", "python"])
+def test_a_recorded_backward_accumulates_grads_in_place_as_unrecorded(monkeypatch: pytest.MonkeyPatch,
+                                                                       use_c: bool) -> None:
+    """The captured check reads each .grad before and after the backward: the grads stay the same tensors, summed in
+    place, and the report says both parameters accumulated."""
+    if not use_c:
+        _python_only(monkeypatch)
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+    x = torch.randn(4, 8, requires_grad=True)
+    checkpoint(block, x, use_reentrant=True).sum().backward()
+    grads = [p.grad for p in block.parameters()]
+    expected = [g.clone() * 2 for g in grads]
+    with ckpt_viz.record() as rec:
+        checkpoint(block, x, use_reentrant=True).sum().backward()
+    bus.use_native(True)
+    assert all(p.grad is g for p, g in zip(block.parameters(), grads))  # written in place, as unrecorded
+    assert all(torch.equal(p.grad, e) for p, e in zip(block.parameters(), expected))
+    (routed,) = rec.trace.of_kind("grads_routed")
+    assert [c["accumulated"] for c in routed.data["captured"]] == [True, True]
