@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["gather", "identity_counts", "native", "rows", "run_starts", "take"]
+__all__ = ["gather", "identity_counts", "native", "rows", "run_signatures", "run_starts", "take"]
 
 _SOURCE = Path(__file__).parent / "csrc" / "columnpass.c"
 _NATIVE: list[ModuleType | None] = []
@@ -89,3 +89,16 @@ def identity_counts(column: Any) -> Counter[Any]:
     for value, n in pairs:
         counts[value] += n
     return counts
+
+
+def run_signatures(starts: list[int], n: int, a: Any, b: Any) -> list[int]:
+    """Per run (from `starts[k]` to the next start, or `n`): the number of the first run whose pair
+    (tuple(a[run]), tuple(b[run])) equals its own."""
+    fast = _c("run_signatures")
+    result = fast(starts, n, a, b) if fast is not None else None
+    if result is not None:
+        return result
+    slices = list(map(slice, starts, [*starts[1:], n]))
+    numbers: dict[tuple[Any, Any], int] = {}
+    return list(map(numbers.setdefault, zip(map(tuple, map(a.__getitem__, slices)),
+                                            map(tuple, map(b.__getitem__, slices))), itertools.count()))

@@ -134,10 +134,7 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
         into["recorded"] = [first_seq] * len(seeded)
         out["not_created"] = [first_seq] * len(seeded)
     # each run's kinds, phases and data values as one number, found in C
-    slices = list(map(slice, starts, ends))
-    signatures: dict[tuple[Any, Any], int] = {}
-    signature = map(signatures.setdefault, zip(map(tuple, map(contexts.__getitem__, slices)),
-                                               map(tuple, map(values.__getitem__, slices))), itertools.count())
+    signature = columnpass.run_signatures(starts, n, contexts, values)
     memo: dict[Any, _Run] = {}
     used: list[Any] = []  # per run: its _Run, or for a run of no handle the moves its session_cleared made
     for h, a, b, sig in zip(run_handles, starts, ends, signature):

@@ -103,3 +103,36 @@ def test_c_hands_unusual_inputs_back_and_keeps_counts_of_references():
     assert starts == [0, 2] and sys.getrefcount(big) == before
     rows = C.rows([0] * 1000 + [1] * 1000, 2)
     assert rows == list(range(1000)) * 2 and rows[500] is rows[1500]  # one int object per row number
+
+
+def _plain_signatures(starts, n, a, b):
+    numbers: dict = {}
+    ends = [*starts[1:], n]
+    return [numbers.setdefault((tuple(a[s:e]), tuple(b[s:e])), k) for k, (s, e) in enumerate(zip(starts, ends))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_run_signatures_number_the_runs_like_tuples_do(impl, seed):
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 2, 40, 3_000])
+    starts = sorted(rng.sample(range(n), rng.randint(1, n))) if n else []
+    if starts and rng.random() < 0.7:
+        starts[0] = 0
+    small = rng.choice([[0, 1], [-1, 5, 2**62, -(2**63)], list(range(30))])
+    a = [rng.choice(small) for _ in range(n + rng.randint(0, 2))]
+    b = [rng.choice([1, 2]) for _ in range(n)]
+    assert impl.run_signatures(starts, n, a, b) == _plain_signatures(starts, n, a, b)
+
+
+def test_run_signatures_hand_unusual_inputs_to_python(impl):
+    assert impl.run_signatures([], 0, [], []) == []
+    assert impl.run_signatures([0, 2, 4], 6, [1, 2, 1, 2, 1, 3], [0] * 6) == [0, 0, 2]
+    for starts, n, a, b in [([0], 3, [1, "a", 2], [0, 0, 0]), ([0, 0], 2, [1, 2], [1, 2]),
+                            ([0, 1], 2, [10**20, 10**20], [0, 0]), ([0, 1], 2, [(1, "dx"), (1, "dx")], [0, 0]),
+                            ([0, 1], 2, [True, 1], [0, 0]), ([0, 5], 2, [1, 1], [0, 0]), ([0, 1], 2, [1, 1], range(2))]:
+        assert impl.run_signatures(starts, n, a, b) == _plain_signatures(starts, n, list(a), list(b))
+    if C is not None:
+        assert C.run_signatures([0], 3, [1, "a", 2], [0, 0, 0]) is None
+        assert C.run_signatures([0, 1], 2, [10**20, 10**20], [0, 0]) is None
+    with pytest.raises(TypeError):
+        impl.run_signatures([0, 1], 2, [1, {}], [0, [1]])

@@ -10,6 +10,8 @@
  *   take(table, where)           i -> table[where[i]]
  *   run_starts(column)           the index of every run's first event (a run: equal consecutive values)
  *   identity_counts(column)      [(value, count), ...] for each distinct object, in order of first sight
+ *   run_signatures(starts, n, a, b)  per run (starts[k] up to the next start, or n): the number of the
+ *                                first run whose (a[run], b[run]) pair equals its own
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -192,12 +194,101 @@ static PyObject *identity_counts(PyObject *self, PyObject *column) {
     return out;
 }
 
+/* Every item of `list` below `n` as a 64-bit int, into `out`; 0: an item that is not an exact int that fits. */
+static int read_ints(PyObject *list, Py_ssize_t n, long long *out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(list, i);
+        if (!PyLong_CheckExact(v)) return 0;
+        int overflow = 0;
+        out[i] = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (out[i] == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* run_signatures: exact ints compare equal exactly when their values do, so two runs' (a, b) tuples are equal
+ * exactly when their lengths and their 64-bit values are. Runs are found again through an open-addressing
+ * table of each distinct pair's first run. */
+static PyObject *run_signatures(PyObject *self, PyObject *args) {
+    PyObject *starts, *a, *b;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OnOO", &starts, &n, &a, &b)) return NULL;
+    if (!PyList_CheckExact(starts) || !PyList_CheckExact(a) || !PyList_CheckExact(b) || n < 0 ||
+        PyList_GET_SIZE(a) < n || PyList_GET_SIZE(b) < n) Py_RETURN_NONE;
+    Py_ssize_t runs = PyList_GET_SIZE(starts), size = 2;
+    while (size < 2 * runs) size *= 2;
+    Py_ssize_t *at = PyMem_Calloc(runs + 1, sizeof(Py_ssize_t));   /* run k: [at[k], at[k + 1]) */
+    long long *x = PyMem_Calloc(n + 1, sizeof(long long)), *y = PyMem_Calloc(n + 1, sizeof(long long));
+    Py_ssize_t *table = PyMem_Malloc(size * sizeof(Py_ssize_t));   /* a run, or -1 */
+    Py_ssize_t *id = PyMem_Calloc(runs + 1, sizeof(Py_ssize_t));   /* run k -> its pair's first run */
+    PyObject **ints = PyMem_Calloc(runs + 1, sizeof(PyObject *));  /* one int object per first run */
+    PyObject *out = NULL;
+    int usual = at != NULL && x != NULL && y != NULL && table != NULL && id != NULL && ints != NULL;
+    for (Py_ssize_t k = 0; usual && k < runs; k++) {  /* starts: exact ints, increasing, below n */
+        Py_ssize_t s = small_index(PyList_GET_ITEM(starts, k), n);
+        usual = s >= 0 && (k == 0 || s > at[k - 1]);
+        at[k] = s;
+    }
+    if (usual) {
+        at[runs] = n;
+        usual = read_ints(a, n, x) && read_ints(b, n, y);
+    }
+    if (usual) {
+        for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
+        for (Py_ssize_t k = 0; k < runs; k++) {
+            Py_ssize_t s = at[k], len = at[k + 1] - s;
+            unsigned long long h = 1469598103934665603ULL ^ (unsigned long long)len;
+            for (Py_ssize_t i = s; i < s + len; i++) {
+                h = (h ^ (unsigned long long)x[i]) * 1099511628211ULL;
+                h = (h ^ (unsigned long long)y[i]) * 1099511628211ULL;
+            }
+            Py_ssize_t j = (Py_ssize_t)(h & (unsigned long long)(size - 1));
+            for (;; j = (j + 1) & (size - 1)) {
+                Py_ssize_t m = table[j];
+                if (m < 0) {  /* a pair not seen before: its own number */
+                    table[j] = k;
+                    id[k] = k;
+                    break;
+                }
+                Py_ssize_t t = at[m];
+                if (at[m + 1] - t == len && memcmp(x + t, x + s, len * sizeof(long long)) == 0 &&
+                    memcmp(y + t, y + s, len * sizeof(long long)) == 0) {
+                    id[k] = id[m];
+                    break;
+                }
+            }
+        }
+        out = PyList_New(runs);
+    }
+    for (Py_ssize_t k = 0; out != NULL && k < runs; k++) {
+        PyObject **v = &ints[id[k]];
+        if (*v == NULL && (*v = PyLong_FromSsize_t(id[k])) == NULL) {
+            Py_CLEAR(out);  /* the items not yet set are NULL: the list frees only those it holds */
+            break;
+        }
+        Py_INCREF(*v);
+        PyList_SET_ITEM(out, k, *v);
+    }
+    for (Py_ssize_t j = 0; ints != NULL && j < runs; j++) Py_XDECREF(ints[j]);  /* the cache's references */
+    int failed = usual && out == NULL;  /* out of memory, with an error set */
+    int no_memory = !(at != NULL && x != NULL && y != NULL && table != NULL && id != NULL && ints != NULL);
+    PyMem_Free(at); PyMem_Free(x); PyMem_Free(y); PyMem_Free(table); PyMem_Free(id); PyMem_Free(ints);
+    if (no_memory) return PyErr_NoMemory();
+    if (failed) return NULL;
+    if (out == NULL) Py_RETURN_NONE;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS, "i -> how many events before i have shape[i]; None: let Python do it"},
     {"gather", gather, METH_VARARGS, "i -> tables[keys[i]][rows[i]]; None: let Python do it"},
     {"take", take, METH_VARARGS, "i -> table[where[i]]; None: let Python do it"},
     {"run_starts", run_starts, METH_O, "the first index of each run of equal values; None: let Python do it"},
     {"identity_counts", identity_counts, METH_O, "[(object, count)] in order of first sight; None: Python"},
+    {"run_signatures", run_signatures, METH_VARARGS, "per run, its (a, b) slices' number; None: Python"},
     {NULL, NULL, 0, NULL},
 };
 
