@@ -137,6 +137,7 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
     signature = columnpass.run_signatures(starts, n, contexts, values)
     memo: dict[Any, _Run] = {}
     used: list[Any] = []  # per run: its _Run, or for a run of no handle the moves its session_cleared made
+    cleared: list[list[tuple[Any, ...]]] = []  # those moves, where there are some
     for h, a, b, sig in zip(run_handles, starts, ends, signature):
         if h is None:
             moves: list[tuple[Any, ...]] = []
@@ -146,6 +147,7 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
                         _session_cleared(i, seqs[i], frames_by, shape, rows, entry, routed_seq, moves)
                 for _, seq, new, _, _, old in moves:
                     _count_move(into, out, old, new, seq)
+                cleared.append(moves)
             used.append(moves)
             continue
         e = entry[h]
@@ -172,7 +174,7 @@ def build_runs(trace: Trace, seqs: list[int], handle_order: list[int]) -> dict[s
     lists, replays, refusals = _assemble(memo, _positions_to_seqs(trace, seqs), into, out)
     multi = set(seeded)
     multi.update(h for h, *_ in last)
-    multi.update(h for moves in used if type(moves) is list for h, *_ in moves)
+    multi.update(h for moves in cleared for h, *_ in moves)
     counts = Counter(run_handles)
     if len(counts) < len(run_handles):
         multi.update(h for h, c in counts.items() if c > 1 and h is not None)
