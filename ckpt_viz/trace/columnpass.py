@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from operator import getitem, itemgetter
+from operator import add, getitem, itemgetter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["gather", "identity_counts", "native", "rows", "run_signatures", "run_starts", "take"]
+__all__ = ["gather", "identity_counts", "native", "rows", "run_signatures", "run_starts", "shifted", "take"]
 
 _SOURCE = Path(__file__).parent / "csrc" / "columnpass.c"
 _NATIVE: list[ModuleType | None] = []
@@ -102,3 +102,12 @@ def run_signatures(starts: list[int], n: int, a: Any, b: Any) -> list[int]:
     numbers: dict[tuple[Any, Any], int] = {}
     return list(map(numbers.setdefault, zip(map(tuple, map(a.__getitem__, slices)),
                                             map(tuple, map(b.__getitem__, slices))), itertools.count()))
+
+
+def shifted(column: list[int], k: int) -> list[int]:
+    """i -> column[i] + k."""
+    fast = _c("shifted")
+    result = fast(column, k) if fast is not None and type(k) is int and -(2**62) < k < 2**62 else None
+    if result is not None:
+        return result
+    return list(map(add, column, itertools.repeat(k)))

@@ -313,7 +313,7 @@ def _assemble(memo: dict[Any, _Run], seqs: Any, into: dict, out: dict) -> tuple[
         if not r.starts:
             continue
         if isinstance(seqs, int):
-            picked = [list(map(add, r.starts, itertools.repeat(o + seqs))) for o in r.offsets]
+            picked = [columnpass.shifted(r.starts, o + seqs) for o in r.offsets]
         else:
             picked = [list(map(seqs.__getitem__, map(add, r.starts, itertools.repeat(o)))) for o in r.offsets]
         for state, column in zip(r.states, picked):

@@ -136,3 +136,20 @@ def test_run_signatures_hand_unusual_inputs_to_python(impl):
         assert C.run_signatures([0, 1], 2, [10**20, 10**20], [0, 0]) is None
     with pytest.raises(TypeError):
         impl.run_signatures([0, 1], 2, [1, {}], [0, [1]])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shifted_adds_like_python(impl, seed):
+    rng = random.Random(seed)
+    column = [rng.choice([0, 7, -5, 2**61, -(2**61), 10**6]) for _ in range(rng.choice([0, 1, 500]))]
+    k = rng.choice([0, 3, -(2**61), 10**9])
+    assert impl.shifted(column, k) == [v + k for v in column]
+
+
+def test_shifted_hands_unusual_values_to_python(impl):
+    for column, k in [([1, 2**62], 1), ([1], 2**62), ([1], 2**70), ([True, 1], 1), ([1.5], 1), ([1], -(2**63))]:
+        assert impl.shifted(column, k) == [v + k for v in column]
+    if C is not None:
+        assert C.shifted([1, True], 1) is None and C.shifted([2**62], 0) is None
+    with pytest.raises(TypeError):
+        impl.shifted([1, "a"], 1)

@@ -12,6 +12,7 @@
  *   identity_counts(column)      [(value, count), ...] for each distinct object, in order of first sight
  *   run_signatures(starts, n, a, b)  per run (starts[k] up to the next start, or n): the number of the
  *                                first run whose (a[run], b[run]) pair equals its own
+ *   shifted(column, k)           i -> column[i] + k (ints that fit in 63 bits)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -282,6 +283,34 @@ static PyObject *run_signatures(PyObject *self, PyObject *args) {
     return out;
 }
 
+static PyObject *shifted(PyObject *self, PyObject *args) {
+    PyObject *column;
+    long long k;
+    if (!PyArg_ParseTuple(args, "OL", &column, &k)) return NULL;
+    const long long limit = 1LL << 62;  /* the values and k below it in size: a sum cannot overflow */
+    if (!PyList_CheckExact(column) || k >= limit || k <= -limit) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(column, i);
+        int overflow = 0;
+        long long x = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : limit;
+        if (overflow || x >= limit || x <= -limit) {  /* not a plain int: Python does it */
+            PyErr_Clear();
+            Py_DECREF(out);  /* the items not yet set are NULL: the list frees only those it holds */
+            Py_RETURN_NONE;
+        }
+        PyObject *sum = PyLong_FromLongLong(x + k);
+        if (sum == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, sum);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS, "i -> how many events before i have shape[i]; None: let Python do it"},
     {"gather", gather, METH_VARARGS, "i -> tables[keys[i]][rows[i]]; None: let Python do it"},
@@ -289,6 +318,7 @@ static PyMethodDef methods[] = {
     {"run_starts", run_starts, METH_O, "the first index of each run of equal values; None: let Python do it"},
     {"identity_counts", identity_counts, METH_O, "[(object, count)] in order of first sight; None: Python"},
     {"run_signatures", run_signatures, METH_VARARGS, "per run, its (a, b) slices' number; None: Python"},
+    {"shifted", shifted, METH_VARARGS, "i -> column[i] + k; None: let Python do it"},
     {NULL, NULL, 0, NULL},
 };
 
