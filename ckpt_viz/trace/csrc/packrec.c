@@ -269,6 +269,8 @@ static int32_t context_index(Contexts *c, PyObject **f)
     if (found != NULL) {
         k = (int32_t)PyLong_AsLong(found);
     } else if (PyErr_Occurred() || PyList_GET_SIZE(c->table) >= INT32_MAX) {
+        if (!PyErr_Occurred()) /* never NULL without an exception (pack's n is at most INT32_MAX anyway) */
+            PyErr_SetString(PyExc_OverflowError, "pack: more than 2**31 - 1 contexts");
         Py_DECREF(key);
         return -1;
     } else {
@@ -552,6 +554,8 @@ static PyObject *pack(PyObject *self, PyObject *args)
     n = source.nhead + size / WIDTH;
     if (n < SHORT || n > INT32_MAX)
         Py_RETURN_NONE;
+    if (max_contexts > n) /* n events have at most n contexts: the same result, and max_contexts + 1 cannot overflow */
+        max_contexts = n;
     gc_was_on = PyGC_Disable(); /* no collection, so no finalizer (Python code) runs while items are borrowed */
     memset(&handle_runs, 0, sizeof handle_runs);
     memset(&session_runs, 0, sizeof session_runs);
