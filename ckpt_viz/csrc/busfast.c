@@ -29,7 +29,7 @@ static PyObject *py_current_scope; /* bus._current_scope_py */
 static PyObject *skip_cache;    /* sites._skip_cache: filename -> bool (skipped) */
 static PyObject *site_cache;    /* sites._site_cache: (filename, line) -> "short/path.py:line" */
 static PyObject *s_subscribers, *s_tagged, *s_sole, *s_only_rows, *s_handle_id, *s_mode, *s_phase,
-    *s_session_id, *s_story, *s_add, *s_channels, *s_is_open;
+    *s_session_id, *s_story, *s_add, *s_channels, *s_is_open, *s_emit_for_py;
 
 #define MISS Py_NotImplemented /* "the Python path decides": never a real result here (not a new reference) */
 
@@ -228,8 +228,21 @@ static PyObject *emit_row(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 /* emit_for(handle, kind, site, capture_site, data, scope=None): emit_row with the handle's id, mode, phase and
  * session id, then the event into the handle's debug story (`handle._story.add(event)`) when it has one. */
-static PyObject *emit_for(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *emit_for(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    if (kwnames != NULL) { /* fields by keyword (scope=...): the Python twin, which takes them as Python does */
+        PyObject *twin = PyDict_GetItemWithError(bus_dict, s_emit_for_py); /* borrowed */
+        if (twin == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "ckpt_viz.bus.emit_for: bus._emit_for_py is missing.\n"
+                                                    "Tip: set CKPT_VIZ_CEXT=0 and report this.");
+            return NULL;
+        }
+        Py_INCREF(twin);
+        PyObject *row = PyObject_Vectorcall(twin, args, nargs, kwnames);
+        Py_DECREF(twin);
+        return row;
+    }
     if (nargs != 5 && nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "ckpt_viz.bus.emit_for: takes (handle, kind, site, capture_site, data, "
                                          "scope=None).\nTip: pass the fields positionally.");
@@ -318,7 +331,7 @@ static PyObject *configure(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "Give the module the bus's objects (once, from ckpt_viz.bus)."},
     {"emit_row", (PyCFunction)(void (*)(void))emit_row, METH_FASTCALL | METH_KEYWORDS, "bus.emit_row, in C."},
-    {"emit_for", (PyCFunction)(void (*)(void))emit_for, METH_FASTCALL, "bus.emit_for, in C."},
+    {"emit_for", (PyCFunction)(void (*)(void))emit_for, METH_FASTCALL | METH_KEYWORDS, "bus.emit_for, in C."},
     {"call_site", (PyCFunction)(void (*)(void))call_site, METH_FASTCALL, "sites.call_site, in C."},
     {"current_scope", current_scope, METH_NOARGS, "bus.current_scope, in C."},
     {NULL, NULL, 0, NULL}};
@@ -328,10 +341,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "busfast", NULL, -1, 
 PyMODINIT_FUNC PyInit_busfast(void)
 {
     const char *names[] = {"_subscribers", "_tagged", "sole", "_only_rows", "handle_id", "mode", "phase",
-                           "session_id", "_story", "add", "channels", "is_open"};
+                           "session_id", "_story", "add", "channels", "is_open", "_emit_for_py"};
     PyObject **slots[] = {&s_subscribers, &s_tagged, &s_sole, &s_only_rows, &s_handle_id, &s_mode, &s_phase,
-                          &s_session_id, &s_story, &s_add, &s_channels, &s_is_open};
-    for (int i = 0; i < 12; i++)
+                          &s_session_id, &s_story, &s_add, &s_channels, &s_is_open, &s_emit_for_py};
+    for (int i = 0; i < 13; i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;
     return PyModule_Create(&module);

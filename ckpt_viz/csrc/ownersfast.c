@@ -24,9 +24,13 @@ static PyObject *signature(PyObject *module, PyObject *submodules)
     Py_ssize_t count = 1 + PyTuple_GET_SIZE(submodules), values = 0;
     PyObject *names[3] = {s_parameters, s_buffers, s_modules};
     PyObject **dicts = PyMem_Calloc((size_t)(3 * count), sizeof(PyObject *));
+    Py_ssize_t *sizes = PyMem_Calloc((size_t)(3 * count), sizeof(Py_ssize_t));
     PyObject *result = NULL;
-    if (dicts == NULL)
+    if (dicts == NULL || sizes == NULL) {
+        PyMem_Free(dicts);
+        PyMem_Free(sizes);
         return NULL;
+    }
     for (Py_ssize_t m = 0; m < count; m++) {
         PyObject *owner = m == 0 ? module : PyTuple_GET_ITEM(submodules, m - 1);
         for (int k = 0; k < 3; k++) {
@@ -34,15 +38,22 @@ static PyObject *signature(PyObject *module, PyObject *submodules)
             dicts[3 * m + k] = d;
             if (d == NULL || !PyDict_CheckExact(d))
                 goto done;
-            values += PyDict_GET_SIZE(d);
+            sizes[3 * m + k] = PyDict_GET_SIZE(d);
+            values += sizes[3 * m + k];
         }
     }
     Py_ssize_t n = 3 * count;
     result = PyTuple_New(2 * n + values);
     if (result == NULL)
         goto done;
-    Py_ssize_t at = 2 * n;
+    /* Python code may have run since the sizes were read (a later module's attribute read, a collection in
+     * PyTuple_New running a finalizer): a dict whose size changed means a tree in flux, and Python decides. */
+    Py_ssize_t at = 2 * n, end = 2 * n + values;
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyDict_GET_SIZE(dicts[i]) != sizes[i]) {
+            Py_CLEAR(result);
+            goto done;
+        }
         PyObject *id = PyLong_FromVoidPtr(dicts[i]), *size = PyLong_FromSsize_t(PyDict_GET_SIZE(dicts[i]));
         if (id == NULL || size == NULL) {
             Py_XDECREF(id);
@@ -55,6 +66,10 @@ static PyObject *signature(PyObject *module, PyObject *submodules)
         Py_ssize_t pos = 0;
         PyObject *key, *value;
         while (PyDict_Next(dicts[i], &pos, &key, &value)) { /* dict.values order */
+            if (at >= end) { /* never with the sizes checked above; kept so no write can pass the tuple's end */
+                Py_CLEAR(result);
+                goto done;
+            }
             PyObject *vid = PyLong_FromVoidPtr(value);
             if (vid == NULL) {
                 Py_CLEAR(result);
@@ -67,6 +82,7 @@ done:
     for (Py_ssize_t i = 0; i < 3 * count; i++)
         Py_XDECREF(dicts[i]);
     PyMem_Free(dicts);
+    PyMem_Free(sizes);
     if (result == NULL)
         PyErr_Clear();
     return result;
@@ -120,8 +136,10 @@ static PyObject *captured_states(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_Clear();
         Py_RETURN_NONE;
     }
+    Py_INCREF(entry); /* current_facts reads attributes, which may run Python that drops the entry from the cache */
     PyObject *pair[2] = {entry, owner};
     PyObject *found = current_facts(self, pair, 2);
+    Py_DECREF(entry);
     if (found == NULL || found == Py_None)
         return found;
     PyObject *params = PyObject_GetAttr(found, s_params);

@@ -38,9 +38,6 @@ def _child(code: str) -> subprocess.CompletedProcess:
 
 
 @needs_c
-@pytest.mark.xfail(strict=True, reason="ownersfast.c:41-63 signature() sizes its tuple from dict sizes counted "
-                   "before Python code (a later module's attribute read, a GC in PyTuple_New) can grow a dict: "
-                   "it then writes past the tuple (heap overflow). Open, EVENTS.")
 def test_signature_dict_grown_meanwhile_no_overflow():
     done = _child("""
         class Grower(Mod):
@@ -57,9 +54,6 @@ def test_signature_dict_grown_meanwhile_no_overflow():
 
 
 @needs_c
-@pytest.mark.xfail(strict=True, reason="ownersfast.c:117-127 captured_states passes the cache entry borrowed from "
-                   "the dict to current_facts, which runs attribute reads (Python code, the GIL released): an entry "
-                   "removed meanwhile frees its OwnerFacts, then read (use after free). Open, EVENTS.")
 def test_captured_states_entry_removed_meanwhile_no_use_after_free():
     done = _child("""
         cache = {}
@@ -92,8 +86,6 @@ def test_signature_unchanged_tree_is_current():
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="busfast.c:231 emit_for is METH_FASTCALL without keywords: "
-                   "emit_for(..., scope=s) raises TypeError where bus._emit_for_py takes it. Open, EVENTS.")
 def test_emit_for_scope_keyword_like_python():
     from ckpt_viz import bus
 
