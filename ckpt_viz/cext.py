@@ -35,6 +35,12 @@ from types import ModuleType
 __all__ = ["account_cache", "cache_dir", "extension"]
 
 _LOCK = threading.Lock()
+
+
+class _Unavailable(Exception):
+    """Why a C file could not be built or imported here; `extension` says it on stderr and returns None."""
+
+
 _TRIED: dict[Path, ModuleType | None] = {}
 
 
@@ -88,10 +94,10 @@ def _built(source: Path) -> Path:
 def _build(source: Path, target: Path) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
-        raise RuntimeError("no C compiler (set $CC, or install gcc)")
+        raise _Unavailable("no C compiler (set $CC, or install gcc)")
     include = sysconfig.get_paths()["include"]
     if not Path(include, "Python.h").exists():
-        raise RuntimeError(f"no Python headers in {include} (install python3-dev)")
+        raise _Unavailable(f"no Python headers in {include} (install python3-dev)")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
@@ -100,7 +106,7 @@ def _build(source: Path, target: Path) -> None:
         done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", str(source),
                                "-o", scratch], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise RuntimeError(f"{Path(compiler).name} failed: {done.stderr.strip()[-400:]}")
+            raise _Unavailable(f"{Path(compiler).name} failed: {done.stderr.strip()[-400:]}")
         os.replace(scratch, target)  # atomic: a parallel build leaves one whole file
     finally:
         if os.path.exists(scratch):
@@ -111,7 +117,7 @@ def _import(name: str, path: Path) -> ModuleType:
     loader = importlib.machinery.ExtensionFileLoader(name, str(path))
     spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
     if spec is None:
-        raise RuntimeError(f"cannot import {path}")
+        raise _Unavailable(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
