@@ -43,6 +43,8 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     PyObject **ints = PyMem_Calloc(n + 1, sizeof(PyObject *));  /* one int object per row number, shared */
     PyObject *out = counts == NULL || ints == NULL ? NULL : PyList_New(n);
     Py_ssize_t made = 0, i = 0;
+    if (out != NULL && PyList_GET_SIZE(shape) != n)  /* PyList_New can collect: a finalizer changed shape */
+        n = -1;  /* not sure: Python does it */
     for (; out != NULL && i < n; i++) {
         Py_ssize_t k = small_index(PyList_GET_ITEM(shape, i), shapes);
         if (k < 0) break;  /* an unusual id: Python redoes it */
@@ -55,10 +57,10 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(out, i, ints[row]);  /* steals the reference just taken */
     }
     for (Py_ssize_t j = 0; j < made; j++) Py_XDECREF(ints[j]);  /* the cache's own references */
+    int failed = PyErr_Occurred() != NULL || counts == NULL || ints == NULL;
     PyMem_Free(ints);
     PyMem_Free(counts);
     if (out != NULL && i == n) return out;
-    int failed = PyErr_Occurred() != NULL || counts == NULL || ints == NULL;
     if (out != NULL) {  /* the items not yet set are NULL: the list frees only those it holds */
         Py_DECREF(out);
     }
@@ -72,13 +74,20 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     if (!PyList_CheckExact(tables) || !PyList_CheckExact(keys) || !PyList_CheckExact(where) ||
         PyList_GET_SIZE(keys) != PyList_GET_SIZE(where))
         Py_RETURN_NONE;
-    Py_ssize_t n = PyList_GET_SIZE(keys), m = PyList_GET_SIZE(tables);
-    for (Py_ssize_t t = 0; t < m; t++) {  /* lists, or bytes (read as ints) */
-        PyObject *table = PyList_GET_ITEM(tables, t);
-        if (!PyList_CheckExact(table) && !PyBytes_CheckExact(table)) Py_RETURN_NONE;
-    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
+    /* Read only after PyList_New, which can collect (a finalizer may have changed any of the lists). */
+    Py_ssize_t m = PyList_GET_SIZE(tables);
+    int usual = PyList_GET_SIZE(keys) == n && PyList_GET_SIZE(where) == n;
+    for (Py_ssize_t t = 0; usual && t < m; t++) {  /* lists, or bytes (read as ints) */
+        PyObject *table = PyList_GET_ITEM(tables, t);
+        usual = PyList_CheckExact(table) || PyBytes_CheckExact(table);
+    }
+    if (!usual) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t k = small_index(PyList_GET_ITEM(keys, i), m);
         PyObject *table = k < 0 ? NULL : PyList_GET_ITEM(tables, k);
@@ -109,9 +118,14 @@ static PyObject *take(PyObject *self, PyObject *args) {
     PyObject *table, *where;
     if (!PyArg_ParseTuple(args, "OO", &table, &where)) return NULL;
     if (!PyList_CheckExact(table) || !PyList_CheckExact(where)) Py_RETURN_NONE;
-    Py_ssize_t n = PyList_GET_SIZE(where), m = PyList_GET_SIZE(table);
+    Py_ssize_t n = PyList_GET_SIZE(where);
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(table);  /* after PyList_New, which can collect (a finalizer may change them) */
+    if (PyList_GET_SIZE(where) != n) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t j = small_index(PyList_GET_ITEM(where, i), m);
         if (j < 0) {  /* a negative index, out of range or not an int: Python does it */
@@ -135,9 +149,11 @@ static PyObject *run_starts(PyObject *self, PyObject *column) {
         int same = 0;
         if (last != NULL) {
             if (v == last) same = 1;
+            else if (v != Py_None && !PyLong_CheckExact(v)) same = -2;  /* its own __eq__ may say it equals */
+            else if (last != Py_None && !PyLong_CheckExact(last)) same = -2;  /* ... None: Python does it */
             else if ((v == Py_None) != (last == Py_None)) same = 0;
-            else if (PyLong_CheckExact(v) && PyLong_CheckExact(last)) same = PyObject_RichCompareBool(v, last, Py_EQ);
-            else {  /* ... but for ints and None: any other value, and Python does it */
+            else same = PyObject_RichCompareBool(v, last, Py_EQ);  /* two exact ints */
+            if (same == -2) {  /* but for ints and None: any other value, and Python does it */
                 Py_DECREF(out);
                 Py_RETURN_NONE;
             }
@@ -163,7 +179,7 @@ static PyObject *run_starts(PyObject *self, PyObject *column) {
 
 static PyObject *identity_counts(PyObject *self, PyObject *column) {
     if (!PyList_CheckExact(column)) Py_RETURN_NONE;
-    PyObject *seen[MAX_DISTINCT];
+    PyObject *seen[MAX_DISTINCT], *out = NULL;
     Py_ssize_t counts[MAX_DISTINCT];
     Py_ssize_t distinct = 0, last = -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(column); i++) {
@@ -175,23 +191,26 @@ static PyObject *identity_counts(PyObject *self, PyObject *column) {
         Py_ssize_t k = 0;
         while (k < distinct && seen[k] != v) k++;
         if (k == distinct) {
-            if (distinct == MAX_DISTINCT) Py_RETURN_NONE;
-            seen[distinct] = v;
+            if (distinct == MAX_DISTINCT) {
+                out = Py_NewRef(Py_None);
+                goto done;
+            }
+            seen[distinct] = Py_NewRef(v);  /* held: PyList_New and the pairs below can collect (a finalizer) */
             counts[distinct++] = 0;
         }
         counts[k]++;
         last = k;
     }
-    PyObject *out = PyList_New(distinct);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t k = 0; k < distinct; k++) {
+    out = PyList_New(distinct);
+    for (Py_ssize_t k = 0; out != NULL && k < distinct; k++) {
         PyObject *pair = Py_BuildValue("(On)", seen[k], counts[k]);  /* a new reference to the value */
-        if (pair == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, k, pair);
+        if (pair == NULL)
+            Py_CLEAR(out);  /* the items not yet set are NULL: the list frees only those it holds */
+        else
+            PyList_SET_ITEM(out, k, pair);
     }
+done:
+    for (Py_ssize_t k = 0; k < distinct; k++) Py_DECREF(seen[k]);
     return out;
 }
 
@@ -292,6 +311,10 @@ static PyObject *shifted(PyObject *self, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(column);
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
+    if (PyList_GET_SIZE(column) != n) {  /* PyList_New can collect: a finalizer changed the column */
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = PyList_GET_ITEM(column, i);
         int overflow = 0;
