@@ -13,7 +13,8 @@ NOTE [ Excluded regions ]
      inputs, which stay deferred and are materialized from the replay. If an input
      was deferred, each output passes a boundary that saves a trigger under the
      checkpoint's hooks, so backward forces the replay before the region needs its
-     inputs. The output is cached (FIFO per wrapper) for the replay.
+     inputs. The output is cached (FIFO per wrapper) for the replay, detached from its
+     graph (which reaches the frame's hooks: a cycle the collector cannot see).
   3. Reentrant forward: the region runs with grad enabled on detached inputs and
      records a local graph (the tape). The replay returns the cached output through
      a bridge whose backward runs the tape: in DX it returns input gradients and

@@ -103,6 +103,37 @@ def _deferred_unpack(saved: Any) -> torch.Tensor:
     return saved.tensor
 
 
+def _without_graph(out: Any) -> Any:
+    """`out` with each tensor detached (same storage, same requires_grad), for the cache.
+
+    The cache lives in the frame's invocation; a cached tensor with its graph would reach the
+    checkpoint's saved tensors, whose hooks hold the frame: a cycle through C++ that Python's
+    collector cannot see, alive until the replay pops the entry (forever if the graph is
+    dropped without one). The replay needs the values and their requires_grad only.
+    """
+    leaves, spec = tree_flatten(out)
+    return tree_unflatten([v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+                           for v in leaves], spec)
+
+
+class _Replayed(torch.autograd.Function):
+    """Identity that makes a cached leaf a non-leaf again, so the replay may change it in place as the forward did."""
+
+    @staticmethod
+    def forward(ctx: Any, cached: torch.Tensor) -> torch.Tensor:
+        return cached.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _as_replayed(cached: Any) -> Any:
+    leaves, spec = tree_flatten(cached)
+    return tree_unflatten([_Replayed.apply(v) if isinstance(v, torch.Tensor) and v.requires_grad else v
+                           for v in leaves], spec)
+
+
 def record_region(wrapper: Any, state: Any, args: tuple, kwargs: dict) -> Any:
     cache = state.get_resource(CACHE_KEY, ExcludeCache)
     leaves, _spec = tensor_leaves(args, kwargs)
@@ -149,7 +180,8 @@ def record_region(wrapper: Any, state: Any, args: tuple, kwargs: dict) -> Any:
     call_index = wrapper._calls
     wrapper._calls += 1
     rng_after = rng_state() if state.preserve_rng_state else None
-    entry = _NonReentrantEntry(out if wrapper.save_output else None, used, len(out_leaves), rng_after, call_index)
+    cached = _without_graph(out) if wrapper.save_output else None  # no cycle through autograd's C++ graph
+    entry = _NonReentrantEntry(cached, used, len(out_leaves), rng_after, call_index)
     if memtags.enabled and wrapper.save_output:
         for value in out_leaves:
             memtags.hold(entry, value, "excluded_outputs")
@@ -181,7 +213,7 @@ def replay_region(wrapper: Any, state: Any, args: tuple, kwargs: dict) -> Any:
                 f"{type(value).__name__}).\nTip: the checkpointed function must call the region with the same "
                 "arguments in its replay.", code="exclude_input_changed")
         binding.value = value.detach()
-    out = entry.output if wrapper.save_output else placeholders(entry.output_count)
+    out = _as_replayed(entry.output) if wrapper.save_output else placeholders(entry.output_count)
     if entry.bindings:
         out = _with_boundaries(out)
     if entry.rng_after is not None:

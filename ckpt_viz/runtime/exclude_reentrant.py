@@ -92,7 +92,9 @@ class _ExcludeBridge(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, frame: Any, tape: _Tape, dummy: torch.Tensor, *inputs: torch.Tensor) -> tuple:
         # `dummy` requires grad, so the outputs do even when no input does: the tape may hold parameters.
-        ctx.frame, ctx.tape, ctx.count = frame, tape, len(inputs)
+        # The handle holds this node (its replay graph): a strong ctx.frame would be a cycle through C++ that
+        # Python's collector cannot see, alive forever when a replayed handle is dropped unreleased (DX only).
+        ctx.frame_ref, ctx.handle_id, ctx.tape, ctx.count = weakref.ref(frame), frame.handle_id, tape, len(inputs)
         if tape.save_output:
             outputs = tuple(o.detach() for o in tape.outputs)
             ctx.mark_non_differentiable(*(d for d, o in zip(outputs, tape.outputs) if not o.requires_grad))
@@ -103,11 +105,11 @@ class _ExcludeBridge(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        frame, tape = ctx.frame, ctx.tape
-        if tape.released or tape.outputs is None:
+        frame, tape = ctx.frame_ref(), ctx.tape
+        if frame is None or tape.released or tape.outputs is None:
             raise ExcludedRegionError(
                 f"ckpt_viz.checkpoint_exclude_wrapper: The retained reentrant checkpoint graph has already been "
-                f"released (region of handle h{frame.handle_id}).\nTip: run DX before DW; DW frees excluded-region "
+                f"released (region of handle h{ctx.handle_id}).\nTip: run DX before DW; DW frees excluded-region "
                 "graphs unless a retaining session holds them.", code="exclude_graph_released")
         pairs = [(o, g) for o, g in zip(tape.outputs, grads) if o.requires_grad and g is not None]
         local = tape.all_local_inputs()
