@@ -71,7 +71,7 @@ def _c() -> ModuleType | None:
 def ints(column: Any, low: int, high: int, none_ok: bool = False) -> bool:
     """Every item an int with low <= v < high (or None when `none_ok`): check_types, then check_range."""
     c = _c()
-    return c is not None and type(column) is list and -I63 <= low and high <= I63 and c.ints(
+    return c is not None and type(column) is list and -I63 <= low < I63 and -I63 < high <= I63 and c.ints(
         column, low, high - 1, none_ok)
 
 

@@ -233,14 +233,25 @@ static PyObject *unpack(PyObject *self, PyObject *args) {
     PyObject *result = PyList_New(total);
     if (result == NULL)
         return NULL;
+    /* PyList_New can collect, and a finalizer change either list: read them again, and fill no more than total
+       places (a run changed meanwhile, or any other change: None, and unpack_runs does it). */
+    Py_ssize_t left = total;
+    int usual = PyList_GET_SIZE(values) == n && PyList_GET_SIZE(lengths) == n;
+    items = PySequence_Fast_ITEMS(values), runs = PySequence_Fast_ITEMS(lengths);
     PyObject **to = PySequence_Fast_ITEMS(result);
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; usual && i < n; i++) {
         PyObject *v = items[i];
-        Py_ssize_t run = PyLong_AsSsize_t(runs[i]);
-        for (Py_ssize_t j = 0; j < run; j++) {
+        long long run;
+        usual = PyLong_CheckExact(runs[i]) && as_i64(runs[i], &run) && run >= 0 && run <= left;
+        for (Py_ssize_t j = 0; usual && j < run; j++) {
             Py_INCREF(v); /* one reference per place it fills */
             *to++ = v;
         }
+        left -= usual ? (Py_ssize_t)run : 0;
+    }
+    if (!usual || left != 0) { /* the places not filled are NULL: the list frees only those it holds */
+        Py_DECREF(result);
+        Py_RETURN_NONE;
     }
     return result;
 }
@@ -532,9 +543,10 @@ static PyObject *find_stages(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "find_stages: categories must be bytes");
             return NULL;
         }
-    const char *begin = text.buf, *end = begin + text.len, *p = begin + at, *start;
+    const char *begin = text.buf, *end = begin + text.len, *p = begin, *start;
     Py_ssize_t samples = 0;
-    int fine = at >= 0 && at + 10 <= text.len && memcmp(p, "\"by_stage\"", 10) == 0;
+    int fine = at >= 0 && at <= text.len - 10 && memcmp(p += at, "\"by_stage\"", 10) == 0; /* no at + 10: it
+                                                                                             can overflow */
     if (fine) {
         p = skip_ws(p + 10, end);
         fine = p < end && *p == ':';
@@ -640,10 +652,10 @@ static PyObject *find_categories(PyObject *self, PyObject *args) {
     Py_ssize_t at;
     if (!PyArg_ParseTuple(args, "y*n", &text, &at))
         return NULL;
-    const char *begin = text.buf, *end = begin + text.len, *p = begin + at, *start = NULL;
+    const char *begin = text.buf, *end = begin + text.len, *p = begin, *start = NULL;
     static const char KEY[] = "\"bytes_by_category\"";
     PyObject *found = NULL, *result = NULL;
-    if (at < 0 || at > text.len - (Py_ssize_t)(sizeof KEY - 1) || memcmp(p, KEY, sizeof KEY - 1) != 0)
+    if (at < 0 || at > text.len - (Py_ssize_t)(sizeof KEY - 1) || memcmp(p += at, KEY, sizeof KEY - 1) != 0)
         goto done;
     p = skip_ws(p + sizeof KEY - 1, end);
     if (p >= end || *p != ':')
