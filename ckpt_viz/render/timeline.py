@@ -55,33 +55,39 @@ def timeline_actions(trace: Trace) -> list[dict[str, Any]]:
 
 
 def _actions(trace: Trace) -> list[dict[str, Any]]:
-    events = trace.events
-    if not len(events):
+    # Only events tagged with an action and a stage make boxes: they are found from the tags column alone (a loaded
+    # trace's tags are shared objects, read without building an Event), and only their other fields are read.
+    tags_column = event_column(trace, "tags")
+    if not len(tags_column):
         return []
-    origin = events[0].t_ns
+    acting = [i for i, tags in enumerate(tags_column)
+              if tags and tags.get("action") in TORCH_ACTIONS and tags.get("stage") is not None]
+    if not acting:
+        return []
+    t_ns, seqs = event_column(trace, "t_ns"), event_column(trace, "seq")
+    kinds, handles = event_column(trace, "kind"), event_column(trace, "handle_id")
+    origin = t_ns[0]
     rows: dict[tuple, dict[str, Any]] = {}
     open_replays: dict[Any, tuple] = {}
-    for e in events:
-        tags = e.tags or {}
-        action = TORCH_ACTIONS.get(tags.get("action"))
-        if action is None or tags.get("stage") is None:
-            continue
+    for i in acting:
+        tags, seq, kind, handle = tags_column[i], seqs[i], kinds[i], handles[i]
+        action = TORCH_ACTIONS[tags["action"]]
         rank = tags.get("rank")
         key = (rank, tags.get("step"), tags.get("stage"), tags.get("microbatch"), action)
         row = rows.get(key)
-        us = (e.t_ns - origin) / 1000.0
+        us = (t_ns[i] - origin) / 1000.0
         if row is None:
             row = rows[key] = {"lane": _lane(rank, tags["stage"]), "rank": rank, "stage": tags["stage"],
                                "step": tags.get("step"), "microbatch": tags.get("microbatch"), "action": action,
-                               "torch_action": tags.get("action"), "start_seq": e.seq, "end_seq": e.seq,
+                               "torch_action": tags.get("action"), "start_seq": seq, "end_seq": seq,
                                "start_us": us, "end_us": us, "replays": 0, "replay_spans": []}
-        row["end_seq"], row["end_us"] = max(row["end_seq"], e.seq), max(row["end_us"], us)
-        if e.kind == "replay_started":
+        row["end_seq"], row["end_us"] = max(row["end_seq"], seq), max(row["end_us"], us)
+        if kind == "replay_started":
             row["replays"] += 1
-            open_replays[rank, e.handle_id] = (key, e.seq, us)
-        elif e.kind in ("replay_finished", "replay_failed") and (rank, e.handle_id) in open_replays:
-            where, seq, start = open_replays.pop((rank, e.handle_id))
-            rows[where]["replay_spans"].append((e.handle_id, seq, e.seq, start, us))
+            open_replays[rank, handle] = (key, seq, us)
+        elif kind in ("replay_finished", "replay_failed") and (rank, handle) in open_replays:
+            where, start_seq, start = open_replays.pop((rank, handle))
+            rows[where]["replay_spans"].append((handle, start_seq, seq, start, us))
     out = sorted(rows.values(), key=lambda r: r["start_seq"])
     ticks = _ticks(trace)
     for row in out:

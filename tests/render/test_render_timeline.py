@@ -108,3 +108,21 @@ def test_a_merged_real_run() -> None:
     assert sum(r["replays"] for r in rows) == merged.count("replay_started") - sum(
         1 for e in merged if e.kind == "replay_started" and e.tags.get("action") == "META")
     render_timeline(merged, cursor=len(merged) // 2).to_dict()
+
+
+def test_a_loaded_trace_gives_the_same_actions_as_its_events(tmp_path) -> None:
+    """The actions are read from the columns of a loaded trace (no Event built): the same rows as from its events,
+    replays and their spans included, on a merged real run and on a pipeline run of the built-in model."""
+    from ckpt_viz.trace import Trace
+
+    merged, _ = merge_run(DATA)
+    assert any(r["replay_spans"] for r in timeline_actions(merged))
+    traces = [merged, _two_rank_trace()]
+    for i, trace in enumerate(traces):
+        path = tmp_path / f"t{i}.json.gz"
+        trace.save(path)
+        expected = timeline_actions(trace)
+        loaded = Trace.load(path)
+        assert timeline_actions(loaded) == expected
+        assert expected
+        assert not loaded.events.materialized  # read from the columns
