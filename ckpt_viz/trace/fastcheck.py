@@ -159,7 +159,9 @@ def by_stage(stages: Any, categories: set[str]) -> bool:
     if type(stages) is JSONColumn and stages._list is None:  # its text was checked when it was cut out (rule 5)
         return stages.checked and categories == set(MEMORY_CATEGORIES)
     c = _c()
-    return c is not None and type(stages) is list and c.by_stage(stages, categories)
+    # Exact strings only: the C's set lookups then run no Python (an __eq__ could change the dicts it walks).
+    return c is not None and type(stages) is list and all(type(k) is str for k in categories) and c.by_stage(
+        stages, categories)
 
 
 _CATEGORY_BYTES = tuple(c.encode("ascii") for c in MEMORY_CATEGORIES)

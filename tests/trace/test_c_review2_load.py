@@ -83,3 +83,25 @@ def test_cut_columns_never_make_a_text_the_parser_refuses_load_nor_read_otherwis
         node[path[-1]] = column.tolist() if path[-1] == "t_ns_delta" else column if path[-1] == "bytes_by_category" \
             else list(column)
     assert doc == expected
+
+
+def test_by_stage_with_a_category_whose_eq_runs_python_does_not_read_freed_dicts() -> None:
+    # PySet_Contains calls __eq__ of a set member whose hash matches: Python code inside the C's walk of borrowed
+    # dicts (here it empties them: the C then read a freed dict). A set of anything but exact strings: not sure.
+    code = """if 1:
+        from ckpt_viz.trace import fastcheck as f
+        stages = [{"0": {"activations": 1, "other": 2, "parameters": 3}}]
+        class Evil:
+            def __hash__(self): return hash("activations")
+            def __eq__(self, other):
+                stages[0].clear()
+                return False
+        for _ in range(3):
+            stages[:] = [{"0": {"activations": 1, "other": 2, "parameters": 3}}]
+            assert f.by_stage(stages, {Evil(), "activations", "other", "parameters"}) is False
+        print("ok")
+    """
+    env = {**__import__("os").environ, "PYTHONMALLOC": "debug"}
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.stdout.strip() == "ok", (done.returncode, done.stderr[-1000:])

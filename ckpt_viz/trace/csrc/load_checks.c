@@ -178,7 +178,9 @@ static PyObject *finite_column(PyObject *self, PyObject *column) {
 }
 
 /* by_stage(stages, categories): every item a dict of dicts, each of those keyed by strings in the set
-   `categories` with ints from 0 to 2**63-1. Stands for check_types(stages, {dict}) and _check_by_stage. */
+   `categories` with ints from 0 to 2**63-1. Stands for check_types(stages, {dict}) and _check_by_stage.
+   The dicts are borrowed: the set must hold exact strings only (fastcheck checks), so that a lookup runs no
+   Python code (an __eq__ that changed the dicts walked here would have them read after they are freed). */
 static PyObject *by_stage(PyObject *self, PyObject *args) {
     PyObject *column, *categories;
     if (!PyArg_ParseTuple(args, "OO", &column, &categories) || !take_list(column, "by_stage"))
