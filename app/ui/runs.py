@@ -41,6 +41,7 @@ import streamlit as st
 
 from ckpt_viz import (
     CkptVizError,
+    Finding,
     Lifecycle,
     RunRequest,
     Trace,
@@ -51,6 +52,7 @@ from ckpt_viz import (
     lifecycle,
     obtain_trace,
 )
+from ckpt_viz.debug.findings import Facts, handle_finding
 
 DEFAULT_MODE = "split-reentrant"
 CONFIG = "run_config"  # the session key of the sidebar's RunConfig
@@ -152,6 +154,29 @@ def next_position(trace: Trace, kind: str, after: int) -> int | None:
         return event_column(trace, "kind").index(kind, after + 1)
     except ValueError:
         return None
+
+
+# What `Facts` reads beside a handle's own events: the run's errors and its session events (debug/findings.py).
+_CONTEXT_KINDS = ("error", "session_cleared", "session_activated", "session_deactivated")
+
+
+def handle_diagnosis(trace: Trace, handle_id: int) -> Finding:
+    """`diagnose_handle(trace, handle_id)`, the same `Finding`, from the handle's own events and the run's errors and
+    session events alone (found in C: list.index on the handle column, the kind positions cached per trace), instead
+    of `Facts` over every event of the trace (on a million events about 10 s). `handle_finding` reads only
+    `by_handle[handle_id]`, the errors, clears and activations, the trace's lifecycle and sources: a `Facts` over
+    this subset, in seq order, holds exactly those."""
+    handles = event_column(trace, "handle_id")
+    positions: set[int] = set()
+    i = -1
+    with contextlib.suppress(ValueError):
+        while True:
+            i = handles.index(handle_id, i + 1)
+            positions.add(i)
+    for kind in _CONTEXT_KINDS:
+        positions.update(jump_positions(trace, kind))
+    events = trace.events
+    return handle_finding(Facts(trace, [events[p] for p in sorted(positions)]), handle_id)
 
 
 @st.cache_resource(max_entries=16, show_spinner="Loading the run…")

@@ -4,14 +4,13 @@ import streamlit as st
 from ckpt_viz import (
     STATE_MEANINGS,
     diagnose,
-    diagnose_handle,
     filter_events,
     format_event,
     lifecycle,
     render_lifecycles,
 )
 from ui.cursor import cursor_bar, window
-from ui.runs import current
+from ui.runs import current, handle_diagnosis
 from ui.show import show_chart, source_line
 
 run = current()
@@ -52,8 +51,10 @@ if len(handles) <= 5_000:
                               f"h{h}", blocks.get(h), f"{run.index.handle_state(h, seq)} at seq {seq}"))))
 else:
     handle = int(st.number_input("Handle id", min(handles), max(handles), first, key="debug_handle_id"))
-mine = [d for d in problems if d.handle_id == handle] if problems is not None else run.cached(diagnose, handle)
-for d in mine or [run.cached(diagnose_handle, handle)]:  # no problem: how the handle ended, and where
+# diagnose(trace, handle) is the run's findings about this handle: the whole run's, once per trace (the Debugger
+# page's too), filtered. No problem: how the handle ended, and where, from the handle's events alone.
+mine = [d for d in (problems if problems is not None else run.cached(diagnose)) if d.handle_id == handle]
+for d in mine or [run.cached(handle_diagnosis, handle)]:
     (st.success if d.ok else st.error)(f"**h{handle}: {d.cause or 'no problem found.'}** {d.summary}")
     for title, event in (("Released by", d.release_event), ("Replay refused at", d.refused_event),
                          ("Error", d.error_event)):
