@@ -12,7 +12,8 @@ NOTE [ Snapshots never replay ]
   2. A retained reentrant replay (`handle.replay_outputs`) is walked too, and drawn
      inside its handle's region; reading it does not replay anything.
   3. In a reentrant replay an excluded region is one bridge node (`_ExcludeBridge`,
-     whose ctx has the handle as `frame` and the region's tape as `tape`); it is drawn
+     whose ctx has a weak reference to the handle as `frame_ref` and the region's tape
+     as `tape`); it is drawn
      as a node of its handle's region with `exclude` set, and the region's own local
      graph (the tape's outputs, e.g. the LayerNorm kept from the forward) hangs off it.
   4. The snapshot also keeps `torchviz.make_dot`'s own DOT of the same roots (the
@@ -86,6 +87,9 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
         nodes.append(entry)
         frame = getattr(obj, "frame", None)
         tape = getattr(obj, "tape", None)
+        if frame is None and tape is not None:  # a bridge holds its handle weakly (NOTE rule 3)
+            ref = getattr(obj, "frame_ref", None)
+            frame = ref() if callable(ref) else None
         if isinstance(frame, ReentrantCheckpointHandle) and tape is not None:  # NOTE rule 3: an excluded region
             region = getattr(tape, "wrapper_id", None)
             entry.update(handle_id=frame.handle_id, exclude=region)
