@@ -31,7 +31,7 @@ from typing import Any
 from ckpt_viz.render.graph import EDGE_COLOURS, NODE_COLOURS, dot_attrs, dot_quote
 from ckpt_viz.render.palette import CATEGORY_COLOURS, MARK_COLOURS, STATE_FILLS
 from ckpt_viz.trace import GraphSnapshot, Trace
-from ckpt_viz.trace.index import derived, event_column
+from ckpt_viz.trace.cache import derived, event_column, event_data
 
 __all__ = ["backward_passes", "handle_flow", "input_words", "pass_title", "release_words", "render_routing",
            "routing_at"]
@@ -39,6 +39,7 @@ __all__ = ["backward_passes", "handle_flow", "input_words", "pass_title", "relea
 _JOIN = {"backward_entered", "replay_started", "replay_finished", "replay_failed", "early_stopped", "replay_refused",
          "grads_routed", "released", "tensor_unpacked", "exclude_reused", "error"}
 _NEUTRAL = {"memory_sampled", "node_collected"}
+_CHECKED = {"replay_started", "replay_finished", "released", "error"}  # kinds that join by their data
 _BACKWARD_RELEASES = {"ordinary_backward_complete", "dw_complete", "backward_exception"}
 
 
@@ -47,34 +48,45 @@ def backward_passes(trace: Trace) -> list[dict[str, Any]]:
     return derived(trace, "routing:passes", _passes)
 
 
-def _joins(kind: str, data: Any) -> bool:
+def _joins(kind: str, i: int, data: Any) -> bool:
+    """Whether event i (of `kind`; `data(i, key)` reads its data) joins a backward pass."""
     if kind not in _JOIN:
         return False
     if kind in ("replay_started", "replay_finished"):
-        return data.get("trigger") != "prefire"
+        return data(i, "trigger") != "prefire"
     if kind == "released":
-        return data.get("reason") in _BACKWARD_RELEASES
+        return data(i, "reason") in _BACKWARD_RELEASES
     if kind == "error":
-        return data.get("where") == "backward"
+        return data(i, "where") == "backward"
     return True
 
 
 def _passes(trace: Trace) -> list[dict[str, Any]]:
     seqs, kinds = event_column(trace, "seq"), event_column(trace, "kind")
     handles, phases = event_column(trace, "handle_id"), event_column(trace, "phase")
-    sites, tags, datas = event_column(trace, "site"), event_column(trace, "tags"), event_column(trace, "data")
+    sites, tags = event_column(trace, "site"), event_column(trace, "tags")
+    data = event_data(trace)  # a few keys of a few kinds: a loaded trace builds no data dict
     passes: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     entered: set[Any] = set()
+    groups: dict[int, tuple[Any, Any]] = {}  # id(tags) -> (stage, microbatch): tags objects repeat
+    alive: list[Any] = []  # the tags objects `groups` holds ids of
+    join, neutral, checked = _JOIN, _NEUTRAL, _CHECKED
     for i, kind in enumerate(kinds):
-        if kind in _NEUTRAL:
+        if kind not in join:
+            if kind not in neutral:
+                current = None
             continue
-        if not _joins(kind, datas[i]):
+        if kind in checked and not _joins(kind, i, data):
             current = None
             continue
         phase = phases[i] if kind != "tensor_unpacked" else None
         site = sites[i]
-        group = (tags[i].get("stage"), tags[i].get("microbatch")) if tags[i] else (None, None)
+        t = tags[i]
+        group = groups.get(id(t))
+        if group is None:
+            group = groups[id(t)] = (t.get("stage"), t.get("microbatch")) if t else (None, None)
+            alive.append(t)
         fresh = current is None or (
             (phase is not None and current["phase"] is not None and phase != current["phase"])
             or (site is not None and current["site"] is not None and site != current["site"])

@@ -169,3 +169,18 @@ def test_the_table_rows_say_where_dx_went_and_on_to_whom() -> None:
     assert routing_rows(split_trace(), 5) == []
     assert routing_rows(split_trace(), 9)[0]["DX went to"] == "not routed yet"  # replaying, not routed
     assert not [v for r in rows + dw for v in r.values() if "[" in v or "input 0" in v]
+
+
+def test_a_loaded_trace_gives_the_same_passes_as_its_events(tmp_path) -> None:
+    """Passes are read from the columns of a loaded trace (data read by key, tags groups looked up once per tags
+    object): the same passes and routing as from the events, on the split, refused and pipeline-tagged traces."""
+    from ckpt_viz.trace import Trace
+
+    for i, trace in enumerate((split_trace(), refused_trace())):
+        path = tmp_path / f"t{i}.json.gz"
+        trace.save(path)
+        loaded = Trace.load(path)
+        assert backward_passes(loaded) == backward_passes(trace) != []
+        for cursor in range(0, len(trace), 3):
+            assert routing_at(loaded, cursor) == routing_at(trace, cursor)
+        assert not loaded.events.materialized
