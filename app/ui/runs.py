@@ -47,6 +47,7 @@ from ckpt_viz import (
     Trace,
     TraceIndex,
     derived,
+    diagnose,
     event_column,
     event_counts,
     lifecycle,
@@ -154,6 +155,28 @@ def next_position(trace: Trace, kind: str, after: int) -> int | None:
         return event_column(trace, "kind").index(kind, after + 1)
     except ValueError:
         return None
+
+
+def run_diagnosis(trace: Trace) -> list[Finding]:
+    """`diagnose(trace)`, the same findings, with a loaded trace's events built once: `diagnose` reads the events
+    in four passes (its `Facts`, the sessions never cleared, the errors, the divergences), and each pass over a
+    loaded trace's columns builds every `Event` and its data dict again (a million events: about 4 s a pass).
+    Here they are built once into a list, in a trace of the same events, memory, graphs and meta, whose lifecycle
+    is the loaded trace's own (the same events: no second lifecycle pass), with the collector paused while the
+    million objects are made (none is cyclic; reference counting frees them after). Pages call it through
+    `Run.cached`: once per trace, shared by the Overview, Handles and Debugger pages."""
+    events = trace.events
+    if isinstance(events, list):
+        return diagnose(trace)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        built = Trace(events=list(events), memory=trace.memory, graphs=trace.graphs, meta=trace.meta)
+        derived(built, "lifecycle", lambda _built: lifecycle(trace))
+        return diagnose(built)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # What `Facts` reads beside a handle's own events: the run's errors and its session events (debug/findings.py).

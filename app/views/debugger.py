@@ -1,10 +1,10 @@
 """The debugger: every problem of the run, what happened in order, the line of code, and the fix."""
 import streamlit as st
 
-from ckpt_viz import Trace, diagnose, format_event, render_lifecycles, replay_checks_note
+from ckpt_viz import Trace, format_event, render_lifecycles, replay_checks_note
 from ui.cursor import cursor_bar, set_cursor
 from ui.graphview import checkpoint_dot, show_svg
-from ui.runs import current
+from ui.runs import current, run_diagnosis
 from ui.show import show_chart, source_line
 
 FINDING = "debug_finding"
@@ -30,7 +30,7 @@ def _lane(trace: Trace, handle: int) -> Trace:
 
 run = current()
 st.title("Debugger")
-findings = run.cached(diagnose)
+findings = run.cached(run_diagnosis)
 if findings and st.session_state.get(FINDING) is not None and st.session_state[FINDING] >= len(findings):
     st.session_state[FINDING] = 0  # another run has fewer findings
 seq = cursor_bar(run)

@@ -3,14 +3,13 @@ import streamlit as st
 
 from ckpt_viz import (
     STATE_MEANINGS,
-    diagnose,
     filter_events,
     format_event,
     lifecycle,
     render_lifecycles,
 )
 from ui.cursor import cursor_bar, window
-from ui.runs import current, handle_diagnosis
+from ui.runs import current, handle_diagnosis, run_diagnosis
 from ui.show import show_chart, source_line
 
 run = current()
@@ -33,7 +32,7 @@ with st.expander("What the states mean"):
 
 st.subheader("Why was this handle released before replay?")
 if len(run.trace) <= 200_000 or st.button("Diagnose every handle", help=f"Reads all {len(run.trace):,} events once"):
-    problems = run.cached(diagnose)
+    problems = run.cached(run_diagnosis)
     if problems:
         st.dataframe([{"handle": f"h{d.handle_id}" if d.handle_id is not None else "-", "problem": d.cause,
                        "what happened": d.summary} for d in problems], hide_index=True, width="stretch")
@@ -51,9 +50,9 @@ if len(handles) <= 5_000:
                               f"h{h}", blocks.get(h), f"{run.index.handle_state(h, seq)} at seq {seq}"))))
 else:
     handle = int(st.number_input("Handle id", min(handles), max(handles), first, key="debug_handle_id"))
-# diagnose(trace, handle) is the run's findings about this handle: the whole run's, once per trace (the Debugger
-# page's too), filtered. No problem: how the handle ended, and where, from the handle's events alone.
-mine = [d for d in (problems if problems is not None else run.cached(diagnose)) if d.handle_id == handle]
+# diagnose(trace, handle) is the run's findings about this handle: the whole run's, once per trace (the Debugger's
+# and the Overview's too), filtered. No problem: how the handle ended, and where, from the handle's events alone.
+mine = [d for d in (problems if problems is not None else run.cached(run_diagnosis)) if d.handle_id == handle]
 for d in mine or [run.cached(handle_diagnosis, handle)]:
     (st.success if d.ok else st.error)(f"**h{handle}: {d.cause or 'no problem found.'}** {d.summary}")
     for title, event in (("Released by", d.release_event), ("Replay refused at", d.refused_event),

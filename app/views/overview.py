@@ -1,10 +1,10 @@
 """Overview: what ran, what happened to its handles, where memory peaked, and what went wrong."""
 import streamlit as st
 
-from ckpt_viz import STATE_MEANINGS, diagnose_all, format_bytes, lifecycle, memory_peak, palette, render_memory
+from ckpt_viz import STATE_MEANINGS, format_bytes, lifecycle, memory_peak, palette, render_memory
 from ui.cursor import cursor_bar, cursor_seq
 from ui.downloads import download_trace_buttons
-from ui.runs import current, handle_lifecycle, kind_counts
+from ui.runs import current, handle_lifecycle, kind_counts, run_diagnosis
 from ui.show import show_chart
 
 
@@ -70,7 +70,7 @@ def at_the_cursor(run) -> None:
         big = len(run.trace) > 200_000  # diagnosing reads every event: on request only for a big trace
         problems = None
         if not big or st.button("Diagnose every handle", help=f"Reads all {len(run.trace):,} events once"):
-            problems = run.cached(diagnose_all)
+            problems = run.cached(run_diagnosis)  # diagnose_all, the same
         elif kinds["replay_refused"] or kinds["error"]:
             st.warning(f"{kinds['replay_refused']:,} refused replays and {kinds['error']:,} errors in this run.")
         if problems:

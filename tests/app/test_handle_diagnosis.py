@@ -1,7 +1,8 @@
 """The Handles page's finding for one handle (`ui.runs.handle_diagnosis`, read from the handle's own events and the
 run's errors and session events) is `diagnose_handle`'s, which reads every event: for every handle of every broken
 run, recorded and saved-then-loaded (the packed columns), and of a mixed big trace; and `diagnose(trace, h)` is the
-whole run's findings filtered by handle (what the page now shows from the one diagnosis cached per trace)."""
+whole run's findings filtered by handle (what the page now shows from the one diagnosis cached per trace);
+`ui.runs.run_diagnosis` (a loaded trace's events built once for the four passes) gives `diagnose`'s findings."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_viz.diagnose import diagnose, diagnose_handle
+from ckpt_viz.diagnose import diagnose, diagnose_all, diagnose_handle
 from ckpt_viz.run.broken import BROKEN, record_broken
 from ckpt_viz.trace import Trace
 
@@ -36,6 +37,7 @@ def test_one_handle_as_the_whole_run_says(runs, name: str, tmp_path: Path) -> No
         handles = trace.handle_ids()
         assert handles, name
         found = diagnose(trace)
+        assert runs.run_diagnosis(trace) == found == diagnose_all(trace), name  # the pages' one diagnosis per trace
         for h in handles:
             assert runs.handle_diagnosis(trace, h) == diagnose_handle(trace, h), (name, h)
             assert [d for d in found if d.handle_id == h] == diagnose(trace, h), (name, h)
@@ -52,5 +54,6 @@ def test_a_big_trace_of_many_handles(runs, tmp_path: Path) -> None:
     trace = Trace.load(tmp_path / "big.json.gz")
     handles = trace.handle_ids()
     assert len(handles) > 1_000
+    assert runs.run_diagnosis(trace) == diagnose(trace)
     for h in handles[:40] + handles[-40:] + [handles[len(handles) // 2]]:
         assert runs.handle_diagnosis(trace, h) == diagnose_handle(trace, h), h
