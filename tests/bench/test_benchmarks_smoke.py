@@ -126,6 +126,16 @@ def test_bench_app_browser_tiny() -> None:
     assert "first page (Enter -> Overview drawn)" in proc.stdout and "cursor step" in proc.stdout, proc.stdout
 
 
+def test_bench_pages_quick() -> None:
+    """bench_pages.py opens every sidebar page of a small saved trace in Chromium and sees each one drawn."""
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("/usr/bin/chromium is missing (apt-get install chromium)")
+    proc = subprocess.run([sys.executable, "benchmarks/bench_pages.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "every page drawn (11 visits)" in proc.stdout, proc.stdout
+
+
 def test_bench_usermodel_one_round() -> None:
     """bench_usermodel.py (the sandbox panel's figures) runs one round; exit 1 is a missed target, not a failure."""
     proc = subprocess.run([sys.executable, "benchmarks/bench_usermodel.py", "--rounds", "1"], cwd=ROOT,
