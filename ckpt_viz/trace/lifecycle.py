@@ -195,13 +195,24 @@ class Lifecycle:
         at = bisect_right(seqs, self._at(seq)) if seqs else 0
         return self._reasons[handle_id][at - 1] if at else None
 
+    def _transition(self, handle_id: int, i: int) -> Transition:
+        """The handle's i-th state change (`transitions(handle_id)[i]`, without building the others)."""
+        return Transition(seq=self._seqs[handle_id][i], handle_id=handle_id, state=self._states[handle_id][i],
+                          kind=self._kinds[handle_id][i], reason=self._reasons[handle_id][i])
+
     def released(self, handle_id: int) -> Transition | None:
         """The handle's first release (its reason says why), or None if it was never released."""
-        return next((t for t in self.transitions(handle_id) if t.state == "released"), None)
+        states = self._states.get(handle_id) if self._seqs.get(handle_id) else None
+        if not states or "released" not in states:  # list.index: the debugger asks this of every handle
+            return None
+        return self._transition(handle_id, states.index("released"))
 
     def releases(self, handle_id: int) -> list[Transition]:
         """Every release of the handle (a non-reentrant frame recomputed by a later backward is released again)."""
-        return [t for t in self.transitions(handle_id) if t.state == "released"]
+        states = self._states.get(handle_id) if self._seqs.get(handle_id) else None
+        if not states or "released" not in states:
+            return []
+        return [self._transition(handle_id, i) for i, state in enumerate(states) if state == "released"]
 
     def released_reasons(self) -> Counter[str | None]:
         """reason -> how many handles are released at the end of the trace for it (`reason_at(h, None)` of

@@ -57,3 +57,21 @@ def test_a_big_trace_of_many_handles(runs, tmp_path: Path) -> None:
     assert runs.run_diagnosis(trace) == diagnose(trace)
     for h in handles[:40] + handles[-40:] + [handles[len(handles) // 2]]:
         assert runs.handle_diagnosis(trace, h) == diagnose_handle(trace, h), h
+
+
+@pytest.mark.parametrize("name", ["released-by-hand", "dx-after-dw", "outputs-dropped", "replayed-twice"])
+def test_releases_read_from_the_states_are_the_transitions(name: str, tmp_path: Path) -> None:
+    """`Lifecycle.released` / `releases` (found with list.index on the states) are the release transitions."""
+    from ckpt_viz.trace.lifecycle import lifecycle
+
+    recorded = record_broken(name)
+    recorded.save(tmp_path / "t.json")
+    for trace in (recorded, Trace.load(tmp_path / "t.json")):
+        life = lifecycle(trace)
+        seen = 0
+        for h in [*trace.handle_ids(), -1, 10**9]:
+            releases = [t for t in life.transitions(h) if t.state == "released"]
+            assert life.releases(h) == releases, (name, h)
+            assert life.released(h) == (releases[0] if releases else None), (name, h)
+            seen += bool(releases)
+        assert seen, name  # some handle was released
