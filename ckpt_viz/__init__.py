@@ -12,7 +12,7 @@ from ckpt_viz import lessons  # the lessons: loader, runner, glossary, runs (tor
 from ckpt_viz.bus import subscribe, tag
 from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES
 from ckpt_viz.debug.divergence import replay_checks_note
-from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, diagnose_handle, explain
+from ckpt_viz.diagnose import Diagnosis, Finding, diagnose, diagnose_all, diagnose_handle, diagnose_handle_in, explain
 from ckpt_viz.errors import (
     CheckpointError,
     CheckpointUsageError,
@@ -131,6 +131,7 @@ __all__ = [
     "diagnose",
     "diagnose_all",
     "diagnose_handle",
+    "diagnose_handle_in",
     "dot_svg",
     "event_column",
     "event_counts",

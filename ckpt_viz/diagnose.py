@@ -66,6 +66,12 @@ def diagnose_handle(trace: Trace, handle_id: int) -> Finding:
     return handle_finding(Facts(trace, trace.events), handle_id)
 
 
+def diagnose_handle_in(trace: Trace, events: list, handle_id: int) -> Finding:
+    """`diagnose_handle`'s finding read from `events` only: the handle's own events and the run's errors and session
+    events, which is all it reads (app/ui/runs.py gives it those instead of every event of a big trace)."""
+    return handle_finding(Facts(trace, events), handle_id)
+
+
 def format_findings(findings: list[Finding], *, title: str = "") -> str:
     """The findings as text: a count, then each explanation."""
     head = f"{title}: " if title else ""

@@ -48,12 +48,12 @@ from ckpt_viz import (
     TraceIndex,
     derived,
     diagnose,
+    diagnose_handle_in,
     event_column,
     event_counts,
     lifecycle,
     obtain_trace,
 )
-from ckpt_viz.debug.findings import Facts, handle_finding
 
 DEFAULT_MODE = "split-reentrant"
 CONFIG = "run_config"  # the session key of the sidebar's RunConfig
@@ -199,7 +199,7 @@ def handle_diagnosis(trace: Trace, handle_id: int) -> Finding:
     for kind in _CONTEXT_KINDS:
         positions.update(jump_positions(trace, kind))
     events = trace.events
-    return handle_finding(Facts(trace, [events[p] for p in sorted(positions)]), handle_id)
+    return diagnose_handle_in(trace, [events[p] for p in sorted(positions)], handle_id)
 
 
 @st.cache_resource(max_entries=16, show_spinner="Loading the run…")
