@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,3 +156,54 @@ def test_profile_recording_quick() -> None:
     assert recorded > unrecorded, proc.stdout  # a recording's events are Python work the plain step does not do
     assert " ckpt_viz/" in proc.stdout, proc.stdout  # the table names our functions
     assert "CPU by library: not measured (" in proc.stdout or "libpython" in proc.stdout, proc.stdout
+
+
+def test_profile_cache_reads_callgrinds_format(tmp_path: Path) -> None:
+    """profile_cache.self_costs: names given once as `(id) name` and reused as `(id)`; the line after `calls=` is
+    the callee's inclusive cost, not the caller's own; missing trailing counts are zero."""
+    profile_cache = _profile_cache()
+    out = tmp_path / "cg.out"
+    out.write_text("# callgrind format\nversion: 1\ncreator: test\npositions: line\n"
+                   "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\n"
+                   "ob=(1) /lib/libpython3.11.so\nfl=(1) ceval.c\nfn=(1) eval\n"
+                   "10 100 40 20 3 2 1 1 1 1\n"
+                   "cob=(2) /x/busfast-cpython-311-x86_64-linux-gnu-0123456789abcdef.so\ncfi=(2) busfast.c\n"
+                   "cfn=(2) emit_fast\ncalls=2 5\n11 999 999 999 999 999 999 999 999 999\n"
+                   "+1 7 1\n"
+                   "ob=(2)\nfl=(2)\nfn=(2)\n5 50 5 5 1 1 1 1 1 1\n"
+                   "ob=(1)\nfl=(1)\nfn=(1)\n12 3\n"
+                   "totals: 160 46 25 4 3 2 2 2 2\n")
+    costs = profile_cache.self_costs(out)
+    assert costs == {("/lib/libpython3.11.so", "eval"): [110, 41, 20, 3, 2, 1, 1, 1, 1],
+                     ("/x/busfast-cpython-311-x86_64-linux-gnu-0123456789abcdef.so", "emit_fast"):
+                         [50, 5, 5, 1, 1, 1, 1, 1, 1]}
+    assert profile_cache.library(("/x/busfast-cpython-311-x86_64-linux-gnu-0123456789abcdef.so", "f")) == "busfast.so"
+
+
+def test_profile_cache_quick(tmp_path: Path) -> None:
+    """profile_cache.py counts a recorded and an unrecorded step under callgrind, and each part with --parts."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        pytest.skip("valgrind is missing (apt-get install valgrind; scripts/setup.sh does)")
+    out_json = tmp_path / "cache.json"
+    proc = _run("benchmarks/profile_cache.py", "--quick", "--parts", "--json", str(out_json), timeout=600)
+    assert proc.returncode == 0, proc.stdout
+    found = json.loads(out_json.read_text())
+    per_step = found["per_step"]
+    # a recording's events are work the plain step does not do: more instructions, whatever the machine
+    assert per_step["recorded"]["Ir"] > per_step["unrecorded"]["Ir"] > 0, per_step
+    assert per_step["added"]["Ir"] == per_step["recorded"]["Ir"] - per_step["unrecorded"]["Ir"]
+    assert set(found["parts"]) == {label for label, _, _ in _profile_cache().PARTS}, found["parts"]
+    assert found["parts"]["the bus: building and keeping the events"]["Ir"] > 0, found["parts"]
+    interpreter = {lib: c["Ir"] for lib, c in found["by_library"].items() if lib.startswith(("libpython", "python"))}
+    assert sum(interpreter.values()) > 0, found["by_library"]  # the added work is mostly the interpreter's
+    assert "estimate (a model" in proc.stdout and "added by the recording" in proc.stdout, proc.stdout
+
+
+def _profile_cache() -> Any:
+    """benchmarks/profile_cache.py as a module (its parser and its table of parts)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import profile_cache
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return profile_cache
