@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ipc", type=float, default=2.0, help="the model's instructions per cycle")
     parser.add_argument("--l2-cycles", type=float, default=14.0, help="the model's cost of a first-level miss")
     parser.add_argument("--l3-cycles", type=float, default=50.0, help="the model's cost of an L2 miss")
-    parser.add_argument("--ghz", type=float, default=3.0, help="to show the model's cycles as time")
+    parser.add_argument("--ghz", type=float, default=2.6, help="to show the model's cycles as time (this machine: 2.6)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # the process callgrind runs
     args = parser.parse_args(argv)
