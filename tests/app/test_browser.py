@@ -45,6 +45,21 @@ def _handle_picker_agrees_with_the_lifecycle(page) -> None:
     name = next(e.data["function"] for e in trace.of_kind("handle_created") if e.handle_id == 0)
     assert match[1] == name == "blocks.0"
     assert match[2] == lifecycle(trace).state_at(0, int(match[3])), shown
+    _handle_finding_agrees_with_diagnose(page, trace)
+
+
+def _handle_finding_agrees_with_diagnose(page, trace) -> None:
+    """What the browser draws as h0's answer to "why was this handle released?": the default run has no problem,
+    so the page reads it from h0's own events (ui.runs.handle_diagnosis); it must say what
+    ckpt_viz.diagnose_handle says of the whole trace, with the same releasing event."""
+    from ckpt_viz import diagnose_handle
+
+    finding = diagnose_handle(trace, 0)
+    assert finding.ok and finding.release_event is not None  # the default run ends cleanly: DW released h0
+    main = page.locator('[data-testid="stMain"]')
+    answer = main.locator('[data-testid="stAlertContentSuccess"]').first.inner_text()
+    assert answer.startswith("h0: no problem found.") and finding.summary in answer, answer
+    assert f"Released by (seq {finding.release_event.seq}):" in main.inner_text(), main.inner_text()
 
 
 def test_every_page_in_a_real_browser(browser_page) -> None:
