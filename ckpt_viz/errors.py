@@ -29,12 +29,12 @@ PyTorch's own errors have no code; the one that a diagnosis needs (E14, "Trying 
 backward through the graph a second time", code `second_backward_through_graph`) is
 classified once, where `record()` captures it (`error_code`).
 
-`code` is a diagnosis code of `ckpt_viz.events.DIAGNOSIS_CODES` where the error is
+`code` is a diagnosis code of `ckpt_viz.codes.DIAGNOSIS_CODES` where the error is
 the symptom of one of its causes (then its tip is that table's tip), else the error
 code above. A raise site may pass a more precise `code=`. The `error` event of an
 error stores its code in `data.code`, so `ckpt_viz.diagnose` reads codes, never text.
 A `HandleReleasedError` takes the plain code of its release reason
-(`ckpt_viz.events.CODE_FOR_REASON`); the diagnosis refines it from the trace.
+(`ckpt_viz.codes.CODE_FOR_REASON`); the diagnosis refines it from the trace.
 
 Messages follow one shape (spec D7): they start with the API name, say what
 happened with the numbers and the handle id, keep PyTorch's key phrase so that a
@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES
+from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
 
 __all__ = [
     "CheckpointError",

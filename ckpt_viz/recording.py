@@ -5,18 +5,15 @@ imports torch when a block opens (the watch; memory and graphs through
 `ckpt_viz.probe`), never at import, so opening a saved trace never needs torch.
 
 NOTE [ What a recording captures ]
-  1. Events: every event emitted while the block is open, in order. `trace.events` is
-     a `RecordedEvents`: it keeps each event as the bus's cheap row and builds the
-     Event objects when first read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
+  1. Events: every event emitted while the block is open, in order, in `trace.events`
+     (a plain list of the typed events of `ckpt_viz.events`).
   2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
      probe/memory.py) as of right after every event (the native allocation log's
      probe marks each event and `trace.memory` is filled when the block closes;
      the dispatch tracker, its fallback, reads at each event: probe/allocations.py
      `open_probe`); a sample is stored when the reading differs from the
      previous one, so the memory at any event is that of the last sample at or
-     before it (a step function). `trace.memory` is then a `RecordedMemory`: the
-     samples kept as columns as they come, read as `MemorySample`s (NOTE [ Lazy
-     events ], rule 5, in ckpt_viz/trace/rows.py).
+     before it (a step function), in `trace.memory` (a list of `MemorySample`).
   3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call
      become `error` events even when the caller catches them (R13 needs that).
   4. graphs=True: a `GraphSnapshot` of the roots of every top-level
@@ -52,7 +49,6 @@ NOTE [ What a recording captures ]
 from __future__ import annotations
 
 import functools
-import itertools
 import linecache
 import os
 import stat
@@ -65,10 +61,9 @@ from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
-from ckpt_viz.events import EventRow
-from ckpt_viz.trace import Trace
-from ckpt_viz.trace.rows import RecordedEvents, RecordedMemory
-from ckpt_viz.trace.schema import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
+from ckpt_viz.events import EventBase
+from ckpt_viz.trace import MemorySample, Trace
+from ckpt_viz.trace._codec import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
 
 __all__ = ["Recording", "last_trace", "record"]
 
@@ -109,7 +104,8 @@ def _watched(name: str, original: Any, roots_keyword: str) -> Any:
         try:
             return original(*args, **kwargs)
         except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
-            bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph"), "code": error_code(exc)})
+            retain = kwargs.get("retain_graph")
+            bus.emit_error(exc, name, retain_graph=retain if isinstance(retain, bool) else None, code=error_code(exc))
             raise
 
     watched._ckpt_viz_original = original  # type: ignore[attr-defined]
@@ -165,21 +161,26 @@ class Recording:
         self._probe: Any = None
         self._names: dict[int, str] = {}
         self._last_reading: Any = None
-        self._memory: RecordedMemory | None = None  # trace.memory once the block opens with memory=True
 
-    def _sample(self, row: EventRow) -> None:
-        """Read memory right after the event `row` (the channel calls it in seq order; NOTE rule 2)."""
+    def _keep(self, event: EventBase) -> None:
+        """The channel's listener: keep the event, then read memory right after it (in seq order; NOTE rule 2)."""
+        self.trace.events.append(event)  # type: ignore[arg-type]
         probe = self._probe
         if probe is None:
             return
         if probe.deferred:  # an AllocationProbe: read when it closes (probe/allocations.py NOTE rule 1)
-            probe.mark(row[0], row[1][0])
+            probe.mark(event.seq, event.t_ns)
             return
         reading = probe.sample()
         if reading != self._last_reading:  # memory is a step function: store only the steps
             self._last_reading = reading
             totals, by_stage, device = reading
-            self._memory.keep(row[0], row[1][0], totals, device, by_stage)  # type: ignore[union-attr]
+            self._keep_sample(event.seq, event.t_ns, totals, device, by_stage)
+
+    def _keep_sample(self, seq: int, t_ns: int, totals: dict[str, int], device: int | None,
+                     by_stage: dict[str, dict[str, int]] | None, at: str | None = None) -> None:
+        self.trace.memory.append(MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=totals, device_allocated=device,
+                                              by_stage=by_stage or {}, at=at))
 
     def assign_stage(self, tensors: Any, stage: Any) -> None:
         """Count `tensors` (a pipeline stage's parameters) under `stage` in the memory samples' `by_stage`."""
@@ -190,7 +191,7 @@ class Recording:
         """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
         from ckpt_viz.probe.graph import capture_graph
 
-        seq = self.trace.events[-1].seq if len(self.trace.events) else -1
+        seq = self.trace.events[-1].seq if self.trace.events else -1
         self.trace.graphs.append(capture_graph(roots, label=label, seq=seq, names=self._names))
 
     def attach(self) -> AbstractContextManager[bus.Scope]:
@@ -215,8 +216,9 @@ class Recording:
             state = "open" if self._channel.is_open else "closed"
             raise RecordingError(f"ckpt_viz.record: this recording is already {state} (a record() block runs "
                                  "once).\nTip: use a new record() block.")
-        if self.model is not None:  # routing events name captured parameters (bus.name_of)
-            self._names = {id(p): n for n, p in self.model.named_parameters()}
+        if self.model is not None:  # events name captured parameters and checkpointed modules (bus.name_of)
+            self._names = {id(m): n for n, m in self.model.named_modules() if n}  # handle labels
+            self._names.update({id(p): n for n, p in self.model.named_parameters()})
         try:
             if self.memory:
                 from ckpt_viz.probe.allocations import open_probe  # the native log's, else the tracker
@@ -230,11 +232,7 @@ class Recording:
         except BaseException:
             self._release(None, None, None)
             raise
-        events = self.trace.events = RecordedEvents(self.trace.events)  # NOTE [ Lazy events ] in trace/rows.py
-        if self._probe is not None:  # samples kept as columns as they come (NOTE [ Lazy events ], rule 5)
-            self._memory = self.trace.memory = RecordedMemory(self.trace.memory)
-        self._channel = bus.open_channel(rows=events.keep, after=self._sample if self._probe is not None else None,
-                                         names=self._names, seq_of=events.seq_of)  # numbered by position
+        self._channel = bus.open_channel(self._keep, names=self._names)
         _BY_CHANNEL[self._channel] = self
         self._scope = bus.current_scope()
         return self
@@ -263,8 +261,8 @@ class Recording:
             if probe is not None:
                 probe.__exit__(*exc)
                 if probe.deferred:
-                    if self._memory is not None:
-                        probe.finish(self._memory.keep)
+                    if self._channel is not None:
+                        probe.finish(self._keep_sample)
                     else:  # the block did not open: nothing to keep
                         probe.finish()
 
@@ -291,15 +289,10 @@ _LINES: dict[str, tuple[str, Any, str]] = {}
 
 def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
-    # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/debug/findings.py).
+    # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/analysis/findings.py).
     events = trace.events
-    if isinstance(events, RecordedEvents):  # read the two fields without building the Events
-        all_sites, kinds = events.column("site"), events.column("kind")
-    else:
-        all_sites, kinds = [e.site for e in events], [e.kind for e in events]
-    # C-level passes (this runs at every close, so once per step for a block around each step)
-    sites = dict.fromkeys(itertools.compress(all_sites, map(_STORY_KINDS.__contains__, kinds)))
-    sites.update(dict.fromkeys(all_sites))
+    sites = dict.fromkeys(e.site for e in events if e.kind in _STORY_KINDS)
+    sites.update(dict.fromkeys(e.site for e in events))
     sites.pop(None, None)
     sites.pop("", None)
     sources = trace.meta.get("sources")

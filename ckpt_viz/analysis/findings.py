@@ -1,11 +1,11 @@
 """Why was a handle's replay refused, or why did it leak? The `Finding` record, read from the trace alone.
 
 Owns the mapping from recorded facts to the causes of refused replays and leaked
-handles (the codes of `ckpt_viz.events.DIAGNOSIS_CODES`, which also give each cause,
+handles (the codes of `ckpt_viz.codes.DIAGNOSIS_CODES`, which also give each cause,
 fix and release reason). A handle's first release, its collection and its refused
-replays come from the one lifecycle (`ckpt_viz.trace.lifecycle`); the evidence beside
+replays come from the one lifecycle (`ckpt_viz.analysis.lifecycle`); the evidence beside
 them is read from event kinds, release reasons, recorded facts and the codes that
-`error` events store (`data.code`, see `ckpt_viz.errors`), never from message text.
+`error` events store (`Error.code`, see `ckpt_viz.errors`), never from message text.
 
 NOTE [ Reading a cause from the trace ]
   1. The symptom: the handle's first `replay_refused`, or an `error` about it
@@ -45,12 +45,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_viz.debug.story import explanation
-from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES, Event
+from ckpt_viz.analysis._story import explanation
+from ckpt_viz.analysis.lifecycle import Transition, lifecycle
+from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
+from ckpt_viz.events import Error, Event, HandleCreated, PhaseSet, Released, ReplayRefused, SessionActivated
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace.lifecycle import Transition, lifecycle
 
-__all__ = ["STORY_KINDS", "Facts", "Finding", "finding", "handle_finding"]
+__all__ = ["STORY_KINDS", "Facts", "Finding", "code_of", "finding", "handle_finding"]
 
 _OK_FIX = "Nothing to fix."
 # The codes a refusal error carries: the plain code of the release reason, or these two.
@@ -66,7 +67,7 @@ class Finding:
     """One problem in a trace: what went wrong, the events that show it, the story and the one next step.
 
     Attributes:
-        code: a key of `ckpt_viz.events.DIAGNOSIS_CODES`, or "ok" (only from the per-handle form).
+        code: a key of `ckpt_viz.codes.DIAGNOSIS_CODES`, or "ok" (only from the per-handle form).
         handle_id: the handle concerned, or None for a problem of no one handle.
         events: the events that caused it, in order: the release (with its reason), the refusal,
             the user's actions (set_phase, backward, clear_recompute_session, prefire, release).
@@ -102,9 +103,9 @@ class Finding:
         """The release reason, "node_collected" for dropped outputs, or None."""
         if self.release_event is None:
             return None
-        if self.release_event.kind == "node_collected":
-            return "node_collected"
-        return self.release_event.data.get("reason")
+        if isinstance(self.release_event, Released):
+            return self.release_event.reason
+        return "node_collected"
 
     @property
     def seq(self) -> int | None:
@@ -134,9 +135,9 @@ class Facts:
                 self.errors.append(e)
             elif e.kind == "session_cleared":
                 self.cleared.append(e)
-            elif e.kind == "session_activated":
+            elif isinstance(e, SessionActivated):
                 act = {"start": e.seq, "end": None, "sid": e.session_id, "event": e,
-                       "retain": bool(e.data.get("retain_on_unpack")), "handles": list(e.data.get("handles", ()))}
+                       "retain": e.retain_on_unpack, "handles": list(e.handles)}
                 self.activations.append(act)
                 open_by_sid[e.session_id] = act
             elif e.kind == "session_deactivated" and e.session_id in open_by_sid:
@@ -174,19 +175,21 @@ class Facts:
     def story_events(self, h: int, *key: Event | None, until: int | None = None) -> tuple[Event, ...]:
         """The handle's events a story shows (STORY_KINDS, the session clears that named it), up to `until`."""
         chosen = {e.seq: e for e in self.by_handle.get(h, ()) if e.kind in STORY_KINDS}
-        chosen.update((e.seq, e) for e in self.cleared if h in (e.data.get("handles") or ()))
+        chosen.update((e.seq, e) for e in self.cleared if h in e.handles)  # type: ignore[attr-defined]
         chosen.update((e.seq, e) for e in key if e is not None)
         last = until if until is not None else max((e.seq for e in key if e is not None), default=None)
         return tuple(chosen[s] for s in sorted(chosen) if last is None or s <= last)
 
     def block(self, h: int) -> str | None:
-        created = _first(self.by_handle.get(h, ()), lambda e: e.kind == "handle_created")
-        return created.data.get("function") if created is not None else None
+        created = _first(self.by_handle.get(h, ()), lambda e: isinstance(e, HandleCreated))
+        if not isinstance(created, HandleCreated):
+            return None
+        return created.label or created.function or None
 
 
 def code_of(event: Event) -> str | None:
     """The code an `error` event stores (see ckpt_viz.errors); None for other events."""
-    return event.data.get("code") if event.kind == "error" else None
+    return event.code if isinstance(event, Error) else None
 
 
 def _first(events: Iterable[Event], test: Any) -> Event | None:
@@ -198,7 +201,7 @@ def _where(event: Event | None) -> str:
 
 
 def _refusal(refused: Event) -> str:
-    what = f"{refused.data.get('where')}" if refused.kind == "error" else "the replay"
+    what = refused.where if isinstance(refused, Error) else "the replay"
     return f"{what} at event #{refused.seq}{_where(refused)} was refused"
 
 
@@ -238,8 +241,8 @@ def _ordinary_code(f: Facts, events: list[Event], release: Event) -> tuple[str, 
 
 def _from_release(f: Facts, h: int, events: list[Event], release: Event, refused: Event | None,
                   refusal_error: Event | None) -> Finding:
-    reason = release.data.get("reason")
-    code = CODE_FOR_REASON.get(reason, "released_explicitly")
+    reason = release.reason if isinstance(release, Released) else None
+    code = CODE_FOR_REASON.get(reason or "", "released_explicitly")
     head = f"h{h} was released at event #{release.seq}{_where(release)} with reason {reason}"
     error = refusal_error
     detail = ""
@@ -256,13 +259,13 @@ def _from_release(f: Facts, h: int, events: list[Event], release: Event, refused
         error = cause or error
         if cause is not None and code_of(cause) == "phase_not_set":
             code, detail = "phase_not_set", ": the backward reached it while its phase was still 'ordinary'"
-        elif cause is not None:
-            detail = f": {cause.data.get('type')} in the backward"
+        elif isinstance(cause, Error):
+            detail = f": {cause.type} in the backward"
     elif reason == "forward_exception":
         failed = _first(events, lambda e: e.kind == "forward_failed")
         error = _first(events, lambda e: e.kind == "error" and e.seq > release.seq) or error
         if failed is not None:
-            detail = f": the forward raised {failed.data.get('type')}"
+            detail = f": the forward raised {failed.type}"  # type: ignore[attr-defined]
     tail = "." if refused is None else f"; {_refusal(refused)}."
     return finding(f, code, h, head + detail + tail, release=release, refused=refused, site=release.site, error=error)
 
@@ -271,14 +274,14 @@ def _leak(f: Facts, h: int, events: list[Event]) -> Finding | None:
     """A split handle set to DW that DW never entered and nothing released (NOTE rule 4)."""
     if f.lifecycle.released(h) is not None:
         return None
-    dw = [e for e in events if e.kind == "phase_set" and e.data.get("new") == "dw"]
+    dw = [e for e in events if isinstance(e, PhaseSet) and e.new == "dw"]
     if not dw:
         return None
     mark = dw[-1]
     if any(e.kind == "backward_entered" and e.seq > mark.seq for e in events):
         return None
     torch_error = _first(f.errors, lambda e: e.seq > mark.seq and code_of(e) == _SECOND_BACKWARD)
-    freed = mark.data.get("outer_graph_freed")
+    freed = mark.outer_graph_freed
     if freed or (freed is None and torch_error is not None):
         dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.seq < mark.seq]
         site = dx[-1].site if dx else mark.site
@@ -303,7 +306,7 @@ def handle_finding(f: Facts, h: int) -> Finding:
     if refused is not None:
         refusal_error = refused if refused.kind == "error" else _first(
             events, lambda e: e.kind == "error" and e.seq > refused.seq)
-        collected_refusal = (refused.data.get("reason") == "node_collected"
+        collected_refusal = ((isinstance(refused, ReplayRefused) and refused.reason == "node_collected")
                              or code_of(refused) == "outputs_dropped_before_replay")
         if collected_refusal:
             collected = f.collected(h)
@@ -314,13 +317,14 @@ def handle_finding(f: Facts, h: int) -> Finding:
                            release=collected, refused=refused, site=collected.site if collected else None,
                            error=refusal_error)
         if release is None:  # released before the recording started: the refusal still names the reason
-            reason = refused.data.get("last_release_reason")
+            reason = refused.last_release_reason if isinstance(refused, ReplayRefused) else None
             carried = code_of(refused)
-            code = CODE_FOR_REASON.get(reason) or (carried if carried in DIAGNOSIS_CODES else "released_explicitly")
+            code = CODE_FOR_REASON.get(reason or "") or (
+                carried if carried in DIAGNOSIS_CODES else "released_explicitly")
             return finding(f, code, h, f"h{h} was released before the recording (reason {reason}); "
                                        f"{_refusal(refused)}.", refused=refused, error=refusal_error)
         return _from_release(f, h, events, release, refused, refusal_error)
-    if release is not None and release.data.get("reason") in ("backward_exception", "forward_exception"):
+    if isinstance(release, Released) and release.reason in ("backward_exception", "forward_exception"):
         return _from_release(f, h, events, release, None, None)
     mismatch = _first(events, lambda e: e.kind == "error" and code_of(e) == "session_mismatch")
     if mismatch is not None:
@@ -330,6 +334,6 @@ def handle_finding(f: Facts, h: int) -> Finding:
     leak = _leak(f, h, events)
     if leak is not None:
         return leak
-    state = f"released ({release.data.get('reason')})" if release is not None else "never refused a replay"
+    state = f"released ({release.reason})" if isinstance(release, Released) else "never refused a replay"
     return finding(f, "ok", h, f"h{h}: no problem found; {state}.", release=release,
                    site=release.site if release is not None else None, events=())

@@ -1,4 +1,4 @@
-"""Problems that raise nothing, read from the trace: each a code of `ckpt_viz.events.DIAGNOSIS_CODES`.
+"""Problems that raise nothing, read from the trace: each a code of `ckpt_viz.codes.DIAGNOSIS_CODES`.
 
 NOTE [ Silent problems ]
   1. dw_skipped_handles: a split reentrant handle that a DX backward reached and that
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ckpt_viz.debug.findings import Facts, Finding, code_of, finding
-from ckpt_viz.events import Event
+from ckpt_viz.analysis.findings import Facts, Finding, code_of, finding
+from ckpt_viz.events import Error, Event, GradsRouted, PhaseSet
 
 __all__ = ["ERROR_CODES", "silent_findings"]
 
@@ -42,7 +42,7 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
     dw_passes.sort(key=lambda e: e.seq)
     for h, events in f.by_handle.items():
         dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.mode == "reentrant"]
-        if not dx or h in leaked or any(e.kind == "released" or (e.kind == "phase_set" and e.data.get("new") == "dw")
+        if not dx or h in leaked or any(e.kind == "released" or (isinstance(e, PhaseSet) and e.new == "dw")
                                         for e in events):
             continue
         if f.lifecycle.released(h) is not None:
@@ -73,12 +73,11 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
 def _params_without_grad(f: Facts) -> list[Finding]:
     found = []
     for h, events in f.by_handle.items():
-        routed = next((e for e in events if e.kind == "grads_routed"
-                       and any(not c.get("accumulated", True) for c in e.data.get("captured") or ())), None)
+        routed = next((e for e in events if isinstance(e, GradsRouted)
+                       and any(not c.accumulated for c in e.captured)), None)
         if routed is None:
             continue
-        missing = [c.get("name") or f"a parameter of shape {c.get('shape')}"
-                   for c in routed.data.get("captured") or () if not c.get("accumulated", True)]
+        missing = [c.name or f"a parameter of shape {tuple(c.shape)}" for c in routed.captured if not c.accumulated]
         names = ", ".join(str(m) for m in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         found.append(finding(f, "params_without_grad", h,
                              f"h{h}'s {routed.phase or 'ordinary'} backward at event #{routed.seq} gave no gradient "
@@ -138,7 +137,8 @@ def _error_findings(f: Facts, events: list[Event]) -> list[Finding]:
             continue
         h = e.handle_id if e.handle_id is not None else last_handle
         story = f.story_events(h, e, until=e.seq) if h is not None else (e,)
-        found.append(finding(f, code, h, f"{e.data.get('where') or 'the run'} raised {e.data.get('type')} at event "
+        assert isinstance(e, Error)
+        found.append(finding(f, code, h, f"{e.where or 'the run'} raised {e.type} at event "
                                          f"#{e.seq}{f' ({e.site})' if e.site else ''}.",
                              site=e.site, error=e, events=_ordered((*story, e))))
     return found

@@ -15,7 +15,7 @@ NOTE [ Divergence findings ]
      first runs and then a sample (NOTE [ Sampled replay checks ] in
      ckpt_viz/runtime/divergence_sampling.py) and counts, in
      `meta["replay_checks"]`, the runs checked and skipped. `replay_checks_note`
-     says how many were not checked and how to check them all, so the debugger never
+     (`ckpt_viz.analysis.diagnosis`) says how many were not checked and how to check them all, so the debugger never
      says "no divergence" of a replay nobody looked at; None when every run was
      checked (or the trace has no counts: older traces, checks off).
 """
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ckpt_viz.debug.findings import Facts, Finding, finding
-from ckpt_viz.events import DIAGNOSIS_CODES, Event
-from ckpt_viz.trace import Trace
+from ckpt_viz.analysis.findings import Facts, Finding, finding
+from ckpt_viz.codes import DIAGNOSIS_CODES
+from ckpt_viz.events import Event, ReplayDiverged
 
-__all__ = ["DIVERGENCE_CODES", "divergence_findings", "replay_checks_note"]
+__all__ = ["DIVERGENCE_CODES", "divergence_findings"]
 
 # divergence kind (data.divergence) -> code; the runtime writes the same pairs (tests check they agree).
 DIVERGENCE_CODES: dict[str, str] = {
@@ -53,18 +53,18 @@ def divergence_findings(f: Facts, events: Iterable[Event]) -> list[Finding]:
     """One finding per `replay_diverged` event (NOTE [ Divergence findings ])."""
     found = []
     for e in events:
-        if e.kind != "replay_diverged":
+        if not isinstance(e, ReplayDiverged):
             continue
-        code = e.data.get("code") or DIVERGENCE_CODES.get(str(e.data.get("divergence")))
+        code = e.code if e.code in DIAGNOSIS_CODES else DIVERGENCE_CODES.get(e.divergence)
         if code not in DIAGNOSIS_CODES:
             continue
         h = e.handle_id
-        details = [str(d) for d in e.data.get("details") or ()]
-        more = int(e.data.get("count") or len(details)) - len(details)
+        details = list(e.details)
+        more = max(e.count - len(details), 0)
         created = _created(f, h)
         site = created.site if created is not None else e.site
-        region = e.data.get("region") or (f.block(h) if h is not None else None) or "a checkpointed block"
-        what = _WHAT.get(str(e.data.get("divergence")), "did not reproduce its forward")
+        region = e.region or (f.block(h) if h is not None else None) or "a checkpointed block"
+        what = _WHAT.get(e.divergence, "did not reproduce its forward")
         called = f", called at {site}" if site else ""
         summary = f"the replay of {region} (h{h}) at event #{e.seq} {what}{called}: {'; '.join(details[:2])}" + (
             f" and {len(details) + more - 2} more" if len(details) + more > 2 else "") + "."
@@ -74,24 +74,3 @@ def divergence_findings(f: Facts, events: Iterable[Event]) -> list[Finding]:
         ordered = tuple({x.seq: x for x in sorted((*story, e), key=lambda x: x.seq)}.values())
         found.append(finding(f, code, h, summary, site=site, events=ordered, extra=extra))
     return found
-
-
-def replay_checks_note(trace: Trace) -> str | None:
-    """How many checkpointed runs the replay-divergence checks skipped, in words; None if none (NOTE rule 3)."""
-    counts = trace.meta.get("replay_checks")
-    if not isinstance(counts, dict):
-        return None
-    checked, skipped = int(counts.get("checked") or 0), int(counts.get("skipped") or 0)
-    if skipped <= 0:
-        return None
-    regions = counts.get("skipped_regions") or {}
-    named = sorted(regions.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
-    shown = ", ".join(f"{name} {n}" for name, n in named[:4]) + (f", ... ({len(named) - 4} more)" if len(named) > 4
-                                                                  else "")
-    first = counts.get("first_checks")
-    policy = (f"every region's first {first} runs, then a sample in a time budget" if counts.get("policy") == "sampled"
-              else f"policy {counts.get('policy')!r}")
-    return (f"Replay-divergence checks: {checked} of {checked + skipped} checkpointed runs checked ({policy}); "
-            f"{skipped} not checked ({shown}), so no divergence was looked for in those replays.\n"
-            "Tip: record with ckpt_viz.runtime.divergence.checks('all') (or CKPT_VIZ_REPLAY_CHECKS=all) to check "
-            "every replay.")

@@ -5,7 +5,7 @@ NOTE [ The story of a finding ]
   2. Steps: the finding's events in order, grouped while they share one site (one
      line of the user's code: "#3-#8 train.py:120: phase set to dw; released
      (reason dw_complete)"), each followed by that line's code as recorded in the
-     trace (`meta["sources"]`, see NOTE [ What a recording captures ] rule 7), never
+     trace (`meta["sources"]`, see NOTE [ What a recording captures ], rule 7, in ckpt_viz/recording.py), never
      read from the file now. At most MAX_STEPS steps: the first and the last ones
      are kept, the middle is summed up in one line.
   3. "Fix: ..." closes it. The whole is at most MAX_LINES lines.
@@ -15,7 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckpt_viz.events import Event
+from ckpt_viz.events import (
+    BackwardEntered,
+    Error,
+    Event,
+    PhaseSet,
+    Released,
+    ReplayRefused,
+    ReplayStarted,
+    SessionActivated,
+)
 
 __all__ = ["MAX_LINES", "describe", "explanation"]
 
@@ -26,37 +35,34 @@ _CODE_CHARS = 110
 
 def describe(event: Event) -> str:
     """One event as a short phrase of what happened."""
-    d = event.data
-    kind = event.kind
-    if kind == "handle_created":
+    if event.kind == "handle_created":
         return "checkpointed (the handle was created)"
-    if kind == "phase_set":
-        return f"phase set to {d.get('new')}"
-    if kind == "backward_entered":
-        return f"reached by the {event.phase or 'ordinary'} backward" if event.phase != "ordinary" else \
+    if isinstance(event, PhaseSet):
+        return f"phase set to {event.new}"
+    if isinstance(event, BackwardEntered):
+        return f"reached by the {event.phase} backward" if event.phase not in (None, "ordinary") else \
             "reached by an ordinary backward"
-    if kind == "released":
-        return f"released (reason {d.get('reason')})"
-    if kind == "replay_refused":
-        return "its replay was refused (it was released)" if d.get("reason") == "released" else \
+    if isinstance(event, Released):
+        return f"released (reason {event.reason})"
+    if isinstance(event, ReplayRefused):
+        return "its replay was refused (it was released)" if event.reason == "released" else \
             "its replay was refused (its autograd node was gone)"
-    if kind == "node_collected":
+    if event.kind == "node_collected":
         return "its outputs were dropped (autograd node garbage-collected)"
-    if kind == "session_bound":
+    if event.kind == "session_bound":
         return f"bound to session {event.session_id!r}"
-    if kind == "session_activated":
-        retain = "retaining" if d.get("retain_on_unpack") else "not retaining"
+    if isinstance(event, SessionActivated):
+        retain = "retaining" if event.retain_on_unpack else "not retaining"
         return f"session {event.session_id!r} entered ({retain})"
-    if kind == "session_cleared":
+    if event.kind == "session_cleared":
         return f"session {event.session_id!r} cleared"
-    if kind == "prefired":
+    if event.kind == "prefired":
         return f"prefired in session {event.session_id!r}"
-    if kind == "replay_started":
-        return f"replayed ({d.get('trigger')}, replay {d.get('replay_index')})"
-    if kind == "error":
-        where = d.get("where") or "the run"
-        return f"{where} raised {d.get('type')}"
-    return kind.replace("_", " ")
+    if isinstance(event, ReplayStarted):
+        return f"replayed ({event.trigger}, replay {event.replay_index})"
+    if isinstance(event, Error):
+        return f"{event.where or 'the run'} raised {event.type}"
+    return event.kind.replace("_", " ")
 
 
 def _source(sources: Mapping[str, Any], site: str | None) -> str | None:

@@ -1,0 +1,273 @@
+"""The one lifecycle of every handle: its state transitions, derived from the events once per trace.
+
+The lanes, the handle tables, the graph's region colours, the CLI summary, the debugger and the
+lessons all read states from here, so every view names the same state for the same handle at the
+same cursor. Standard library only.
+
+NOTE [ Handle states ]
+  1. Before its first event a handle is "not_created". `handle_created` -> "recorded". A handle whose
+     first event is something else existed before the recording: it is "recorded" from the trace's
+     first seq (a transition with kind None).
+  2. `phase_set` while waiting for a backward (recorded, phase_dx, phase_dw) -> "phase_dx" or
+     "phase_dw" (back to "recorded" for phase "ordinary"); in any other state the new phase is only
+     remembered.
+  3. `replay_started` -> "replaying" (from any state: a non-reentrant frame is recomputed again by each
+     new graph task). `replay_finished` -> "replayed" (a backward uses the replay now), or "retained"
+     when it was a prefire. `replay_failed` -> back to waiting (rule 2's state for the remembered phase).
+  4. "retained": the replay is kept after its use. After `grads_routed` with phase dx; after an
+     ordinary or dw `grads_routed` that no `released` follows as the handle's next event (a retaining
+     session: retained from the grads_routed seq); after an unpack that kept a non-reentrant recomputed
+     tensor (consumed=False).
+  5. `released` -> "released" with its reason. A non-reentrant frame has no release event: it counts
+     the tensors its replays saved (replay_finished.saved_count) and is "released" (reason "consumed")
+     at the unpack that consumed the last one, or (reason "session_cleared") when `session_cleared`
+     lists it in `frames` while replayed or retained.
+  6. `node_collected` while waiting (before any replay) -> "collected" (the autograd node died before
+     its first replay); a replayed, retained or released handle keeps its state.
+  7. `replay_refused` changes no state: it is a mark ("refused", with its reason) at the handle's
+     state of the moment (released or collected).
+  8. The state at seq s includes every transition with seq s; seq None means the end.
+
+Example: split-reentrant mlp, h0: recorded -> phase_dx -> replaying -> replayed -> retained (DX routed
+its grads) -> phase_dw is only remembered -> released (dw_complete).
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+from dataclasses import dataclass
+
+from ckpt_viz.analysis._cache import derived
+from ckpt_viz.events import (
+    Event,
+    GradsRouted,
+    HandleCreated,
+    NodeCollected,
+    PhaseSet,
+    Released,
+    ReplayFailed,
+    ReplayFinished,
+    ReplayRefused,
+    ReplayStarted,
+    SessionCleared,
+    TensorUnpacked,
+)
+from ckpt_viz.trace import Trace
+from ckpt_viz.vocabulary import STATES, State
+
+__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "Lifecycle", "Transition", "lifecycle"]
+
+MARK_MEANINGS: dict[str, str] = {
+    "refused": "A backward asked for a replay after the handle was released or collected; the replay was refused.",
+}
+
+# Release reasons the lifecycle derives for non-reentrant frames (the runtime emits no `released` for them).
+DERIVED_REASONS: dict[str, str] = {
+    "consumed": "every tensor its recompute saved was read back once by the backward",
+    "session_cleared": "its recompute session was cleared",
+}
+
+_WAITING = frozenset(("recorded", "phase_dx", "phase_dw"))
+_KEPT = frozenset(("replayed", "retained"))
+_WAITING_FOR_PHASE: dict[str | None, State] = {"dx": "phase_dx", "dw": "phase_dw"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    """One change of a handle's state (or, for `Lifecycle.refusals`, a refused replay).
+
+    Attributes:
+        seq: the event seq where the new state starts.
+        handle_id: the handle.
+        state: one of `ckpt_viz.vocabulary.STATES`.
+        kind: the event kind that caused it; None for a handle seen before the recording.
+        reason: for "released", the release reason (see `DERIVED_REASONS`); for a refusal, its reason; else None.
+    """
+
+    seq: int
+    handle_id: int
+    state: State
+    kind: str | None
+    reason: str | None = None
+
+
+class _Handle:
+    """One handle's running state while the pass walks the events."""
+
+    __slots__ = ("pending", "phase", "refusals", "replays", "state", "transitions", "unconsumed")
+
+    def __init__(self) -> None:
+        self.state: State = "not_created"
+        self.phase: str | None = None
+        self.unconsumed = 0
+        self.pending: int | None = None  # seq of an ordinary/dw grads_routed waiting for its next event (rule 4)
+        self.replays = 0
+        self.transitions: list[Transition] = []
+        self.refusals: list[tuple[int, str | None]] = []
+
+
+class Lifecycle:
+    """Every handle's transitions in one trace (NOTE [ Handle states ]), with O(log n) lookups at a seq.
+
+    Attributes:
+        handle_ids: handle ids in order of first appearance.
+        end_seq: the seq of the trace's last event (None for an empty trace).
+    """
+
+    def __init__(self, events: list[Event]) -> None:
+        self.end_seq: int | None = events[-1].seq if events else None
+        handles: dict[int, _Handle] = {}
+        first_seq = events[0].seq if events else 0
+        for event in events:
+            h = event.handle_id
+            if h is not None:
+                state = handles.get(h)
+                if state is None:
+                    state = handles[h] = _Handle()
+                    if not isinstance(event, HandleCreated):  # rule 1: existed before the recording
+                        self._move(h, state, first_seq, "recorded", None, None)
+                self._step(h, state, event)
+            elif isinstance(event, SessionCleared):
+                for frame in event.frames:
+                    state = handles.get(frame)
+                    if state is not None:
+                        self._resolve(frame, state)
+                        if state.state in _KEPT:
+                            state.unconsumed = 0
+                            self._move(frame, state, event.seq, "released", "session_cleared", "session_cleared")
+        for h, state in handles.items():
+            self._resolve(h, state)
+        self.handle_ids: list[int] = list(handles)
+        self._transitions = {h: s.transitions for h, s in handles.items()}
+        self._seqs = {h: [t.seq for t in s.transitions] for h, s in handles.items()}
+        self._replays = {h: s.replays for h, s in handles.items()}
+        self._refusals = {h: s.refusals for h, s in handles.items()}
+        into: dict[str, list[int]] = {s: [] for s in STATES}
+        out: dict[str, list[int]] = {s: [] for s in STATES}
+        for transitions in self._transitions.values():
+            before = "not_created"
+            for t in transitions:
+                out[before].append(t.seq)
+                into[t.state].append(t.seq)
+                before = t.state
+        for seqs in (*into.values(), *out.values()):
+            seqs.sort()
+        self._into, self._out = into, out
+
+    @staticmethod
+    def _move(h: int, state: _Handle, seq: int, new: State, kind: str | None, reason: str | None) -> None:
+        if new != state.state:
+            state.transitions.append(Transition(seq=seq, handle_id=h, state=new, kind=kind, reason=reason))
+            state.state = new
+
+    def _resolve(self, h: int, state: _Handle) -> None:
+        """Rule 4: a pending ordinary/dw grads_routed not followed by a release is retained from its seq."""
+        if state.pending is not None:
+            seq, state.pending = state.pending, None
+            self._move(h, state, seq, "retained", "grads_routed", None)
+
+    def _step(self, h: int, s: _Handle, e: Event) -> None:
+        if s.pending is not None and not isinstance(e, Released):
+            self._resolve(h, s)
+        if isinstance(e, PhaseSet):
+            s.phase = e.new
+            if s.state in _WAITING:
+                self._move(h, s, e.seq, _WAITING_FOR_PHASE.get(e.new, "recorded"), e.kind, None)
+        elif isinstance(e, HandleCreated):
+            self._move(h, s, e.seq, "recorded", e.kind, None)
+        elif isinstance(e, ReplayStarted):
+            s.replays += 1
+            self._move(h, s, e.seq, "replaying", e.kind, None)
+        elif isinstance(e, ReplayFinished):
+            s.unconsumed += e.saved_count or 0
+            self._move(h, s, e.seq, "retained" if e.trigger == "prefire" else "replayed", e.kind, None)
+        elif isinstance(e, GradsRouted):
+            if e.phase == "dx":
+                self._move(h, s, e.seq, "retained", e.kind, None)
+            else:
+                s.pending = e.seq
+        elif isinstance(e, Released):
+            s.pending = None
+            self._move(h, s, e.seq, "released", e.kind, e.reason)
+        elif isinstance(e, ReplayFailed):
+            self._move(h, s, e.seq, _WAITING_FOR_PHASE.get(s.phase, "recorded"), e.kind, None)
+        elif isinstance(e, NodeCollected):
+            if s.state in _WAITING:
+                self._move(h, s, e.seq, "collected", e.kind, None)
+        elif isinstance(e, TensorUnpacked):
+            if s.state in _KEPT:
+                if e.consumed:
+                    s.unconsumed -= 1
+                    if s.unconsumed <= 0:
+                        s.unconsumed = 0
+                        self._move(h, s, e.seq, "released", e.kind, "consumed")
+                else:
+                    self._move(h, s, e.seq, "retained", e.kind, None)
+        elif isinstance(e, ReplayRefused):
+            s.refusals.append((e.seq, e.reason))
+
+    # -- queries
+
+    def _at(self, seq: int | None) -> int:
+        if seq is None:
+            return self.end_seq if self.end_seq is not None else 0
+        return seq
+
+    def transitions(self, handle_id: int) -> list[Transition]:
+        """The handle's state changes, in order (empty for an unknown handle)."""
+        return list(self._transitions.get(handle_id, ()))
+
+    def state_at(self, handle_id: int, seq: int | None) -> State:
+        """One of `STATES` as of `seq` (inclusive; None: the end); "not_created" for an unknown handle."""
+        seqs = self._seqs.get(handle_id)
+        if not seqs:
+            return "not_created"
+        at = bisect_right(seqs, self._at(seq))
+        return self._transitions[handle_id][at - 1].state if at else "not_created"
+
+    def states_at(self, seq: int | None) -> dict[int, State]:
+        """The state of every handle as of `seq`, in order of first appearance."""
+        return {h: self.state_at(h, seq) for h in self.handle_ids}
+
+    def counts_at(self, seq: int | None) -> dict[State, int]:
+        """How many handles are in each state as of `seq`, in `STATES` order (states with none left out)."""
+        c = self._at(seq)
+        counts = {s: bisect_right(self._into[s], c) - bisect_right(self._out[s], c) for s in STATES}
+        counts["not_created"] += len(self.handle_ids)
+        return {s: counts[s] for s in STATES if counts[s]}
+
+    def reason_at(self, handle_id: int, seq: int | None) -> str | None:
+        """The reason of the transition in force at `seq` (the release reason while released), or None."""
+        seqs = self._seqs.get(handle_id)
+        at = bisect_right(seqs, self._at(seq)) if seqs else 0
+        return self._transitions[handle_id][at - 1].reason if at else None
+
+    def released(self, handle_id: int) -> Transition | None:
+        """The handle's first release (its reason says why), or None if it was never released."""
+        return next((t for t in self._transitions.get(handle_id, ()) if t.state == "released"), None)
+
+    def releases(self, handle_id: int) -> list[Transition]:
+        """Every release of the handle (a non-reentrant frame recomputed by a later backward is released again)."""
+        return [t for t in self._transitions.get(handle_id, ()) if t.state == "released"]
+
+    def released_reasons(self) -> Counter[str | None]:
+        """reason -> how many handles are released at the end of the trace for it."""
+        return Counter(t[-1].reason for t in self._transitions.values() if t and t[-1].state == "released")
+
+    def replay_count(self) -> int:
+        """How many times any handle's forward was re-run."""
+        return sum(self._replays.values())
+
+    def replays(self, handle_id: int) -> int:
+        """How many times the handle's forward was re-run (`replay_started` events)."""
+        return self._replays.get(handle_id, 0)
+
+    def refusals(self, handle_id: int) -> list[Transition]:
+        """The handle's refused replays: state is the handle's state then, reason the refusal's reason."""
+        return [Transition(seq=s, handle_id=handle_id, state=self.state_at(handle_id, s), kind="replay_refused",
+                           reason=r) for s, r in self._refusals.get(handle_id, [])]
+
+
+def lifecycle(trace: Trace) -> Lifecycle:
+    """The lifecycle of `trace`, built on first use and kept while the trace is unchanged."""
+    return derived(trace, "lifecycle", lambda t: Lifecycle(t.events))
