@@ -64,7 +64,7 @@ import torch
 from ckpt_viz import bus
 from ckpt_viz.probe.ledger import RANK, Ledger
 from ckpt_viz.probe.memory import MemoryProbe, join_layer, leave_layer
-from ckpt_viz.probe.native import NativeStream
+
 from ckpt_viz.runtime import memtags
 
 __all__ = ["AllocationProbe", "open_probe"]
@@ -334,7 +334,7 @@ def open_probe(params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tens
     the log is this probe's from now until it closes.
     """
     params = list(params)
-    stream = NativeStream.acquire() if params else None
+    stream = None  # the memory helper replaces this (h-memory)
     if stream is None:
         return MemoryProbe(params, tensors)
     return AllocationProbe(stream, params, tensors)

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ckpt_viz.events import ExcludeReused, ExcludeSaved
 from ckpt_viz import bus
 from ckpt_viz.errors import ExcludedRegionError
+from ckpt_viz.events import ExcludeReused, ExcludeSaved
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.exclude_common import (
     CACHE_KEY,

@@ -32,7 +32,6 @@ NOTE [ Captured report cache ]
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 import weakref

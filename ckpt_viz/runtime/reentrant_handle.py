@@ -18,6 +18,13 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
+from ckpt_viz.errors import (
+    CheckpointError,
+    CheckpointUsageError,
+    GraphReleasedError,
+    HandleReleasedError,
+    SessionMismatchError,
+)
 from ckpt_viz.events import (
     EventBase,
     NodeCollected,
@@ -27,13 +34,6 @@ from ckpt_viz.events import (
     ReplayFinished,
     ReplayRefused,
     ReplayStarted,
-)
-from ckpt_viz.errors import (
-    CheckpointError,
-    CheckpointUsageError,
-    GraphReleasedError,
-    HandleReleasedError,
-    SessionMismatchError,
 )
 from ckpt_viz.runtime import debug as _debug
 from ckpt_viz.runtime import memtags, owners

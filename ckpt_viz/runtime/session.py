@@ -32,8 +32,8 @@ from collections.abc import Hashable, Iterator
 from typing import Any, Protocol
 
 from ckpt_viz import bus
-from ckpt_viz.events import Prefired, SessionActivated, SessionBound, SessionCleared, SessionDeactivated
 from ckpt_viz.errors import CheckpointError, CheckpointUsageError
+from ckpt_viz.events import Prefired, SessionActivated, SessionBound, SessionCleared, SessionDeactivated
 
 __all__ = [
     "SessionActivation",

@@ -25,6 +25,7 @@ __all__ = [
     "GraphNode",
     "GraphSnapshot",
     "MemorySample",
+    "TorchvizEdge",
     "TorchvizGraph",
     "TorchvizNode",
     "Trace",
@@ -48,6 +49,7 @@ class MemorySample(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_def
         by_stage: pipeline stage (as a string) -> bytes by category, for tensors made under
             `tag(stage=...)`; empty outside pipelines.
         at: what happened at this reading when no event says it (a block boundary, a peak between events).
+        rank: the rank whose reading it is, in a merged distributed trace; else None.
     """
 
     seq: Count
@@ -56,6 +58,7 @@ class MemorySample(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_def
     device_allocated: Bytes | None = None
     by_stage: Annotated[dict[StageName, dict[MemoryCategory, Bytes]], Meta(max_length=4096)] = {}
     at: Name | None = None
+    rank: Annotated[int, Meta(ge=0, le=1 << 20)] | None = None
 
     @property
     def total_nbytes(self) -> int:
@@ -101,15 +104,23 @@ class TorchvizNode(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
 
     id: Annotated[str, Meta(max_length=32, pattern=r"^n[0-9]+$")]
     label: Annotated[str, Meta(max_length=1024)]
-    fill: Literal["lightblue", "orange", "darkolivegreen1", "lightgrey"] | None = None
+    fill: Literal["lightblue", "orange", "darkolivegreen1", "darkolivegreen3"] | None = None
+
+
+class TorchvizEdge(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """One edge as `torchviz.make_dot` drew it: a view's base (dotted) or a saved tensor (no arrow), else plain."""
+
+    tail: Annotated[str, Meta(max_length=32, pattern=r"^n[0-9]+$")]
+    head: Annotated[str, Meta(max_length=32, pattern=r"^n[0-9]+$")]
+    style: Literal["dotted", "undirected"] | None = None
 
 
 class TorchvizGraph(msgspec.Struct, frozen=True, gc=False):
     """`torchviz.make_dot`'s own drawing of a snapshot's roots, as data (never DOT text: see NOTE
     [ make_dot as data ] in ckpt_viz/probe/makedot.py)."""
 
-    nodes: tuple[TorchvizNode, ...]
-    edges: tuple[tuple[Annotated[str, Meta(max_length=32)], Annotated[str, Meta(max_length=32)]], ...]
+    nodes: Annotated[tuple[TorchvizNode, ...], Meta(max_length=1 << 20)]
+    edges: Annotated[tuple[TorchvizEdge, ...], Meta(max_length=1 << 22)]
 
 
 class GraphSnapshot(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):

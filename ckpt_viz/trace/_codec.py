@@ -116,7 +116,7 @@ def package_version() -> str:
         from importlib.metadata import version
 
         return version("ckpt_viz")
-    except Exception:  # noqa: BLE001 - not installed (a source checkout on sys.path)
+    except Exception:
         return "unknown"
 
 

@@ -45,6 +45,7 @@ import zlib
 from typing import NoReturn
 
 from ckpt_viz.errors import TraceError, TraceFileError
+
 MAX_EVENTS_ENV = "CKPT_VIZ_TRACE_MAX_EVENTS"
 
 __all__ = [
