@@ -72,6 +72,8 @@ _NO_TAGS: Mapping[str, Any] = {}
 _TAGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ckpt_viz_tags", default=None)
 _tagged = False  # True once any `tag()` block opened in this process: until then no context has tags
 _SCALARS = (str, int, float, bool)
+_SCALAR_TYPES = frozenset(_SCALARS)
+_monotonic_ns, _get_ident = time.monotonic_ns, threading.get_ident
 
 
 def _update_enabled() -> None:
@@ -162,7 +164,7 @@ _SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("ckpt_viz_
 def current_scope() -> Scope:
     """The recordings code running here belongs to (see NOTE [ Recording scopes ]); empty if none."""
     own = _SCOPE.get()
-    if own is not None and own.is_open():
+    if own is not None and (own.channels[-1].is_open or own.is_open()):  # innermost open: no loop
         return own
     launched = launch_context()
     if launched is not None:
@@ -219,6 +221,24 @@ def emit(cls: type[E], *, handle_id: int | None = None, mode: str | None = None,
     `fields` are the fields of the event's kind. Returns the innermost recording's event (its `seq` and `site`
     are those the trace holds), a global subscriber's if no recording listens here, or None if nobody listens.
     """
+    own = _SCOPE.get()
+    if scope is None and own is not None and not _subscribers and len(own.channels) == 1:
+        channel = own.channels[0]  # the usual case: one recording open here, nobody else (NOTE [ Cost ... ], 5)
+        if channel.is_open:
+            if site is None and capture_site:
+                site = call_site()
+            if session_id is not None and type(session_id) not in _SCALAR_TYPES:
+                session_id = session_id if isinstance(session_id, _SCALARS) else repr(session_id)
+            tags = (_TAGS.get() or _NO_TAGS) if _tagged else _NO_TAGS
+            with channel._lock:
+                fn = channel.fn
+                if fn is None:
+                    return None
+                event = cls(seq=channel._seq, t_ns=_monotonic_ns(), handle_id=handle_id, mode=mode, phase=phase,
+                            session_id=session_id, tags=tags, site=site, thread_id=_get_ident(), **fields)
+                channel._seq += 1
+                fn(event)
+            return event
     if scope is None or not scope.is_open():
         scope = current_scope()
     channels = scope.channels
@@ -229,9 +249,9 @@ def emit(cls: type[E], *, handle_id: int | None = None, mode: str | None = None,
         site = call_site()
     if session_id is not None and not isinstance(session_id, _SCALARS):
         session_id = repr(session_id)
-    common = {"t_ns": time.monotonic_ns(), "handle_id": handle_id, "mode": mode, "phase": phase,
+    common = {"t_ns": _monotonic_ns(), "handle_id": handle_id, "mode": mode, "phase": phase,
               "session_id": session_id, "tags": context_value(_TAGS, _NO_TAGS) if _tagged else _NO_TAGS,
-              "site": site, "thread_id": threading.get_ident()}
+              "site": site, "thread_id": _get_ident()}
     event: E | None = None
     if subscribers:
         with _lock:

@@ -232,7 +232,9 @@ class Recording:
         except BaseException:
             self._release(None, None, None)
             raise
-        self._channel = bus.open_channel(self._keep, names=self._names)
+        # no memory probe: the channel appends straight to the list (one C call per event)
+        keep = self._keep if self._probe is not None else self.trace.events.append
+        self._channel = bus.open_channel(keep, names=self._names)  # type: ignore[arg-type]
         _BY_CHANNEL[self._channel] = self
         self._scope = bus.current_scope()
         return self
@@ -291,8 +293,8 @@ def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
     # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/analysis/findings.py).
     events = trace.events
-    sites = dict.fromkeys(e.site for e in events if e.kind in _STORY_KINDS)
-    sites.update(dict.fromkeys(e.site for e in events))
+    sites = dict.fromkeys([e.site for e in events if e.kind in _STORY_KINDS])
+    sites.update(dict.fromkeys([e.site for e in events]))
     sites.pop(None, None)
     sites.pop("", None)
     sources = trace.meta.get("sources")

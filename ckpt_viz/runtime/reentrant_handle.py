@@ -89,7 +89,8 @@ def module_label(function: Any) -> str | None:
     owner = function
     while isinstance(owner, functools.partial):
         owner = owner.func
-    owner = getattr(owner, "__self__", owner)
+    if not isinstance(owner, torch.nn.Module):  # a Module's getattr of a missing name raises: ask it first
+        owner = getattr(owner, "__self__", owner)
     return bus.name_of(owner) if isinstance(owner, torch.nn.Module) else None
 
 
