@@ -176,11 +176,12 @@ DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
     # Replays that do not reproduce their forward (`replay_diverged` events; see ckpt_viz/runtime/divergence.py).
     DiagnosisCode(
         code="replay_lost_gradient", spec_id="V1",
-        cause="The replay of a checkpointed block gave no gradient to parameters its forward used: it read values "
-              "the forward left in a mutable input (a KV cache) instead of recomputing them, so its outputs look "
-              "right but those parameters' gradients are missing (Hugging Face models with use_cache on).",
-        fix="Do not hand a live cache to checkpointed blocks: train with use_cache=False, or checkpoint through the "
-            "model's own model.gradient_checkpointing_enable(), which turns the cache off."),
+        cause="The replay of a checkpointed block gave no gradient to parameters its forward used: its outputs look "
+              "right, but those parameters' gradients are missing.",
+        fix="Make the replay recompute what those parameters feed: when the block reads a mutable input (a Hugging "
+            "Face KV cache), train with use_cache=False or checkpoint through model.gradient_checkpointing_enable(); "
+            "otherwise look for values the block takes from outside its inputs (a cache, a detached tensor, a "
+            "no_grad region)."),
     DiagnosisCode(
         code="replay_input_mutated", spec_id="V2",
         cause="An object handed to the checkpointed block (a cache, a list, a dict) changed between the forward and "

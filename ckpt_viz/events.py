@@ -319,6 +319,7 @@ class ReplayDiverged(EventBase, tag="replay_diverged"):
     region: Name = ""
     details: Annotated[tuple[Text, ...], Meta(max_length=64)] = ()
     count: Count = 0
+    mutable_inputs: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()  # "past_key_values (DynamicCache)"
 
 
 class MemorySampled(EventBase, tag="memory_sampled"):

@@ -49,6 +49,20 @@ def _created(f: Facts, h: int | None) -> Event | None:
     return next((e for e in f.by_handle.get(h, ()) if e.kind == "handle_created"), None) if h is not None else None
 
 
+def _read(e: ReplayDiverged) -> tuple[str, ...]:
+    """What the replay read that can explain a lost gradient, from the event's facts (a cache only when there is
+    one)."""
+    if e.divergence != "gradient_lost":
+        return ()
+    if e.mutable_inputs:
+        return (f"The block was handed {', '.join(e.mutable_inputs)}: a replay that reads values its forward left "
+                "there (a KV cache filled by the forward) does not recompute them, so no gradient reaches the "
+                "parameters that made them.",)
+    return ("The block was handed no mutable input: the replay's graph does not reach these parameters (values taken "
+            "from outside the block's inputs, a detached tensor or a no_grad region inside it), or a backward that "
+            "asked for other gradients only (autograd.grad on its inputs) ran through it.",)
+
+
 def divergence_findings(f: Facts, events: Iterable[Event]) -> list[Finding]:
     """One finding per `replay_diverged` event (NOTE [ Divergence findings ])."""
     found = []
@@ -69,7 +83,7 @@ def divergence_findings(f: Facts, events: Iterable[Event]) -> list[Finding]:
         summary = f"the replay of {region} (h{h}) at event #{e.seq} {what}{called}: {'; '.join(details[:2])}" + (
             f" and {len(details) + more - 2} more" if len(details) + more > 2 else "") + "."
         extra = (f"The replay of {region} {what}:", *(f"  {d}" for d in details),
-                 *((f"  ... and {more} more",) if more > 0 else ()))
+                 *((f"  ... and {more} more",) if more > 0 else ()), *_read(e))
         story = f.story_events(h, e, until=e.seq) if h is not None else ()
         ordered = tuple({x.seq: x for x in sorted((*story, e), key=lambda x: x.seq)}.values())
         found.append(finding(f, code, h, summary, site=site, events=ordered, extra=extra))

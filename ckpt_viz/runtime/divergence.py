@@ -275,7 +275,15 @@ class ReplayWatch:
             self.reported.add(kind)
             self.region.found()  # from now on every run of this region is checked
             emit(ReplayDiverged, divergence=kind, code=DIVERGENCES[kind], region=self.name,
-                 details=tuple(details[:_MAX_DETAILS]), count=len(details))
+                 details=tuple(details[:_MAX_DETAILS]), count=len(details), mutable_inputs=self._mutable_inputs())
+
+    def _mutable_inputs(self) -> tuple[str, ...]:
+        """The mutable non-tensor inputs the block was handed (what a replay can read the forward's values from)."""
+        found = []
+        for name, held in self.objects[:8]:
+            value = held()
+            found.append(f"{name} ({type(value).__name__})" if value is not None else name)
+        return tuple(found)
 
     def _name(self, p: torch.Tensor, function: Any) -> str:
         return bus.name_of(p) or fp.names_in(function, "parameters").get(id(p)) or fp.tensor_label(p)
