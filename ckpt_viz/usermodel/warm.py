@@ -10,7 +10,9 @@ NOTE [ Warm child ]
      NOTE [ Sandbox protocol ], rule 4, removes it if the parent is killed outright) and
      starts `python -m ckpt_viz.usermodel.forked FOLDER` in bubblewrap (where it
      runs), exactly as a cold child is started: same namespaces, read-only system, the
-     folder as the only writable place, the cleared environment, `--die-with-parent`,
+     folder a tmpfs of `disk_mb` (NOTE [ Run folder ] in ckpt_viz.usermodel.isolation: it is
+     PID 1 and copies each run's request in and results out), the cleared environment,
+     `--die-with-parent`,
      in a cgroup of its own (no memory limit: it runs none of the user's code). It
      imports torch and the runner, then torch._dynamo (most of a first recording's
      lazy set-up: its first dispatch imports it), records a built-in model once in each
@@ -38,9 +40,13 @@ NOTE [ Warm child ]
   5. The warm process is started from one thread that lasts as long as the parent:
      `--die-with-parent` (PR_SET_PDEATHSIG) fires when the *thread* that started it
      ends, and a Streamlit script run's thread ends with the run.
-  6. A run that kills the warm process (it shares its PID namespace) or crashes only
-     ends its own run: the next `record` starts a fresh warm process. A run can reach
-     only its own session's warm process, never another session's.
+  6. The warm process is PID 1 of its sandbox and undumpable: a run cannot ptrace it,
+     write its memory, or kill it (the kernel ignores signals from inside the namespace
+     that PID 1 has no handler for). A run that crashes ends only itself; a warm process
+     that dies all the same takes its sandbox with it, and the next `record` starts a
+     fresh one. Before each run it empties the tmpfs folders the last run wrote (its run
+     folder, /tmp, /var/tmp, /dev/shm). A run can reach only its own session's warm
+     process, never another session's.
   7. The start is read on a thread of its own (`warmstart.Start`) from the moment the
      process is started: `stage importing torch`, `stage warming up`, then `ready PID`.
      `stage` and `start_s` show its progress to a caller that did not wait for it (the
@@ -69,6 +75,7 @@ from typing import Any
 from ckpt_viz.errors import CkptVizError, SandboxCrashError, SandboxError
 from ckpt_viz.trace import Trace
 from ckpt_viz.usermodel.isolation import (
+    DEFAULT_DISK_MB,
     Cgroup,
     Limits,
     binds,
@@ -107,7 +114,7 @@ class WarmSandbox:
     parent's exit) ends it and removes its folder.
     """
 
-    def __init__(self, readable: Sequence[str] = ()) -> None:
+    def __init__(self, readable: Sequence[str] = (), *, disk_mb: int = DEFAULT_DISK_MB) -> None:
         self._readable = [os.path.abspath(p) for p in readable]
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -119,6 +126,7 @@ class WarmSandbox:
         self._runs, self._dead = 0, False
         self.starts = 0  # how many warm processes this sandbox started (a test reads it)
         self._bound: list[str] = []  # the folders the running warm process was started with in view
+        self.disk_mb = disk_mb  # its folder's size, a tmpfs under bubblewrap (NOTE [ Run folder ] in isolation)
         _ALL.add(self)
 
     # -- the warm process --
@@ -150,14 +158,20 @@ class WarmSandbox:
                                                       "isolated": problem is None}))
         self._bound = [*self._readable, *sys_path, package_root(), sys.prefix, sys.base_prefix,  # the package
                        os.path.dirname(sys.executable)]  # root too: an editable install is not on sys.path
-        argv = command([sys.executable, "-m", "ckpt_viz.usermodel.forked", str(folder)], workdir=folder,
-                       readable=self._bound,
-                       cgroup_files=self._group.procs_files if self._group else (), isolate=problem is None)
-        self._isolated = problem is None
-        with open(folder / "warm.log", "wb") as log:  # started by a thread that lives as long as the process:
-            self._proc = _LAUNCHER.submit(  # --die-with-parent follows the thread that started it, and a
-                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,  # Streamlit
-                cwd=folder, env=child_env(folder), start_new_session=True).result()  # run's thread soon ends
+        self._isolated = isolate = problem is None
+        host_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # See NOTE [ Run folder ] in isolation
+        python = [sys.executable, "-m", "ckpt_viz.usermodel.forked", str(folder),
+                  *(["--host-fd", str(host_fd)] * isolate)]
+        argv = command(python, workdir=folder, readable=self._bound, disk_mb=self.disk_mb,
+                       cgroup_files=self._group.procs_files if self._group else (), isolate=isolate)
+        try:
+            with open(folder / "warm.log", "wb") as log:  # started by a thread that lives as long as the process:
+                self._proc = _LAUNCHER.submit(  # --die-with-parent follows the thread that started it, and a
+                    subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,  # Streamlit
+                    cwd=folder, env=child_env(folder), start_new_session=True,  # run's thread soon ends
+                    pass_fds=(host_fd,) if isolate else ()).result()
+        finally:
+            os.close(host_fd)
         assert self._proc.stdout is not None
         self._lines = Lines(self._proc.stdout.fileno())
         self._pid = 0
