@@ -48,7 +48,7 @@ from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES, Lifecycle, Transiti
 
 if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
     from ckpt_viz.render.memory import format_bytes, memory_peak, memory_table, other_note, render_memory, render_peaks
-    from ckpt_viz.render.svg import dot_svg
+    from ckpt_viz.render.svg import dot_svg, end_dot
     from ckpt_viz.render.swimlane import render_lifecycles
     from ckpt_viz.render.timeline import (
         planned_vs_executed,
@@ -75,6 +75,7 @@ _LAZY = {
     "WarmSandbox": "ckpt_viz.usermodel.warm",
     "build_builtin": "ckpt_viz.run.zoo",
     "dot_svg": "ckpt_viz.render.svg",
+    "end_dot": "ckpt_viz.render.svg",
     "format_bytes": "ckpt_viz.render.memory",
     "memory_peak": "ckpt_viz.render.memory",
     "memory_table": "ckpt_viz.render.memory",
@@ -133,6 +134,7 @@ __all__ = [
     "diagnose_handle",
     "diagnose_handle_in",
     "dot_svg",
+    "end_dot",
     "event_column",
     "event_counts",
     "event_data",

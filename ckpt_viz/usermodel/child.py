@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_viz.errors import CkptVizError, ModelLoadError
+from ckpt_viz.usermodel import runfolder
 from ckpt_viz.usermodel.load import user_frame
 
 __all__ = ["MEMORY_MARKERS", "apply_limits", "main", "run_child"]
@@ -255,6 +256,34 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
     return code
 
 
+def _collect_cold(workdir: Path, host_fd: int) -> int:
+    """PID 1 of a cold child's sandbox: fork the run, wait for it, copy its results out, and exit with its code
+    (128 + n when signal n ended it, as bubblewrap reports it). SIGTERM from the parent (a timeout) ends the
+    run's processes first, so that its stage is still copied out."""
+    runfolder.guard_pid1()
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the parent's "print your stack" is for the run
+    signal.signal(signal.SIGTERM, lambda signum, frame: runfolder.end_namespace())
+    request = runfolder.copy_in(host_fd, "request.json", workdir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            runfolder.unguard_run(host_fd)
+            code = run_child(workdir)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)  # (retried after the SIGTERM handler ran: PEP 475)
+    runfolder.end_namespace()
+    runfolder.collect(workdir, host_fd, len(request.get("modes", [])), int(request["limits"]["file_bytes"]))
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckpt_viz.usermodel.child",
                                      description="Child side of ckpt_viz.usermodel.sandbox.record_in_subprocess.")
@@ -266,9 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.host_fd is not None:
-        from ckpt_viz.usermodel.runfolder import collect_cold
-
-        code = collect_cold(args.workdir, args.host_fd)
+        code = _collect_cold(args.workdir, args.host_fd)
     else:
         code = run_child(args.workdir)
     print(f"ckpt_viz.usermodel.child: finished with code {code} in {time.monotonic() - start:.2f} s "

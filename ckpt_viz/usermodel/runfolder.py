@@ -2,8 +2,8 @@
 `ckpt_viz.usermodel.isolation`).
 
 Inside bubblewrap, PID 1 is ckpt_viz's own process: the warm process (`ckpt_viz.usermodel.forked`)
-or a cold child's collector (`collect_cold`, for `python -m ckpt_viz.usermodel.child WORKDIR
---host-fd N`). It holds the host folder as a descriptor, which the run never gets; it copies the
+or a cold child's collector (`ckpt_viz.usermodel.child`, run as `python -m ckpt_viz.usermodel.child
+WORKDIR --host-fd N`). It holds the host folder as a descriptor, which the run never gets; it copies the
 request in, forks the run, and copies the run's results out, bounded and never through a link.
 Standard library only; never torch, never the UI.
 """
@@ -19,7 +19,7 @@ import stat
 import sys
 from pathlib import Path
 
-__all__ = ["REQUEST_BYTES", "collect", "collect_cold", "copy_in", "empty_masks", "guard_pid1", "open_log",
+__all__ = ["REQUEST_BYTES", "collect", "copy_in", "empty_masks", "end_namespace", "guard_pid1", "open_log",
            "read_host", "reap", "result_names", "unguard_run"]
 
 REQUEST_BYTES = 1 << 20  # request.json, written by the parent: paths, limits and a few options
@@ -163,42 +163,7 @@ def reap() -> None:
             pass
 
 
-def collect_cold(workdir: Path, host_fd: int) -> int:
-    """PID 1 of a cold child's sandbox: fork the run, wait for it, copy its results out, and exit with its code
-    (128 + n when signal n ended it, as bubblewrap reports it). SIGTERM from the parent (a timeout) ends the
-    run's processes first, so that its stage is still copied out."""
-    from ckpt_viz.usermodel.child import run_child
-
-    guard_pid1()
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the parent's "print your stack" is for the run
-    signal.signal(signal.SIGTERM, lambda signum, frame: _end_namespace())
-    request = copy_in(host_fd, "request.json", workdir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            unguard_run(host_fd)
-            code = run_child(workdir)
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    _end_namespace()
-    collect(workdir, host_fd, len(request.get("modes", [])), int(request["limits"]["file_bytes"]))
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
-
-
-def _end_namespace() -> None:
+def end_namespace() -> None:
     """SIGKILL every other process of the sandbox: kill(-1) from PID 1 reaches all of them, never PID 1."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(-1, signal.SIGKILL)

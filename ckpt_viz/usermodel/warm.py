@@ -10,9 +10,7 @@ NOTE [ Warm child ]
      NOTE [ Sandbox protocol ], rule 4, removes it if the parent is killed outright) and
      starts `python -m ckpt_viz.usermodel.forked FOLDER` in bubblewrap (where it
      runs), exactly as a cold child is started: same namespaces, read-only system, the
-     folder a tmpfs of `disk_mb` (NOTE [ Run folder ] in ckpt_viz.usermodel.isolation: it is
-     PID 1 and copies each run's request in and results out), the cleared environment,
-     `--die-with-parent`,
+     folder a tmpfs (NOTE [ Run folder ]), the cleared environment, `--die-with-parent`,
      in a cgroup of its own (no memory limit: it runs none of the user's code). It
      imports torch and the runner, then torch._dynamo (most of a first recording's
      lazy set-up: its first dispatch imports it), records a built-in model once in each
@@ -29,24 +27,18 @@ NOTE [ Warm child ]
      one intra-op thread unless OMP_NUM_THREADS (passed through) says more: the app runs
      one child per session, often several at once, and on a busy 2-core machine a small
      model's run took 2.2-2.6 s with 2 threads against 0.6-0.7 s with one.
-  3. The parent waits at most the time limit (per mode), or until `cancel` is set; then
-     it asks for the stack (SIGUSR1, on a timeout), kills the run's cgroup, the child's
-     session and, under bubblewrap, every other process left in the sandbox's PID
-     namespace except the warm process and bubblewrap's own. It reads the run's folder
-     as `record_in_subprocess` does (bounded, never through a link) and removes it.
+  3. The parent waits at most the time limit (per mode), or `cancel`; then it asks for the
+     stack (SIGUSR1, on a timeout) and kills the run's cgroup, session and every process
+     of the sandbox but the warm process; it reads the run's folder as a cold run's.
   4. Memory: pages the warm process touched before the fork (torch's libraries) stay
      charged to its own cgroup, so the run's cgroup counts only what the run allocates;
      RLIMIT_AS still counts the whole address space, torch's included.
   5. The warm process is started from one thread that lasts as long as the parent:
      `--die-with-parent` (PR_SET_PDEATHSIG) fires when the *thread* that started it
      ends, and a Streamlit script run's thread ends with the run.
-  6. The warm process is PID 1 of its sandbox and undumpable: a run cannot ptrace it,
-     write its memory, or kill it (the kernel ignores signals from inside the namespace
-     that PID 1 has no handler for). A run that crashes ends only itself; a warm process
-     that dies all the same takes its sandbox with it, and the next `record` starts a
-     fresh one. Before each run it empties the tmpfs folders the last run wrote (its run
-     folder, /tmp, /var/tmp, /dev/shm). A run can reach only its own session's warm
-     process, never another session's.
+  6. The warm process is PID 1 of its sandbox, undumpable: a run cannot ptrace, write or
+     kill it (NOTE [ What the sandbox guarantees ]); one that dies all the same is replaced
+     by the next `record`. It empties the tmpfs folders the last run wrote before each run.
   7. The start is read on a thread of its own (`warmstart.Start`) from the moment the
      process is started: `stage importing torch`, `stage warming up`, then `ready PID`.
      `stage` and `start_s` show its progress to a caller that did not wait for it (the
@@ -161,7 +153,7 @@ class WarmSandbox:
         self._isolated = isolate = problem is None
         host_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # See NOTE [ Run folder ] in isolation
         python = [sys.executable, "-m", "ckpt_viz.usermodel.forked", str(folder),
-                  *(["--host-fd", str(host_fd)] * isolate)]
+                  *(["--host-fd", str(host_fd)] if isolate else [])]
         argv = command(python, workdir=folder, readable=self._bound, disk_mb=self.disk_mb,
                        cgroup_files=self._group.procs_files if self._group else (), isolate=isolate)
         try:
@@ -301,11 +293,10 @@ class WarmSandbox:
         try:
             sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
             request = {"ref": ref, "load_ref": load_ref, "modes": modes, "extra": extra, "sys_path": sys_path,
-                       "parent_pid": 0,
-                       "limits": {"memory_mb": limits.memory_mb,
-                                  "memory_bytes": (limits.memory_mb or 0) * 2**20 or None,
-                                  "cpu_s": limits.cpu_s * len(modes), "file_bytes": limits.file_bytes,
-                                  "max_tasks": limits.max_tasks, "isolated": self._isolated}}
+                       "parent_pid": 0, "limits": {
+                           "memory_mb": limits.memory_mb, "memory_bytes": (limits.memory_mb or 0) * 2**20 or None,
+                           "cpu_s": limits.cpu_s * len(modes), "file_bytes": limits.file_bytes,
+                           "max_tasks": limits.max_tasks, "isolated": self._isolated}}
             (rundir / "request.json").write_text(json.dumps(request))
             group = Cgroup.create(f"{self._folder.name}_{rundir.name}", limits)
             if self._isolated:  # (without bubblewrap, the start said what is not contained)
