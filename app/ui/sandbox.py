@@ -254,12 +254,22 @@ def session_sandbox(*, warm: bool = False) -> SessionSandbox:
 
         session = session_id()
         st.session_state[KEY] = SessionSandbox(session or str(id(st.session_state)))
-        on_end(session, "sandbox", st.session_state[KEY].close)  # See NOTE [ Session end ]
+        on_end(session, "sandbox", _closer(st.session_state[KEY]))  # See NOTE [ Session end ]
     box: SessionSandbox = st.session_state[KEY]
     if warm:
         box.take_spare()
         box.warm.start()
     return box
+
+
+def _closer(box: SessionSandbox):
+    """`box.close`, held weakly: a session state freed sooner still closes its box (`__del__`)."""
+    ref = weakref.ref(box)
+
+    def close() -> None:
+        if (alive := ref()) is not None:
+            alive.close()
+    return close
 
 
 def obtain(configs: list[RunConfig]) -> dict[RunConfig, Loaded]:
