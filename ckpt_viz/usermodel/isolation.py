@@ -17,13 +17,14 @@ NOTE [ What the sandbox guarantees ]
       memory (/proc/1/mem) or take its descriptors; the kernel ignores signals from inside
       the namespace that it has no handler for, SIGKILL included; and when it ends, the
       kernel kills every process of its namespace, new sessions and daemons included;
-    - `--die-with-parent`: when the caller dies (any signal, SIGKILL included) the kernel
-      kills PID 1, and with it the whole sandbox;
+    - `--die-with-parent`: when the caller dies (SIGKILL included) the whole sandbox dies;
     - a read-only view of the system (`--ro-bind / /`), fresh /proc and /dev, the model's
       folder read-only; the only writable places are size-limited tmpfs: the run's folder
       (`Limits.disk_mb`), and /tmp, /var/tmp and /dev/shm (`MASK_MB` each). Their pages
       also count in the run's memory cgroup. No host folder is writable: results leave
-      through PID 1 (NOTE [ Run folder ]);
+      through PID 1 (NOTE [ Run folder ]). /run is an empty read-only tmpfs: the usual host
+      sockets (Docker, D-Bus, databases) are not in view, and the seccomp filter refuses
+      Unix sockets anywhere;
     - an environment rebuilt from `ENV_ALLOWLIST` (the caller's secrets never reach it).
   Always (with or without bubblewrap):
     - hard resource limits, soft = hard, set before torch is imported: address space
@@ -49,12 +50,10 @@ NOTE [ Run folder ]
      there, never on the host). The host folder is not in the sandbox's view at all: PID 1
      gets it as an open directory descriptor (`--host-fd N`, inherited through bubblewrap).
   2. PID 1 copies `request.json` in, forks the run (which closes the descriptor before any
-     code of the model runs), waits for it and copies the results out: `stage`, the error
-     reports and the traces, each a regular file opened without following a link, at most
-     `Limits.file_bytes`; it never follows the run's links or reads a FIFO.
+     code of the model runs), waits for it and copies the results out (`stage`, reports,
+     traces): regular files only, never through a link, each at most its cap.
   3. The run's stdout and stderr are `output.log` on the host (the parent reads the stack
-     dump there while the run lasts): the one host file a run writes, and RLIMIT_FSIZE
-     caps it at `Limits.file_bytes`.
+     dump there live): the one host file a run writes, capped by RLIMIT_FSIZE.
   4. So a run's writes are bounded: `disk_mb` plus 3 x `MASK_MB` of tmpfs (also counted
      in its memory cgroup) and one log of `file_bytes`; on the host, that log and copies of
      at most `2 + modes` result files, each within its cap.
@@ -84,6 +83,7 @@ ENV_ALLOWLIST = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM
                  "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MALLOC_ARENA_MAX")
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _MASKED = ("/tmp", "/var/tmp", "/dev/shm")  # replaced by empty tmpfs in the sandbox
+_HIDDEN = ("/run",)  # replaced by an empty read-only tmpfs: where the system's sockets live (Docker, D-Bus)
 _NAMESPACES = ("--unshare-user", "--disable-userns", "--unshare-pid", "--as-pid-1", "--unshare-net",
                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 DEFAULT_DISK_MB = 1024  # the run's folder (a tmpfs): See NOTE [ Run folder ]
@@ -179,7 +179,7 @@ def binds(paths: Sequence[str]) -> list[str]:
     """--ro-bind for the given paths that the masked folders would hide (the model's folder, sys.path entries)."""
     out: list[str] = []
     for path in dict.fromkeys(os.path.realpath(p) for p in paths if p):
-        if os.path.exists(path) and any(path == m or path.startswith(m + "/") for m in _MASKED):
+        if os.path.exists(path) and any(path == m or path.startswith(m + "/") for m in (*_MASKED, *_HIDDEN)):
             out += ["--ro-bind", path, path]
     return out
 
@@ -197,6 +197,8 @@ def command(python_argv: list[str], *, workdir: Path, readable: Sequence[str], c
         argv = [shutil.which("bwrap") or "bwrap", *_NAMESPACES, "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *devices,
                 *[a for m in _MASKED if os.path.isdir(m) for a in ("--size", str(MASK_MB << 20), "--tmpfs", m)],
+                *[a for m in _HIDDEN if os.path.isdir(m) and not os.path.islink(m)
+                  for a in ("--size", "65536", "--tmpfs", m, "--remount-ro", m)],
                 *binds(readable), "--size", str(disk_mb << 20), "--tmpfs", str(workdir), "--chdir", str(workdir),
                 "--", *argv]
     if cgroup_files:  # the shell joins the cgroup, then becomes the child: nothing runs outside it

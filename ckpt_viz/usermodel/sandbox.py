@@ -69,6 +69,7 @@ from ckpt_viz.errors import (  # the Sandbox* errors are re-exported: defined wi
     SandboxTimeoutError,
 )
 from ckpt_viz.trace import Trace
+from ckpt_viz.usermodel import confine
 from ckpt_viz.usermodel.child import MEMORY_MARKERS
 from ckpt_viz.usermodel.isolation import (
     DEFAULT_DISK_MB,
@@ -186,7 +187,14 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
 
 
 def warn_isolation(problem: str | None, cgroup: Cgroup | None, memory_mb: int | None, *, stacklevel: int) -> None:
-    """Say once per process what is not contained: no bubblewrap, or no memory cgroup."""
+    """Say once per process what is not contained: no bubblewrap, no seccomp filter, or no memory cgroup."""
+    seccomp = confine.problem() if sys.platform.startswith("linux") and not problem else None
+    if seccomp and "seccomp" not in _warned:
+        _warned.add("seccomp")
+        warnings.warn(f"{_API}: {seccomp}, so a model file's processes can ptrace each other and connect to Unix "
+                      "sockets outside /run that they can see (PID 1 of the sandbox stays out of reach: it is "
+                      "undumpable).\nTip: install libseccomp (Debian: apt-get install libseccomp2) and pyseccomp.",
+                      SandboxWarning, stacklevel=stacklevel)
     if problem and problem not in _warned:
         _warned.add(problem)
         warnings.warn(not_isolated(problem, cgroup), SandboxWarning, stacklevel=stacklevel)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graph
 
 
 def _tangle(nodes: int, edges: int, seed: int) -> str:
-    """A random graph that keeps dot's layout busy for many seconds (2,000 nodes, 6,000 edges: over 20 s here)."""
+    """A random graph that keeps dot busy (2,000 nodes, 6,000 edges: over 90 s and 1.4 GB here, unlimited)."""
     rng = random.Random(seed)
     lines = [f'n{i} [label="node {i}"];' for i in range(nodes)]
     lines += [f"n{rng.randrange(nodes)} -> n{rng.randrange(nodes)};" for _ in range(edges)]
