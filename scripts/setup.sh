@@ -20,6 +20,7 @@ want=()
 command -v dot >/dev/null 2>&1 || want+=(graphviz)
 [ -x /usr/bin/chromium ] || want+=(chromium)
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want+=(libseccomp2)  # the sandbox's seccomp filter
 command -v g++ >/dev/null 2>&1 || want+=(g++)
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || want+=(gcc)
 command -v callgrind_control >/dev/null 2>&1 || want+=(valgrind)
