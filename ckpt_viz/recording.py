@@ -121,8 +121,10 @@ def _watch_autograd() -> None:
     import torch
 
     import ckpt_viz.runtime.handover  # noqa: F401 (installs the engine hand-over: bus NOTE rule 5)
+    from ckpt_viz.runtime import torch_observer  # torch's own checkpoint, observed (its NOTE, rule 6)
 
     with _WATCH_LOCK:
+        torch_observer.install()
         if _watchers == 0:
             for name, roots_keyword in (("backward", "tensors"), ("grad", "outputs")):
                 original = getattr(torch.autograd, name)
@@ -138,7 +140,10 @@ def _unwatch_autograd() -> None:
     global _watchers
     import torch
 
+    from ckpt_viz.runtime import torch_observer
+
     with _WATCH_LOCK:
+        torch_observer.uninstall()
         _watchers -= 1
         if _watchers:
             return
@@ -215,8 +220,9 @@ class Recording:
             state = "open" if self._channel.is_open else "closed"
             raise RecordingError(f"ckpt_viz.record: this recording is already {state} (a record() block runs "
                                  "once).\nTip: use a new record() block.")
-        if self.model is not None:  # routing events name captured parameters (bus.name_of)
+        if self.model is not None:  # routing events name captured parameters, handles their modules (bus.name_of)
             self._names = {id(p): n for n, p in self.model.named_parameters()}
+            self._names.update((id(m), n) for n, m in self.model.named_modules() if n)
         try:
             if self.memory:
                 from ckpt_viz.probe.allocations import open_probe  # the native log's, else the tracker
@@ -250,6 +256,7 @@ class Recording:
                 _BY_CHANNEL.pop(self._channel, None)  # a handle's scope may outlive us: keep no trace alive
                 _keep_sources(self.trace)
                 _keep_replay_checks(self._channel, self.trace)
+                _keep_run_facts(self, self.trace)
                 _last[:] = [self.trace]
             self._release(exc_type, exc, tb)
 
@@ -277,6 +284,29 @@ def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:
     counts = sampling.counts_of(channel) if sampling is not None else None
     if counts:
         trace.meta["replay_checks"] = counts
+
+
+def _keep_run_facts(recording: Recording, trace: Trace) -> None:
+    """meta "model" (the class of `record(model=...)`), "mode" (the checkpoint kinds its handles used, with whose
+    runtime: "nonreentrant (torch)", "none" without handles) and "unobserved" (what torch's checkpoint observer
+    could not see: NOTE [ Observing torch's checkpoint ], rule 4, in ckpt_viz/runtime/torch_observer.py)."""
+    meta = trace.meta
+    if recording.model is not None and "model" not in meta:
+        meta["model"] = type(recording.model).__name__
+    if "mode" not in meta:
+        events = trace.events
+        if isinstance(events, RecordedEvents):
+            kinds, modes, data = events.column("kind"), events.column("mode"), events.column("data")
+        else:
+            kinds, modes, data = [e.kind for e in events], [e.mode for e in events], [e.data for e in events]
+        created = list(map("handle_created".__eq__, kinds))  # C-level passes: this runs at every close
+        used = dict.fromkeys(f"{mode} ({(d or {}).get('runtime', 'ckpt_viz')})" for mode, d in
+                             zip(itertools.compress(modes, created), itertools.compress(data, created)))
+        meta["mode"] = " + ".join(used) if used else "none"
+    observer = sys.modules.get("ckpt_viz.runtime.torch_observer")  # imported when the block opened
+    notes = observer.notes(recording._scope) if observer is not None else []
+    if notes:
+        meta["unobserved"] = notes
 
 
 _STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",

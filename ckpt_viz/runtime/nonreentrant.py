@@ -35,7 +35,7 @@ import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError
-from ckpt_viz.runtime import compat, divergence, memtags
+from ckpt_viz.runtime import compat, divergence, memtags, owners
 from ckpt_viz.runtime import debug as _debug
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
@@ -364,7 +364,7 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
     if collector is not None:
         collector.append(frame)
     if bus.enabled:
-        event = frame._emit("handle_created", function=getattr(function, "__qualname__", type(function).__name__),
+        event = frame._emit("handle_created", function=owners.qualname(function),
                             collector="unified" if collector is not None else "none",
                             preserve_rng_state=preserve_rng_state, early_stop=early_stop,
                             inputs=[{"shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""),

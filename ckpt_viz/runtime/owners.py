@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from ckpt_viz import bus, cext
+from ckpt_viz.runtime.labels import label_of
 
 __all__ = ["OwnerFacts", "captured_leaves", "captured_report", "captured_states", "facts", "grad_states",
            "owned_parameters", "qualname"]
@@ -193,7 +194,6 @@ captured_states = functools.partial(_native.captured_states, _CACHE, torch.nn.Mo
 
 
 def qualname(function: Any) -> str:
-    """The name of a checkpointed function: its `__qualname__`, else its type's name (a module's class)."""
-    if isinstance(function, torch.nn.Module):  # getattr would go through Module.__getattr__ and fail
-        return function.__dict__.get("__qualname__") or type(function).__name__
-    return getattr(function, "__qualname__", None) or type(function).__name__
+    """The name of a checkpointed function: the module it runs by qualified name (`model.layers.3`), else its
+    `__qualname__`; see NOTE [ Region labels ] in ckpt_viz/runtime/labels.py."""
+    return label_of(function)
