@@ -1,7 +1,8 @@
 """ckpt_viz: see, step through and debug PyTorch activation checkpointing with split DX/DW backward.
 
 `import ckpt_viz` imports neither torch nor a chart library, so a saved trace opens without them.
-The names that run models (torch) or build charts (altair) load on first use: see `_LAZY`.
+The names that run models (torch) or build charts (altair) load on first use: see `_LAZY`; so do the
+submodules `ckpt_viz.pipelining` and `ckpt_viz.hf` (`_SUBMODULES`).
 """
 from __future__ import annotations
 
@@ -179,7 +180,14 @@ __all__ = [
 ]
 
 
+# Public submodules that import torch (or transformers), reachable as `ckpt_viz.pipelining` after `import ckpt_viz`:
+# imported on first access, like the names of `_LAZY`.
+_SUBMODULES = ("hf", "pipelining")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # the import binds it here too
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)
@@ -188,4 +196,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *__all__, *_SUBMODULES})

@@ -12,7 +12,8 @@ NOTE [ Region labels ]
      transformers' `GradientCheckpointingLayer`); a bound method of a module; torch's
      `CheckpointWrapper`'s keyword packer (`my_function`, which closes over the wrapper).
      torch's `checkpoint_sequential` segment (`run_function.<locals>.forward`) is named after
-     its modules: `layers[0:4]` (a slice of one container, end excluded), else `first..last`.
+     its modules: `layers[0:4]` (a slice of one container, end excluded), else `first..last`, or
+     `checkpoint_sequential[0:4]` when they have no names (no `model=` and no parent on the stack).
   2. A module's name is its qualified name in the model given to `record(model=...)`
      (`bus.name_of`: the recording maps modules as well as parameters); else in the outermost
      module whose `forward` is on the call stack and holds it (found once per module, remembered
@@ -34,7 +35,7 @@ import torch
 
 from ckpt_viz import bus
 
-__all__ = ["label_of", "module_of", "module_name"]
+__all__ = ["found_name", "label_of", "module_name", "module_of"]
 
 _WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod")
 _SEQUENTIAL = "checkpoint_sequential.<locals>.run_function.<locals>.forward"
@@ -108,8 +109,8 @@ def _from_stack(module: torch.nn.Module) -> str | None:
     return found
 
 
-def module_name(module: torch.nn.Module) -> str:
-    """`module`'s qualified name (NOTE [ Region labels ], rule 2), or its class name when none is found."""
+def found_name(module: torch.nn.Module) -> str | None:
+    """`module`'s qualified name as found (NOTE [ Region labels ], rule 2), wrapper segments kept; None: not found."""
     name = bus.name_of(module) if bus.enabled else None
     if name is None:
         name = _names.get(module)
@@ -117,9 +118,13 @@ def module_name(module: torch.nn.Module) -> str:
             name = _from_stack(module)
             if name is not None:
                 _names[module] = name
-    if name is None:
-        return type(module).__name__
-    return _strip(name) or type(module).__name__
+    return name
+
+
+def module_name(module: torch.nn.Module) -> str:
+    """`module`'s qualified name (NOTE [ Region labels ], rule 2), or its class name when none is found."""
+    name = found_name(module)
+    return (_strip(name) if name is not None else "") or type(module).__name__
 
 
 def _sequential_label(function: Any) -> str | None:
@@ -130,8 +135,10 @@ def _sequential_label(function: Any) -> str | None:
     if not 0 <= start <= end < len(functions):
         return None
     first, last = functions[start], functions[end]
-    names = [module_name(f) if isinstance(f, torch.nn.Module) else getattr(f, "__qualname__", "?")
-             for f in (first, last)]
+    found = [found_name(f) if isinstance(f, torch.nn.Module) else None for f in (first, last)]
+    if None in found:  # unnamed (no model given, none on the stack): by position, as ckpt_viz's own sequential
+        return f"checkpoint_sequential[{start}:{end + 1}]"
+    names = [_strip(n) for n in found]  # type: ignore[arg-type]
     heads = [n.rpartition(".") for n in names]
     if heads[0][0] and heads[0][0] == heads[1][0] and heads[0][2].isdigit() and heads[1][2].isdigit():
         return f"{heads[0][0]}[{heads[0][2]}:{int(heads[1][2]) + 1}]"

@@ -71,12 +71,13 @@ import torch.utils.checkpoint as _tuc
 from ckpt_viz import bus
 from ckpt_viz.runtime.handle_ids import new_handle_id
 from ckpt_viz.runtime.handover import carried
-from ckpt_viz.runtime.labels import label_of, module_of
+from ckpt_viz.runtime.labels import found_name, label_of, module_of
 
 __all__ = ["UNOBSERVED_KEY", "install", "notes", "uninstall"]
 
 UNOBSERVED_KEY = "torch_checkpoint_unobserved"  # in a recording scope's `shared` dict: reason -> count
 _GENERATOR = "_checkpoint_without_reentrant_generator"
+_WRAPPED = "_checkpoint_wrapped_module"  # where torch's CheckpointWrapper keeps the module it checkpoints
 _GENERATOR_PARAMS = ("fn", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop", "args",
                      "kwargs")
 _REASONS = {
@@ -132,12 +133,10 @@ def _via(function: Any) -> str:
         return "checkpoint_wrapper"
     module = module_of(function)
     if module is not None:
-        path = type(module).__module__
-        if path.startswith("transformers."):
+        if type(module).__module__.startswith("transformers."):
             return "transformers"
-        if type(module).__name__ == "CheckpointWrapper" or isinstance(function, torch.nn.Module):
-            return "checkpoint_wrapper" if "_checkpoint" in path or type(module).__name__ == "CheckpointWrapper" \
-                else "checkpoint"
+        if type(module).__name__ == "CheckpointWrapper" or (found_name(module) or "").endswith(_WRAPPED):
+            return "checkpoint_wrapper"
     return "checkpoint"
 
 
