@@ -73,6 +73,7 @@ SLOW: dict[str, set[str]] = {
     },
     "bench/test_benchmarks_smoke.py": {"test_bench_runtime_quick"},
     "cli/test_cli.py": {"test_record_info_export_round_trip"},
+    "cli/test_cli_record.py": {"test_a_run_stopped_at_its_time_limit_keeps_its_trace_marked_partial"},
     "recording/test_probe_graph.py": {"test_record_graphs_snapshots_every_top_level_backward_with_zero_extra_replays"},
     "run/test_determinism.py": {
         "test_a_run_records_the_same_trace_in_a_second_process",

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="trace file, .json or .json.gz (default: %(default)s)")
     rec.add_argument("--schedule", default="1F1B", help="pipeline schedule: GPipe, 1F1B, ZB-H1 (default: %(default)s)")
     rec.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (default: %(default)s)")
-    rec.add_argument("--seed", type=int, default=0, help="seed of the model's weights and inputs (default: %(default)s)")
+    rec.add_argument("--seed", type=int, default=0, help="seed of the model's weights and inputs "
+                                                         "(default: %(default)s)")
     rec.add_argument("--no-memory", action="store_true", help="skip memory sampling (default: memory is sampled)")
     rec.add_argument("--no-graphs", action="store_true", help="skip graph snapshots (default: graphs are taken)")
     rec.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -69,15 +68,13 @@ import torch
 import torch.utils.checkpoint as _tuc
 
 from ckpt_viz import bus
-from ckpt_viz.runtime.handle_ids import new_handle_id
 from ckpt_viz.runtime.handover import carried
-from ckpt_viz.runtime.labels import found_name, label_of, module_of
+from ckpt_viz.runtime.torch_region import TorchRegion
 
 __all__ = ["UNOBSERVED_KEY", "install", "notes", "uninstall"]
 
 UNOBSERVED_KEY = "torch_checkpoint_unobserved"  # in a recording scope's `shared` dict: reason -> count
 _GENERATOR = "_checkpoint_without_reentrant_generator"
-_WRAPPED = "_checkpoint_wrapped_module"  # where torch's CheckpointWrapper keeps the module it checkpoints
 _GENERATOR_PARAMS = ("fn", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop", "args",
                      "kwargs")
 _REASONS = {
@@ -117,122 +114,12 @@ def notes(scope: Any) -> list[dict[str, Any]]:
     return found
 
 
-def _tensor_facts(values: Any) -> list[dict[str, Any]]:
-    return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""), "device": str(t.device),
-             "requires_grad": t.requires_grad, "nbytes": t.numel() * t.element_size()}
-            for t in values if isinstance(t, torch.Tensor)]
-
-
-def _via(function: Any) -> str:
-    """Which front door led to torch's checkpoint: "checkpoint", "checkpoint_sequential", "transformers" or
-    "checkpoint_wrapper" (read off the function; NOTE [ Region labels ] in labels.py)."""
-    qualname = getattr(function, "__qualname__", "") or ""
-    if qualname.startswith("checkpoint_sequential."):
-        return "checkpoint_sequential"
-    if qualname.startswith("CheckpointWrapper."):
-        return "checkpoint_wrapper"
-    module = module_of(function)
-    if module is not None:
-        if type(module).__module__.startswith("transformers."):
-            return "transformers"
-        if type(module).__name__ == "CheckpointWrapper" or (found_name(module) or "").endswith(_WRAPPED):
-            return "checkpoint_wrapper"
-    return "checkpoint"
-
-
-class _State:
-    """What a region's events need, apart from the region itself: the finalizer holds this, never the region."""
-
-    __slots__ = ("backward_site", "forward_done", "handle_id", "home", "mode", "phase", "released", "replays",
-                 "site")
-
-    def __init__(self, handle_id: int, mode: str, home: Any) -> None:
-        self.handle_id, self.mode, self.home = handle_id, mode, home
-        self.phase = "ordinary" if mode == "reentrant" else None
-        self.forward_done = self.released = False
-        self.replays = 0
-        self.site: str | None = None  # the forward's line (handle_created's site)
-        self.backward_site: str | None = None  # the line of the backward that last reached the region
-
-    def emit(self, kind: str, data: dict[str, Any], *, site: str | None = None, capture_site: bool = False) -> Any:
-        if not bus.enabled:
-            return None
-        home = self.home if self.home is not None and self.home.is_open() else None
-        return bus.emit(kind, handle_id=self.handle_id, mode=self.mode, phase=self.phase, site=site,
-                        capture_site=capture_site, data=data, scope=home)
-
-
-def _collected(state: _State) -> None:
-    """The region's node (reentrant) or saved tensors (non-reentrant) are gone: NOTE rule 3."""
-    if state.released or not state.forward_done:
-        return
-    state.released = True
-    if state.replays:
-        state.emit("released", {"reason": "ordinary_backward_complete", "was_replayed": True},
-                   site=state.backward_site)
-    else:
-        state.emit("node_collected", {"was_replayed": False, "released": False}, site=state.site)
-
-
-class _Region:
-    """One torch checkpoint call being observed; its `handle_id` is the handle's (NOTE [ Handle numbering ])."""
-
-    __slots__ = ("__weakref__", "function", "handle_id", "state")
-
-    def __init__(self, function: Callable, mode: str, scope: Any) -> None:
-        self.handle_id = new_handle_id(self, scope)
-        self.function = function
-        self.state = _State(self.handle_id, mode, scope)
-        finalizer = weakref.finalize(self, _collected, self.state)
-        finalizer.atexit = False
-
-    def created(self, args: tuple, **facts: Any) -> None:
-        state = self.state
-        event = state.emit("handle_created", {"runtime": "torch", "via": _via(self.function),
-                                               "function": label_of(self.function), **facts,
-                                               "inputs": _tensor_facts(args)}, capture_site=True)
-        state.site = event.site if event is not None else None
-        state.emit("forward_started", {}, site=state.site)
-
-    def forward_ended(self, exc: BaseException | None, outputs: Any = None) -> None:
-        state = self.state
-        if exc is None:
-            state.forward_done = True
-            flat = () if outputs is None else outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-            state.emit("forward_finished", {"outputs": _tensor_facts(flat)} if outputs is not None else {},
-                       site=state.site)
-            return
-        state.released = True
-        state.emit("forward_failed", {"type": type(exc).__name__, "message": str(exc)[:500]}, site=state.site)
-        state.emit("released", {"reason": "forward_exception", "was_replayed": False}, site=state.site)
-
-    def replay_started(self) -> str | None:
-        state = self.state
-        state.replays += 1
-        event = state.emit("replay_started", {"trigger": "backward", "replay_index": state.replays},
-                           site=state.backward_site if state.mode == "reentrant" else None,
-                           capture_site=state.mode != "reentrant")
-        site = event.site if event is not None else None
-        state.backward_site = site
-        return site
-
-    def replay_ended(self, exc: BaseException | None, site: str | None, *, early_stopped: bool = False) -> None:
-        state = self.state
-        if exc is not None and not early_stopped:
-            state.emit("replay_failed", {"trigger": "backward", "type": type(exc).__name__,
-                                         "message": str(exc)[:500]}, site=site)
-            return
-        if early_stopped:
-            state.emit("early_stopped", {}, site=site)
-        state.emit("replay_finished", {"trigger": "backward", "early_stopped": early_stopped}, site=site)
-
-
 # ---------------------------------------------------------------- use_reentrant=True
 
 _BASE: Any = getattr(_tuc, "CheckpointFunction", None)
 
 
-def _reentrant_run(region: _Region, run_function: Callable) -> Callable:
+def _reentrant_run(region: TorchRegion, run_function: Callable) -> Callable:
     """`run_function` as torch's CheckpointFunction calls it: once in forward, again (the replay) in backward."""
 
     def run(*args: Any) -> Any:
@@ -258,7 +145,7 @@ def _reentrant_run(region: _Region, run_function: Callable) -> Callable:
     return run
 
 
-def _reentrant_backward(ctx: Any, region: _Region, grads: tuple) -> Any:
+def _reentrant_backward(ctx: Any, region: TorchRegion, grads: tuple) -> Any:
     state = region.state
     event = state.emit("backward_entered", {"grad_count": len(grads)}, capture_site=True)
     state.backward_site = event.site if event is not None else None
@@ -292,7 +179,7 @@ if _BASE is not None:
             scope = _listening()
             if scope is None:
                 return _BASE.forward(ctx, run_function, preserve_rng_state, *args)
-            region = _Region(run_function, "reentrant", scope)
+            region = TorchRegion(run_function, "reentrant", scope)
             region.created(args, preserve_rng_state=bool(preserve_rng_state))
             ctx._ckpt_viz_region = region  # only ctx holds it: collected with the node (NOTE rule 3)
             return _BASE.forward(ctx, _reentrant_run(region, run_function), preserve_rng_state, *args)
@@ -317,7 +204,7 @@ class _ForwardContext:
 
     __slots__ = ("args", "inner", "region")
 
-    def __init__(self, region: _Region, inner: Any, args: tuple, facts: dict[str, Any]) -> None:
+    def __init__(self, region: TorchRegion, inner: Any, args: tuple, facts: dict[str, Any]) -> None:
         self.region, self.inner, self.args = region, inner, (args, facts)
 
     def __enter__(self) -> Any:
@@ -345,7 +232,7 @@ class _RecomputeContext:
 
     __slots__ = ("__weakref__", "inner", "region", "site")
 
-    def __init__(self, region: _Region, inner: Any) -> None:
+    def __init__(self, region: TorchRegion, inner: Any) -> None:
         self.region, self.inner, self.site = region, inner, None
 
     def __enter__(self) -> Any:
@@ -369,7 +256,7 @@ class _RecomputeContext:
         return suppressed
 
 
-def _observed_context_fn(region: _Region, context_fn: Callable, args: tuple, facts: dict[str, Any]) -> Callable:
+def _observed_context_fn(region: TorchRegion, context_fn: Callable, args: tuple, facts: dict[str, Any]) -> Callable:
     def contexts() -> tuple[Any, Any]:
         forward, recompute = context_fn()
         # only torch's frame (through recompute_fn's closure) holds the recompute context, and it the region
@@ -402,7 +289,7 @@ def _observed_generator(fn: Callable, *rest: Any, **kwargs: Any) -> Any:
     if (global_debug if global_debug is not None else debug) or _compiling():
         _unobserved(scope, "debug" if not _compiling() else "compiling")
         return original(fn, *rest, **kwargs)
-    region = _Region(fn, "nonreentrant", scope)
+    region = TorchRegion(fn, "nonreentrant", scope)
     facts = {"preserve_rng_state": bool(preserve), "early_stop": bool(early_stop),
              "determinism_check": str(determinism_check)}
     observed = _observed_context_fn(region, context_fn, tuple(args), facts)
