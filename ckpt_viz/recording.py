@@ -70,7 +70,7 @@ from ckpt_viz.trace import Trace
 from ckpt_viz.trace.rows import RecordedEvents, RecordedMemory
 from ckpt_viz.trace.schema import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
 
-__all__ = ["Recording", "last_trace", "record"]
+__all__ = ["Recording", "last_trace", "observed_mode", "record"]
 
 
 _WATCH_LOCK = threading.Lock()
@@ -286,23 +286,29 @@ def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:
         trace.meta["replay_checks"] = counts
 
 
+def observed_mode(trace: Trace) -> str:
+    """The checkpoint kinds the handles of `trace` used, with whose runtime: "nonreentrant (torch)",
+    "reentrant (ckpt_viz) + nonreentrant (torch)", or "none" when it holds no handle."""
+    events = trace.events
+    if isinstance(events, RecordedEvents):  # read three fields without building the Events
+        kinds, modes, data = events.column("kind"), events.column("mode"), events.column("data")
+    else:
+        kinds, modes, data = [e.kind for e in events], [e.mode for e in events], [e.data for e in events]
+    created = list(map("handle_created".__eq__, kinds))  # C-level passes: a recording reads it at every close
+    used = dict.fromkeys(f"{mode} ({(d or {}).get('runtime', 'ckpt_viz')})" for mode, d in
+                         zip(itertools.compress(modes, created), itertools.compress(data, created)))
+    return " + ".join(used) if used else "none"
+
+
 def _keep_run_facts(recording: Recording, trace: Trace) -> None:
-    """meta "model" (the class of `record(model=...)`), "mode" (the checkpoint kinds its handles used, with whose
-    runtime: "nonreentrant (torch)", "none" without handles) and "unobserved" (what torch's checkpoint observer
-    could not see: NOTE [ Observing torch's checkpoint ], rule 4, in ckpt_viz/runtime/torch_observer.py)."""
+    """meta "model" and "mode" for `record(model=...)`: the model's class and `observed_mode` (a run that names its
+    own mode, such as run_scenario's, sets both after), and "unobserved" (what torch's checkpoint observer could
+    not see: NOTE [ Observing torch's checkpoint ], rule 4, in ckpt_viz/runtime/torch_observer.py)."""
     meta = trace.meta
-    if recording.model is not None and "model" not in meta:
-        meta["model"] = type(recording.model).__name__
-    if "mode" not in meta:
-        events = trace.events
-        if isinstance(events, RecordedEvents):
-            kinds, modes, data = events.column("kind"), events.column("mode"), events.column("data")
-        else:
-            kinds, modes, data = [e.kind for e in events], [e.mode for e in events], [e.data for e in events]
-        created = list(map("handle_created".__eq__, kinds))  # C-level passes: this runs at every close
-        used = dict.fromkeys(f"{mode} ({(d or {}).get('runtime', 'ckpt_viz')})" for mode, d in
-                             zip(itertools.compress(modes, created), itertools.compress(data, created)))
-        meta["mode"] = " + ".join(used) if used else "none"
+    if recording.model is not None:  # without a model the caller names the run (ckpt_viz.distributed: "pipeline")
+        meta.setdefault("model", type(recording.model).__name__)
+        if "mode" not in meta:
+            meta["mode"] = observed_mode(trace)
     observer = sys.modules.get("ckpt_viz.runtime.torch_observer")  # imported when the block opened
     notes = observer.notes(recording._scope) if observer is not None else []
     if notes:

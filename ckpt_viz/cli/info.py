@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from ckpt_viz.recording import observed_mode
 from ckpt_viz.trace.cache import event_column
 from ckpt_viz.trace.lifecycle import STATE_MEANINGS, lifecycle
 
@@ -38,7 +39,8 @@ def summarize(trace: Any, *, at: int | None = None) -> str:
         at: the event seq of the "handle states" block (inclusive); None: the end of the trace.
     """
     meta = trace.meta or {}
-    lines = [f"model {meta.get('model', '?')}  mode {meta.get('mode', '?')}"
+    mode = meta.get("mode") or observed_mode(trace)  # a record() block without model=: what its handles were
+    lines = [f"model {meta.get('model', '?')}  mode {mode}"
              + (f"  schedule {meta['schedule']}" if meta.get("schedule") else ""),
              f"{len(trace.events)} events, {len(trace.memory)} memory samples, {len(trace.graphs)} graph snapshots"]
     if meta.get("partial"):  # a run stopped early (ckpt-viz record's time limit): say so before any figure
