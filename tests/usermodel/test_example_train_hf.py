@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from ckpt_viz.cli.info import summarize  # noqa: E402
-from ckpt_viz.trace import Trace  # noqa: E402
+from ckpt_viz.cli.info import summarize
+from ckpt_viz.trace import Trace
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = ROOT / "examples" / "train_hf.py"
