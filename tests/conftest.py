@@ -73,6 +73,10 @@ SLOW: dict[str, set[str]] = {
     },
     "bench/test_benchmarks_smoke.py": {"test_bench_runtime_quick"},
     "cli/test_cli.py": {"test_record_info_export_round_trip"},
+    "cli/test_cli_record.py": {"test_a_run_stopped_at_its_time_limit_keeps_its_trace_marked_partial"},
+    "usermodel/test_example_train_hf.py": {"test_the_example_records_each_step_of_the_loop"},
+    "usermodel/test_observe_hf.py": {"test_the_loop_as_it_comes_is_recorded_layer_by_layer_and_bit_identical",
+                                     "test_ckpt_viz_hf_enable_runs_ckpt_vizs_checkpoint_through_hfs_mechanism"},
     "recording/test_probe_graph.py": {"test_record_graphs_snapshots_every_top_level_backward_with_zero_extra_replays"},
     "run/test_determinism.py": {
         "test_a_run_records_the_same_trace_in_a_second_process",

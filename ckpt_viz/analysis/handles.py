@@ -11,7 +11,7 @@ from ckpt_viz.analysis._cache import derived
 from ckpt_viz.events import HandleCreated
 from ckpt_viz.trace import Trace
 
-__all__ = ["created_events", "handle_label", "handle_labels"]
+__all__ = ["created_events", "handle_label", "handle_labels", "observed_mode"]
 
 
 def created_events(trace: Trace) -> dict[int, HandleCreated]:
@@ -37,3 +37,10 @@ def handle_labels(trace: Trace) -> dict[int, str]:
     def build(t: Trace) -> dict[int, str]:
         return {h: label for h, e in created_events(t).items() if (label := handle_label(e))}
     return derived(trace, "labels", build)
+
+
+def observed_mode(trace: Trace) -> str:
+    """The checkpoint kinds the handles of `trace` used, with whose runtime: "nonreentrant (torch)",
+    "reentrant (ckpt_viz) + nonreentrant (torch)", or "none" when it holds no handle."""
+    used = dict.fromkeys(f"{e.mode} ({e.runtime})" for e in created_events(trace).values())
+    return " + ".join(used) if used else "none"

@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from ckpt_viz.recording import observed_mode
 from ckpt_viz.trace.cache import event_column
 from ckpt_viz.trace.lifecycle import STATE_MEANINGS, lifecycle
 
@@ -38,9 +39,12 @@ def summarize(trace: Any, *, at: int | None = None) -> str:
         at: the event seq of the "handle states" block (inclusive); None: the end of the trace.
     """
     meta = trace.meta or {}
-    lines = [f"model {meta.get('model', '?')}  mode {meta.get('mode', '?')}"
+    mode = meta.get("mode") or observed_mode(trace)  # a record() block without model=: what its handles were
+    lines = [f"model {meta.get('model', '?')}  mode {mode}"
              + (f"  schedule {meta['schedule']}" if meta.get("schedule") else ""),
              f"{len(trace.events)} events, {len(trace.memory)} memory samples, {len(trace.graphs)} graph snapshots"]
+    if meta.get("partial"):  # a run stopped early (ckpt-viz record's time limit): say so before any figure
+        lines.append(f"partial: {meta.get('partial_reason') or 'the run did not finish'}")
     life = lifecycle(trace)
     handles = life.handle_ids
     modes = event_column(trace, "mode")
@@ -71,7 +75,17 @@ def summarize(trace: Any, *, at: int | None = None) -> str:
     from ckpt_viz.diagnose import diagnose_all
 
     problems = diagnose_all(trace)
-    lines.append(f"problems: {len(problems)}" if problems else "problems: none")
+    lines.extend(_unobserved_lines(trace, meta, handles))
+    if problems:
+        lines.append(f"problems: {len(problems)}")
+    elif handles:  # a partial trace, or one with unobserved regions, vouches only for what it holds
+        lines.append("problems: none" + (" among the handles recorded"
+                                         if meta.get("unobserved") or meta.get("partial") else ""))
+    else:  # never "none" about a run nothing was seen of
+        lines.append("problems: not checked: this trace holds no checkpoint handle")
+        lines.append("  Tip: checkpoint inside the record() block (torch.utils.checkpoint, HF's "
+                     "gradient_checkpointing_enable() or ckpt_viz.checkpoint); a run without checkpointing has "
+                     "no handles to check.")
     lines.extend(f"  {'-' if d.handle_id is None else f'h{d.handle_id}'}: {d.code}: {d.summary}" for d in problems)
     if problems:
         lines.append("  (`ckpt-viz explain TRACE` tells what happened, in order, and the fix)")
@@ -81,6 +95,24 @@ def summarize(trace: Any, *, at: int | None = None) -> str:
     if note:
         lines.append(note.splitlines()[0])
     return "\n".join(lines)
+
+
+def _unobserved_lines(trace: Any, meta: dict[str, Any], handles: list[int]) -> list[str]:
+    """What the recording could not see (meta "unobserved", NOTE [ Observing torch's checkpoint ], rule 4, in
+    ckpt_viz/runtime/torch_observer.py), and, with no handle, the checkpoint nodes the graph snapshots show."""
+    lines = []
+    notes = meta.get("unobserved")
+    for note in notes if isinstance(notes, list) else ():
+        if isinstance(note, dict):
+            count = note.get("count")
+            lines.append(f"not observed: {note.get('what')}" + (f" ({count} calls)" if isinstance(count, int) else ""))
+    if not handles:
+        nodes = max((sum(1 for n in g.nodes if str(n.get("name", "")).startswith("CheckpointFunction"))
+                     for g in trace.graphs), default=0)
+        if nodes:
+            lines.append(f"not observed: the graph snapshots hold {nodes} CheckpointFunctionBackward nodes that no "
+                         "handle stands for (their forward ran before the record() block opened)")
+    return lines
 
 
 def info_command(args: argparse.Namespace) -> int:
