@@ -25,7 +25,8 @@ from ckpt_viz.events import Event, fields_of
 from ckpt_viz.render.text import format_event
 from ckpt_viz.trace import Trace
 
-__all__ = ["ROW_COLUMNS", "csv_cell", "event_details", "event_rows", "filter_events", "rows_csv", "rows_text"]
+__all__ = ["ROW_COLUMNS", "csv_cell", "event_details", "event_fields", "event_rows", "filter_events", "rows_csv",
+           "rows_text"]
 
 
 def filter_events(trace: Trace, *, kinds: Collection[str] | None = None, handles: Collection[int] | None = None,
@@ -78,9 +79,15 @@ def _field(value: Any) -> Any:
     return {k: getattr(value, k) for k in fields} if fields is not None else value
 
 
+def event_fields(event: Event) -> dict[str, str]:
+    """Every field of the event's kind (after the fields every event has), each value in its compact, complete
+    form."""
+    return {k: _short(_field(v)) for k, v in fields_of(event).items()}
+
+
 def event_details(event: Event) -> str:
     """Every field of the event's kind, "name=value", two spaces apart, nothing cut."""
-    return "  ".join(f"{k}={_short(_field(v))}" for k, v in fields_of(event).items())
+    return "  ".join(f"{k}={v}" for k, v in event_fields(event).items())
 
 
 def event_rows(events: Iterable[Event]) -> list[dict[str, Any]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from contextvars import ContextVar
 from typing import Any
 
 import altair as alt
@@ -30,6 +29,7 @@ from ckpt_viz.analysis.memory import MemoryFacts, MemoryPeak, memory
 from ckpt_viz.analysis.passes import AXIS, PARTS, passes
 from ckpt_viz.analysis.words import category_word, format_bytes, part_word
 from ckpt_viz.render import palette
+from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace
 from ckpt_viz.vocabulary import MEMORY_CATEGORIES
 
@@ -154,11 +154,10 @@ def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_po
         cursor_data: draw the cursor rule from the named dataset of this name instead (its rows:
             `memory_cursor(traces, cursor, cursor_in)`; `cursor` is then not drawn): a page can keep
             the rest of the chart's spec and data for every cursor position and send only the cursor.
-        datasets: a dict to fill: each layer's rows go in it by name ("d0", ...) and the layer reads
-            that named dataset (the rule's rows aside), so altair never copies or walks the rows.
+        datasets: a dict to fill with each layer's rows, by name (`ckpt_viz.render.chartdata`; the rule's rows
+            aside), so altair never copies or walks the rows.
     """
-    token = _DATASETS.set(datasets)
-    try:
+    with collecting(datasets):
         rule = None
         if cursor_data is not None:
             rule = _cursor_rule(alt.NamedData(name=cursor_data), "x" if len(traces) > 1 else "seq")
@@ -167,8 +166,6 @@ def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_po
         if len(traces) <= 1:
             return _stacked(next(iter(traces.values())) if traces else Trace(), rule, max_points)
         return _compare(traces, rule, max_points)
-    finally:
-        _DATASETS.reset(token)
 
 
 def _part_scale() -> alt.Scale:
@@ -179,27 +176,14 @@ def _bands(spans: list[dict[str, Any]], x: str, x2: str) -> list[alt.Chart]:
     """The parts of the step as light bands behind the data, labelled at the top (when they are few)."""
     rows = [dict(s, what=part_word(s["action"])) for s in spans]
     colour = alt.Color("action:N", scale=_part_scale(), legend=None)
-    rects = alt.Chart(_data(rows)).mark_rect(opacity=0.10, clip=True).encode(
+    rects = alt.Chart(rows_data(rows)).mark_rect(opacity=0.10, clip=True).encode(
         x=alt.X(f"{x}:Q"), x2=alt.X2(x2), color=colour, tooltip=[alt.Tooltip("what:N", title="part of the step")])
     if len(rows) > _MAX_LABELS:
         return [rects]
-    labels = alt.Chart(_data(rows)).mark_text(align="left", baseline="top", dx=3, dy=3, fontSize=11,
+    labels = alt.Chart(rows_data(rows)).mark_text(align="left", baseline="top", dx=3, dy=3, fontSize=11,
                                               opacity=0.8).encode(
         x=alt.X(f"{x}:Q"), y=alt.YValue(0), text=alt.Text("what:N"), color=colour)
     return [rects, labels]
-
-
-_DATASETS: ContextVar[dict[str, list[dict]] | None] = ContextVar("memory_chart_datasets", default=None)
-
-
-def _data(rows: list[dict]) -> alt.Data | alt.NamedData:
-    """A layer's data: its rows inline, or by name in the `datasets` of the `render_memory` call being built."""
-    sink = _DATASETS.get()
-    if sink is None:
-        return alt.Data(values=rows)
-    name = f"d{len(sink)}"
-    sink[name] = rows
-    return alt.NamedData(name=name)
 
 
 def _cursor_rule(data: Any, field: str) -> alt.Chart:
@@ -221,7 +205,7 @@ def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Layer
     peak = facts.peak
     top = peak.total if peak else 0
     words = [category_word(c) for c in categories]
-    area = alt.Chart(_data(rows)).mark_area(interpolate="step-after").encode(
+    area = alt.Chart(rows_data(rows)).mark_area(interpolate="step-after").encode(
         x=alt.X("seq:Q", title="event seq", scale=x_scale),
         y=_y("bytes", top, stack="zero"),
         color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
@@ -236,7 +220,7 @@ def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Layer
     layers.append(area)
     layers.append(_hover_columns(trace, drawn_samples(facts.totals, _MAX_HOVER), categories, x_scale, top))
     if peak is not None:
-        mark = _data([{"seq": peak.seq, "bytes": peak.total, "label": _peak_text(peak)}])
+        mark = rows_data([{"seq": peak.seq, "bytes": peak.total, "label": _peak_text(peak)}])
         layers.append(alt.Chart(mark).mark_point(color=palette.PEAK_COLOUR, filled=True, size=60).encode(
             x=alt.X("seq:Q"), y=alt.Y("bytes:Q"), tooltip=[alt.Tooltip("label:N")]))
     if rule is not None:
@@ -265,7 +249,7 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
     tooltip = [alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
                alt.Tooltip("pass:N", title="part of the step"), alt.Tooltip("total:N", title="total")]
     tooltip += [alt.Tooltip(f"c{j}:N", title=category_word(c)) for j, c in enumerate(categories)]
-    return alt.Chart(_data(rows)).mark_rect(color=palette.PEAK_COLOUR, clip=True).encode(
+    return alt.Chart(rows_data(rows)).mark_rect(color=palette.PEAK_COLOUR, clip=True).encode(
         x=alt.X("seq:Q", scale=x_scale), x2=alt.X2("next"), y=alt.Y("zero:Q"), y2=alt.Y2("top"), tooltip=tooltip,
         opacity=alt.OpacityValue(0.001, condition={"param": hover.name, "value": 0.08}),
     ).add_params(hover, pick)
@@ -297,10 +281,10 @@ def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) 
     x = alt.X("x:Q", title="part of the step (each run's forward, DX and DW line up; a full backward spans DX and DW)",
               scale=alt.Scale(domain=[0, 3], nice=False),
               axis=alt.Axis(values=[0, 1, 2, 3], labelExpr="['start', 'forward ends', 'DX ends', 'end'][datum.value]"))
-    lines = alt.Chart(_data(rows)).mark_line(interpolate="step-after").encode(
+    lines = alt.Chart(rows_data(rows)).mark_line(interpolate="step-after").encode(
         x=x, y=_y("bytes", top), color=colour)
     pick = alt.selection_point(name=CURSOR_PICK, on="click", fields=["x"], nearest=True, clear=False)
-    dots = alt.Chart(_data(rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
+    dots = alt.Chart(rows_data(rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
         x="x:Q", y="bytes:Q", color=same_colour,
         tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("size:N", title="total"),
                  alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
@@ -308,7 +292,7 @@ def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) 
     split_bands = [{"action": a, "start": AXIS[a][0], "end": AXIS[a][1]} for a in ("F", "DX", "DW")]
     layers: list[Any] = [*_bands(split_bands, "start", "end"), lines, dots]
     if peaks:
-        layers.append(alt.Chart(_data(peaks)).mark_point(filled=True, size=90, shape="diamond").encode(
+        layers.append(alt.Chart(rows_data(peaks)).mark_point(filled=True, size=90, shape="diamond").encode(
             x="x:Q", y="bytes:Q", color=same_colour, tooltip=["label:N"]))
     if rule is not None:
         layers.append(rule)

@@ -17,6 +17,7 @@ NOTE [ Lanes ]
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Collection
 from typing import Any
 
 import altair as alt
@@ -25,6 +26,7 @@ from ckpt_viz.analysis.handles import created_events, handle_labels
 from ckpt_viz.analysis.lifecycle import Lifecycle, lifecycle
 from ckpt_viz.analysis.words import STATE_WORDS, reason_word, state_word
 from ckpt_viz.render import palette
+from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace
 from ckpt_viz.vocabulary import STATES
 
@@ -49,12 +51,14 @@ def lane_label(handle_id: int, tags: Any, name: str | None = None) -> str:
     return " · ".join(parts)
 
 
-def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
-    """Rows for the lanes (the whole trace's are computed once per trace).
+def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | None = None,
+                        handles: Collection[int] | None = None) -> list[dict[str, Any]]:
+    """Rows for the lanes.
 
     Args:
         start, stop: keep only the handles with an event in [start, stop), clipped to it
             (see NOTE [ Lanes ], rule 3); None: unbounded.
+        handles: only these handles' lanes (their states still the whole trace's).
 
     Returns:
         Interval rows {kind: "interval", handle_id, lane, state, what, start_seq, end_seq, reason?}
@@ -64,13 +68,16 @@ def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | N
     """
     life = lifecycle(trace)
     if start is None and stop is None:
-        handles = life.handle_ids
+        shown = life.handle_ids
     else:
         events = trace.events
         lo = 0 if start is None else bisect_left(events, start, key=lambda e: e.seq)
         hi = len(events) if stop is None else bisect_left(events, stop, key=lambda e: e.seq)
-        handles = [h for h in dict.fromkeys(e.handle_id for e in events[lo:hi]) if h is not None]
-    lanes = _lanes(trace, handles)
+        shown = [h for h in dict.fromkeys(e.handle_id for e in events[lo:hi]) if h is not None]
+    if handles is not None:
+        wanted = set(handles)
+        shown = [h for h in shown if h in wanted]
+    lanes = _lanes(trace, shown)
     intervals: list[dict[str, Any]] = []
     points: list[dict[str, Any]] = []
     for _, bars, refused in lanes:
@@ -118,19 +125,26 @@ def _lane(life: Lifecycle, h: int, tags: Any, end: int, order: int, name: str | 
 
 
 def render_lifecycles(trace: Trace, *, cursor: int | None = None, start: int | None = None,
-                      stop: int | None = None) -> alt.Chart:
+                      stop: int | None = None, handles: Collection[int] | None = None,
+                      datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
     """One lane per handle (grouped by stage and micro-batch), bars by state, dark red crosses at refused replays.
 
     Args:
         cursor: an event seq, drawn as a rule.
         start, stop: draw only the seqs in [start, stop) (see `lifecycle_intervals`).
+        handles: draw only these handles' lanes.
+        datasets: a dict to fill with the layers' rows, by name (`ckpt_viz.render.chartdata`).
     """
-    rows = lifecycle_intervals(trace, start=start, stop=stop)
+    with collecting(datasets):
+        return _lanes_chart(lifecycle_intervals(trace, start=start, stop=stop, handles=handles), cursor)
+
+
+def _lanes_chart(rows: list[dict[str, Any]], cursor: int | None) -> alt.LayerChart:
     intervals = [r for r in rows if r["kind"] == "interval"]
     refused = [r for r in rows if r["kind"] == "refused"]
     lanes = list(dict.fromkeys(r["lane"] for r in intervals))
     y = alt.Y("lane:N", sort=lanes, title=None)
-    bars = alt.Chart(alt.Data(values=intervals)).mark_bar(height={"band": 0.7}).encode(
+    bars = alt.Chart(rows_data(intervals)).mark_bar(height={"band": 0.7}).encode(
         x=alt.X("start_seq:Q", title="event seq", scale=alt.Scale(zero=False)),  # a window need not start at 0
         x2="end_seq:Q",
         y=y,
@@ -143,12 +157,12 @@ def render_lifecycles(trace: Trace, *, cursor: int | None = None, start: int | N
     )
     layers: list[Any] = [bars]
     if refused:
-        cross = alt.Chart(alt.Data(values=refused)).mark_point(shape="cross", color=palette.MARK_COLOURS["refused"],
+        cross = alt.Chart(rows_data(refused)).mark_point(shape="cross", color=palette.MARK_COLOURS["refused"],
                                                                size=120, filled=True)
         layers.append(cross.encode(x="seq:Q", y=y, tooltip=[alt.Tooltip("lane:N", title="handle"),
                                                             alt.Tooltip("seq:Q", title="seq"),
                                                             alt.Tooltip("reason:N", title="what")]))
     if cursor is not None:
-        rule = alt.Chart(alt.Data(values=[{"seq": cursor}])).mark_rule(color=palette.CURSOR_COLOUR, strokeWidth=2)
+        rule = alt.Chart(rows_data([{"seq": cursor}])).mark_rule(color=palette.CURSOR_COLOUR, strokeWidth=2)
         layers.append(rule.encode(x="seq:Q"))
     return alt.layer(*layers).properties(height=max(24 * len(lanes), 48), title="handle lifecycles")

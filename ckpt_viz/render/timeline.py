@@ -28,6 +28,7 @@ from ckpt_viz.analysis.memory import stage_memory
 from ckpt_viz.analysis.words import part_word
 from ckpt_viz.analysis.passes import PARTS
 from ckpt_viz.render import palette
+from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace
 
 __all__ = ["default_x", "render_stage_memory", "render_timeline", "stage_memory_rows"]
@@ -65,10 +66,21 @@ def default_x(trace: Trace) -> str:
     return "tick" if trace.meta.get("actions") and not trace.meta.get("distributed") else "time"
 
 
-def render_timeline(trace: Trace, *, cursor: int | None = None, x: str | None = None,
-                    title: str | None = None) -> alt.LayerChart:
-    """Stage (or rank and stage) by x, one box per action coloured by kind, replays nested, the cursor marked."""
-    x = x or default_x(trace)
+def render_timeline(trace: Trace, *, cursor: int | None = None, x: str | None = None, title: str | None = None,
+                    datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
+    """Stage (or rank and stage) by x, one box per action coloured by kind, replays nested, the cursor marked.
+
+    Args:
+        cursor: an event seq, drawn as a rule.
+        x: "time", "tick" or "events" (NOTE [ Timeline x ]); default `default_x(trace)`.
+        title: the chart's title (default: the schedule).
+        datasets: a dict to fill with the layers' rows, by name (`ckpt_viz.render.chartdata`).
+    """
+    with collecting(datasets):
+        return _timeline(trace, cursor, x or default_x(trace), title)
+
+
+def _timeline(trace: Trace, cursor: int | None, x: str, title: str | None) -> alt.LayerChart:
     done = actions(trace)
     rows, replays = [], []
     for a in done:
@@ -95,7 +107,7 @@ def render_timeline(trace: Trace, *, cursor: int | None = None, x: str | None = 
     axis_title = {"time": "time (µs)", "tick": "schedule tick", "events": "event position"}[x]
     y = alt.Y("lane:N", sort=lanes, title=None)
     scale = alt.Scale(domain=list(PARTS), range=[palette.ACTION_COLOURS[a] for a in PARTS])
-    base = alt.Chart(alt.Data(values=rows))
+    base = alt.Chart(rows_data(rows))
     boxes = base.mark_bar(height=_BOX, stroke="white", strokeWidth=0.5).encode(
         x=alt.X("x0:Q", title=axis_title), x2="x1:Q", y=y,
         color=alt.Color("action:N", scale=scale, title="action"),
@@ -106,12 +118,12 @@ def render_timeline(trace: Trace, *, cursor: int | None = None, x: str | None = 
         x=alt.X("xm:Q"), y=y, text="label:N").transform_calculate(xm="(datum.x0 + datum.x1) / 2")
     layers: list[Any] = [boxes, text]
     if replays:
-        layers.append(alt.Chart(alt.Data(values=replays)).mark_bar(
+        layers.append(alt.Chart(rows_data(replays)).mark_bar(
             height=_REPLAY, color=palette.STATE_COLOURS["replaying"], yOffset=_BOX / 2 - _REPLAY / 2 - 1).encode(
             x="x0:Q", x2="x1:Q", y=y, tooltip=["lane:N", "what:N", "seqs:N"]))
     at = _cursor_x(trace, done, cursor, x)
     if at is not None:
-        layers.append(alt.Chart(alt.Data(values=[{"x": at, "cursor": f"cursor (seq {cursor})"}])).mark_rule(
+        layers.append(alt.Chart(rows_data([{"x": at, "cursor": f"cursor (seq {cursor})"}])).mark_rule(
             color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x="x:Q", tooltip=["cursor:N"]))
     return alt.layer(*layers).properties(height=max(60, 30 * len(lanes)),
                                          title=title or str(trace.meta.get("schedule") or "schedule"))
@@ -128,16 +140,21 @@ def stage_memory_rows(trace: Trace) -> list[dict[str, Any]]:
              "bytes": r.nbytes} for r in stage_memory(trace)]
 
 
-def render_stage_memory(trace: Trace, *, cursor: int | None = None) -> alt.LayerChart:
+def render_stage_memory(trace: Trace, *, cursor: int | None = None,
+                        datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
     """Bytes held per pipeline stage over the run (a line per stage, x = event seq), the cursor marked."""
-    rows = stage_memory_rows(trace)
-    line = alt.Chart(alt.Data(values=rows)).mark_line(interpolate="step-after").encode(
+    with collecting(datasets):
+        return _stage_memory(stage_memory_rows(trace), cursor)
+
+
+def _stage_memory(rows: list[dict[str, Any]], cursor: int | None) -> alt.LayerChart:
+    line = alt.Chart(rows_data(rows)).mark_line(interpolate="step-after").encode(
         x=alt.X("seq:Q", title="event seq"), y=alt.Y("bytes:Q", title="bytes held"),
         color=alt.Color("stage:N", title="stage"),
         tooltip=[alt.Tooltip("stage:N", title="stage"), alt.Tooltip("seq:Q", title="event seq"),
                  alt.Tooltip("bytes:Q", title="bytes held")])
     layers: list[Any] = [line]
     if cursor is not None:
-        layers.append(alt.Chart(alt.Data(values=[{"seq": cursor}])).mark_rule(
+        layers.append(alt.Chart(rows_data([{"seq": cursor}])).mark_rule(
             color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x="seq:Q"))
     return alt.layer(*layers).properties(height=220)
