@@ -14,8 +14,8 @@ from ckpt_viz.events import Event
 
 __all__ = ["format_event", "render_text"]
 
-# The fields worth a column, per kind, in this order (None values left out); the others are left out to keep one
-# line short (the Events page's table shows every field).
+# The fields worth a column, per kind, in this order, each shown unless it is None or an empty list; the others are
+# left out to keep one line short (the Events page's table shows every field).
 _DETAILS: dict[str, tuple[str, ...]] = {
     "handle_created": ("function", "split", "collector", "input_count"),
     "forward_finished": ("saved_count", "non_differentiable", "exclude_entries"),
@@ -54,9 +54,8 @@ def _value(value: Any) -> str:
 
 
 def _details(event: Event) -> str:
-    keys = _DETAILS.get(event.kind, ())
-    values = ((k, getattr(event, k, None)) for k in keys)
-    return "  ".join(f"{k}={_value(v)}" for k, v in values if v is not None)
+    values = ((k, getattr(event, k)) for k in _DETAILS.get(event.kind, ()) if hasattr(event, k))
+    return "  ".join(f"{k}={_value(v)}" for k, v in values if v is not None and v != ())
 
 
 def format_event(event: Event, *, site: bool = False) -> str:
