@@ -61,9 +61,9 @@ def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | N
         handles: only these handles' lanes (their states still the whole trace's).
 
     Returns:
-        Interval rows {kind: "interval", handle_id, lane, state, what, start_seq, end_seq, reason?}
-        (state in `STATES`, never "not_created"; what its words; reason, in words, for "released")
-        and point rows {kind: "refused", handle_id, lane, seq, reason} for each refused replay,
+        Interval rows {kind: "interval", handle_id, lane, state, what, start_seq, end_seq, reason?, because?}
+        (state in `STATES`, never "not_created"; what its words; for "released" its reason, and in words)
+        and point rows {kind: "refused", handle_id, lane, seq, reason, because} for each refused replay,
         ordered by lane (stage, micro-batch, first appearance) and then by seq, refusals last.
     """
     life = lifecycle(trace)
@@ -117,10 +117,10 @@ def _lane(life: Lifecycle, h: int, tags: Any, end: int, order: int, name: str | 
             row = {"kind": "interval", "handle_id": h, "lane": lane, "state": t.state, "what": state_word(t.state),
                    "start_seq": t.seq, "end_seq": stop}
             if t.state == "released" and t.reason is not None:
-                row["reason"] = reason_word(t.reason)
+                row["reason"], row["because"] = t.reason, reason_word(t.reason)
             bars.append(row)
-    refused = [{"kind": "refused", "handle_id": h, "lane": lane, "seq": r.seq,
-                "reason": "replay refused: " + reason_word(r.reason)} for r in life.refusals(h)]
+    refused = [{"kind": "refused", "handle_id": h, "lane": lane, "seq": r.seq, "reason": r.reason,
+                "because": "replay refused: " + reason_word(r.reason)} for r in life.refusals(h)]
     return key, bars, refused
 
 
@@ -153,7 +153,7 @@ def _lanes_chart(rows: list[dict[str, Any]], cursor: int | None) -> alt.LayerCha
                         legend=alt.Legend(title="handle state", labelExpr=f"{_LEGEND_WORDS}[datum.label]")),
         tooltip=[alt.Tooltip("lane:N", title="handle"), alt.Tooltip("what:N", title="state"),
                  alt.Tooltip("start_seq:Q", title="from seq"), alt.Tooltip("end_seq:Q", title="to seq"),
-                 alt.Tooltip("reason:N", title="because")],
+                 alt.Tooltip("because:N", title="because")],
     )
     layers: list[Any] = [bars]
     if refused:
@@ -161,7 +161,7 @@ def _lanes_chart(rows: list[dict[str, Any]], cursor: int | None) -> alt.LayerCha
                                                                size=120, filled=True)
         layers.append(cross.encode(x="seq:Q", y=y, tooltip=[alt.Tooltip("lane:N", title="handle"),
                                                             alt.Tooltip("seq:Q", title="seq"),
-                                                            alt.Tooltip("reason:N", title="what")]))
+                                                            alt.Tooltip("because:N", title="what")]))
     if cursor is not None:
         rule = alt.Chart(rows_data([{"seq": cursor}])).mark_rule(color=palette.CURSOR_COLOUR, strokeWidth=2)
         layers.append(rule.encode(x="seq:Q"))
