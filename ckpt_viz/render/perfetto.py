@@ -168,11 +168,13 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
             releases[h] = e.seq
             flows.append({"ph": "s", "id": e.seq, "name": "released", "cat": "release", "pid": pid,
                           "tid": tid_of("forward"), "ts": ts})
+            reason = getattr(e, "reason", None)
             tracks.events.append({"ph": "i", "s": "t", "name": f"released {_label(e)}", "pid": pid,
-                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": getattr(e, "reason", None)}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": reason}})
         elif e.kind == "replay_refused":
+            reason = getattr(e, "reason", None)
             tracks.events.append({"ph": "i", "s": "t", "name": f"replay refused {_label(e)}", "pid": pid,
-                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": getattr(e, "reason", None)}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": reason}})
             if h in releases:
                 flows.append({"ph": "f", "bp": "e", "id": releases[h], "name": "released", "cat": "release",
                               "pid": pid, "tid": tid_of("forward"), "ts": ts})

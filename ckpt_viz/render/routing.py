@@ -61,7 +61,8 @@ def _flow(graph: graphviz.Digraph, a: Any, b: Any, known: bool, r: Routing) -> N
         if a != "loss" and r.discarded.get(a):
             attrs["label"] = dot_text("DX dropped")
     elif routed and (a == "loss" or r.targets.get(a, (0,))):
-        attrs = {"color": EDGE_COLOURS["dx"], "label": dot_text("DX"), "fontcolor": EDGE_COLOURS["dx"], "penwidth": "1.8"}
+        attrs = {"color": EDGE_COLOURS["dx"], "label": dot_text("DX"), "fontcolor": EDGE_COLOURS["dx"],
+                 "penwidth": "1.8"}
         if not known:
             attrs["style"] = "dashed"
     else:
@@ -98,8 +99,8 @@ def _handle(graph: graphviz.Digraph, trace: Trace, h: int, r: Routing, name: str
     for idx in r.explicit_params.get(h, ()):
         graph.node(f"h{h}_in{idx}", label=dot_text(input_words(trace, h, idx, parameter=True)), shape="box",
                    style="filled,rounded", fillcolor=NODE_COLOURS["leaf"])
-        graph.edge(f"h{h}", f"h{h}_in{idx}", color=EDGE_COLOURS["dw"], label=dot_text("DW"), fontcolor=EDGE_COLOURS["dw"],
-                   penwidth="1.6")
+        graph.edge(f"h{h}", f"h{h}_in{idx}", color=EDGE_COLOURS["dw"], label=dot_text("DW"),
+                   fontcolor=EDGE_COLOURS["dw"], penwidth="1.6")
     for k, param in enumerate(r.captured.get(h, ())):
         graph.node(f"h{h}_cap{k}", label=dot_text(param), shape="box", style="filled,rounded",
                    fillcolor=NODE_COLOURS["leaf"])

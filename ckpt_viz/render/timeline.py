@@ -25,8 +25,8 @@ import altair as alt
 
 from ckpt_viz.analysis.actions import Action, actions
 from ckpt_viz.analysis.memory import stage_memory
-from ckpt_viz.analysis.words import part_word
 from ckpt_viz.analysis.passes import PARTS
+from ckpt_viz.analysis.words import part_word
 from ckpt_viz.render import palette
 from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace

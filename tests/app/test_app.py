@@ -391,11 +391,10 @@ def downloads():
 
 
 def test_download_builders_make_real_files(downloads, tmp_path: Path) -> None:
+    from ckpt_viz.render.eventlog import event_rows
     from ckpt_viz.render.graph import render_graph
     from ckpt_viz.render.memory import render_memory
     from ui.runs import Run, RunConfig  # on sys.path (the fixture), as downloads imports it
-
-    from ckpt_viz.render.eventlog import event_rows
 
     trace = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
     run = Run(RunConfig("builtin", "mlp"), trace)

@@ -33,8 +33,8 @@ def _graph_page(**state: object) -> AppTest:
 def _svg(at: AppTest) -> str:
     """The page's one graph: an <img> whose source is the SVG as a data: URL (NOTE [ A graph is an image ])."""
     images = [(m.group(1), m.group(2)) for element in at.get("html")
-              for m in re.finditer(r'<img class="ckpt-graph"[^>]*src="data:image/svg\+xml;base64,([^"]+)" style="([^"]*)"',
-                                   element.proto.body)]
+              for m in re.finditer(r'<img class="ckpt-graph"[^>]*src="data:image/svg\+xml;base64,([^"]+)" '
+                                   r'style="([^"]*)"', element.proto.body)]
     assert len(images) == 1 and not at.get("iframe")
     svg = base64.b64decode(images[0][0]).decode("utf-8")
     width, height = _size(svg)  # the image keeps the SVG's own size: 1 pt is 4/3 px

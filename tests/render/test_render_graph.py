@@ -26,7 +26,7 @@ from ckpt_viz.render.graph import (
     render_torchviz_view,
 )
 from ckpt_viz.render.svg import dot_svg
-from ckpt_viz.trace import GraphSnapshot, Trace, TorchvizEdge, TorchvizGraph, TorchvizNode
+from ckpt_viz.trace import GraphSnapshot, TorchvizEdge, TorchvizGraph, TorchvizNode, Trace
 from ckpt_viz.vocabulary import STATES
 from traces import block_snapshot, refused_trace, snapshot_of, split_trace, with_states
 
@@ -106,11 +106,13 @@ def test_without_events_a_region_existed_before_the_recording() -> None:
 
 def test_node_kinds_are_told_apart_by_shape_and_colour() -> None:
     by_label = {a["label"]: a for a in _nodes(_graph(block_snapshot(1, replay=True))).values()}
-    assert (by_label["SumBackward0"]["shape"], by_label["SumBackward0"]["fillcolor"]) == ("box", NODE_COLOURS["backward"])
+    loss = by_label["SumBackward0"]
+    assert (loss["shape"], loss["fillcolor"]) == ("box", NODE_COLOURS["backward"])
     assert by_label["head.weight\\n(4, 4)"]["fillcolor"] == NODE_COLOURS["leaf"]
     assert by_label["input\\n(2, 4)"]["shape"] == "ellipse"
     assert by_label["dummy\\n(0)"]["shape"] == "ellipse"  # the zero-size input of the checkpoint
-    assert (by_label["trigger h0"]["shape"], by_label["trigger h0"]["fillcolor"]) == ("diamond", NODE_COLOURS["trigger"])
+    trigger = by_label["trigger h0"]
+    assert (trigger["shape"], trigger["fillcolor"]) == ("diamond", NODE_COLOURS["trigger"])
     checkpoint = by_label["_CheckpointBackward\\nh0 · dx"]
     assert (checkpoint["shape"], checkpoint["fillcolor"]) == ("box3d", NODE_COLOURS["checkpoint"])
 
@@ -144,7 +146,8 @@ def test_twelve_identical_blocks_collapse_to_one_node() -> None:
     assert len(_nodes(collapsed)) == 4
     assert "cluster_h" not in collapsed
     edges = _edges(collapsed)
-    assert edges["n0 -> block0"]["color"] == EDGE_COLOURS["both"] and edges["block0 -> n2"]["color"] == EDGE_COLOURS["dx"]
+    assert edges["n0 -> block0"]["color"] == EDGE_COLOURS["both"]
+    assert edges["block0 -> n2"]["color"] == EDGE_COLOURS["dx"]
     assert "<svg" in _svg(collapsed)
 
 

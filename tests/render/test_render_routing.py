@@ -65,7 +65,8 @@ def test_before_any_pass_everything_is_empty() -> None:
     r = routing_at(split_trace(), 5)
     assert r.phase is None and r.handles == () and r.targets == {} and r.waiting == "the forward"
     dot = _dot(split_trace(), 5)
-    assert _attrs(re.search(r"graph \[(.*)\]", dot).group(1))["label"] == "no backward pass yet (the forward is running)"
+    title = _attrs(re.search(r"graph \[(.*)\]", dot).group(1))["label"]
+    assert title == "no backward pass yet (the forward is running)"
     assert _statements(dot)["empty"]["label"] == "no checkpoint reached"
     assert "<svg" in dot_svg(dot)
 
