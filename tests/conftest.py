@@ -71,6 +71,8 @@ SLOW: dict[str, set[str]] = {
         "test_every_page_renders_for_a_model_file_run_in_the_sandbox",
         "test_first_screen_shows_a_recorded_run_of_the_default_model",
     },
+    "app/test_figures_agree.py": {"test_every_built_in_model_in_every_mode", "test_every_broken_run"},
+    "app/test_browser_hostile.py": {"test_a_crafted_trace_shows_as_text_on_every_page"},
     "bench/test_benchmarks_smoke.py": {"test_bench_runtime_quick"},
     "cli/test_cli.py": {"test_record_info_export_round_trip"},
     "cli/test_cli_record.py": {"test_a_run_stopped_at_its_time_limit_keeps_its_trace_marked_partial"},
