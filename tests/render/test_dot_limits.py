@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_viz import dot_svg, end_dot
+from ckpt_viz.render.svg import dot_svg, end_dot
 from ckpt_viz.errors import DotLimitError
 from ckpt_viz.render.svg import run_dot
 from procs import live_processes
@@ -41,7 +41,8 @@ def _dots() -> list[int]:
 
 def test_a_small_graph_draws_as_before() -> None:
     svg = dot_svg('digraph { a -> b [label="x"] }', 2.0)
-    assert svg.startswith('<svg width="') and "<title>a&#45;&gt;b</title>" in svg
+    assert svg.startswith("<svg ") and 'width="124pt" height="262pt"' in svg  # zoom 2 of dot's 62 x 131 pt
+    assert "<title>a-&gt;b</title>" in svg
     assert run_dot("digraph { a }").lstrip().startswith(b"<?xml")
     assert dot_svg("digraph { a }", inline=False).lstrip().startswith("<?xml")
 
