@@ -38,8 +38,7 @@ def _ordered(events: tuple[Event, ...]) -> tuple[Event, ...]:
 
 def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
     skipped: dict[int | None, list[tuple[int, Event]]] = {}
-    dw_passes = [e for hs in f.by_handle.values() for e in hs if e.kind == "backward_entered" and e.phase == "dw"]
-    dw_passes.sort(key=lambda e: e.seq)
+    dw_passes = [e for e in f.by_kind.get("backward_entered", ()) if e.phase == "dw"]
     for h, events in f.by_handle.items():
         dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.mode == "reentrant"]
         if not dx or h in leaked or any(e.kind == "released" or (isinstance(e, PhaseSet) and e.new == "dw")
@@ -87,9 +86,12 @@ def _params_without_grad(f: Facts) -> list[Finding]:
     return found
 
 
-def _sessions_never_cleared(f: Facts, events: list[Event]) -> list[Finding]:
+def _sessions_never_cleared(f: Facts) -> list[Finding]:
     bound: dict[str, Event] = {}
     members: dict[str, list[int]] = {}
+    kinds = f.by_kind
+    events = sorted([*kinds.get("session_bound", ()), *kinds.get("prefired", ()), *kinds.get("session_cleared", ())],
+                    key=lambda e: e.seq)
     for e in events:
         key = repr(e.session_id)
         if e.kind in ("session_bound", "prefired") and e.session_id is not None:
@@ -126,16 +128,13 @@ def _replayed_twice(f: Facts) -> list[Finding]:
     return found
 
 
-def _error_findings(f: Facts, events: list[Event]) -> list[Finding]:
+def _error_findings(f: Facts) -> list[Finding]:
     found = []
-    last_handle: int | None = None
-    for e in events:
-        if e.handle_id is not None and e.kind != "error":
-            last_handle = e.handle_id
+    for e in f.errors:
         code = code_of(e)
         if code not in ERROR_CODES:
             continue
-        h = e.handle_id if e.handle_id is not None else last_handle
+        h = e.handle_id if e.handle_id is not None else f.handle_before(e.seq)
         story = f.story_events(h, e, until=e.seq) if h is not None else (e,)
         assert isinstance(e, Error)
         found.append(finding(f, code, h, f"{e.where or 'the run'} raised {e.type} at event "
@@ -144,7 +143,7 @@ def _error_findings(f: Facts, events: list[Event]) -> list[Finding]:
     return found
 
 
-def silent_findings(f: Facts, events: list[Event], leaked: set[int]) -> list[Finding]:
+def silent_findings(f: Facts, leaked: set[int]) -> list[Finding]:
     """Every silent problem of NOTE [ Silent problems ] (handles in `leaked` already have a finding)."""
-    return [*_dw_skipped(f, leaked), *_params_without_grad(f), *_sessions_never_cleared(f, events),
-            *_replayed_twice(f), *_error_findings(f, events)]
+    return [*_dw_skipped(f, leaked), *_params_without_grad(f), *_sessions_never_cleared(f),
+            *_replayed_twice(f), *_error_findings(f)]
