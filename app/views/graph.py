@@ -42,7 +42,7 @@ if view == "Checkpoint regions":
     if runs:
         names = handle_labels(run.trace)
         note += "  \nCollapsed: " + "; ".join(
-            f"h{r[0]}–h{r[-1]}" + (md(f" ({names[r[0]]} – {names[r[-1]]})") if r[0] in names and r[-1] in names
+            f"h{r[0]}–h{r[-1]}" + (f" ({md(names[r[0]])} – {md(names[r[-1]])})" if r[0] in names and r[-1] in names
                                    else "") + f", {len(r)} regions identical to h{r[0] - 1}, as one node"
             for r in runs) + ". Turn on **Expand repeated blocks** to draw each."
     legend = GRAPH_LEGEND
