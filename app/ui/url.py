@@ -101,6 +101,11 @@ def _widget_values(params: dict[str, str]) -> dict[str, object]:
     return values
 
 
+def _same_source(a: dict[str, str], b: dict[str, str]) -> bool:
+    """Whether two sets of source parameters name the same run (a parameter left out is its default)."""
+    return _widget_values(a) == _widget_values(b)
+
+
 def restore() -> None:
     """Apply the URL to the source picker and the cursor when this session did not write it (NOTE rules 1, 2)."""
     params = st.query_params.to_dict()
@@ -153,7 +158,7 @@ def _cursor_of(config: RunConfig | None) -> str | None:
     if config is None:
         return None
     pending = st.session_state.get(_PENDING)
-    if pending is not None and pending[1] is not None and pending[0] == _params_of(config):
+    if pending is not None and pending[1] is not None and _same_source(pending[0], _params_of(config)):
         return str(pending[1])
     seen = st.session_state.get(_CURSOR)
     return str(seen[1]) if seen is not None and seen[0] == config else "0"
@@ -175,7 +180,7 @@ def pending_cursor(config: RunConfig) -> int | None:
         return None
     del st.session_state[_PENDING]
     params, seq = pending
-    return seq if params == _params_of(config) else None
+    return seq if _same_source(params, _params_of(config)) else None
 
 
 def publish_cursor(config: RunConfig, seq: int) -> None:
