@@ -43,7 +43,7 @@ __all__ = ["PARTNER", "config_from_param", "config_param", "partner", "pending_c
 PARTNER = "vs"  # Compare's partner run: `partner()` / `set_partner()`
 _SOURCE_PARAMS = ("model", "broken", "file", "trace", "upload", "mode", "schedule", "mb")
 _WRITTEN = "url_written"  # the query parameters this session wrote (or applied) last
-_PENDING = "url_cursor"  # (source params, seq): a cursor the URL named, for the run it names
+_PENDING = "url_cursor"  # (config, seq): a cursor the URL named, for the run it names (config None: not known yet)
 _CURSOR = "url_cursor_seen"  # (config, seq): the cursor of the sidebar's run, as its page last read it
 _KINDS = {"builtin": "Built-in model", "user": "Model file (.py)", "trace": "Saved trace",
           "broken": "Broken runs to explore"}  # RunConfig.source -> the picker's words (ui.source.SOURCES)
@@ -101,11 +101,6 @@ def _widget_values(params: dict[str, str]) -> dict[str, object]:
     return values
 
 
-def _same_source(a: dict[str, str], b: dict[str, str]) -> bool:
-    """Whether two sets of source parameters name the same run (a parameter left out is its default)."""
-    return _widget_values(a) == _widget_values(b)
-
-
 def restore() -> None:
     """Apply the URL to the source picker and the cursor when this session did not write it (NOTE rules 1, 2)."""
     params = st.query_params.to_dict()
@@ -117,7 +112,8 @@ def restore() -> None:
         if state.get(key, defaults[key]) != value:
             state[key] = value
     cursor = params.get("cursor", "")
-    state[_PENDING] = (_source_params(params), int(cursor) if cursor.isdigit() else None)
+    # For the run the picker shows next, whatever the URL's values that no widget offers became (`publish`).
+    state[_PENDING] = (None, int(cursor)) if cursor.isdigit() else None
     state[_WRITTEN] = params
 
 
@@ -153,12 +149,12 @@ def _write(params: dict[str, str]) -> None:
 
 
 def _cursor_of(config: RunConfig | None) -> str | None:
-    """The cursor to write with the source: the URL's pending one for this run, else the last one this run's
-    page read (`publish_cursor`), else 0 (a new run starts at its first event, rule 4); None without a run."""
+    """The cursor to write with the source: the one the URL named for this run (`restore`), else the last one this
+    run's page read (`publish_cursor`), else 0 (a new run starts at its first event, rule 4); None without a run."""
     if config is None:
         return None
     pending = st.session_state.get(_PENDING)
-    if pending is not None and pending[1] is not None and _same_source(pending[0], _params_of(config)):
+    if pending is not None and pending[0] == config:
         return str(pending[1])
     seen = st.session_state.get(_CURSOR)
     return str(seen[1]) if seen is not None and seen[0] == config else "0"
@@ -166,6 +162,9 @@ def _cursor_of(config: RunConfig | None) -> str | None:
 
 def publish(config: RunConfig | None) -> None:
     """Write the picker's source, with its run's cursor, into the URL when the view changed (NOTE rules 2-4)."""
+    pending = st.session_state.get(_PENDING)
+    if pending is not None and pending[0] is None:  # the URL's cursor is for this run, the one it named
+        st.session_state[_PENDING] = (config, pending[1])
     params = st.query_params.to_dict()
     view = {**_params_of(config), **({"cursor": cursor} if (cursor := _cursor_of(config)) is not None else {})}
     kept = {k: v for k, v in params.items() if k not in _SOURCE_PARAMS and k != "cursor"}  # `vs` stays
@@ -173,14 +172,12 @@ def publish(config: RunConfig | None) -> None:
 
 
 def pending_cursor(config: RunConfig) -> int | None:
-    """The cursor seq the URL named, once, when `config` is the sidebar's run and the run the URL names (None
-    otherwise: it named none, or another run)."""
+    """The cursor seq the URL named, once, when `config` is the run it named (None otherwise)."""
     pending = st.session_state.get(_PENDING)
-    if pending is None or st.session_state.get(CONFIG) != config:
+    if pending is None or pending[0] != config:
         return None
     del st.session_state[_PENDING]
-    params, seq = pending
-    return seq if _same_source(params, _params_of(config)) else None
+    return pending[1]
 
 
 def publish_cursor(config: RunConfig, seq: int) -> None:

@@ -34,9 +34,9 @@ def _picker(page):
     return page.locator('[data-testid="stSidebar"] [data-testid="stRadio"]').filter(has_text="Broken runs to explore")
 
 
-def _choose(page, label: str, option: str) -> None:
-    """Pick `option` in the sidebar selectbox labelled `label`, and wait for the run."""
-    box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text=label)
+def _choose(page, key: str, option: str) -> None:
+    """Pick `option` in the sidebar selectbox of widget key `key`, and wait for the run."""
+    box = page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]')
     box.click()
     page.get_by_role("option", name=option, exact=True).click()
     settle(page, 120_000)
@@ -55,12 +55,12 @@ def test_the_debugger_survives_the_broken_run_changed_twice_and_the_source_stays
     page = browser_page
     page.locator('[data-testid="stSidebar"]').get_by_text("Broken runs to explore", exact=True).click()
     settle(page, 120_000)
-    _choose(page, "Broken run", "dx-after-dw")
+    _choose(page, "src_broken", "dx-after-dw")
     goto_page(page, "Debugger")
     # The flow the sidebar suggests, then on through a run of several findings (one picked, so the picker holds a
     # value of its run when the run changes) and back to runs of one.
     for name in ("second-backward", "phase-never-set", "cache-in-replay", "dx-after-dw", "session-mismatch"):
-        _choose(page, "Broken run", name)
+        _choose(page, "src_broken", name)
         _no_exception(page, name)
         assert _picker(page).count() == 1, f"{name}: the source picker is gone"
         expect(page.get_by_role("heading", name="Debugger", exact=True)).to_be_visible()
