@@ -231,14 +231,14 @@ def _aligned(parts: Sequence[Part]) -> list[float]:
     step = {}
     for a, n in totals.items():
         lo, hi = AXIS[a]
-        step[a] = (lo, (hi - lo) / (n - 1 if a == last and n > 1 else n))  # the run's last event at its end
+        step[a] = (lo, hi - lo, n - 1 if a == last and n > 1 else n)  # the run's last event at its end
     seen = dict.fromkeys(totals, 0)
     xs: list[float] = []
     for a in parts:
-        lo, width = step[a]
+        lo, width, n = step[a]
         k = seen[a]
         seen[a] = k + 1
-        xs.append(lo + width * k)
+        xs.append(lo + width * k / n)
     return xs
 
 
