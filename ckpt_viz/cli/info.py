@@ -64,11 +64,11 @@ def summarize(trace: Trace, *, at: int | None = None) -> str:
     regions = _regions(trace)
     if regions:
         lines.append(regions)
+    lines.append(f"replays: {s.replays}" + (f", refused {s.refused}" if s.refused else ""))
+    reasons = lifecycle(trace).released_reasons()
+    lines.append(f"released: {s.released}" + (" (" + ", ".join(f"{reason_word(r)}: {n}" for r, n in
+                                                                  reasons.items()) + ")" if reasons else ""))
     if s.handles:
-        lines.append(f"replays: {s.replays}" + (f", refused {s.refused}" if s.refused else ""))
-        reasons = lifecycle(trace).released_reasons()
-        lines.append(f"released: {s.released}" + (" (" + ", ".join(f"{reason_word(r)}: {n}" for r, n in
-                                                                      reasons.items()) + ")" if reasons else ""))
         lines.extend(handle_states_block(trace, at))
     if s.peak is not None:
         lines.append(f"peak memory {format_bytes(s.peak.total)} at event {s.peak.seq}:")
