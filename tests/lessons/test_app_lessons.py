@@ -20,13 +20,13 @@ def test_lessons_page_steps_with_next_and_reveals_the_answer_after_a_pick() -> N
     assert not at.exception, at.exception
     assert at.selectbox[0].value.startswith("1. What does autograd save")
     assert "Step 1 of 2" in at.get("progress")[0].proto.text
-    from ckpt_viz import TraceIndex
     from ckpt_viz.lessons.loader import load_lessons
     from ckpt_viz.lessons.runner import check_step, step_trace
 
     lesson = load_lessons()[0]
     at_peak = check_step(lesson, lesson.steps[0]).seq  # the step opens the shared cursor at its own cursor
-    assert at.slider[0].value == TraceIndex(step_trace(lesson, lesson.steps[0])).position(at_peak)
+    positions = [e.seq for e in step_trace(lesson, lesson.steps[0]).events]
+    assert at.slider[0].value == positions.index(at_peak)
     assert not at.success and at.radio[0].value is None  # the question comes before the answer
     at.radio[0].set_value(at.radio[0].options[1]).run()
     assert at.success and "Right." in at.success[0].value
@@ -37,17 +37,19 @@ def test_lessons_page_steps_with_next_and_reveals_the_answer_after_a_pick() -> N
 
 
 def test_glossary_lists_states_categories_and_terms() -> None:
-    from ckpt_viz.trace.lifecycle import STATE_MEANINGS
+    from ckpt_viz.analysis.words import CATEGORY_WORDS, STATE_WORDS
 
     at = _page("glossary.py").run()
     assert not at.exception, at.exception
     assert [s.value for s in at.subheader][:3] == ["Terms", "Memory categories", "Handle states"]
-    words = set(at.dataframe[2].value["word"])
-    assert words == set(STATE_MEANINGS)
+    assert set(at.dataframe[1].value["word"]) == set(CATEGORY_WORDS.values())  # the words every page uses
+    assert set(at.dataframe[2].value["word"]) == set(STATE_WORDS.values())
 
 
 def test_overview_says_what_to_look_at_and_memory_explains_the_split_cost() -> None:
-    from ckpt_viz import DEFAULT_MODEL, SPLIT_COST, build_builtin
+    from ckpt_viz.catalog import DEFAULT_MODEL
+    from ckpt_viz.lessons.glossary import SPLIT_COST
+    from ckpt_viz.run.zoo import build_builtin
 
     at = AppTest.from_file(str(APP / "streamlit_app.py"), default_timeout=240).run()
     assert not at.exception, at.exception
