@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from ckpt_viz import catalog
 from ckpt_viz.analysis.summary import summary
 from ckpt_viz.analysis.words import STATE_WORDS, format_bytes
 from ckpt_viz.cli import app_path, main, summarize
+from ckpt_viz.cli.info import handle_states_block
 from ckpt_viz.trace import Trace
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -227,3 +229,33 @@ def test_info_states_the_summary_of_every_built_in_run_and_broken_run(source: st
     capsys.readouterr()
     assert main(["info", str(tmp_path / "t.json")]) == 0
     assert _figures(capsys.readouterr().out) == expected == _summary_figures(Trace.load(tmp_path / "t.json"))
+
+
+_RUNS = [(model, mode) for model in catalog.BUILTIN_MODEL_NAMES for mode in catalog.MODES
+         if mode != "pipeline" or model == "pipeline"]
+_LINE = re.compile(r"^  (\S.*?) +(\d+)  (.+)$")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "mode"), _RUNS, ids=[f"{m}-{mode}" for m, mode in _RUNS])
+def test_info_at_every_seq_states_the_lifecycle_counts_in_words(model: str, mode: str) -> None:
+    """`ckpt-viz info --at N`'s "handle states at event N" block is the lifecycle's counts at N, each state in its
+    word (`STATE_WORDS`) with its meaning, at every seq of every built-in run."""
+    from ckpt_viz.analysis.lifecycle import lifecycle
+    from ckpt_viz.run.scenarios import run_scenario
+    from ckpt_viz.run.zoo import build_builtin
+    from ckpt_viz.vocabulary import STATE_MEANINGS, STATES
+
+    trace = run_scenario(build_builtin(model), mode)
+    life = lifecycle(trace)
+    for seq in [e.seq for e in trace.events]:
+        head, *lines = handle_states_block(trace, seq)
+        assert head == f"handle states at event {seq}:"
+        counts = {}
+        for line in lines:
+            word, n, meaning = _LINE.match(line).groups()
+            state = _STATE_OF_WORD[word]
+            assert meaning == STATE_MEANINGS[state]
+            counts[state] = int(n)
+        by_handle = Counter(life.states_at(seq).values())  # each handle's own state, counted here
+        assert counts == life.counts_at(seq) == {s: by_handle[s] for s in STATES if by_handle[s]}, f"seq {seq}"

@@ -1,28 +1,22 @@
-"""At every seq of every built-in run, the lanes, the lifecycle and the CLI summary name the same handle states.
+"""At every seq of every built-in run, the lanes, the TraceIndex and the CLI summary name the same handle states.
 
-Each is read the way a user sees it: the lane bar that covers the seq, the lifecycle's
-`states_at` (what every page asks), and the "handle states at event N" block of
-`ckpt-viz info --at N`, whose words are read back through `ckpt_viz.analysis.words.STATE_WORDS`.
+Each is read the way a user sees it: the lane bar that covers the seq, the index's
+`handle_states`, and the "handle states at event N" block of `ckpt-viz info --at N`.
 """
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 from collections import Counter
 
 import pytest
 
-from ckpt_viz.analysis.lifecycle import lifecycle
-from ckpt_viz.analysis.words import STATE_WORDS
 from ckpt_viz.cli.info import handle_states_block, summarize
 from ckpt_viz.render.swimlane import lifecycle_intervals
 from ckpt_viz.run.scenarios import MODES, run_scenario
 from ckpt_viz.run.zoo import BUILTIN_MODELS, build_builtin
 from ckpt_viz.trace import Trace
-from ckpt_viz.vocabulary import STATE_MEANINGS, STATES
-
-_STATE_OF_WORD = {word: state for state, word in STATE_WORDS.items()}
-_LINE = re.compile(r"^  (\S.*?) +(\d+)  (.+)$")
+from ckpt_viz.trace.index import TraceIndex
+from ckpt_viz.trace.lifecycle import STATE_MEANINGS, STATES
 
 # Every built-in model in every mode it runs in (the pipeline mode needs a model with stages).
 RUNS = [(model, mode) for model in BUILTIN_MODELS for mode in MODES
@@ -52,8 +46,7 @@ def cli_counts(trace: Trace, seq: int) -> dict[str, int]:
     assert head == f"handle states at event {seq}:"
     counts = {}
     for line in lines:
-        word, n, meaning = _LINE.match(line).groups()
-        state = _STATE_OF_WORD[word]
+        state, n, meaning = line.split(maxsplit=2)
         assert meaning == STATE_MEANINGS[state]
         counts[state] = int(n)
     return counts
@@ -61,23 +54,22 @@ def cli_counts(trace: Trace, seq: int) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "mode"), RUNS, ids=[f"{m}-{mode}" for m, mode in RUNS])
-def test_lanes_lifecycle_and_cli_agree_at_every_seq(model: str, mode: str) -> None:
+def test_lanes_index_and_cli_agree_at_every_seq(model: str, mode: str) -> None:
     trace = run_scenario(build_builtin(model), mode)
-    life = lifecycle(trace)
+    index = TraceIndex.of(trace)
     lanes = lane_states(trace)
-    handles = life.handle_ids
-    for seq in [e.seq for e in trace.events]:
-        states = life.states_at(seq)
+    handles = index.handles
+    for seq in index.seqs:
+        states = index.handle_states(seq)
         assert set(states.values()) <= set(STATES)
         assert lanes(seq) == states, f"seq {seq}"
         counts = Counter(states.values())
         assert cli_counts(trace, seq) == {s: counts[s] for s in STATES if counts[s]}, f"seq {seq}"
     if handles:
         # Every built-in run ends with every handle released, which the whole summary says in the same words.
-        assert set(life.states_at(None).values()) == {"released"}
+        assert set(index.handle_states(None).values()) == {"released"}
         text = summarize(trace)
-        assert (f"handle states at the end:\n  {STATE_WORDS['released']:<15} {len(handles):>6}  "
-                f"{STATE_MEANINGS['released']}") in text
+        assert f"handle states at the end:\n  {'released':<12} {len(handles):>6}  {STATE_MEANINGS['released']}" in text
         assert f"handles: {len(handles)} " in text
     else:
         assert mode == "none" and "handles: 0" in summarize(trace)
