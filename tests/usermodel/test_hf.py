@@ -59,7 +59,7 @@ def test_every_mode_is_bit_exact_with_the_unchecked_model(spec: ModelSpec, mode:
     _assert_equal(_grads(spec.model), want)
     created = trace.of_kind("handle_created")
     # 1. No checkpoint in mode "none"; one handle per block otherwise, named by its qualified name.
-    assert [e.data["function"] for e in created] == ([] if mode == "none" else BLOCKS[spec.extra["factory"]])
+    assert [e.function for e in created] == ([] if mode == "none" else BLOCKS[spec.extra["factory"]])
     # 2. The call site is the model's line that called the block, not HF's wrapper or ckpt_viz's.
     for e in created:
         file = Path(e.site.rpartition(":")[0]).name
@@ -86,7 +86,7 @@ def test_pipeline_stages_match_the_microbatches_run_one_by_one(factory: str) -> 
     _assert_equal(got, one_by_one)  # See NOTE [ Loss and gradients ], rule 3, in ckpt_viz/run/pipeline.py.
     for name in full:
         torch.testing.assert_close(got[name], full[name])
-    names = [e.data["function"] for e in trace.of_kind("handle_created")]
+    names = [e.function for e in trace.of_kind("handle_created")]
     assert sorted(names) == ["stages.0.blocks.0"] * 2 + ["stages.1.blocks.0"] * 2
 
 
@@ -172,4 +172,4 @@ def test_albert_shared_layer_handles_are_told_apart_by_call_index(mode: str) -> 
     want = _grads(model)
     trace = run_scenario(spec, mode)
     _assert_equal(_grads(model), want)
-    assert [e.data["function"] for e in trace.of_kind("handle_created")] == [layer, f"{layer}#1", f"{layer}#2"]
+    assert [e.function for e in trace.of_kind("handle_created")] == [layer, f"{layer}#1", f"{layer}#2"]
