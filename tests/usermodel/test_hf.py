@@ -148,7 +148,7 @@ def test_cli_record_split_reentrant_matches_and_info_names_the_blocks(tmp_path: 
     assert record.returncode == 0, record.stderr[-2000:]
     info = subprocess.run([*cli, "info", str(out)], capture_output=True, text=True, timeout=120, env=env)
     assert info.returncode == 0, info.stderr[-2000:]
-    assert "blocks: transformer.h.0, transformer.h.1\n" in info.stdout
+    assert "regions: h0 transformer.h.0, h1 transformer.h.1\n" in info.stdout
     assert "problems: none" in info.stdout
     # The sandboxed child's gradients are bit-equal to the unchecked model's, built here with the same seed.
     spec = load_model(f"{EXAMPLE}:make_model")
