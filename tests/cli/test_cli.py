@@ -259,3 +259,19 @@ def test_info_at_every_seq_states_the_lifecycle_counts_in_words(model: str, mode
             counts[state] = int(n)
         by_handle = Counter(life.states_at(seq).values())  # each handle's own state, counted here
         assert counts == life.counts_at(seq) == {s: by_handle[s] for s in STATES if by_handle[s]}, f"seq {seq}"
+
+
+def test_info_counts_handles_by_kind_of_checkpoint_from_their_events() -> None:
+    """`analysis.handles.mode_counts`: a handle's kind is the mode its first event with one names; a handle whose
+    events name none (created before a hand-made trace began) is "unknown"."""
+    from ckpt_viz.analysis.handles import mode_counts
+    from ckpt_viz.events import HandleCreated, NodeCollected, ReplayStarted
+
+    trace = Trace.from_events([
+        NodeCollected(seq=0, t_ns=0, handle_id=5),  # no mode on h5's only event
+        ReplayStarted(seq=1, t_ns=1, handle_id=2, trigger="backward"),  # h2: first event without a mode...
+        HandleCreated(seq=2, t_ns=2, handle_id=3, mode="nonreentrant"),
+        ReplayStarted(seq=3, t_ns=3, handle_id=2, mode="reentrant", trigger="backward"),  # ...then one with it
+    ])
+    assert mode_counts(trace) == {"reentrant": 1, "nonreentrant": 1, "unknown": 1}
+    assert "handles: 3 (reentrant 1, nonreentrant 1, unknown 1)\n" in summarize(trace)
