@@ -1,10 +1,9 @@
-"""How fast is the analysis the app's views ask of a big trace?
+"""How fast are the queries the app's views make of a big trace?
 
 Moved here from the tests (which keep the same checks without a clock):
-  1. the facts every page asks first (`ckpt_viz.analysis`: lifecycle, passes, memory, summary) over a
-     synthetic 1,000,000-event trace                                     target < 10 s
-  2. cursor queries (the handles' states, memory, the part of the step) at 3 cursors   target < 0.05 s each
-  3. `render_graph` of a 5,103-node snapshot, full and collapsed          target < 5 s for both
+  1. the lifecycle (`ckpt_viz.analysis.lifecycle`) of a synthetic 1,000,000-event trace   target < 10 s
+  2. cursor queries (states of every handle, the memory reading) at 3 cursors    target < 0.05 s each
+  3. `render_graph` of a 5,103-node snapshot, full and collapsed                 target < 5 s for both
 
     python benchmarks/bench_views.py            # the sizes above
     python benchmarks/bench_views.py --quick    # 20,000 events, 100 blocks: a smoke run; its times mean little
@@ -24,8 +23,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from ckpt_viz.analysis.lifecycle import lifecycle  # noqa: E402
 from ckpt_viz.analysis.memory import memory  # noqa: E402
-from ckpt_viz.analysis.passes import passes  # noqa: E402
-from ckpt_viz.analysis.summary import summary  # noqa: E402
 from ckpt_viz.render.graph import render_graph  # noqa: E402
 from ckpt_viz.trace import Trace  # noqa: E402
 from traces import block_snapshot, synthetic_trace  # noqa: E402
@@ -40,21 +37,20 @@ def main(argv: list[str] | None = None) -> int:
 
     trace = synthetic_trace(n_events)
     start = time.perf_counter()
-    life, facts, parts = lifecycle(trace), memory(trace), passes(trace)
-    summary(trace)
-    rows.append((f"analysis, {n_events:,} events", time.perf_counter() - start, 10.0))
+    life = lifecycle(trace)
+    memory(trace)
+    rows.append((f"lifecycle and memory, {n_events:,} events", time.perf_counter() - start, 10.0))
     for cursor in (0, n_events // 2, n_events - 1):
         start = time.perf_counter()
-        life.states_at(cursor)
-        facts.at(cursor)
-        parts.part_at(cursor)
+        life.counts_at(cursor)
+        memory(trace).at(cursor)
         rows.append((f"cursor queries at {cursor:,}", time.perf_counter() - start, 0.05))
 
-    snapshot = block_snapshot(n_blocks, replay=True)
+    graph = Trace(graphs=[block_snapshot(n_blocks, replay=True)])
     start = time.perf_counter()
-    render_graph(Trace(), snapshot=snapshot, collapse=False)
-    render_graph(Trace(), snapshot=snapshot)
-    rows.append((f"render_graph x2, {len(snapshot.nodes):,} nodes", time.perf_counter() - start, 5.0))
+    render_graph(graph, collapse=False)
+    render_graph(graph)
+    rows.append((f"render_graph x2, {len(graph.graphs[0].nodes):,} nodes", time.perf_counter() - start, 5.0))
 
     missed = 0
     for name, seconds, target in rows:
