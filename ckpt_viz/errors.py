@@ -16,6 +16,8 @@
     │   └── SessionMismatchError          session_mismatch                E10: bind_session under another id
     ├── RecordingError (RuntimeError)     recording_misused               a record() block entered twice, or not open
     ├── LessonError                       lesson_invalid                  a lesson's data is wrong, or its check fails
+    ├── DotLimitError                     dot_limit                       Graphviz's dot ran past its time or memory
+    │                                                                       limit, or its session ended
     ├── TraceError (ValueError)           trace_invalid                   a trace file wrong, truncated or too new
     │   └── TraceFileError (OSError)      trace_file_failed               the OS refused a read or write of a trace file
     └── ModelLoadError                    model_load_failed               a user model failed to load or its checks
@@ -51,6 +53,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointUsageError",
     "CkptVizError",
+    "DotLimitError",
     "ExcludedRegionError",
     "GraphReleasedError",
     "HandleReleasedError",
@@ -261,6 +264,13 @@ class SandboxCrashError(SandboxError):
     """The child died (signal, os._exit, abort) or left no usable trace or report."""
 
     code = "sandbox_crashed"
+
+
+class DotLimitError(CkptVizError):
+    """Graphviz's `dot` went over its time or memory limit drawing a graph, or its session ended
+    (NOTE [ dot's limits ] in ckpt_viz.render.svg)."""
+
+    code = "dot_limit"
 
 
 _TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph"}

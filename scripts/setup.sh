@@ -12,12 +12,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # System packages: graphviz (server-side SVG), Debian's chromium (browser tests) and
-# bubblewrap (the sandbox for model files: namespaces, read-only system) and valgrind (the counted cache
-# profile, benchmarks/profile_cache.py, and its smoke test). No compiler: ckpt_viz builds no C.
+# bubblewrap and libseccomp (the sandbox for model files: namespaces, read-only system, a seccomp filter) and
+# valgrind (the counted cache profile, benchmarks/profile_cache.py, and its smoke test). No compiler: ckpt_viz
+# builds no C.
 want=()
 command -v dot >/dev/null 2>&1 || want+=(graphviz)
 [ -x /usr/bin/chromium ] || want+=(chromium)
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want+=(libseccomp2)  # the sandbox's seccomp filter
 command -v callgrind_control >/dev/null 2>&1 || want+=(valgrind)
 if [ ${#want[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

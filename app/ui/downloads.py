@@ -31,10 +31,11 @@ def perfetto_bytes(run: Run) -> bytes:
 
 
 def svg_bytes(dot: str) -> bytes:
-    """A DOT source drawn as SVG by the graphviz binary (server side)."""
-    import graphviz
+    """A DOT source drawn as SVG by the graphviz binary (server side), within NOTE [ dot's limits ]."""
+    from ckpt_viz import dot_svg
+    from ui.session_end import session_id
 
-    return graphviz.Source(dot).pipe(format="svg")
+    return dot_svg(dot, owner=session_id(), inline=False).encode("utf-8")
 
 
 def png_bytes(chart: Any) -> bytes:

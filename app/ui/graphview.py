@@ -12,15 +12,16 @@ import re
 
 import streamlit as st
 
-from ckpt_viz import dot_svg, refused_handles, render_graph
+from ckpt_viz import CkptVizError, dot_svg, end_dot, refused_handles, render_graph
 from ui.runs import Run
+from ui.session_end import on_end, session_id
 
 ZOOMS = (25, 50, 75, 100, 150, 200, 300)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _svg(dot: str, zoom: int) -> str:
-    return dot_svg(dot, zoom / 100)
+def _svg(dot: str, zoom: int, _owner: str | None = None) -> str:
+    return dot_svg(dot, zoom / 100, owner=_owner)  # within NOTE [ dot's limits ] (ckpt_viz.render.svg)
 
 
 def checkpoint_dot(run: Run, seq: int, *, highlight: int | None = None, collapse: bool = False,
@@ -56,7 +57,13 @@ def show_svg(dot: str, zoom: int = 100, *, name: str = "graph") -> None:
     The frame is an iframe document (st.html's sanitizer drops SVG elements), rebuilt on every
     cursor move; the SVG is Graphviz's own output, whose text dot escapes.
     """
-    svg = _svg(dot, zoom)
+    owner = session_id()
+    on_end(owner, "dot", lambda: end_dot(owner), at_disconnect=True)  # NOTE [ Session end ]
+    try:
+        svg = _svg(dot, zoom, owner)
+    except CkptVizError as err:  # DotLimitError: over NOTE [ dot's limits ]
+        st.error(str(err))
+        return
     size = re.match(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
     height = int(float(size.group(2)) * 4 / 3) + 16 if size else 600  # points -> CSS pixels
     st.iframe(f'<body style="margin:0"><div class="ckpt-graph" data-graph="{html.escape(name)}">{svg}</div></body>',

@@ -4,8 +4,9 @@ Every session has its own `SessionSandbox` (in its session state, so two session
 each other's runs or files): its upload folder, its `WarmSandbox` (torch imported once, one
 forked child per run; NOTE [ Warm child ] in ckpt_viz.usermodel.warm), the runs it recorded,
 and at most one run in progress, in a thread, that the page shows with its elapsed time and a
-Cancel button. The session's folder and warm process go when the session ends (its state is
-dropped), when the app exits, or, for an app killed outright, at the next app's start.
+Cancel button. The session's folder and warm process go when Streamlit ends the session (NOTE
+[ Session end ] in ui/session_end.py), when the app exits, or, for an app killed outright, at the
+next app's start.
 
 NOTE [ Spare sandbox ]
   1. A warm sandbox takes seconds to start (Python, torch, a first recording: 3 s on an
@@ -43,6 +44,7 @@ import streamlit as st
 
 from ckpt_viz import TraceIndex, WarmSandbox
 from ui.runs import Loaded, Run, RunConfig
+from ui.session_end import on_end
 
 UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
 KEY = "sandbox_session"
@@ -75,6 +77,7 @@ class SessionSandbox:
         self.job: Job | None = None
         self.uploaded: dict[str, str] = {}  # kind -> the upload's file id
         self.ran = threading.Event()  # its first run is done (the next spare may start: NOTE rule 3)
+        self.closed = False
         _LIVE.add(self)
 
     def take_spare(self) -> None:
@@ -128,6 +131,7 @@ class SessionSandbox:
             self.job = None
 
     def close(self) -> None:
+        self.closed = True
         if self.job is not None:
             self.job.cancel.set()
         self.warm.close()
@@ -245,16 +249,27 @@ def spares_ready(timeout_s: float) -> bool:
 def session_sandbox(*, warm: bool = False) -> SessionSandbox:
     """This session's `SessionSandbox`, made on first use; `warm`: it needs its warm process, which starts
     now (it imports torch while the user picks a file) unless a spare, started ahead, is there to take."""
-    if KEY not in st.session_state:
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
+    if KEY not in st.session_state or st.session_state[KEY].closed:
+        from ui.session_end import session_id
 
-        ctx = get_script_run_ctx()
-        st.session_state[KEY] = SessionSandbox(ctx.session_id if ctx is not None else str(id(st.session_state)))
+        session = session_id()
+        st.session_state[KEY] = SessionSandbox(session or str(id(st.session_state)))
+        on_end(session, "sandbox", _closer(st.session_state[KEY]))  # See NOTE [ Session end ]
     box: SessionSandbox = st.session_state[KEY]
     if warm:
         box.take_spare()
         box.warm.start()
     return box
+
+
+def _closer(box: SessionSandbox):
+    """`box.close`, held weakly: a session state freed sooner still closes its box (`__del__`)."""
+    ref = weakref.ref(box)
+
+    def close() -> None:
+        if (alive := ref()) is not None:
+            alive.close()
+    return close
 
 
 def obtain(configs: list[RunConfig]) -> dict[RunConfig, Loaded]:

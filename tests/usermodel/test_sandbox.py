@@ -35,7 +35,7 @@ from procs import live_processes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BAD = ROOT / "tests" / "data" / "bad_models"
-HOSTILE = ROOT / "tests" / "data" / "hostile_models"
+HOSTILE = ROOT / "tests" / "data" / "hostile"
 EXAMPLE = f"{ROOT / 'examples' / 'user_model.py'}:make_model"
 
 

@@ -6,8 +6,10 @@ is in test_hostile_models.py and test_sandbox.py.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from procs import live_processes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BAD = ROOT / "tests" / "data" / "bad_models"
-HOSTILE = ROOT / "tests" / "data" / "hostile_models"
+HOSTILE = ROOT / "tests" / "data" / "hostile"
 EXAMPLE = f"{ROOT / 'examples' / 'user_model.py'}:make_model"
 pytestmark = pytest.mark.slow
 
@@ -119,14 +121,25 @@ def test_limits_apply_to_each_run_and_a_failed_run_does_not_break_the_next(warm:
     assert warm.starts == 1
 
 
-def test_a_run_that_kills_the_warm_process_ends_only_itself(tmp_path: Path) -> None:
+def test_a_run_cannot_kill_the_warm_process_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
     box = WarmSandbox(readable=[str(tmp_path)])
     try:
         model = Path(shutil.copy(HOSTILE / "kills_parent.py", tmp_path / "kills_parent.py"))
-        with pytest.raises((ModelLoadError, SandboxCrashError)):
-            _one(box, f"{model}:make_model")
         assert _one(box, EXAMPLE).count("handle_created") == 3
-        assert box.starts == 2  # the next run started a fresh warm process (tmp_path was bound from the start)
+        warm = box._pid
+        with pytest.raises(ModelLoadError) as info:
+            _one(box, f"{model}:make_model")
+        message = str(info.value)  # SIGKILL to its parent, its group and every process: sent, and no effect,
+        assert "still running as pid" in message and "parent 1;" in message  # the warm process is PID 1 of
+        assert "parent: sent" in message and "everyone: " in message  # the sandbox (NOTE [ What the sandbox
+        assert _one(box, EXAMPLE).count("handle_created") == 3  # guarantees ]): the kernel ignores them
+        assert box.starts == 1 and box._pid == warm
+        os.kill(warm, signal.SIGKILL)  # a warm process that died all the same (from outside): the next run starts
+        deadline = time.monotonic() + 10
+        while box.alive and time.monotonic() < deadline:  # its sandbox ends with it (PID 1)
+            time.sleep(0.01)
+        assert _one(box, EXAMPLE).count("handle_created") == 3  # a fresh one (tmp_path was bound from the start)
+        assert box.starts == 2 and box._pid != warm
     finally:
         box.close()
 
