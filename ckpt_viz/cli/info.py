@@ -15,7 +15,7 @@ import sys
 from ckpt_viz.analysis.diagnosis import diagnose, replay_checks_note
 from ckpt_viz.analysis.handles import handle_labels, mode_counts
 from ckpt_viz.analysis.lifecycle import lifecycle
-from ckpt_viz.analysis.memory import memory_table
+from ckpt_viz.analysis.memory import memory_table, other_note
 from ckpt_viz.analysis.summary import summary
 from ckpt_viz.analysis.words import format_bytes, reason_word, state_word
 from ckpt_viz.trace import Trace
@@ -74,6 +74,9 @@ def summarize(trace: Trace, *, at: int | None = None) -> str:
         lines.append(f"peak memory {format_bytes(s.peak.total)} at event {s.peak.seq}:")
         lines.extend(f"  {row['category']:<20} {row['size']:>12} {row['share']:>5}"
                      for row in memory_table({c: b for c, b in s.peak.by_category.items() if b}))
+        note = other_note(s.peak.by_category)  # what "other" holds, when it is a large share
+        if note:
+            lines.append(f"  {note}")
     if s.errors:
         lines.append(f"errors: {s.errors}")
     findings = diagnose(trace)
