@@ -243,9 +243,15 @@ class SandboxError(ModelLoadError):
 
 
 class SandboxTimeoutError(SandboxError):
-    """The child did not finish within the time limit; its process group was killed."""
+    """The child did not finish within the time limit; its process group was killed.
+
+    Attributes (besides SandboxError's):
+        partial_trace: the trace the child had recorded when time ran out (its meta "partial" True and
+            "partial_reason" saying why), or None when the run had not started recording.
+    """
 
     code = "sandbox_timeout"
+    partial_trace: Any = None
 
 
 class SandboxMemoryError(SandboxError):

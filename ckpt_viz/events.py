@@ -127,7 +127,10 @@ class HandleCreated(EventBase, tag="handle_created"):
     collector: Literal["scope", "unified", "none"] = "none"
     preserve_rng_state: bool = True
     early_stop: bool | None = None
+    determinism_check: Name | None = None
     inputs: Annotated[tuple[TensorMeta, ...], Meta(max_length=65536)] = ()
+    # torch's checkpoint, observed: which front door led to it (NOTE [ Observing torch's checkpoint ])
+    via: Literal["checkpoint", "checkpoint_sequential", "transformers", "checkpoint_wrapper"] | None = None
 
 
 class ForwardStarted(EventBase, tag="forward_started"):

@@ -42,9 +42,10 @@ from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import TraceIndex, WarmSandbox
+from ckpt_viz.usermodel.warm import WarmSandbox
 from ui.runs import Loaded, Run, RunConfig
 from ui.session_end import on_end
+from ui.text import md
 
 UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
 KEY = "sandbox_session"
@@ -157,7 +158,7 @@ def _record(warm: WarmSandbox, job: Job) -> None:
         else:
             if config.name:  # the user's file name, not the temporary upload path
                 result.meta["model"] = f"{config.name}:{config.target.rpartition(':')[2]}"
-            job.results[config] = Loaded(run=Run(config, result, TraceIndex.of(result)))
+            job.results[config] = Loaded(run=Run(config, result))
     job.done.set()
 
 
@@ -301,10 +302,11 @@ def forget(config: RunConfig) -> None:
 def _progress(job: Job, warm: WarmSandbox) -> str:
     first = job.configs[0]
     modes = ", ".join(c.mode for c in job.configs)
-    text = (f"Running **{first.name or Path(first.target.rpartition(':')[0]).name}** in the sandbox ({modes}): "
+    text = (f"Running **{md(first.name or Path(first.target.rpartition(':')[0]).name)}** in the sandbox "
+            f"({md(modes)}): "
             f"{time.monotonic() - job.started:.1f} s (time limit {first.timeout_s:g} s per mode)")
     if warm.stage not in ("", "ready"):  # a silent wait would look like a slow model
-        text += (f"  \nThis session's sandbox is still starting: {warm.stage} ({warm.start_s:.1f} s so far, a "
+        text += (f"  \nThis session's sandbox is still starting: {md(warm.stage)} ({warm.start_s:.1f} s so far, a "
                  "few seconds to start Python and torch once); the file runs as soon as it is ready.")
     return text
 

@@ -12,7 +12,7 @@ from ckpt_viz.events import HandleCreated
 from ckpt_viz.trace import Trace
 from ckpt_viz.vocabulary import HANDLE_MODES
 
-__all__ = ["created_events", "handle_label", "handle_labels", "mode_counts"]
+__all__ = ["created_events", "handle_label", "handle_labels", "mode_counts", "observed_mode"]
 
 
 def created_events(trace: Trace) -> dict[int, HandleCreated]:
@@ -38,6 +38,13 @@ def handle_labels(trace: Trace) -> dict[int, str]:
     def build(t: Trace) -> dict[int, str]:
         return {h: label for h, e in created_events(t).items() if (label := handle_label(e))}
     return derived(trace, "labels", build)
+
+
+def observed_mode(trace: Trace) -> str:
+    """The checkpoint kinds the handles of `trace` used, with whose runtime: "nonreentrant (torch)",
+    "reentrant (ckpt_viz) + nonreentrant (torch)", or "none" when it holds no handle."""
+    used = dict.fromkeys(f"{e.mode} ({e.runtime})" for e in created_events(trace).values())
+    return " + ".join(used) if used else "none"
 
 
 def mode_counts(trace: Trace) -> dict[str, int]:

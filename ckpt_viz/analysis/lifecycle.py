@@ -52,10 +52,11 @@ from ckpt_viz.events import (
     SessionCleared,
     TensorUnpacked,
 )
-from ckpt_viz.trace import Trace
+from ckpt_viz.trace import GraphSnapshot, Trace
 from ckpt_viz.vocabulary import STATES, State
 
-__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "Lifecycle", "Transition", "lifecycle"]
+__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "Lifecycle", "Transition", "lifecycle", "refused_handles",
+           "region_states"]
 
 MARK_MEANINGS: dict[str, str] = {
     "refused": "A backward asked for a replay after the handle was released or collected; the replay was refused.",
@@ -271,3 +272,34 @@ class Lifecycle:
 def lifecycle(trace: Trace) -> Lifecycle:
     """The lifecycle of `trace`, built on first use and kept while the trace is unchanged."""
     return derived(trace, "lifecycle", lambda t: Lifecycle(t.events))
+
+
+def region_states(trace: Trace, snapshot: GraphSnapshot, seq: int | None) -> dict[int, State]:
+    """The state of each checkpoint region of a graph snapshot as of `seq` (None: the end), as the graph draws it.
+
+    The lifecycle's state of the region's handle; a handle that no event of the trace names existed before the
+    recording (rule 1): "retained" when the snapshot holds its retained replay, else "recorded".
+    """
+    life = lifecycle(trace)
+    known = set(life.handle_ids)
+    out: dict[int, State] = {}
+    for node in snapshot.nodes:
+        h = node.handle_id
+        if h is None or node.kind == "trigger":
+            continue
+        if h in known:
+            out[h] = life.state_at(h, seq)
+        elif node.replay or out.get(h) == "retained":
+            out[h] = "retained"
+        else:
+            out.setdefault(h, "recorded")
+    return out
+
+
+def refused_handles(trace: Trace, seq: int | None) -> list[int]:
+    """The handles with a refused replay (rule 7) at or before `seq` (None: the end), in order of their first one."""
+    life = lifecycle(trace)
+    at = life.end_seq if seq is None else seq
+    firsts = [(marks[0].seq, h) for h in life.handle_ids if (marks := life.refusals(h)) and at is not None
+              and marks[0].seq <= at]
+    return [h for _, h in sorted(firsts)]

@@ -13,7 +13,7 @@ import json
 import sys
 
 from ckpt_viz.analysis.diagnosis import diagnose, replay_checks_note
-from ckpt_viz.analysis.handles import handle_labels, mode_counts
+from ckpt_viz.analysis.handles import handle_labels, mode_counts, observed_mode
 from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.analysis.memory import memory_table, other_note
 from ckpt_viz.analysis.summary import summary
@@ -54,11 +54,12 @@ def summarize(trace: Trace, *, at: int | None = None) -> str:
         at: the event seq of the "handle states" block (inclusive); None: the end of the trace.
     """
     s = summary(trace)
-    lines = [f"model {s.model or '(not recorded)'}  mode {s.mode or '(not recorded)'}"
-             + (f"  schedule {s.schedule}" if s.schedule else ""),
+    meta = trace.meta
+    mode = s.mode or observed_mode(trace)  # a record() block without model=: what its handles were
+    lines = [f"model {s.model or '?'}  mode {mode}" + (f"  schedule {s.schedule}" if s.schedule else ""),
              f"{s.events} events, {len(trace.memory)} memory samples, {len(trace.graphs)} graph snapshots"]
-    if s.partial:
-        lines.append("partial: the run stopped early or ranks are missing (see the problems below)")
+    if s.partial:  # a run stopped early, or ranks missing: say so before any figure
+        lines.append(f"partial: {meta.get('partial_reason') or 'the run did not finish, or ranks are missing'}")
     modes = mode_counts(trace)
     lines.append(f"handles: {s.handles}" + (f" ({', '.join(f'{m} {n}' for m, n in modes.items())})" if modes else ""))
     regions = _regions(trace)
@@ -79,15 +80,42 @@ def summarize(trace: Trace, *, at: int | None = None) -> str:
             lines.append(f"  {note}")
     if s.errors:
         lines.append(f"errors: {s.errors}")
-    findings = diagnose(trace)
-    lines.append(f"problems: {len(s.findings)}" if s.findings else "problems: none")
-    lines.extend(f"  {'-' if d.handle_id is None else f'h{d.handle_id}'}: {d.code}: {d.summary}" for d in findings)
+    lines.extend(_unobserved_lines(trace, s.handles))
+    if s.findings:
+        lines.append(f"problems: {len(s.findings)}")
+    elif s.handles:  # a trace with unobserved regions vouches only for what it holds
+        lines.append("problems: none" + (" among the handles recorded" if meta.get("unobserved") else ""))
+    else:  # never "none" about a run nothing was seen of
+        lines.append("problems: not checked: this trace holds no checkpoint handle")
+        lines.append("  Tip: checkpoint inside the record() block (torch.utils.checkpoint, HF's "
+                     "gradient_checkpointing_enable() or ckpt_viz.checkpoint); a run without checkpointing has "
+                     "no handles to check.")
+    lines.extend(f"  {'-' if d.handle_id is None else f'h{d.handle_id}'}: {d.code}: {d.summary}"
+                 for d in diagnose(trace))
     if s.findings:
         lines.append("  (`ckpt-viz explain TRACE` tells what happened, in order, and the fix)")
     note = replay_checks_note(trace)  # replays the divergence checks skipped: "none" says nothing of them
     if note:
         lines.append(note.splitlines()[0])
     return "\n".join(lines)
+
+
+def _unobserved_lines(trace: Trace, handles: int) -> list[str]:
+    """What the recording could not see (meta "unobserved", NOTE [ Observing torch's checkpoint ], rule 4, in
+    ckpt_viz/runtime/torch_observer.py), and, with no handle, the checkpoint nodes the graph snapshots show."""
+    lines = []
+    notes = trace.meta.get("unobserved")
+    for note in notes if isinstance(notes, list) else ():
+        if isinstance(note, dict):
+            count = note.get("count")
+            lines.append(f"not observed: {note.get('what')}" + (f" ({count} calls)" if isinstance(count, int) else ""))
+    if not handles:
+        nodes = max((sum(1 for n in g.nodes if n.name.startswith("CheckpointFunction")) for g in trace.graphs),
+                    default=0)
+        if nodes:
+            lines.append(f"not observed: the graph snapshots hold {nodes} CheckpointFunctionBackward nodes that no "
+                         "handle stands for (their forward ran before the record() block opened)")
+    return lines
 
 
 def info_command(args: argparse.Namespace) -> int:

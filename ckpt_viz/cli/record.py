@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 import time
 from typing import Any
+
+from ckpt_viz.errors import CkptVizError
 
 __all__ = ["record_command"]
 
@@ -52,6 +55,32 @@ class _Progress:
         if self.enabled:
             self._draw({}, done=True)
             self.stream.write("\n")
+
+
+# The API's argument names in the sandbox's tips, and the flags `ckpt-viz record` takes for them.
+_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
+
+
+def _in_cli_words(exc: CkptVizError, args: argparse.Namespace) -> CkptVizError:
+    """`exc` as the CLI says it: the flags the user typed in its tip (not `timeout_s`); a run stopped at its time
+    limit keeps the trace it had (`partial_trace`, meta "partial"), saved to --output and named here."""
+    text = str(exc)
+    head, sep, tip = text.rpartition("\nTip: ")
+    if sep:
+        for word, flag in _FLAGS.items():
+            tip = re.sub(rf"\b{word}\b", flag, tip)
+        text = f"{head}{sep}{tip}"
+    partial = getattr(exc, "partial_trace", None)
+    if partial is not None:
+        partial.save(args.output)
+        kept = (f"The trace recorded until then is in {args.output}: {len(partial.events)} events, marked partial "
+                f"(`ckpt-viz info {args.output}` says so).")
+        head, sep, tip = text.rpartition("\nTip: ")
+        text = f"{head}\n{kept}{sep}{tip}" if sep else f"{text}\n{kept}"
+    if sep and "--timeout" in tip:
+        text += f" (this run: --timeout {args.timeout:g})"
+    exc.args = (text, *exc.args[1:])
+    return exc
 
 
 def record_command(args: argparse.Namespace) -> int:
@@ -100,6 +129,8 @@ def record_command(args: argparse.Namespace) -> int:
         ticker.start()
         try:
             trace = obtain_trace(request)
+        except CkptVizError as exc:
+            raise _in_cli_words(exc, args) from None
         finally:
             stop.set()
             ticker.join()

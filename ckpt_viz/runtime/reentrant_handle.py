@@ -44,7 +44,7 @@ from ckpt_viz.runtime.state import ExecutionState
 from ckpt_viz.runtime.tensor_meta import meta
 
 __all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "input_slot", "meta",
-           "module_label", "new_handle_id", "qualname", "restart_handle_ids", "tensors_of"]
+           "new_handle_id", "qualname", "restart_handle_ids", "tensors_of"]
 
 E = TypeVar("E", bound=EventBase)
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
@@ -80,18 +80,6 @@ def input_slot(index: int) -> InputSlot:
     while len(_SLOTS) <= index:
         _SLOTS.append(InputSlot(len(_SLOTS)))
     return _SLOTS[index]
-
-
-def module_label(function: Any) -> str | None:
-    """The qualified name the recordings of this context give the module a checkpointed function belongs to
-    (`model.layers.3`: `record(model=...)` names every submodule), or None: a module, its bound method, or
-    either inside `functools.partial` (what Hugging Face passes)."""
-    owner = function
-    while isinstance(owner, functools.partial):
-        owner = owner.func
-    if not isinstance(owner, torch.nn.Module):  # a Module's getattr of a missing name raises: ask it first
-        owner = getattr(owner, "__self__", owner)
-    return bus.name_of(owner) if isinstance(owner, torch.nn.Module) else None
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ from ckpt_viz.errors import CkptVizError, ModelLoadError
 from ckpt_viz.usermodel import runfolder
 from ckpt_viz.usermodel.load import user_frame
 
-__all__ = ["MEMORY_MARKERS", "apply_limits", "main", "run_child"]
+__all__ = ["MEMORY_MARKERS", "TimeLimitReached", "apply_limits", "main", "run_child"]
 
 _API = "ckpt_viz.record_in_subprocess"
 # Text of a failed allocation: in torch's RuntimeError, or in the log of a child that died of one.
@@ -189,6 +189,35 @@ def _reserve(path: Path) -> None:
         os.posix_fallocate(f.fileno(), 0, _RESERVE_BYTES)
 
 
+class TimeLimitReached(BaseException):
+    """The parent's SIGUSR2: the run is out of time; stop here and keep the trace recorded so far.
+
+    A BaseException, like KeyboardInterrupt, so a model's `except Exception` does not swallow it.
+    """
+
+
+def _stop_on_sigusr2() -> None:
+    def time_is_up(signum: int, frame: Any) -> None:
+        raise TimeLimitReached("the parent's time limit was reached")
+
+    if hasattr(signal, "SIGUSR2"):
+        with contextlib.suppress(ValueError):  # not the main thread (a fork from another one): no partial trace
+            signal.signal(signal.SIGUSR2, time_is_up)
+
+
+def _save_partial(workdir: Path, index: int, before: Any) -> None:
+    """The trace of the record() block that TimeLimitReached closed, marked partial, as trace-N.json."""
+    from ckpt_viz.recording import last_trace
+
+    trace = last_trace()
+    if trace is None or trace is before:  # time ran out before this mode's recording opened
+        return
+    trace.meta["partial"] = True
+    trace.meta["partial_reason"] = "the run was stopped at its time limit"
+    trace.save(workdir / f"partial-{index}.json")
+    os.replace(workdir / f"partial-{index}.json", workdir / f"trace-{index}.json")
+
+
 def run_child(workdir: Path, parent_pid: int | None = None) -> int:
     """One run's whole life: limits, load, run each mode, save. See NOTE [ Sandbox protocol ], rule 2.
 
@@ -196,6 +225,7 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
     (a child forked by the warm process, NOTE [ Warm child ] in `ckpt_viz.usermodel.warm`).
     """
     _stack_on_sigusr1()
+    _stop_on_sigusr2()
     request = json.loads((workdir / "request.json").read_text())
     ref, modes, extra = request["ref"], request["modes"], request["extra"]
     memory_mb = request["limits"].get("memory_mb")
@@ -223,6 +253,7 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
         stage = reached("importing torch")
         import torch  # noqa: F401  (after the limit, so that it counts; already imported in a warm child)
 
+        from ckpt_viz.recording import last_trace
         from ckpt_viz.run.scenarios import run_scenario
         from ckpt_viz.usermodel.load import load_model
 
@@ -242,7 +273,12 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
                 spec = load_model(request["load_ref"], seed=extra.get("seed", 0))
                 spec.name = spec.extra["ref"] = ref
             stage = reached(f"running mode {mode!r}")
-            trace = run_scenario(spec, mode, **extra)
+            before = last_trace()
+            try:
+                trace = run_scenario(spec, mode, **extra)
+            except TimeLimitReached:
+                _save_partial(workdir, i, before)
+                return 1
             trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref, "isolation": "bubblewrap" if
                                      request["limits"].get("isolated") else "limits only"}
             trace.save(workdir / f"partial-{i}.json")

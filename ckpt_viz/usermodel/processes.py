@@ -26,6 +26,7 @@ __all__ = ["PREFIX", "child_pids", "dump_stack", "end_run", "ending_signals", "h
 
 PREFIX = "ckpt_viz_sandbox_"
 _STACK_GRACE_S = 3.0  # the longest a timed-out child gets to print its stack before the kill
+_PARTIAL_GRACE_S = 5.0  # the longest it then gets to close its recording and save the trace so far
 
 
 class _Ended(BaseException):
@@ -89,6 +90,18 @@ def end_run(proc: subprocess.Popen, wait_s: float = _STACK_GRACE_S) -> None:
         os.kill(pid1, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=wait_s)
+
+
+def ask_partial(proc: subprocess.Popen, workdir: Path) -> None:
+    """Ask a child that ran out of time to stop and save the trace it has (SIGUSR2; NOTE [ Sandbox protocol ],
+    rule 3, in sandbox.py); wait until it exits, at most `_PARTIAL_GRACE_S`."""
+    if not hasattr(signal, "SIGUSR2"):
+        return
+    for pid in child_pids(workdir):  # never bwrap itself
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGUSR2)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_PARTIAL_GRACE_S)
 
 
 def _tree() -> dict[int, tuple[int, list[int]]]:

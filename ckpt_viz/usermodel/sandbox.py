@@ -23,7 +23,9 @@ NOTE [ Sandbox protocol ]
      with the message already written for people, and exits 1.
   3. The parent waits at most `timeout_s`; on expiry it sends SIGUSR1 to the child
      (faulthandler prints its Python stack, which locates the model file's line), waits
-     until the stack is in the log (at most 3 s), asks PID 1 to end the run and copy its
+     until the stack is in the log (at most 3 s), then sends SIGUSR2, on which the child stops its
+     run (TimeLimitReached) and saves the trace recorded so far as `trace-N.json`, meta "partial"
+     True (at most 5 s; `SandboxTimeoutError.partial_trace`), asks PID 1 to end the run and copy its
      stage out (SIGTERM, at most 3 s), then kills everything: the session,
      the sandbox (its PID namespace), the cgroup. It reads only regular files of
      bounded size from the folder (never through a link), refuses a trace over
@@ -62,6 +64,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ckpt_viz.errors import (  # the Sandbox* errors are re-exported: defined with the whole error tree
+    CkptVizError,
     SandboxCrashError,
     SandboxError,
     SandboxMemoryError,
@@ -83,7 +86,16 @@ from ckpt_viz.usermodel.isolation import (
     package_root,
 )
 from ckpt_viz.usermodel.load import ModelLoadError, parse_ref
-from ckpt_viz.usermodel.processes import PREFIX, dump_stack, end_run, ending_signals, kill_group, signals_held, sweep
+from ckpt_viz.usermodel.processes import (
+    PREFIX,
+    ask_partial,
+    dump_stack,
+    end_run,
+    ending_signals,
+    kill_group,
+    signals_held,
+    sweep,
+)
 from ckpt_viz.usermodel.readback import load_trace, read, tail
 
 __all__ = [
@@ -233,6 +245,7 @@ def _run(ref: str, load_ref: str, mode: str, extra: dict[str, Any], limits: Limi
         except subprocess.TimeoutExpired:
             returncode = None
             dump_stack(proc, workdir)
+            ask_partial(proc, workdir)  # the trace so far, for SandboxTimeoutError.partial_trace
             if isolate:
                 end_run(proc)  # PID 1 ends the run, then copies its stage out
     finally:  # on timeout, success, or the caller's KeyboardInterrupt: no process of the run survives
@@ -276,12 +289,14 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
     if returncode is None and not done:
         file, line = _last_user_line(output, ref)
         at = f'\n  File "{file}", line {line} (where the model file was when time ran out)' if line else ""
-        raise SandboxTimeoutError(_with_output(
+        error = SandboxTimeoutError(_with_output(
             f"{_API}: {ref} did not finish within {limits.timeout_s:g} s (mode {mode!r}, while {stage}); the "
             f"child process (pid {pid}) and every process it started were killed.{at}", output) +
             "\nTip: look for a loop or a wait that never ends; if the model is just slow, make it smaller or "
             "pass a larger timeout_s (starting Python and importing torch alone takes a few seconds).",
             file=file, line=line, traceback=output, **where)
+        error.partial_trace = _partial(workdir, index, limits, mode)
+        raise error
     raw = read(workdir / "error.json", _REPORT_BYTES, "an error report")
     if raw is None:
         raw = read(workdir / f"error-{index}.json", _REPORT_BYTES, "an error report")
@@ -323,6 +338,21 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
         "\nTip: the model's code ended the process (os._exit, a signal, a crash in C code); any output above "
         "shows its last words, and a crash prints the Python stack.", traceback=output, file=file, line=line,
         **where)
+
+
+def _partial(workdir: Path, index: int, limits: Limits, mode: str) -> Trace | None:
+    """The trace a timed-out child saved when asked (NOTE [ Sandbox protocol ], rule 3), marked with why; or None."""
+    path = workdir / f"trace-{index}.json"
+    if not path.exists():
+        return None
+    try:
+        trace = load_trace(path, limits)
+    except CkptVizError:  # over a cap, or cut short: the timeout error stands alone
+        return None
+    trace.meta["partial"] = True
+    trace.meta["partial_reason"] = (f"the run of mode {mode!r} was stopped at its time limit of {limits.timeout_s:g} "
+                                    "s; what came after is missing")
+    return trace
 
 
 def _raise_report(report: dict[str, Any], *, pid: int, returncode: int | None, output: str) -> NoReturn:
