@@ -141,7 +141,8 @@ def test_info_says_the_model_and_mode_it_was_given_and_when_none_was(tmp_path: P
     bare = Trace.from_events([HandleCreated(seq=0, t_ns=0, handle_id=0, mode="reentrant", function="f")])
     bare.save(tmp_path / "bare.json")
     assert main(["info", str(tmp_path / "bare.json")]) == 0
-    assert capsys.readouterr().out.startswith("model (not recorded)  mode (not recorded)\n")
+    # no model given: "?"; no mode given: the kinds its handles used, and whose (analysis.handles.observed_mode)
+    assert capsys.readouterr().out.startswith("model ?  mode reentrant (ckpt_viz)\n")
 
 
 def test_errors_and_partial_runs_are_never_reported_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,8 +191,8 @@ def _figures(text: str) -> dict:
                 if not m:
                     break
                 found["states"][_STATE_OF_WORD[m[1]]] = int(m[2])
-        elif m := re.match(r"^problems: (none|\d+)$", line):
-            found["problems"] = 0 if m[1] == "none" else int(m[1])
+        elif m := re.match(r"^problems: (none|\d+|not checked: this trace holds no checkpoint handle)$", line):
+            found["problems"] = int(m[1]) if m[1].isdigit() else 0
             found["codes"] = tuple(re.match(r"^  (?:-|h\d+): (\w+): ", f)[1] for f in lines[i + 1:i + 1 + found[
                 "problems"]])
     return found
