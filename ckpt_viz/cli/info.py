@@ -127,7 +127,7 @@ def export_command(args: argparse.Namespace) -> int:
     """Write the trace as Chrome trace-event JSON: the output folder is tried before the trace is read,
     and the file is written as `Trace.save` writes (fsync-ed, then renamed)."""
     from ckpt_viz.render.perfetto import render_perfetto
-    from ckpt_viz.trace._files import check_writable, write_atomically
+    from ckpt_viz.trace.files import check_writable, write_atomically
 
     if not args.perfetto:
         print("ckpt-viz export: nothing to export.\nTip: pass --perfetto out.json", file=sys.stderr)

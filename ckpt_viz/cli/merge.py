@@ -295,7 +295,7 @@ def _describe(trace: Trace, run: str, output: str) -> str:
 
 
 def merge_command(args: argparse.Namespace) -> int:
-    from ckpt_viz.trace._files import check_writable
+    from ckpt_viz.trace.files import check_writable
 
     run, files = find_rank_files(args.dir)
     output = args.output or os.path.join(run, "merged.json")

@@ -24,6 +24,7 @@ import functools
 from typing import Any
 
 from ckpt_viz.events import Event
+from ckpt_viz.trace import Trace
 
 __all__ = ["TRACKS", "render_perfetto"]
 
@@ -108,9 +109,9 @@ def _action_spans(events: list[Event]) -> tuple[dict[int, tuple], dict[int, tupl
     return {v: k for k, v in first.items()}, {v: k for k, v in last.items()}
 
 
-def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return the Chrome trace-event JSON object (a dict with "traceEvents")."""
-    events = list(events)
+def render_perfetto(trace: Trace) -> dict[str, Any]:
+    """The Chrome trace-event JSON object (a dict with "traceEvents") of `trace`: its events and memory counters."""
+    events, memory, meta = list(trace.events), trace.memory, trace.meta
     if not events:
         return {"traceEvents": [], "displayTimeUnit": "ms", "metadata": dict(meta or {})}
     origin = events[0].t_ns

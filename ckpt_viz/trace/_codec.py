@@ -4,7 +4,7 @@
      "events": [{"kind": "handle_created", "seq": 0, ...}, ...], "memory": [...], "graphs": [...]}
 
 Owns `save`, `load`, `encode` and `decode`, and the checks a type cannot say (NOTE [ Trace checks ]).
-The system calls (bounded reads, the capped gunzip, atomic fsync-ed writes) are `ckpt_viz.trace._files`.
+The system calls (bounded reads, the capped gunzip, atomic fsync-ed writes) are `ckpt_viz.trace.files`.
 Never pickle: a trace file is plain JSON that `json.load` reads. Standard library and msgspec only.
 
 NOTE [ Trace checks ]
@@ -35,7 +35,7 @@ from msgspec import Meta
 from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Count, Event, Name, Site
 from ckpt_viz.trace import SCHEMA_VERSION, GraphSnapshot, MemorySample
-from ckpt_viz.trace import _files as files
+from ckpt_viz.trace import files
 
 if TYPE_CHECKING:
     from ckpt_viz.trace import Trace
