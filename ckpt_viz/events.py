@@ -56,6 +56,8 @@ EVENT_KINDS: tuple[str, ...] = (
     "early_stopped",
     "replay_refused",
     "grads_routed",
+    "unasked_grads_accumulated",
+    "dw_runner_called",
     "released",
     "node_collected",
     "session_bound",

@@ -25,7 +25,7 @@ from ckpt_viz.errors import (
     SessionMismatchError,
 )
 from ckpt_viz.runtime import debug as _debug
-from ckpt_viz.runtime import memtags, owners
+from ckpt_viz.runtime import memtags, owners, unasked
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.owners import qualname
@@ -190,12 +190,18 @@ class ReentrantCheckpointHandle:
         for item in self.replay_inputs:
             if item.requires_grad:
                 item.grad = None
+        # See NOTE [ Unasked accumulation ] in unasked.py: one flag check once it warned and nobody records.
+        states = unasked.before(self, values) if not self.split and (unasked.pending or bus.enabled) else None
         if bus.enabled:
-            return self._recorded_gradients(values, grads)
-        watch, self.divergence = self.divergence, None
-        with watch.gradients(self._emit) if watch is not None else memtags.NULL:
-            torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
-        return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
+            result = self._recorded_gradients(values, grads)
+        else:
+            watch, self.divergence = self.divergence, None
+            with watch.gradients(self._emit) if watch is not None else memtags.NULL:
+                torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
+            result = tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
+        if states is not None:
+            unasked.after(self, states)
+        return result
 
     def _recorded_gradients(self, values: tuple, grads: tuple) -> tuple:
         """`_gradients`' ordinary or DW pass while somebody listens: the same backward, and the captured-parameter
