@@ -35,15 +35,49 @@ NOTE [ Recording a rank ]
      drift fit), else at interpreter exit (no second measurement).
   4. The model name is the script's, the mode "pipeline"; `trace.meta["distributed"]`
      holds the header.
+
+NOTE [ Partial runs ]
+  1. A rank whose run does not end normally still writes its file, marked partial:
+     `meta["partial"] = {"reason", "signal", "error", "step"}` (reason "signal" or
+     "exception"; the others None where they do not apply). Where it is written:
+     - SIGTERM (what torchrun sends the ranks when one fails): a handler saves, then
+       passes the signal on (the previous handler, or the default action: the process
+       dies of it). Python runs a handler only between bytecodes of the main thread,
+       and a rank waiting in a gloo receive is inside C; so the signal also wakes a
+       watcher thread (`signal.set_wakeup_fd`), which saves when the main thread has
+       not within `SIGNAL_GRACE_S` and then ends the process (exit 128 + signal).
+     - An exception: one raised by a schedule's `step` is noted (the file is written
+       at exit: the runs of torch.multiprocessing.spawn end through `sys.exit(1)`),
+       one that reaches `sys.excepthook` saves at once. The recording gets it as an
+       `error` event.
+     - SIGKILL cannot be caught: that rank leaves no file (the merge's
+       `--partial` names it missing).
+  2. After a failure, `destroy_process_group` saves without its end-of-run collectives
+     (barrier, clock ping-pong): the other ranks may be gone.
+  3. Written once (a lock): the first of the ways above wins.
+
+NOTE [ Run ids ]
+  1. The run id names the folder a rank file goes in, so it is a plain name:
+     letters, digits, ".", "_" and "-", starting with a letter or digit, at most 128
+     characters. TORCHELASTIC_RUN_ID (torchrun's --rdzv-id) and `run_id=` are made one
+     (`plain_run_id`: other characters become "_"; what is left empty gets a name from
+     a hash of the text), and every rank takes rank 0's.
+  2. `save_rank_trace` refuses a header whose run id is not a plain name or whose rank is
+     not an int, and checks that the file it writes is inside the folder it was given
+     (a symlinked run folder pointing elsewhere is refused).
 """
 from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import os
+import re
 import runpy
+import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from os import PathLike
@@ -54,9 +88,23 @@ import torch.distributed as dist
 
 from ckpt_viz.errors import CheckpointUsageError
 
-__all__ = ["DIR_ENV", "clock_offset_to_rank0", "enable", "enabled", "planned_order", "rank_header", "save_rank_trace"]
+__all__ = ["DIR_ENV", "clock_offset_to_rank0", "enable", "enabled", "plain_run_id", "planned_order", "rank_header",
+           "save_rank_trace"]
 
 DIR_ENV = "CKPT_VIZ_DISTRIBUTED_DIR"  # set it (or call enable) to record every rank into this folder
+SIGNAL_GRACE_S = 2.0  # NOTE [ Partial runs ], rule 1: how long the watcher leaves the save to the main thread
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def plain_run_id(value: Any) -> str:
+    """`value` as a plain folder name (NOTE [ Run ids ], rule 1): the same text gives the same name."""
+    text = str(value)
+    if _PLAIN.fullmatch(text):
+        return text
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip("._-")[:128]
+    if _PLAIN.fullmatch(cleaned):
+        return cleaned
+    return "run-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def _require_group(api: str) -> None:
@@ -125,7 +173,7 @@ def rank_header(schedule: Any = None, *, run_id: str | None = None, rounds: int 
     _require_group("ckpt_viz.distributed.rank_header")
     if group is None and str(dist.get_backend()) != "gloo":  # See NOTE [ Clock offset ], rule 4.
         group = dist.new_group(backend="gloo")
-    shared = [run_id or os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12]]
+    shared = [plain_run_id(run_id or os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12])]
     dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     offset, rtt = clock_offset_to_rank0(rounds, group)
     dist.barrier(group=group)
@@ -163,17 +211,33 @@ def save_rank_trace(trace: Any, folder: str | PathLike[str], header: dict[str, A
     for key, value in defaults.items():
         if trace.meta.get(key) is None:
             trace.meta[key] = value
+    run_id, rank = header.get("run_id"), header.get("rank")
+    if not (isinstance(run_id, str) and _PLAIN.fullmatch(run_id)):
+        raise CheckpointUsageError(
+            f"ckpt_viz.distributed.save_rank_trace: the header's run_id {run_id!r} is not a plain name (letters, "
+            "digits, '.', '_', '-'; at most 128 characters), and it names the folder the file goes in.\nTip: pass "
+            "run_id=ckpt_viz.distributed.plain_run_id(...) to rank_header, or a plain name.")
+    if type(rank) is not int or rank < 0:
+        raise CheckpointUsageError(
+            f"ckpt_viz.distributed.save_rank_trace: the header's rank is {rank!r}, expected an int >= 0.\nTip: "
+            "use the header rank_header() returned.")
     trace.meta["distributed"] = header
-    path = os.path.join(os.fspath(folder), header["run_id"], f"rank-{header['rank']}.json")
+    root = os.path.realpath(os.fspath(folder))
+    path = os.path.join(root, run_id, f"rank-{rank}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.dirname(os.path.realpath(path)) != os.path.join(root, run_id):  # NOTE [ Run ids ], rule 2
+        raise CheckpointUsageError(
+            f"ckpt_viz.distributed.save_rank_trace: {os.path.join(os.fspath(folder), run_id)} leads outside "
+            f"{os.fspath(folder)} (a link), so rank {rank}'s file would be written elsewhere.\nTip: remove the "
+            "link, or pass another folder.")
     trace.save(path)
-    return path
+    return os.path.join(os.fspath(folder), run_id, f"rank-{rank}.json")
 
 
 # ---------------------------------------------------------------- enable (NOTE [ Recording a rank ])
 
 class _Rank:
-    """The one recording of this process, its header, and the schedule last stepped."""
+    """The one recording of this process, its header, the schedule last stepped, and how the run ended."""
 
     def __init__(self, folder: str) -> None:
         import ckpt_viz
@@ -183,6 +247,10 @@ class _Rank:
         self.schedule: Any = None
         self.steps = 0
         self.saved: str | None = None
+        self.failure: dict[str, Any] | None = None  # NOTE [ Partial runs ]: a step that raised
+        self.failed: BaseException | None = None
+        self.lock = threading.Lock()
+        self.done = threading.Event()
         self.recording = ckpt_viz.record(memory=True)
         self.recording.__enter__()
 
@@ -190,9 +258,26 @@ class _Rank:
         if self.header is None and dist.is_initialized():
             self.header = rank_header()
 
-    def save(self, end_clock: bool) -> str | None:
+    def note_failure(self, exc: BaseException, step: int | None) -> None:
+        """A step raised `exc`: a save that follows marks the file partial (NOTE [ Partial runs ], rule 1)."""
+        if self.failure is None:
+            self.failure = _partial("exception", error=exc, step=step)
+            self.failed = exc
+
+    def save(self, end_clock: bool, partial: dict[str, Any] | None = None, exc: BaseException | None = None
+             ) -> str | None:
+        with self.lock:  # NOTE [ Partial runs ], rule 3
+            try:
+                return self._save(end_clock, partial, exc)
+            finally:
+                self.done.set()
+
+    def _save(self, end_clock: bool, partial: dict[str, Any] | None, exc: BaseException | None) -> str | None:
         if self.saved is not None:
             return self.saved
+        partial = partial or self.failure
+        exc = exc or self.failed
+        end_clock = end_clock and partial is None  # the other ranks may be gone (NOTE [ Partial runs ], rule 2)
         if end_clock:  # in destroy_process_group, where every rank is: init_process_group was called unwrapped
             self.take_header()
         if self.header is None:
@@ -213,10 +298,24 @@ class _Rank:
             header.update(later)
         header["steps"] = self.steps
         try:
-            self.recording.__exit__(None, None, None)
+            self.recording.__exit__(type(exc) if exc is not None else None, exc,
+                                    exc.__traceback__ if exc is not None else None)
+        except Exception as problem:  # closing from the watcher thread (NOTE [ Partial runs ]): keep what it holds
+            sys.stderr.write(f"ckpt_viz.distributed: the recording did not close cleanly ({problem!r}); "
+                             "writing what it holds.\n")
         finally:
-            self.saved = save_rank_trace(self.recording.trace, self.folder, header)
+            trace = self.recording.trace
+            if partial is not None:
+                trace.meta["partial"] = partial
+            self.saved = save_rank_trace(trace, self.folder, header)
         return self.saved
+
+
+def _partial(reason: str, *, signal_name: str | None = None, error: BaseException | None = None,
+             step: int | None = None) -> dict[str, Any]:
+    """`meta["partial"]` of a rank file (NOTE [ Partial runs ], rule 1)."""
+    return {"reason": reason, "signal": signal_name,
+            "error": f"{type(error).__name__}: {error}"[:2000] if error is not None else None, "step": step}
 
 
 _STATE: dict[str, _Rank] = {}
@@ -258,12 +357,65 @@ def enable(folder: str | PathLike[str] | None = None) -> None:
     _wrap_torch()
     rank.take_header()
     atexit.register(_save_at_exit)
+    _catch_endings(rank)
 
 
 def _save_at_exit() -> None:
     rank = _STATE.get("rank")
     if rank is not None:
         rank.save(end_clock=False)
+
+
+def _catch_endings(rank: _Rank) -> None:
+    """Save on an uncaught exception and on SIGTERM; see NOTE [ Partial runs ], rule 1."""
+    hook = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        try:
+            rank.save(end_clock=False, partial=_partial("exception", error=value, step=rank.steps), exc=value)
+        finally:
+            hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    if threading.current_thread() is not threading.main_thread():  # handlers are set in the main thread only
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    ending = _partial("signal", signal_name="SIGTERM")
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        rank.save(end_clock=False, partial={**ending, "step": rank.steps})
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:  # the default action: die of the signal, as without ckpt_viz
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        taken = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:
+        taken = 0
+    if taken != -1:  # another wakeup fd (an asyncio loop) is in use: keep it; the handler alone saves
+        if taken:
+            signal.set_wakeup_fd(taken)
+        os.close(read)
+        os.close(write)
+        return
+
+    def watch() -> None:
+        while True:
+            got = os.read(read, 64)
+            if signal.SIGTERM not in got:
+                continue
+            if not rank.done.wait(SIGNAL_GRACE_S):  # the main thread is inside C (a gloo wait): save from here
+                rank.save(end_clock=False, partial={**ending, "step": rank.steps})
+            if not callable(previous) and previous != signal.SIG_IGN:
+                os._exit(128 + signal.SIGTERM)
+            return
+
+    threading.Thread(target=watch, name="ckpt_viz-sigterm", daemon=True).start()
 
 
 def _wrap_torch() -> None:
@@ -309,6 +461,9 @@ def _counted(step: Any) -> Any:
         with tag(step=rank.steps):
             try:
                 return step(self, *args, **kwargs)
+            except BaseException as exc:
+                rank.note_failure(exc, rank.steps)
+                raise
             finally:
                 rank.steps += 1
 
