@@ -54,7 +54,9 @@ pending = True  # no warning yet in this process: check every unrecorded backwar
 _warned_recordings: weakref.WeakSet[Any] = weakref.WeakSet()  # the innermost channels that warned
 _will_run = torch._C._will_engine_execute_node
 _ENGINE_RUN = getattr(getattr(torch.autograd.graph, "_engine_run_backward", None), "__code__", None)
-_SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+_SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep,  # the runtime, a recording's autograd wrapper, torch
+         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recording.py"),
+         os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 class UnaskedAccumulationWarning(UserWarning):
