@@ -190,23 +190,30 @@ class ReentrantCheckpointHandle:
         for item in self.replay_inputs:
             if item.requires_grad:
                 item.grad = None
-        # See NOTE [ Unasked accumulation ] in unasked.py: one flag check once it warned and nobody records.
-        states = unasked.before(self, values) if not self.split and (unasked.pending or bus.enabled) else None
         if bus.enabled:
-            result = self._recorded_gradients(values, grads)
-        else:
-            watch, self.divergence = self.divergence, None
-            with watch.gradients(self._emit) if watch is not None else memtags.NULL:
-                torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
-            result = tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
+            return self._recorded_gradients(values, grads)
+        if unasked.pending and not self.split:  # See NOTE [ Unasked accumulation ] in unasked.py, rule 4.
+            return self._checked_gradients(values, grads)
+        watch, self.divergence = self.divergence, None
+        with watch.gradients(self._emit) if watch is not None else memtags.NULL:
+            torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
+        return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
+
+    def _checked_gradients(self, values: tuple, grads: tuple) -> tuple:
+        """`_gradients`' ordinary pass until this process warned of unasked accumulation (unasked.py NOTE rule 4)."""
+        states = unasked.before(self, values)
+        watch, self.divergence = self.divergence, None
+        with watch.gradients(self._emit) if watch is not None else memtags.NULL:
+            torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
         if states is not None:
             unasked.after(self, states)
-        return result
+        return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _recorded_gradients(self, values: tuple, grads: tuple) -> tuple:
         """`_gradients`' ordinary or DW pass while somebody listens: the same backward, and the captured-parameter
         report around it (a module's cached parameters in one C call where it can: owners.captured_states)."""
         before = owners.captured_states(self.function) or owners.grad_states(self._captured(values))
+        states = unasked.before(self, values) if not self.split else None  # unasked.py NOTE rule 4: every time
         watch, self.divergence = self.divergence, None
         backward = torch.autograd.backward  # a recording's wrapper passes an inner pass through: call what it wraps
         backward = getattr(backward, "_ckpt_viz_original", backward)  # (ckpt_viz/recording.py, `_watched`)
@@ -214,6 +221,8 @@ class ReentrantCheckpointHandle:
             backward(values, grads, retain_graph=self.retain_graph)
         if before[0]:
             self._captured_report = owners.captured_report(before)
+        if states is not None:
+            unasked.after(self, states)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _captured(self, values: tuple) -> Sequence[torch.Tensor]:
