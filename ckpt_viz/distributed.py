@@ -39,7 +39,9 @@ NOTE [ Recording a rank ]
 NOTE [ Partial runs ]
   1. A rank whose run does not end normally still writes its file, marked partial:
      `meta["partial"] = {"reason", "signal", "error", "step"}` (reason "signal" or
-     "exception"; the others None where they do not apply). Where it is written:
+     "exception"; step: the one running, or the one that raised; error: the exception,
+     also when a signal ended the rank after a step raised; None where they do not
+     apply). Where it is written:
      - SIGTERM (what torchrun sends the ranks when one fails): a handler saves, then
        passes the signal on (the previous handler, or the default action: the process
        dies of it). Python runs a handler only between bytecodes of the main thread,
@@ -54,7 +56,9 @@ NOTE [ Partial runs ]
        `--partial` names it missing).
   2. After a failure, `destroy_process_group` saves without its end-of-run collectives
      (barrier, clock ping-pong): the other ranks may be gone.
-  3. Written once (a lock): the first of the ways above wins.
+  3. Written once (a lock): the first of the ways above wins. A SIGTERM that arrives while
+     a save runs (at exit, in the excepthook) waits for it: the main thread's handler
+     notes the signal and the save passes it on when done; the watcher waits too.
 
 NOTE [ Run ids ]
   1. The run id names the folder a rank file goes in, so it is a plain name:
@@ -248,15 +252,26 @@ class _Rank:
         self.steps = 0
         self.saved: str | None = None
         self.failure: dict[str, Any] | None = None  # NOTE [ Partial runs ]: a step that raised
+        self.in_step: int | None = None  # the step running now, if any
         self.failed: BaseException | None = None
         self.lock = threading.Lock()
         self.done = threading.Event()
+        self.saving = False  # a save runs: a signal meanwhile waits for it (NOTE [ Partial runs ], rule 3)
+        self.deferred_signal: int | None = None
+        self.pass_on: Any = None  # signum -> what SIGTERM did before enable() (set by _catch_endings)
         self.recording = ckpt_viz.record(memory=True)
         self.recording.__enter__()
 
     def take_header(self) -> None:
         if self.header is None and dist.is_initialized():
             self.header = rank_header()
+
+    def ending(self, reason: str, **facts: Any) -> dict[str, Any]:
+        """`meta["partial"]` for an end by `reason` now: the step in progress, and an exception a step raised
+        before (a rank that gloo failed, then was terminated, says both)."""
+        noted = self.failure or {}
+        step = self.in_step if self.in_step is not None else noted.get("step", self.steps)
+        return {**_partial(reason, **facts), "step": step, **({"error": noted["error"]} if noted else {})}
 
     def note_failure(self, exc: BaseException, step: int | None) -> None:
         """A step raised `exc`: a save that follows marks the file partial (NOTE [ Partial runs ], rule 1)."""
@@ -267,10 +282,16 @@ class _Rank:
     def save(self, end_clock: bool, partial: dict[str, Any] | None = None, exc: BaseException | None = None
              ) -> str | None:
         with self.lock:  # NOTE [ Partial runs ], rule 3
+            self.saving = True
             try:
                 return self._save(end_clock, partial, exc)
             finally:
+                self.saving = False
                 self.done.set()
+                main = threading.current_thread() is threading.main_thread()  # else the watcher ends the process
+                deferred, self.deferred_signal = (self.deferred_signal, None) if main else (None, self.deferred_signal)
+                if deferred is not None and self.pass_on is not None:
+                    self.pass_on(deferred, None)
 
     def _save(self, end_clock: bool, partial: dict[str, Any] | None, exc: BaseException | None) -> str | None:
         if self.saved is not None:
@@ -372,7 +393,8 @@ def _catch_endings(rank: _Rank) -> None:
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         try:
-            rank.save(end_clock=False, partial=_partial("exception", error=value, step=rank.steps), exc=value)
+            partial = {**rank.ending("exception"), "error": _partial("exception", error=value)["error"]}
+            rank.save(end_clock=False, partial=partial, exc=value)
         finally:
             hook(kind, value, tb)
 
@@ -380,16 +402,22 @@ def _catch_endings(rank: _Rank) -> None:
     if threading.current_thread() is not threading.main_thread():  # handlers are set in the main thread only
         return
     previous = signal.getsignal(signal.SIGTERM)
-    ending = _partial("signal", signal_name="SIGTERM")
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        rank.save(end_clock=False, partial={**ending, "step": rank.steps})
+    def pass_on(signum: int, frame: Any) -> None:
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:  # the default action: die of the signal, as without ckpt_viz
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if rank.saving:  # this thread is inside a save (at exit, in the excepthook): it passes the signal on after
+            rank.deferred_signal = signum
+            return
+        rank.save(end_clock=False, partial=rank.ending("signal", signal_name="SIGTERM"))
+        pass_on(signum, frame)
+
+    rank.pass_on = pass_on
     signal.signal(signal.SIGTERM, on_sigterm)
     read, write = os.pipe()
     os.set_blocking(write, False)
@@ -409,8 +437,11 @@ def _catch_endings(rank: _Rank) -> None:
             got = os.read(read, 64)
             if signal.SIGTERM not in got:
                 continue
-            if not rank.done.wait(SIGNAL_GRACE_S):  # the main thread is inside C (a gloo wait): save from here
-                rank.save(end_clock=False, partial={**ending, "step": rank.steps})
+            if not rank.done.wait(SIGNAL_GRACE_S):
+                if rank.saving:  # a save at exit or in the excepthook runs: let it finish
+                    rank.done.wait(SIGNAL_GRACE_S * 10)
+                else:  # the main thread is inside C (a gloo wait): save from here
+                    rank.save(end_clock=False, partial=rank.ending("signal", signal_name="SIGTERM"))
             if not callable(previous) and previous != signal.SIG_IGN:
                 os._exit(128 + signal.SIGTERM)
             return
@@ -459,12 +490,14 @@ def _counted(step: Any) -> Any:
                     rank.recording.assign_stage(list(stage.submod.parameters()), stage.stage_index)
         rank.schedule = self
         with tag(step=rank.steps):
+            rank.in_step = rank.steps
             try:
                 return step(self, *args, **kwargs)
             except BaseException as exc:
                 rank.note_failure(exc, rank.steps)
                 raise
             finally:
+                rank.in_step = None
                 rank.steps += 1
 
     return counted
