@@ -63,16 +63,19 @@ def check_dw_builder(trace: Trace, name: str) -> None:
     mistake = trace.meta["mistake"]
     assert mistake["grads_match_reference"] and mistake["dw_builder"]
     runs = trace.of_kind("dw_runner_called")
-    assert collections.Counter(e.tags["action"] for e in runs) == {"W": make.STEPS * make.MICROBATCHES * 4}
+    stages = 4 if name == "dw-builder" else 2
+    deferred, full = ("W", "I") if name == "dw-builder" else ("B", "B")  # zero bubble defers dW to W; 1F1B runs B
+    assert collections.Counter(e.tags["action"] for e in runs) == {deferred: make.STEPS * make.MICROBATCHES * stages}
     assert {e.data["runner"] for e in runs} == {"_model.<locals>.Chunk.compute_dw"}
     replays = collections.Counter((e.tags["action"], e.phase) for e in trace if e.kind == "replay_started"
                                   and e.tags.get("action") != "META")
-    assert replays == {("I", "dw"): make.STEPS * make.MICROBATCHES * 4}  # one full backward in I (NOTE [ dw_builder ])
+    assert replays == {(full, "dw"): make.STEPS * make.MICROBATCHES * stages}  # one full backward (NOTE [ dw_builder ])
     assert trace.count("unasked_grads_accumulated") == 0
 
 
 CHECKS = {"stock-stage-1f1b": check_stock_stage, "stock-stage-zero-bubble": check_stock_stage,
-          "rank-killed-sigterm": check_killed, "rank-killed-sigkill": check_killed, "dw-builder": check_dw_builder}
+          "rank-killed-sigterm": check_killed, "rank-killed-sigkill": check_killed,
+          "dw-builder": check_dw_builder, "dw-builder-1f1b": check_dw_builder}
 
 
 @pytest.mark.parametrize("name", make.SCENARIOS)

@@ -28,6 +28,8 @@ Scenarios:
       the deferring backward once more on empty tensors, torch's own stage alike, and the extra queued entry
       would shift every micro-batch's dW); the W actions run the built runners (`dw_runner_called`) and
       the gradients match the reference.
+  dw-builder-1f1b
+      The same under Schedule1F1B: its B actions call `dw_builder()()` right after the full backward.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ BATCH = 8
 MICROBATCHES = 4
 STEPS = 2
 SCENARIOS = ("stock-stage-1f1b", "stock-stage-zero-bubble", "rank-killed-sigterm", "rank-killed-sigkill",
-             "dw-builder")
+             "dw-builder", "dw-builder-1f1b")
 KILL_STEP = 1  # the step in whose forward rank 1 is killed
 
 
@@ -143,6 +145,7 @@ SETUPS = {  # name -> (torch schedule, stages per rank, stage class: "torch" / "
     "rank-killed-sigterm": ("Schedule1F1B", 1, "ckpt_viz", False),
     "rank-killed-sigkill": ("Schedule1F1B", 1, "ckpt_viz", False),
     "dw-builder": ("ScheduleInterleavedZeroBubble", 2, "ckpt_viz", True),
+    "dw-builder-1f1b": ("Schedule1F1B", 1, "ckpt_viz", True),
 }
 
 
