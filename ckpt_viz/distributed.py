@@ -5,7 +5,8 @@ rank's monotonic clock against rank 0, the planned schedule order),
 `save_rank_trace`, which writes `<folder>/<run_id>/rank-<R>.json` with the header in
 `trace.meta["distributed"]`, and `enable(folder)` (also the environment variable
 CKPT_VIZ_DISTRIBUTED_DIR, and `python -m ckpt_viz.distributed SCRIPT`, which is what
-`ckpt-viz record --distributed` hands to torchrun): see NOTE [ Recording a rank ].
+`ckpt-viz record --distributed` hands to torchrun): see NOTE [ Recording a rank ]; how a rank that
+ends badly still writes its file is NOTE [ Partial runs ] in ckpt_viz/rank_endings.py.
 Imports torch.distributed; never the UI or the renderers.
 
 NOTE [ Clock offset ]
@@ -36,30 +37,6 @@ NOTE [ Recording a rank ]
   4. The model name is the script's, the mode "pipeline"; `trace.meta["distributed"]`
      holds the header.
 
-NOTE [ Partial runs ]
-  1. A rank whose run does not end normally still writes its file, marked partial:
-     `meta["partial"] = {"reason", "signal", "error", "step"}` (reason "signal" or
-     "exception"; step: the one running, or the one that raised; error: the exception,
-     also when a signal ended the rank after a step raised; None where they do not
-     apply). Where it is written:
-     - SIGTERM (what torchrun sends the ranks when one fails): a handler saves, then
-       passes the signal on (the previous handler, or the default action: the process
-       dies of it). Python runs a handler only between bytecodes of the main thread,
-       and a rank waiting in a gloo receive is inside C; so the signal also wakes a
-       watcher thread (`signal.set_wakeup_fd`), which saves when the main thread has
-       not within `SIGNAL_GRACE_S` and then ends the process (exit 128 + signal).
-     - An exception: one raised by a schedule's `step` is noted (the file is written
-       at exit: the runs of torch.multiprocessing.spawn end through `sys.exit(1)`),
-       one that reaches `sys.excepthook` saves at once. The recording gets it as an
-       `error` event.
-     - SIGKILL cannot be caught: that rank leaves no file (the merge's
-       `--partial` names it missing).
-  2. After a failure, `destroy_process_group` saves without its end-of-run collectives
-     (barrier, clock ping-pong): the other ranks may be gone.
-  3. Written once (a lock): the first of the ways above wins. A SIGTERM that arrives while
-     a save runs (at exit, in the excepthook) waits for it: the main thread's handler
-     notes the signal and the save passes it on when done; the watcher waits too.
-
 NOTE [ Run ids ]
   1. The run id names the folder a rank file goes in, so it is a plain name:
      letters, digits, ".", "_" and "-", starting with a letter or digit, at most 128
@@ -78,10 +55,8 @@ import hashlib
 import os
 import re
 import runpy
-import signal
 import socket
 import sys
-import threading
 import time
 import uuid
 from os import PathLike
@@ -91,12 +66,12 @@ import torch
 import torch.distributed as dist
 
 from ckpt_viz.errors import CheckpointUsageError
+from ckpt_viz.rank_endings import RankEnding, catch_endings
 
 __all__ = ["DIR_ENV", "clock_offset_to_rank0", "enable", "enabled", "plain_run_id", "planned_order", "rank_header",
            "save_rank_trace"]
 
 DIR_ENV = "CKPT_VIZ_DISTRIBUTED_DIR"  # set it (or call enable) to record every rank into this folder
-SIGNAL_GRACE_S = 2.0  # NOTE [ Partial runs ], rule 1: how long the watcher leaves the save to the main thread
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -240,7 +215,7 @@ def save_rank_trace(trace: Any, folder: str | PathLike[str], header: dict[str, A
 
 # ---------------------------------------------------------------- enable (NOTE [ Recording a rank ])
 
-class _Rank:
+class _Rank(RankEnding):
     """The one recording of this process, its header, the schedule last stepped, and how the run ended."""
 
     def __init__(self, folder: str) -> None:
@@ -251,14 +226,7 @@ class _Rank:
         self.schedule: Any = None
         self.steps = 0
         self.saved: str | None = None
-        self.failure: dict[str, Any] | None = None  # NOTE [ Partial runs ]: a step that raised
-        self.in_step: int | None = None  # the step running now, if any
-        self.failed: BaseException | None = None
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.saving = False  # a save runs: a signal meanwhile waits for it (NOTE [ Partial runs ], rule 3)
-        self.deferred_signal: int | None = None
-        self.pass_on: Any = None  # signum -> what SIGTERM did before enable() (set by _catch_endings)
+        super().__init__()
         self.recording = ckpt_viz.record(memory=True)
         self.recording.__enter__()
 
@@ -266,39 +234,12 @@ class _Rank:
         if self.header is None and dist.is_initialized():
             self.header = rank_header()
 
-    def ending(self, reason: str, **facts: Any) -> dict[str, Any]:
-        """`meta["partial"]` for an end by `reason` now: the step in progress, and an exception a step raised
-        before (a rank that gloo failed, then was terminated, says both)."""
-        noted = self.failure or {}
-        step = self.in_step if self.in_step is not None else noted.get("step", self.steps)
-        return {**_partial(reason, **facts), "step": step, **({"error": noted["error"]} if noted else {})}
-
-    def note_failure(self, exc: BaseException, step: int | None) -> None:
-        """A step raised `exc`: a save that follows marks the file partial (NOTE [ Partial runs ], rule 1)."""
-        if self.failure is None:
-            self.failure = _partial("exception", error=exc, step=step)
-            self.failed = exc
-
-    def save(self, end_clock: bool, partial: dict[str, Any] | None = None, exc: BaseException | None = None
-             ) -> str | None:
-        with self.lock:  # NOTE [ Partial runs ], rule 3
-            self.saving = True
-            try:
-                return self._save(end_clock, partial, exc)
-            finally:
-                self.saving = False
-                self.done.set()
-                main = threading.current_thread() is threading.main_thread()  # else the watcher ends the process
-                deferred, self.deferred_signal = (self.deferred_signal, None) if main else (None, self.deferred_signal)
-                if deferred is not None and self.pass_on is not None:
-                    self.pass_on(deferred, None)
-
     def _save(self, end_clock: bool, partial: dict[str, Any] | None, exc: BaseException | None) -> str | None:
         if self.saved is not None:
             return self.saved
         partial = partial or self.failure
         exc = exc or self.failed
-        end_clock = end_clock and partial is None  # the other ranks may be gone (NOTE [ Partial runs ], rule 2)
+        end_clock = end_clock and partial is None  # the others may be gone (rank_endings.py NOTE [ Partial runs ], 2)
         if end_clock:  # in destroy_process_group, where every rank is: init_process_group was called unwrapped
             self.take_header()
         if self.header is None:
@@ -321,7 +262,7 @@ class _Rank:
         try:
             self.recording.__exit__(type(exc) if exc is not None else None, exc,
                                     exc.__traceback__ if exc is not None else None)
-        except Exception as problem:  # closing from the watcher thread (NOTE [ Partial runs ]): keep what it holds
+        except Exception as problem:  # closing from the watcher thread (rank_endings.py): keep what it holds
             sys.stderr.write(f"ckpt_viz.distributed: the recording did not close cleanly ({problem!r}); "
                              "writing what it holds.\n")
         finally:
@@ -330,13 +271,6 @@ class _Rank:
                 trace.meta["partial"] = partial
             self.saved = save_rank_trace(trace, self.folder, header)
         return self.saved
-
-
-def _partial(reason: str, *, signal_name: str | None = None, error: BaseException | None = None,
-             step: int | None = None) -> dict[str, Any]:
-    """`meta["partial"]` of a rank file (NOTE [ Partial runs ], rule 1)."""
-    return {"reason": reason, "signal": signal_name,
-            "error": f"{type(error).__name__}: {error}"[:2000] if error is not None else None, "step": step}
 
 
 _STATE: dict[str, _Rank] = {}
@@ -378,75 +312,13 @@ def enable(folder: str | PathLike[str] | None = None) -> None:
     _wrap_torch()
     rank.take_header()
     atexit.register(_save_at_exit)
-    _catch_endings(rank)
+    catch_endings(rank)
 
 
 def _save_at_exit() -> None:
     rank = _STATE.get("rank")
     if rank is not None:
         rank.save(end_clock=False)
-
-
-def _catch_endings(rank: _Rank) -> None:
-    """Save on an uncaught exception and on SIGTERM; see NOTE [ Partial runs ], rule 1."""
-    hook = sys.excepthook
-
-    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        try:
-            partial = {**rank.ending("exception"), "error": _partial("exception", error=value)["error"]}
-            rank.save(end_clock=False, partial=partial, exc=value)
-        finally:
-            hook(kind, value, tb)
-
-    sys.excepthook = excepthook
-    if threading.current_thread() is not threading.main_thread():  # handlers are set in the main thread only
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def pass_on(signum: int, frame: Any) -> None:
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:  # the default action: die of the signal, as without ckpt_viz
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if rank.saving:  # this thread is inside a save (at exit, in the excepthook): it passes the signal on after
-            rank.deferred_signal = signum
-            return
-        rank.save(end_clock=False, partial=rank.ending("signal", signal_name="SIGTERM"))
-        pass_on(signum, frame)
-
-    rank.pass_on = pass_on
-    signal.signal(signal.SIGTERM, on_sigterm)
-    read, write = os.pipe()
-    os.set_blocking(write, False)
-    try:
-        taken = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    except ValueError:
-        taken = 0
-    if taken != -1:  # another wakeup fd (an asyncio loop) is in use: keep it; the handler alone saves
-        if taken:
-            signal.set_wakeup_fd(taken)
-        os.close(read)
-        os.close(write)
-        return
-
-    def watch() -> None:
-        while True:
-            got = os.read(read, 64)
-            if signal.SIGTERM not in got:
-                continue
-            if not rank.done.wait(SIGNAL_GRACE_S):
-                if rank.saving:  # a save at exit or in the excepthook runs: let it finish
-                    rank.done.wait(SIGNAL_GRACE_S * 10)
-                else:  # the main thread is inside C (a gloo wait): save from here
-                    rank.save(end_clock=False, partial=rank.ending("signal", signal_name="SIGTERM"))
-            if not callable(previous) and previous != signal.SIG_IGN:
-                os._exit(128 + signal.SIGTERM)
-            return
-
-    threading.Thread(target=watch, name="ckpt_viz-sigterm", daemon=True).start()
 
 
 def _wrap_torch() -> None:

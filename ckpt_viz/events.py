@@ -56,8 +56,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "early_stopped",
     "replay_refused",
     "grads_routed",
-    "unasked_grads_accumulated",
-    "dw_runner_called",
+    "unasked_grads_accumulated", "dw_runner_called",  # issue 28: runtime/unasked.py, pipelining.py
     "released",
     "node_collected",
     "session_bound",

@@ -45,16 +45,16 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from ckpt_viz.cli.merge_meta import merged_meta
+from ckpt_viz.cli.rank_headers import listed, rank_headers
 from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Event
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace
 
-__all__ = ["MAX_WORLD_SIZE", "find_rank_files", "merge_command", "merge_run", "merge_traces"]
+__all__ = ["find_rank_files", "merge_command", "merge_run", "merge_traces"]
 
 _API = "ckpt-viz merge"
 _RANK_FILE = re.compile(r"^rank-(\d+)\.json(\.gz)?$")
-_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # ckpt_viz.distributed's run ids (NOTE [ Run ids ])
-MAX_WORLD_SIZE = 65536  # NOTE [ Merging rank traces ], rule 5
 
 
 def _fail(what: str, tip: str) -> TraceError:
@@ -89,90 +89,6 @@ def find_rank_files(folder: str) -> tuple[str, dict[int, str]]:
                     f"pass one of them, e.g. `ckpt-viz merge {os.path.join(folder, runs[-1])}`.")
     path = os.path.join(folder, runs[0])
     return path, ranks_in(path)
-
-
-def _is_int(value: Any) -> bool:
-    return type(value) is int
-
-
-def _check(ok: bool, field: str, value: Any, expected: str, file: str) -> None:
-    if not ok:
-        shown = repr(value)
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise _fail(f"{file}: meta.distributed.{field} is {type(value).__name__} {shown}, expected {expected}.",
-                    "this rank file was not written by ckpt_viz.distributed.save_rank_trace, or was edited: "
-                    "record the run again.")
-
-
-def _check_header(header: dict[str, Any], file: str) -> None:
-    """NOTE [ Merging rank traces ], rule 5: the type of each field the merge reads."""
-    run_id = header.get("run_id")
-    _check(isinstance(run_id, str) and bool(_PLAIN.fullmatch(run_id)), "run_id", run_id,
-           "a plain name (letters, digits, '.', '_', '-'; at most 128 characters)", file)
-    world = header.get("world_size")
-    _check(_is_int(world) and 1 <= world <= MAX_WORLD_SIZE, "world_size", world,
-           f"an int from 1 to {MAX_WORLD_SIZE}", file)
-    rank = header.get("rank")
-    _check(_is_int(rank) and 0 <= rank < world, "rank", rank, f"an int from 0 to {world - 1} (world_size {world})",
-           file)
-    for name in ("clock", "clock_end"):
-        clock = header.get(name)
-        if clock is None and name == "clock_end":
-            continue
-        _check(isinstance(clock, dict), name, clock, "an object", file)
-        for key in ("mono_ns", "wall_ns", "offset_to_rank0_ns", "rtt_ns"):
-            value = clock.get(key)
-            _check(value is None or (_is_int(value) and abs(value) < 2**63), f"{name}.{key}", value,
-                   "an int (nanoseconds) or null", file)
-    for name, ok, expected in (
-            ("schedule", lambda v: v is None or isinstance(v, str), "a string or null"),
-            ("microbatches", lambda v: v is None or (_is_int(v) and v >= 0), "an int >= 0 or null"),
-            ("stages", lambda v: v is None or (isinstance(v, list) and all(_is_int(i) and 0 <= i < 2**31 for i in v)),
-             "a list of stage indices or null"),
-            ("planned_order", lambda v: v is None or (isinstance(v, dict) and all(
-                isinstance(k, str) and isinstance(a, list) and all(x is None or isinstance(x, str) for x in a)
-                for k, a in v.items())), "an object of lists of action names, or null")):
-        value = header.get(name)
-        _check(ok(value), name, value, expected, file)
-
-
-def _listed(ranks: list[int]) -> str:
-    return str(ranks) if len(ranks) <= 10 else f"[{', '.join(map(str, ranks[:10]))}, ...] ({len(ranks)} in all)"
-
-
-def _headers(traces: dict[int, Trace], where: str, files: dict[int, str] | None = None,
-             partial: bool = False) -> tuple[dict[int, dict[str, Any]], list[int]]:
-    """(each rank's header, the ranks without a file); see NOTE [ Merging rank traces ], rules 5 and 6."""
-    headers = {}
-    for rank, trace in traces.items():
-        file = (files or {}).get(rank) or f"rank {rank}'s trace in '{where}'"
-        header = trace.meta.get("distributed")
-        if not isinstance(header, dict):
-            raise _fail(f"{file} has no distributed header (meta['distributed']).",
-                        "write rank files with ckpt_viz.distributed.save_rank_trace (or record with "
-                        "`ckpt-viz record --distributed`).")
-        _check_header(header, file)
-        if header["rank"] != rank:
-            raise _fail(f"the file of rank {rank} in '{where}' holds rank {header['rank']!r}'s trace.",
-                        "keep the rank-<R>.json names that save_rank_trace wrote.")
-        headers[rank] = header
-    run_ids = {h["run_id"] for h in headers.values()}
-    if len(run_ids) > 1:
-        raise _fail(f"the rank files in '{where}' come from different runs ({', '.join(sorted(run_ids))}).",
-                    "merge the files of one run only: each run writes its own <run id> folder.")
-    worlds = {h["world_size"] for h in headers.values()}
-    if len(worlds) > 1:
-        raise _fail(f"the rank files in '{where}' disagree on the world size ({sorted(worlds)}).",
-                    "merge the files of one run only.")
-    (world,) = worlds
-    missing = [r for r in range(world) if r not in headers]  # world <= MAX_WORLD_SIZE: checked above
-    if missing and not partial:
-        raise _fail(f"run {next(iter(run_ids))} in '{where}' is partial: ranks {_listed(missing)} are missing "
-                    f"(world size {world}, found {_listed(sorted(headers))}).",
-                    f"pass --partial to merge the ranks present (`ckpt-viz merge --partial {where}`), wait for every "
-                    "rank to finish (each writes its file at exit), or look for the rank that failed in the "
-                    "launcher's log.")
-    return headers, missing
 
 
 def _offset_fn(header: dict[str, Any], base: dict[str, Any]) -> tuple[Any, str]:
@@ -260,7 +176,7 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run", *, files: dic
     """
     if not traces:
         raise _fail(f"no rank traces to merge in '{where}'.", "pass the folder that holds rank-<R>.json files.")
-    headers, missing = _headers(traces, where, files, partial)
+    headers, missing = rank_headers(traces, where, files, partial)
     base = headers[min(headers)]  # rank 0's clock, through each offset (rule 6)
     aligned: list[tuple[int, int, int, Event]] = []  # (t, rank, order, event)
     clocks, offsets = {}, {}
@@ -297,7 +213,7 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run", *, files: dic
             graphs.append(GraphSnapshot(seq=new_seq.get((rank, g.seq), -1), label=f"rank {rank}: {g.label}",
                                         nodes=nodes, edges=g.edges, torchviz=g.torchviz))
     graphs.sort(key=lambda g: g.seq)
-    meta = _merged_meta(traces, headers)
+    meta = merged_meta(traces, headers)
     meta["distributed"] = {
         "run_id": base.get("run_id"), "world_size": base.get("world_size"), "merged": True,
         "ranks": {str(r): headers[r] for r in sorted(headers)},
@@ -307,70 +223,6 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run", *, files: dic
     if missing or "partial" in meta:
         meta["partial"] = {"missing_ranks": missing, "ranks": meta.pop("partial", {})}
     return Trace(events=events, memory=memory, graphs=graphs, meta=meta)
-
-
-def _merged_meta(traces: dict[int, Trace], headers: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Each field of the merged `meta` from every rank's; see NOTE [ Merging rank traces ], rule 7."""
-    ranks = sorted(traces)
-    metas = {r: traces[r].meta for r in ranks}
-    meta: dict[str, Any] = {}
-    by_rank: dict[str, dict[str, Any]] = {}
-    keys = list(dict.fromkeys(k for r in ranks for k in metas[r]))
-    for key in keys:
-        held = {r: metas[r][key] for r in ranks if key in metas[r]}
-        if key in ("distributed", "by_rank"):
-            continue
-        if key == "sources":
-            meta[key] = {site: line for value in held.values() if isinstance(value, dict)
-                         for site, line in value.items()}
-        elif key == "replay_checks":
-            meta[key] = _summed_checks(held)
-        elif key == "stages":
-            meta[key] = sorted({s for value in held.values() if isinstance(value, list) for s in value
-                                if _is_int(s)})
-        elif key == "partial":
-            meta[key] = {str(r): value for r, value in held.items()}
-        elif len(held) == len(ranks) and all(value == held[ranks[0]] for value in held.values()):
-            meta[key] = held[ranks[0]]
-        else:
-            by_rank[key] = {str(r): value for r, value in held.items()}
-    for key, value in (("schedule", _agreed(headers, "schedule")), ("microbatches", _agreed(headers, "microbatches"))):
-        if value is not None:
-            meta[key] = value
-            by_rank.pop(key, None)
-    meta.setdefault("mode", "distributed-pipeline")
-    if by_rank:
-        meta["by_rank"] = by_rank
-    return meta
-
-
-def _agreed(headers: dict[int, dict[str, Any]], key: str) -> Any:
-    """The headers' `key` when every rank gives the same one, else None."""
-    values = {repr(h.get(key)) for h in headers.values()}
-    return next(iter(headers.values())).get(key) if len(values) == 1 else None
-
-
-def _summed_checks(held: dict[int, Any]) -> dict[str, Any]:
-    """`replay_checks` of the ranks that ran checks: counts summed, each rank's under `by_rank`."""
-    counts = {r: c for r, c in held.items() if isinstance(c, dict)}
-    policies = {c.get("policy") for c in counts.values()}
-    total: dict[str, Any] = {"policy": policies.pop() if len(policies) == 1 else "mixed", "checked": 0, "skipped": 0,
-                             "skipped_regions": {}, "by_rank": {}}
-    for key in ("first_checks", "budget"):  # the same constants in every rank of one ckpt_viz: the largest
-        numbers = [c.get(key) for c in counts.values() if _is_int(c.get(key))]
-        if numbers:
-            total[key] = max(numbers)
-    for rank, c in counts.items():
-        checked = c.get("checked") if _is_int(c.get("checked")) else 0
-        skipped = c.get("skipped") if _is_int(c.get("skipped")) else 0
-        total["checked"] += checked
-        total["skipped"] += skipped
-        total["by_rank"][str(rank)] = {"checked": checked, "skipped": skipped}
-        regions = c.get("skipped_regions")
-        for name, n in (regions.items() if isinstance(regions, dict) else ()):
-            if _is_int(n):
-                total["skipped_regions"][name] = total["skipped_regions"].get(name, 0) + n
-    return total
 
 
 def _planned(headers: dict[int, dict[str, Any]]) -> dict[str, list] | None:
@@ -429,7 +281,7 @@ def _describe(trace: Trace, run: str, output: str) -> str:
              f"{len(trace.events)} events, {len({e.handle_id for e in trace.events if e.handle_id is not None})} "
              f"handles -> {output}"]
     if missing:
-        lines.append(f"  PARTIAL: ranks {_listed(missing)} of {dist['world_size']} left no file (marked missing in "
+        lines.append(f"  PARTIAL: ranks {listed(missing)} of {dist['world_size']} left no file (marked missing in "
                      "meta.distributed.missing_ranks)")
     for rank, ending in sorted(((trace.meta.get("partial") or {}).get("ranks") or {}).items()):
         if isinstance(ending, dict):

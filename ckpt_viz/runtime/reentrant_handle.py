@@ -193,20 +193,10 @@ class ReentrantCheckpointHandle:
         if bus.enabled:
             return self._recorded_gradients(values, grads)
         if unasked.pending and not self.split:  # See NOTE [ Unasked accumulation ] in unasked.py, rule 4.
-            return self._checked_gradients(values, grads)
+            return unasked.checked_gradients(self, values, grads)
         watch, self.divergence = self.divergence, None
         with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
-        return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
-
-    def _checked_gradients(self, values: tuple, grads: tuple) -> tuple:
-        """`_gradients`' ordinary pass until this process warned of unasked accumulation (unasked.py NOTE rule 4)."""
-        states = unasked.before(self, values)
-        watch, self.divergence = self.divergence, None
-        with watch.gradients(self._emit) if watch is not None else memtags.NULL:
-            torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
-        if states is not None:
-            unasked.after(self, states)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _recorded_gradients(self, values: tuple, grads: tuple) -> tuple:
@@ -221,8 +211,7 @@ class ReentrantCheckpointHandle:
             backward(values, grads, retain_graph=self.retain_graph)
         if before[0]:
             self._captured_report = owners.captured_report(before)
-        if states is not None:
-            unasked.after(self, states)
+        unasked.after(self, states)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _captured(self, values: tuple) -> Sequence[torch.Tensor]:

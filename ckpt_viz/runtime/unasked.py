@@ -46,9 +46,10 @@ from typing import Any
 import torch
 
 from ckpt_viz import bus
+from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.owners import qualname
 
-__all__ = ["UnaskedAccumulationWarning", "after", "before", "pending"]
+__all__ = ["UnaskedAccumulationWarning", "after", "before", "checked_gradients", "pending"]
 
 pending = True  # no warning yet in this process: check every unrecorded backward too (NOTE rule 4)
 _warned_recordings: weakref.WeakSet[Any] = weakref.WeakSet()  # the innermost channels that warned
@@ -100,9 +101,21 @@ def before(handle: Any, values: Sequence[torch.Tensor]) -> tuple | None:
     return params, grads, [getattr(g, "_version", -1) for g in grads]
 
 
-def after(handle: Any, states: tuple) -> None:
-    """Compare with `before`'s states after the replay's backward; report what it wrote (rule 4)."""
+def checked_gradients(handle: Any, values: tuple, grads: tuple) -> tuple:
+    """`ReentrantCheckpointHandle._gradients`' ordinary pass, checked, until this process warned (rule 4)."""
+    states = before(handle, values)
+    watch, handle.divergence = handle.divergence, None
+    with watch.gradients(handle._emit) if watch is not None else memtags.NULL:
+        torch.autograd.backward(values, grads, retain_graph=handle.retain_graph)
+    after(handle, states)
+    return tuple([item.grad if item.requires_grad else None for item in handle.replay_inputs])
+
+
+def after(handle: Any, states: tuple | None) -> None:
+    """Compare with `before`'s states after the replay's backward; report what it wrote (rule 4). None: nothing."""
     global pending
+    if states is None:
+        return
     params, old, versions = states
     hit = [p for p, g, v in zip(params, old, versions)
            if p.grad is not None and (p.grad is not g or p.grad._version != v)]
