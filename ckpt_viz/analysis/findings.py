@@ -224,7 +224,7 @@ class Facts:
 
 
 _READ_KINDS = frozenset(("error", "session_cleared", "session_activated", "session_deactivated", "session_bound",
-                         "prefired", "replay_diverged", "backward_entered"))
+                         "prefired", "replay_diverged", "backward_entered", "unasked_grads_accumulated"))
 
 
 def code_of(event: Event) -> str | None:

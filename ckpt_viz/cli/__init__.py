@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "pipeline's send-before-receive order (exit status 1 when it fails).")
     merge.add_argument("dir")
     merge.add_argument("-o", "--output", help="merged trace file (default: <run folder>/merged.json)")
+    merge.add_argument("--partial", action="store_true",
+                       help="merge the ranks that wrote a file and mark the others missing (a crashed or killed run)")
     merge.set_defaults(run=merge_command)
 
     app = sub.add_parser("app", help="start the Streamlit app")
