@@ -1,0 +1,514 @@
+"""What a policy's step would peak at, and what its recompute would cost, from one profiled step.
+
+Owns `predict` and the timeline model the search (ckpt_viz/plan/search.py) optimises over.
+Torch-free: it reads a `PlanProfile` (ckpt_viz/plan/schema.py) only.
+
+NOTE [ Plan timeline ]
+  1. The profiled step (no checkpointing) is the allocator's list of allocations and frees. A
+     policy's step is built from it window by window: the forward of each block, the code between
+     blocks, the tail (head, loss, the first backward nodes), the backward of each block, the rest.
+     Each window has one event list per choice of the block it belongs to (checkpointed or not);
+     windows outside blocks have one. So the step's live bytes at any point are
+         base + sum over earlier windows w' of net(w', x[own(w')]) + running sum inside w,
+     and the peak is the maximum over windows of (that level at the window's start + the
+     window's own rise). Both are linear in the 0/1 choices x: the search solves over exactly
+     this model (an exhaustive enumeration, or a MILP), and `predict` walks the same lists.
+  2. A checkpointed block's forward: the tensors only it saved ("private", profile.py NOTE rule 3)
+     are freed right after the next allocation (the op that reads them) instead of at its
+     backward; its inputs that its backward did not already keep are kept until its backward
+     ends; the CPU RNG state is kept (preserve_rng_state).
+  3. Its backward starts with the replay: the events of its forward again (a non-reentrant replay
+     stops after the last saved tensor, torch's and ours early stop; a reentrant one runs the
+     whole forward and keeps the replay's outputs until its inner backward ends), with the
+     private tensors kept until the backward frees them as in the profile; then the profiled
+     backward's own events.
+  4. Split kinds (DX then DW for the whole step, the runtime's backward_input/backward_weight):
+     DX is every backward window again without freeing saved tensors (retain_graph) and without
+     parameter gradients; each checkpointed block replays at the start of its DX window and keeps
+     the replay until its DW window frees it. DW is the profiled backward (parameter gradients,
+     frees), without a leaf input's gradient (DW asks for parameters only), and the input
+     gradients DX returned are dropped when DX ends.
+  5. Excluded regions keep their forward's saved tensors and outputs (not dropped, not replayed);
+     ops in `save_ops` (selective checkpointing) keep their outputs the same way. Both take their
+     time off the recompute.
+  6. Where a private tensor's profiled free is not inside its block's backward (retain_graph, a
+     graph kept by a reference), the model treats it as saved by others: checkpointing the block
+     does not drop it, so the prediction stays on the safe side.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ckpt_viz.errors import CkptVizError
+from ckpt_viz.plan.schema import (
+    KINDS,
+    ROLE_INPUT_GRAD,
+    ROLE_PARAM_GRAD,
+    ROLE_PRIVATE,
+    ROLE_SAVED,
+    PlanProfile,
+    Policy,
+    Prediction,
+)
+
+__all__ = ["CATEGORIES", "Timeline", "Window", "predict", "timeline"]
+
+_API = "ckpt_viz.plan.predict"
+CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations",
+                               "excluded_outputs", "other")
+_GRAD, _ACT, _CKIN, _REPLAY, _EXCL, _OTHER = 1, 2, 3, 4, 5, 6
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of the step (NOTE [ Plan timeline ], rule 1).
+
+    Attributes:
+        name: where it is, in words ("forward of layers.3").
+        own: the block index whose choice picks the event list, or -1.
+        events: per choice (0: not checkpointed, 1: checkpointed), (sizes, categories) arrays.
+        net: per choice, the window's net bytes; rise: per choice, its highest running sum (>= 0).
+    """
+
+    name: str
+    own: int
+    events: tuple[tuple[np.ndarray, np.ndarray], ...]
+    net: tuple[int, ...]
+    rise: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A profile's windows for one checkpoint kind, with the per-block recompute cost."""
+
+    kind: str
+    blocks: tuple[str, ...]
+    windows: tuple[Window, ...]
+    base: int
+    base_by_category: dict[str, int]
+    recompute_ns: tuple[int, ...]
+    recompute_flops: tuple[int | None, ...]
+    step_ns: int
+
+
+def _window(name: str, own: int, lists: Sequence[list[tuple[int, int]]]) -> Window:
+    events, nets, rises = [], [], []
+    for items in lists:
+        sizes = np.fromiter((s for s, _ in items), dtype=np.int64, count=len(items))
+        cats = np.fromiter((c for _, c in items), dtype=np.int8, count=len(items))
+        run = np.cumsum(sizes) if len(sizes) else np.zeros(0, dtype=np.int64)
+        events.append((sizes, cats))
+        nets.append(int(run[-1]) if len(run) else 0)
+        rises.append(max(0, int(run.max())) if len(run) else 0)
+    return Window(name, own, tuple(events), tuple(nets), tuple(rises))
+
+
+class _Step:
+    """The profile's events with what the windows need: categories, frees by allocation, intervals."""
+
+    def __init__(self, profile: PlanProfile, exclude: frozenset[str], save_ops: frozenset[str]) -> None:
+        self.p = profile
+        sizes, role, free_of = profile.sizes, profile.role, profile.free_of
+        n = len(sizes)
+        self.n = n
+        alloc_of = [-1] * n
+        for a, f in enumerate(free_of):
+            if f >= 0:
+                alloc_of[f] = a
+        self.alloc_of = alloc_of
+        blocks = profile.blocks
+        self.private: list[list[int]] = [[] for _ in blocks]
+        owner = list(profile.owner)
+        role = list(role)
+        for a in range(n):
+            if role[a] == ROLE_PRIVATE and owner[a] >= 0:
+                b = blocks[owner[a]]
+                if not (b.w0 >= 0 and b.w0 <= free_of[a] < (b.w1 if b.w1 >= 0 else profile.end)):
+                    role[a] = ROLE_SAVED  # NOTE rule 6
+                else:
+                    self.private[owner[a]].append(a)
+        self.role = role
+        cat = [_OTHER] * n
+        for a in range(n):
+            r = role[a]
+            if r in (ROLE_PRIVATE, ROLE_SAVED):
+                cat[a] = _ACT
+            elif r == ROLE_PARAM_GRAD:
+                cat[a] = _GRAD
+        for f in range(n):
+            if sizes[f] < 0 and alloc_of[f] >= 0:
+                cat[f] = cat[alloc_of[f]]
+        self.cat = cat
+        # kept from forward in a checkpointed block (NOTE rule 5): excluded regions' and saved ops' allocations
+        self.kept: list[set[int]] = [set() for _ in blocks]
+        self.skipped: list[list[tuple[int, int]]] = [[] for _ in blocks]  # ranges a replay does not run
+        self.kept_ns = [0] * len(blocks)
+        for r in profile.regions:
+            if r.name in exclude and r.block < len(blocks):
+                self.skipped[r.block].append((r.f0, r.f1))
+                self.kept_ns[r.block] += r.time_ns
+                for a in range(r.f0, r.f1):
+                    if sizes[a] > 0 and (role[a] in (ROLE_PRIVATE, ROLE_SAVED) or a in r.output_allocs
+                                         or free_of[a] < 0 or free_of[a] >= r.f1):
+                        self.kept[r.block].add(a)
+                        cat[a] = _EXCL
+                for a in r.output_allocs:
+                    if a >= 0:
+                        self.kept[r.block].add(a)
+                        cat[a] = _EXCL
+        if save_ops:
+            for i, b in enumerate(blocks):
+                total = sum(o.time_ns for o in b.ops) or 1
+                for o in b.ops:
+                    if o.name in save_ops:
+                        self.kept_ns[i] += int(b.time_ns * o.time_ns / total)
+                        for a in o.out_allocs if hasattr(o, "out_allocs") else ():
+                            if a >= 0:
+                                self.kept[i].add(a)
+                                cat[a] = _EXCL
+        for f in range(n):
+            if sizes[f] < 0 and alloc_of[f] >= 0:
+                cat[f] = cat[alloc_of[f]]
+
+    def span(self, lo: int, hi: int, *, drop: set[int] | None = None) -> list[tuple[int, int]]:
+        sizes, cat = self.p.sizes, self.cat
+        if drop:
+            return [(sizes[i], cat[i]) for i in range(lo, hi) if i not in drop]
+        return [(sizes[i], cat[i]) for i in range(lo, hi)]
+
+
+def _intervals(profile: PlanProfile) -> list[tuple[int, int, int]]:
+    """The backward part of the step as (lo, hi, owner block or -1) intervals, in order."""
+    end = profile.end
+    start = profile.backward_start
+    blocks = profile.blocks
+    cuts = {start, end}
+    spans = []
+    for i, b in enumerate(blocks):
+        if b.w0 >= start:
+            w1 = b.w1 if b.w1 >= b.w0 else -1
+            spans.append((b.w0, w1, i))
+            cuts.add(b.w0)
+            if w1 >= 0:
+                cuts.add(w1)
+    points = sorted(c for c in cuts if start <= c <= end)
+    # a block without an input-gradient mark ends at the next cut after its start
+    ends = {}
+    for w0, w1, i in spans:
+        ends[i] = w1 if w1 >= 0 else next((c for c in points if c > w0), end)
+    out = []
+    for lo, hi in zip(points, points[1:]):
+        owner = -1
+        width = None
+        for w0, _, i in spans:
+            if w0 <= lo and hi <= ends[i] and (width is None or ends[i] - w0 < width):
+                owner, width = i, ends[i] - w0
+        out.append((lo, hi, owner))
+    return out
+
+
+def _forward_dropped(step: _Step, b: int) -> list[tuple[int, int]]:
+    """NOTE rule 2: block b's forward with its private tensors freed right after the next allocation."""
+    p = step.p
+    blk = p.blocks[b]
+    sizes, cat = p.sizes, step.cat
+    private = {a for a in step.private[b] if a not in step.kept[b]}
+    out: list[tuple[int, int]] = []
+    pending: list[int] = []
+    for i in range(blk.f0, blk.f1):
+        out.append((sizes[i], cat[i]))
+        if sizes[i] > 0:
+            for a in pending:
+                out.append((-sizes[a], cat[a]))
+            pending = []
+        if i in private:
+            pending.append(i)
+    for a in pending:
+        out.append((-sizes[a], cat[a]))
+    return out
+
+
+def _kept_inputs(step: _Step, b: int) -> int:
+    """Bytes of block b's inputs that a checkpoint keeps and the profiled step freed before b's backward ended."""
+    p = step.p
+    blk = p.blocks[b]
+    start = blk.w0 if blk.w0 >= 0 else p.end
+    total = 0
+    for a, nbytes in zip(blk.input_allocs, blk.input_bytes):
+        if a >= 0 and 0 <= p.free_of[a] < start:
+            total += nbytes
+    return total
+
+
+def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool) -> tuple[list[tuple[int, int]], int]:
+    """NOTE rule 3: block b's replay events, and the bytes it leaves held (its outputs when kept)."""
+    p = step.p
+    blk = p.blocks[b]
+    sizes, free_of = p.sizes, p.free_of
+    hi = blk.last_pack if early_stop and blk.f0 <= blk.last_pack <= blk.f1 else blk.f1
+    private = set(step.private[b])
+    outputs = {a for a in blk.output_allocs if a >= 0}
+    skipped = step.skipped[b]
+    kept = step.kept[b]
+    out: list[tuple[int, int]] = []
+    garbage = 0
+    held = 0
+    for i in range(blk.f0, hi):
+        if any(lo <= i < up for lo, up in skipped) or i in kept:
+            continue
+        size = sizes[i]
+        if size > 0:
+            if i in private:
+                out.append((size, _REPLAY))
+            else:
+                out.append((size, _OTHER))
+                f = free_of[i]
+                if not (0 <= f < hi):
+                    if keep_outputs and i in outputs:
+                        held += size
+                    else:
+                        garbage += size
+        else:
+            a = step.alloc_of[i]
+            if a >= blk.f0 and a not in private and a not in kept and not any(lo <= a < up for lo, up in skipped):
+                out.append((size, _OTHER))
+    if garbage:
+        out.append((-garbage, _OTHER))
+    return out, held
+
+
+def _recategorise(events: list[tuple[int, int]], step: _Step, b: int) -> list[tuple[int, int]]:
+    """A replayed block's backward: the frees of its private tensors are frees of replay activations."""
+    return events
+
+
+def _backward_events(step: _Step, lo: int, hi: int, b: int, *, replayed: bool) -> list[tuple[int, int]]:
+    sizes, cat = step.p.sizes, step.cat
+    if not replayed:
+        return [(sizes[i], cat[i]) for i in range(lo, hi)]
+    private = set(step.private[b])
+    out = []
+    for i in range(lo, hi):
+        a = step.alloc_of[i]
+        out.append((sizes[i], _REPLAY if a in private and sizes[i] < 0 else cat[i]))
+    return out
+
+
+def _dx_events(step: _Step, lo: int, hi: int) -> list[tuple[int, int]]:
+    """NOTE rule 4: a backward window in DX: no frees of saved tensors, no parameter gradients."""
+    sizes, role, cat, alloc_of = step.p.sizes, step.role, step.cat, step.alloc_of
+    out = []
+    for i in range(lo, hi):
+        size = sizes[i]
+        if size > 0:
+            if role[i] == ROLE_PARAM_GRAD:
+                continue
+        else:
+            a = alloc_of[i]
+            if a >= 0 and role[a] in (ROLE_PRIVATE, ROLE_SAVED, ROLE_PARAM_GRAD):
+                continue
+        out.append((size, cat[i]))
+    return out
+
+
+def _dw_events(step: _Step, lo: int, hi: int, b: int, *, replayed: bool) -> list[tuple[int, int]]:
+    """NOTE rule 4: a backward window in DW: as profiled, without leaf input gradients."""
+    sizes, role, alloc_of = step.p.sizes, step.role, step.alloc_of
+    events = _backward_events(step, lo, hi, b, replayed=replayed)
+    return [e for i, e in zip(range(lo, hi), events)
+            if not (role[i] == ROLE_INPUT_GRAD or (sizes[i] < 0 and alloc_of[i] >= 0 and role[alloc_of[i]]
+                                                     == ROLE_INPUT_GRAD))]
+
+
+def _input_grads_in_dx(step: _Step, intervals: list[tuple[int, int, int]]) -> int:
+    sizes, role = step.p.sizes, step.role
+    return sum(sizes[i] for lo, hi, _ in intervals for i in range(lo, hi) if sizes[i] > 0 and role[i] == ROLE_INPUT_GRAD)
+
+
+def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = frozenset(),
+                   save_ops: frozenset[str] = frozenset()) -> Timeline:
+    """The windows of NOTE [ Plan timeline ] for `kind` (cached per profile object: `timeline`)."""
+    if kind not in KINDS:
+        raise CkptVizError(f"{_API}: unknown checkpoint kind {kind!r}; expected one of "
+                           f"{', '.join(repr(k) for k in KINDS)}.\nTip: 'nonreentrant' is torch's default.")
+    step = _Step(profile, exclude, save_ops)
+    p = profile
+    blocks = p.blocks
+    split = kind.startswith("split")
+    reentrant = kind.endswith("-reentrant") or kind == "reentrant"
+    windows: list[Window] = []
+    rng = p.rng_state_bytes
+    held_after: dict[int, int] = {}  # per block: bytes a checkpoint holds from its forward to its backward's end
+    cursor = 0
+    for b, blk in enumerate(blocks):
+        if blk.f0 > cursor:
+            windows.append(_window(f"forward before {blk.name}", -1, [step.span(cursor, blk.f0)]))
+        kept = _kept_inputs(step, b)
+        held_after[b] = kept + rng
+        dropped = _forward_dropped(step, b) + [(kept, _CKIN), (rng, _OTHER)]
+        windows.append(_window(f"forward of {blk.name}", b, [step.span(blk.f0, blk.f1), dropped]))
+        cursor = max(cursor, blk.f1)
+    if p.backward_start > cursor:
+        windows.append(_window("forward after the blocks (head, loss)", -1, [step.span(cursor, p.backward_start)]))
+    intervals = _intervals(p)
+    replays = {}
+    for b in range(len(blocks)):
+        events, held = _replay(step, b, early_stop=not reentrant, keep_outputs=reentrant)
+        replays[b] = (events, held)
+    first_in = {}
+    last_in = {}
+    for k, (lo, hi, owner) in enumerate(intervals):
+        if owner >= 0:
+            first_in.setdefault(owner, k)
+            last_in[owner] = k
+
+    def label(lo: int, owner: int, phase: str) -> str:
+        if owner >= 0:
+            return f"{phase} of {blocks[owner].name}"
+        return f"{phase} outside the blocks" if lo > p.backward_start else f"{phase} of the head and loss"
+
+    if not split:
+        for k, (lo, hi, owner) in enumerate(intervals):
+            if owner < 0:
+                windows.append(_window(label(lo, owner, "backward"), -1, [step.span(lo, hi)]))
+                continue
+            plain = step.span(lo, hi)
+            ck = _backward_events(step, lo, hi, owner, replayed=True)
+            if k == first_in[owner]:
+                events, _ = replays[owner]
+                ck = events + ck
+            if k == last_in[owner]:
+                ck = ck + [(-replays[owner][1], _OTHER), (-held_after[owner] + rng, _CKIN), (-rng, _OTHER)]
+            windows.append(_window(label(lo, owner, "backward"), owner, [plain, ck]))
+    else:
+        dx_grads = _input_grads_in_dx(step, intervals)
+        for k, (lo, hi, owner) in enumerate(intervals):
+            plain = _dx_events(step, lo, hi)
+            if owner < 0:
+                windows.append(_window(label(lo, owner, "DX"), -1, [plain]))
+                continue
+            ck = list(plain)
+            if k == first_in[owner]:
+                ck = replays[owner][0] + ck
+            windows.append(_window(label(lo, owner, "DX"), owner, [plain, ck]))
+        if dx_grads:
+            windows.append(_window("end of DX (input gradients returned)", -1, [[(-dx_grads, _OTHER)]]))
+        for k, (lo, hi, owner) in enumerate(intervals):
+            if owner < 0:
+                windows.append(_window(label(lo, owner, "DW"), -1, [_dw_events(step, lo, hi, -1, replayed=False)]))
+                continue
+            plain = _dw_events(step, lo, hi, owner, replayed=False)
+            ck = _dw_events(step, lo, hi, owner, replayed=True)
+            if k == last_in[owner]:
+                ck = ck + [(-replays[owner][1], _OTHER), (-held_after[owner] + rng, _CKIN), (-rng, _OTHER)]
+            windows.append(_window(label(lo, owner, "DW"), owner, [plain, ck]))
+    if p.end > (intervals[-1][1] if intervals else p.backward_start):
+        lo = intervals[-1][1] if intervals else p.backward_start
+        windows.append(_window("after the backward", -1, [step.span(lo, p.end)]))
+    base_by = {"parameters": p.base.get("parameters", 0), "gradients": p.base.get("gradients", 0),
+               "other": p.base.get("other", 0)}
+    recompute = []
+    flops = []
+    for b, blk in enumerate(blocks):
+        full = blk.time_ns if reentrant else (blk.time_to_last_pack_ns or blk.time_ns)
+        recompute.append(max(0, full - step.kept_ns[b]))
+        flops.append(blk.flops)
+    return Timeline(kind=kind, blocks=tuple(b.name for b in blocks), windows=tuple(windows),
+                    base=sum(base_by.values()), base_by_category=base_by, recompute_ns=tuple(recompute),
+                    recompute_flops=tuple(flops), step_ns=p.step_time_ns)
+
+
+@lru_cache(maxsize=64)
+def _cached(key: int, kind: str, exclude: frozenset[str], save_ops: frozenset[str]) -> Timeline:
+    return build_timeline(_PROFILES[key], kind, exclude, save_ops)
+
+
+_PROFILES: dict[int, PlanProfile] = {}
+
+
+def timeline(profile: PlanProfile, kind: str, exclude: Iterable[str] = (), save_ops: Iterable[str] = ()) -> Timeline:
+    """`build_timeline`, cached for the profile object (a profile is not changed once made)."""
+    key = id(profile)
+    if _PROFILES.get(key) is not profile:
+        if len(_PROFILES) > 32:
+            _PROFILES.clear()
+            _cached.cache_clear()
+        _PROFILES[key] = profile
+    return _cached(key, kind, frozenset(exclude), frozenset(save_ops))
+
+
+def choices(line: Timeline, blocks: Iterable[str]) -> np.ndarray:
+    """The 0/1 vector of `blocks` over the timeline's blocks."""
+    names = set(blocks)
+    unknown = names - set(line.blocks)
+    if unknown:
+        raise CkptVizError(f"{_API}: the profile has no block {sorted(unknown)[0]!r}; its blocks are "
+                           f"{', '.join(line.blocks[:8])}{' ...' if len(line.blocks) > 8 else ''}.\nTip: use the "
+                           "names the profile lists (`ckpt-viz plan TRACE` prints them).")
+    return np.array([1 if name in names else 0 for name in line.blocks], dtype=np.int8)
+
+
+def peak_of(line: Timeline, x: np.ndarray) -> tuple[int, int]:
+    """(peak bytes, index of the window it falls in) for the 0/1 choices `x` (NOTE rule 1)."""
+    level = line.base
+    best, where = level, 0
+    for k, w in enumerate(line.windows):
+        c = int(x[w.own]) if w.own >= 0 else 0
+        top = level + w.rise[c]
+        if top > best:
+            best, where = top, k
+        level += w.net[c]
+    return best, where
+
+
+def predict(profile: PlanProfile, policy: Policy) -> Prediction:
+    """Predict `policy`'s step from `profile`: its peak by category, where it falls, and its recompute.
+
+    Args:
+        profile: what `ckpt_viz.plan.profiling` measured (a step without checkpointing).
+        policy: the blocks to checkpoint, the kind, excluded regions, ops to keep.
+
+    Returns:
+        The `Prediction`; see NOTE [ Plan timeline ] for the model.
+    """
+    if profile.microbatches and policy.schedule is not None:
+        from ckpt_viz.plan.pipeline import predict_pipeline
+
+        return predict_pipeline(profile, policy)
+    line = timeline(profile, policy.kind, policy.exclude, policy.save_ops)
+    x = choices(line, policy.blocks)
+    peak, where = peak_of(line, x)
+    by = _categories_at(line, x, where)
+    recompute = int(sum(t for t, c in zip(line.recompute_ns, x) if c))
+    known = [f for f, c in zip(line.recompute_flops, x) if c]
+    flops = int(sum(known)) if known and all(f is not None for f in known) else (0 if not known else None)
+    return Prediction(policy=policy, peak=peak, by_category=by, where=line.windows[where].name if line.windows else "",
+                      recompute_ns=recompute, recompute_flops=flops, step_ns=line.step_ns + recompute)
+
+
+def _categories_at(line: Timeline, x: np.ndarray, where: int) -> dict[str, int]:
+    """Bytes by category at the peak: the running sums by category up to the peak's event in window `where`."""
+    totals = np.zeros(len(CATEGORIES), dtype=np.int64)
+    for name, value in line.base_by_category.items():
+        totals[CATEGORIES.index(name)] += value
+    for k, w in enumerate(line.windows):
+        c = int(x[w.own]) if w.own >= 0 else 0
+        sizes, cats = w.events[c]
+        if k < where:
+            np.add.at(totals, cats, sizes)
+            continue
+        if len(sizes):
+            run = np.cumsum(sizes)
+            stop = int(run.argmax()) + 1 if run.max() > 0 else 0
+            np.add.at(totals, cats[:stop], sizes[:stop])
+        break
+    return {name: int(v) for name, v in zip(CATEGORIES, totals)}
+
+
+def _unused(*_: object) -> None:
+    bisect.bisect  # noqa: B018

@@ -1,0 +1,252 @@
+"""The plan's data, torch-free: the profile of one step, a policy, a prediction.
+
+Owns the typed shapes the planner reads and writes: `PlanProfile` (what
+`ckpt_viz.plan.profile` measured; stored in a trace as `meta["plan_profile"]` and checked
+on load by ckpt_viz/trace/_codec.py), `Policy` (what to checkpoint and how) and the
+results (`Prediction`, `CurvePoint`, `Recommendation`). msgspec and the standard library
+only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = [
+    "KINDS",
+    "ROLES",
+    "ROLE_INPUT_GRAD",
+    "ROLE_OTHER",
+    "ROLE_PARAM_GRAD",
+    "ROLE_PRIVATE",
+    "ROLE_SAVED",
+    "SCHEDULES",
+    "BlockProfile",
+    "CheckpointKind",
+    "CurvePoint",
+    "OpProfile",
+    "PlanProfile",
+    "Policy",
+    "Prediction",
+    "Recommendation",
+    "RegionProfile",
+    "StagePeak",
+]
+
+CheckpointKind = Literal["nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant"]
+KINDS: tuple[str, ...] = ("nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant")
+SCHEDULES: tuple[str, ...] = ("GPipe", "1F1B", "ZB-H1")
+
+# An allocation's role in the profiled step (NOTE [ Plan profile ], rule 3, in ckpt_viz/plan/profile.py).
+ROLE_OTHER = 0        # transients, outputs, the loss, gradients in flight
+ROLE_PRIVATE = 1      # saved for backward by one block only, made in its forward: checkpointing drops it
+ROLE_SAVED = 2        # saved for backward otherwise (by code outside the blocks, or by several)
+ROLE_PARAM_GRAD = 3   # became a parameter's .grad
+ROLE_INPUT_GRAD = 4   # became a leaf input's .grad
+ROLES: tuple[str, ...] = ("other", "private", "saved", "param_grad", "input_grad")
+
+_Count = Annotated[int, Meta(ge=0, le=2**62)]
+_Index = Annotated[int, Meta(ge=-1, le=2**40)]
+_Bytes = Annotated[int, Meta(ge=-(2**62), le=2**62)]
+_Name = Annotated[str, Meta(max_length=1024)]
+_Events = Meta(max_length=1 << 26)
+
+
+class OpProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One op of a block's forward (profiled with ops=True).
+
+    Attributes:
+        name: the ATen op, e.g. "mm", "_scaled_dot_product_flash_attention".
+        out_bytes: bytes of the storages it made.
+        saved_bytes: of those, the bytes autograd saved for backward.
+        time_ns: its time (inside the dispatch mode).
+        flops: its FLOPs where torch.utils.flop_counter has a formula, else None.
+    """
+
+    name: _Name
+    out_bytes: _Count
+    saved_bytes: _Count = 0
+    time_ns: _Count = 0
+    flops: _Count | None = None
+
+
+class BlockProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One call of a block in the profiled step; indices are into `PlanProfile.sizes`.
+
+    Attributes:
+        name: the block's qualified name (`layers.3`; `layer#1` for a second call).
+        f0, f1: its forward's first and one-past-last event.
+        w0, w1: its backward's (the gradient of its output arrived; of its input), -1 if not seen.
+        last_pack: the event before which its forward saved its last tensor (a non-reentrant
+            replay stops there).
+        time_ns: its forward's time; time_to_last_pack_ns: up to its last saved tensor.
+        backward_time_ns: its backward's time, when both marks were seen.
+        input_allocs, input_bytes: its input storages (the allocation event, -1 for one older
+            than the step) and their sizes: what a checkpoint keeps.
+        output_allocs, output_bytes: its output storages.
+        param_bytes: its parameters' bytes.
+        flops: its forward's FLOPs (with ops=True).
+        ops: its forward's ops (with ops=True).
+    """
+
+    name: _Name
+    f0: _Index
+    f1: _Index
+    w0: _Index = -1
+    w1: _Index = -1
+    last_pack: _Index = -1
+    time_ns: _Count = 0
+    time_to_last_pack_ns: _Count = 0
+    backward_time_ns: _Count | None = None
+    input_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
+    input_bytes: Annotated[list[_Count], Meta(max_length=4096)] = []
+    output_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
+    output_bytes: Annotated[list[_Count], Meta(max_length=4096)] = []
+    param_bytes: _Count = 0
+    flops: _Count | None = None
+    ops: Annotated[list[OpProfile], Meta(max_length=1 << 20)] = []
+
+
+class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An excluded-region candidate's call: a submodule of block call `block`."""
+
+    name: _Name
+    block: _Count
+    f0: _Index
+    f1: _Index
+    time_ns: _Count = 0
+    output_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
+
+
+class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the planner needs from one step without checkpointing (see ckpt_viz/plan/profile.py).
+
+    Attributes:
+        label: the model's name.
+        sizes: the allocator's record of the step: bytes per allocation (>0) or free (<0), in order.
+        free_of: per allocation, the index of the event that frees it (-1: alive at the end; a
+            free's own entry is -1).
+        role: per event, its ROLE_* (allocations only).
+        owner: per allocation of role ROLE_PRIVATE, the index of the block call that saved it.
+        blocks: the block calls in forward order.
+        regions: excluded-region candidates' calls.
+        backward_start: the event index where the first backward call began.
+        end: the number of events in the step.
+        base: bytes that existed before the step, by category (parameters, gradients, other).
+        step_time_ns: the profiled step's time.
+        suspended: checkpoints the profile suspended (NOTE [ Plan profile ], rule 1).
+        ops_timed: block times were measured with the per-op recorder on (inflated).
+        rng_state_bytes: the CPU RNG state a checkpoint keeps (preserve_rng_state).
+        microbatches: for a pipeline profile, the number of micro-batches the batch was split
+            into (the profile is of one); 0 otherwise.
+        stages: for a pipeline, the first block index of each stage.
+    """
+
+    sizes: Annotated[list[_Bytes], _Events]
+    free_of: Annotated[list[_Index], _Events]
+    role: Annotated[list[Annotated[int, Meta(ge=0, le=4)]], _Events]
+    owner: Annotated[list[_Index], _Events]
+    blocks: Annotated[list[BlockProfile], Meta(max_length=1 << 16)]
+    backward_start: _Index
+    end: _Count
+    base: dict[Annotated[str, Meta(max_length=64)], _Count]
+    label: _Name = ""
+    regions: Annotated[list[RegionProfile], Meta(max_length=1 << 16)] = []
+    step_time_ns: _Count = 0
+    suspended: Annotated[list[_Name], Meta(max_length=4096)] = []
+    ops_timed: bool = False
+    rng_state_bytes: _Count = 0
+    microbatches: _Count = 0
+    stages: Annotated[list[_Count], Meta(max_length=4096)] = []
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What to checkpoint, and how.
+
+    Attributes:
+        blocks: names of the checkpointed blocks (block calls' names from the profile).
+        kind: "nonreentrant", "reentrant", or a split kind ("split-reentrant",
+            "split-nonreentrant": DX replays each checkpoint and keeps the replay until DW).
+        exclude: names of excluded regions (submodules of checkpointed blocks whose outputs are
+            kept from the forward, never recomputed).
+        save_ops: ATen op names whose outputs a checkpointed block keeps (torch's selective
+            checkpoint: `create_selective_checkpoint_contexts` with MUST_SAVE for these).
+        schedule, microbatches: for a pipeline profile, the schedule and micro-batch count.
+    """
+
+    blocks: frozenset[str] = frozenset()
+    kind: CheckpointKind = "nonreentrant"
+    exclude: frozenset[str] = frozenset()
+    save_ops: frozenset[str] = frozenset()
+    schedule: str | None = None
+    microbatches: int | None = None
+
+
+@dataclass(frozen=True)
+class StagePeak:
+    """A pipeline stage's predicted peak."""
+
+    stage: int
+    peak: int
+    by_category: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A policy's predicted step.
+
+    Attributes:
+        policy: the policy.
+        peak: the step's peak live bytes (the base included).
+        by_category: those bytes by memory category at the peak.
+        where: where in the step the peak falls, in words ("backward of layers.3").
+        recompute_ns: the recompute's predicted time.
+        recompute_flops: its FLOPs where the profile has them, else None.
+        step_ns: the profiled step's time plus the recompute.
+        stages: per pipeline stage, its peak (pipeline profiles only).
+    """
+
+    policy: Policy
+    peak: int
+    by_category: dict[str, int]
+    where: str
+    recompute_ns: int
+    recompute_flops: int | None
+    step_ns: int
+    stages: tuple[StagePeak, ...] = ()
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One point of the trade-off curve: the least recompute at this peak."""
+
+    peak: int
+    recompute_ns: int
+    blocks: frozenset[str]
+    save_ops: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The policy with the least recompute under a budget, with the curve it was chosen from.
+
+    Attributes:
+        budget: the memory budget in bytes.
+        prediction: the chosen policy's prediction, or None if no policy meets the budget.
+        curve: every Pareto-optimal point (peak ascending).
+        method: how it was found ("exhaustive over 2^n subsets", "scipy.optimize.milp").
+        words: the plan in one sentence for people.
+        floor: the lowest peak any policy reaches.
+    """
+
+    budget: int
+    prediction: Prediction | None
+    curve: tuple[CurvePoint, ...]
+    method: str
+    words: str
+    floor: int
+    baseline: Prediction | None = None
+    notes: tuple[str, ...] = field(default=())
