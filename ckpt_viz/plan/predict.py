@@ -31,13 +31,15 @@ NOTE [ Plan timeline ]
   5. Excluded regions keep their forward's saved tensors and outputs (not dropped, not replayed);
      ops in `save_ops` (selective checkpointing) keep their outputs the same way. Both take their
      time off the recompute.
+  7. Lifetimes the runtime sets: a reentrant handle keeps its RNG state until the backward of the step
+     ends (the handle outlives its node); a split non-reentrant step replays in a recompute session
+     that keeps each frame (its inputs, its RNG state) until DW ends.
   6. Where a private tensor's profiled free is not inside its block's backward (retain_graph, a
      graph kept by a reference), the model treats it as saved by others: checkpointing the block
      does not drop it, so the prediction stays on the safe side.
 """
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -111,7 +113,7 @@ def _window(name: str, own: int, lists: Sequence[list[tuple[int, int]]]) -> Wind
 class _Step:
     """The profile's events with what the windows need: categories, frees by allocation, intervals."""
 
-    def __init__(self, profile: PlanProfile, exclude: frozenset[str], save_ops: frozenset[str]) -> None:
+    def __init__(self, profile: PlanProfile, kind: str, exclude: frozenset[str], save_ops: frozenset[str]) -> None:
         self.p = profile
         sizes, role, free_of = profile.sizes, profile.role, profile.free_of
         n = len(sizes)
@@ -148,29 +150,39 @@ class _Step:
         self.kept: list[set[int]] = [set() for _ in blocks]
         self.skipped: list[list[tuple[int, int]]] = [[] for _ in blocks]  # ranges a replay does not run
         self.kept_ns = [0] * len(blocks)
+        reentrant = kind in ("reentrant", "split-reentrant")
+        self.reentrant_plain = kind == "reentrant"
+        # NOTE rule 7: a reentrant handle keeps its RNG state until the step's backward ends; a split
+        # non-reentrant step's session keeps its frames (inputs, RNG state) until DW ends
+        self.rng_to_end = kind != "nonreentrant"
+        self.session = kind == "split-nonreentrant"
         for r in profile.regions:
             if r.name in exclude and r.block < len(blocks):
                 self.skipped[r.block].append((r.f0, r.f1))
                 self.kept_ns[r.block] += r.time_ns
-                for a in range(r.f0, r.f1):
-                    if sizes[a] > 0 and (role[a] in (ROLE_PRIVATE, ROLE_SAVED) or a in r.output_allocs
-                                         or free_of[a] < 0 or free_of[a] >= r.f1):
-                        self.kept[r.block].add(a)
-                        cat[a] = _EXCL
-                for a in r.output_allocs:
-                    if a >= 0:
-                        self.kept[r.block].add(a)
-                        cat[a] = _EXCL
+                keep = set(r.saved_allocs) if reentrant else set(r.saved_allocs) - set(r.input_allocs)
+                keep |= set(r.output_allocs)
+                self.kept[r.block] |= {a for a in keep if 0 <= a < n and sizes[a] > 0}
         if save_ops:
             for i, b in enumerate(blocks):
                 total = sum(o.time_ns for o in b.ops) or 1
                 for o in b.ops:
                     if o.name in save_ops:
                         self.kept_ns[i] += int(b.time_ns * o.time_ns / total)
-                        for a in o.out_allocs if hasattr(o, "out_allocs") else ():
-                            if a >= 0:
-                                self.kept[i].add(a)
-                                cat[a] = _EXCL
+                        self.kept[i] |= {a for a in o.out_allocs if 0 <= a < n and sizes[a] > 0}
+        # what a checkpointed block holds from its forward to its backward's end beyond the profile:
+        # kept allocations the profiled step freed before that block's backward began
+        self.held = [0] * len(blocks)
+        self.region_rng = [0] * len(blocks)  # each excluded region's call keeps the RNG state after it
+        for r in profile.regions:
+            if r.name in exclude and r.block < len(blocks):
+                self.region_rng[r.block] += profile.rng_state_bytes
+        for i, b in enumerate(blocks):
+            start = b.w0 if b.w0 >= 0 else profile.end
+            for a in self.kept[i]:
+                cat[a] = _EXCL
+                if free_of[a] < start:
+                    self.held[i] += sizes[a]
         for f in range(n):
             if sizes[f] < 0 and alloc_of[f] >= 0:
                 cat[f] = cat[alloc_of[f]]
@@ -245,7 +257,8 @@ def _kept_inputs(step: _Step, b: int) -> int:
     return total
 
 
-def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool) -> tuple[list[tuple[int, int]], int]:
+def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool, release_held: bool,
+            tape_until_end: bool, release_rng: bool) -> tuple[list[tuple[int, int]], int]:
     """NOTE rule 3: block b's replay events, and the bytes it leaves held (its outputs when kept)."""
     p = step.p
     blk = p.blocks[b]
@@ -259,9 +272,15 @@ def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool) -> tup
     garbage = 0
     held = 0
     for i in range(blk.f0, hi):
-        if any(lo <= i < up for lo, up in skipped) or i in kept:
+        if any(lo <= i < up for lo, up in skipped):
             continue
         size = sizes[i]
+        if i in kept:  # kept from the forward, yet outside the region: the replay makes it again and the
+            if size > 0:  # region's tape holds the new one until it is freed with the original (NOTE rule 5)
+                out.append((size, _REPLAY))
+                if tape_until_end:
+                    held += size
+            continue
         if size > 0:
             if i in private:
                 out.append((size, _REPLAY))
@@ -279,12 +298,19 @@ def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool) -> tup
                 out.append((size, _OTHER))
     if garbage:
         out.append((-garbage, _OTHER))
+    if release_held:  # the replay takes the excluded regions' outputs out of their cache (NOTE rule 5)
+        out.append((-step.held[b], _EXCL))
+    if release_rng:
+        out.append((-step.region_rng[b], _OTHER))
     return out, held
 
 
-def _recategorise(events: list[tuple[int, int]], step: _Step, b: int) -> list[tuple[int, int]]:
-    """A replayed block's backward: the frees of its private tensors are frees of replay activations."""
-    return events
+def _release(step: _Step, b: int, outputs: int, inputs: int, rng: int, held: bool) -> list[tuple[int, int]]:
+    """What a checkpointed block frees when its backward ends: a kept replay output, its kept inputs, what its
+    excluded regions and saved ops held (when the replay did not take it), the RNG state."""
+    rngs = (0 if step.rng_to_end else rng) + (step.region_rng[b] if held or step.reentrant_plain else 0)
+    kept_inputs = 0 if step.session else inputs
+    return [(-outputs, _OTHER), (-kept_inputs, _CKIN), (-step.held[b] if held else 0, _EXCL), (-rngs, _OTHER)]
 
 
 def _backward_events(step: _Step, lo: int, hi: int, b: int, *, replayed: bool) -> list[tuple[int, int]]:
@@ -292,10 +318,16 @@ def _backward_events(step: _Step, lo: int, hi: int, b: int, *, replayed: bool) -
     if not replayed:
         return [(sizes[i], cat[i]) for i in range(lo, hi)]
     private = set(step.private[b])
+    copied = step.kept[b] if step.reentrant_plain else set()  # NOTE rule 5: a tape's copy goes with the original
+    retained = set(step.p.blocks[b].input_allocs) if step.session else set()  # NOTE rule 7
     out = []
     for i in range(lo, hi):
         a = step.alloc_of[i]
+        if a in retained and sizes[i] < 0:
+            continue
         out.append((sizes[i], _REPLAY if a in private and sizes[i] < 0 else cat[i]))
+        if a in copied and sizes[i] < 0 and not any(r0 <= a < r1 for r0, r1 in step.skipped[b]):
+            out.append((sizes[i], _REPLAY))
     return out
 
 
@@ -336,10 +368,10 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
     if kind not in KINDS:
         raise CkptVizError(f"{_API}: unknown checkpoint kind {kind!r}; expected one of "
                            f"{', '.join(repr(k) for k in KINDS)}.\nTip: 'nonreentrant' is torch's default.")
-    step = _Step(profile, exclude, save_ops)
+    step = _Step(profile, kind, exclude, save_ops)
     p = profile
     blocks = p.blocks
-    split = kind.startswith("split")
+    split = kind.startswith("split") and p.dx_targets
     reentrant = kind.endswith("-reentrant") or kind == "reentrant"
     windows: list[Window] = []
     rng = p.rng_state_bytes
@@ -349,8 +381,9 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
         if blk.f0 > cursor:
             windows.append(_window(f"forward before {blk.name}", -1, [step.span(cursor, blk.f0)]))
         kept = _kept_inputs(step, b)
-        held_after[b] = kept + rng
-        dropped = _forward_dropped(step, b) + [(kept, _CKIN), (rng, _OTHER)]
+        held_after[b] = kept
+        dropped = _forward_dropped(step, b) + [(kept, _CKIN), (step.held[b], _EXCL),
+                                               (rng + step.region_rng[b], _OTHER)]
         windows.append(_window(f"forward of {blk.name}", b, [step.span(blk.f0, blk.f1), dropped]))
         cursor = max(cursor, blk.f1)
     if p.backward_start > cursor:
@@ -358,7 +391,9 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
     intervals = _intervals(p)
     replays = {}
     for b in range(len(blocks)):
-        events, held = _replay(step, b, early_stop=not reentrant, keep_outputs=reentrant)
+        events, held = _replay(step, b, early_stop=kind == "nonreentrant", keep_outputs=reentrant,
+                               release_held=kind != "split-reentrant", tape_until_end=kind == "split-reentrant",
+                               release_rng=not reentrant)
         replays[b] = (events, held)
     first_in = {}
     last_in = {}
@@ -383,7 +418,7 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
                 events, _ = replays[owner]
                 ck = events + ck
             if k == last_in[owner]:
-                ck = ck + [(-replays[owner][1], _OTHER), (-held_after[owner] + rng, _CKIN), (-rng, _OTHER)]
+                ck = ck + _release(step, owner, replays[owner][1], held_after[owner], rng, kind == "split-reentrant")
             windows.append(_window(label(lo, owner, "backward"), owner, [plain, ck]))
     else:
         dx_grads = _input_grads_in_dx(step, intervals)
@@ -405,7 +440,7 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
             plain = _dw_events(step, lo, hi, owner, replayed=False)
             ck = _dw_events(step, lo, hi, owner, replayed=True)
             if k == last_in[owner]:
-                ck = ck + [(-replays[owner][1], _OTHER), (-held_after[owner] + rng, _CKIN), (-rng, _OTHER)]
+                ck = ck + _release(step, owner, replays[owner][1], held_after[owner], rng, kind == "split-reentrant")
             windows.append(_window(label(lo, owner, "DW"), owner, [plain, ck]))
     if p.end > (intervals[-1][1] if intervals else p.backward_start):
         lo = intervals[-1][1] if intervals else p.backward_start
@@ -508,7 +543,3 @@ def _categories_at(line: Timeline, x: np.ndarray, where: int) -> dict[str, int]:
             np.add.at(totals, cats[:stop], sizes[:stop])
         break
     return {name: int(v) for name, v in zip(CATEGORIES, totals)}
-
-
-def _unused(*_: object) -> None:
-    bisect.bisect  # noqa: B018

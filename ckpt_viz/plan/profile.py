@@ -244,7 +244,8 @@ class Profiling:
 
     def _region_pre(self, index: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         self._region_calls.append({"region": index, "call": self._stack[-1] if self._stack else None,
-                                   "f0": self._alloc.mark(), "t0": time.perf_counter_ns()})
+                                   "f0": self._alloc.mark(), "t0": time.perf_counter_ns(),
+                                   "inputs": _storages((args, kwargs)), "first_pack": len(self._packs)})
 
     def _region_post(self, index: int, module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         for call in reversed(self._region_calls):
@@ -252,6 +253,7 @@ class Profiling:
                 call["t1"] = time.perf_counter_ns()
                 call["f1"] = self._alloc.mark()
                 call["outputs"] = _storages(out)
+                call["last_pack"] = len(self._packs)
                 break
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -448,14 +450,18 @@ class Profiling:
         for r in self._region_calls:
             if "f1" in r and r["call"] is not None:
                 outs = [alloc_at(ptr, marks[r["f1"]]) for ptr, _ in r["outputs"]]
+                ins = [alloc_at(ptr, marks[r["f0"]]) for ptr, _ in r["inputs"]]
+                saved = sorted({a for a in pack_alloc[r["first_pack"]:r["last_pack"]] if a >= 0})
                 regions.append(RegionProfile(name=self.region_names[r["region"]], block=r["call"],
                                              f0=marks[r["f0"]], f1=marks[r["f1"]], time_ns=r["t1"] - r["t0"],
-                                             output_allocs=outs))
+                                             output_allocs=outs, input_allocs=ins, saved_allocs=saved))
         return PlanProfile(
             label=self.label, sizes=sizes, free_of=free_of, role=role, owner=owner, blocks=blocks,
             regions=regions, backward_start=backward, end=end, base=self._base,
             step_time_ns=end_ns - self._start_ns, suspended=list(self._suspended.names), ops_timed=self.ops,
-            rng_state_bytes=int(torch.get_rng_state().numel()))
+            rng_state_bytes=int(torch.get_rng_state().numel()),
+            dx_targets=any(isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
+                           for t in tree_flatten(self._tensors)[0]))
 
     def _call_name(self, c: int) -> str:
         index = self._calls[c]["block"]

@@ -70,6 +70,7 @@ class OpProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     saved_bytes: _Count = 0
     time_ns: _Count = 0
     flops: _Count | None = None
+    out_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
 
 
 class BlockProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -118,6 +119,8 @@ class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     f1: _Index
     time_ns: _Count = 0
     output_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
+    input_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
+    saved_allocs: Annotated[list[_Index], Meta(max_length=1 << 20)] = []
 
 
 class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -142,6 +145,8 @@ class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
         microbatches: for a pipeline profile, the number of micro-batches the batch was split
             into (the profile is of one); 0 otherwise.
         stages: for a pipeline, the first block index of each stage.
+        dx_targets: the step's inputs include a leaf that requires grad, so a split step's DX has
+            something to differentiate (without one, DX does nothing and DW is the whole backward).
     """
 
     sizes: Annotated[list[_Bytes], _Events]
@@ -160,6 +165,7 @@ class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     rng_state_bytes: _Count = 0
     microbatches: _Count = 0
     stages: Annotated[list[_Count], Meta(max_length=4096)] = []
+    dx_targets: bool = True
 
 
 @dataclass(frozen=True)
