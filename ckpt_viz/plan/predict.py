@@ -368,6 +368,7 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
     if kind not in KINDS:
         raise CkptVizError(f"{_API}: unknown checkpoint kind {kind!r}; expected one of "
                            f"{', '.join(repr(k) for k in KINDS)}.\nTip: 'nonreentrant' is torch's default.")
+    exclude = frozenset(exclude) | {r.name for r in profile.regions if r.fixed}  # the model's own regions
     step = _Step(profile, kind, exclude, save_ops)
     p = profile
     blocks = p.blocks
@@ -391,7 +392,7 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
     intervals = _intervals(p)
     replays = {}
     for b in range(len(blocks)):
-        events, held = _replay(step, b, early_stop=kind == "nonreentrant", keep_outputs=reentrant,
+        events, held = _replay(step, b, early_stop=not reentrant, keep_outputs=reentrant,
                                release_held=kind != "split-reentrant", tape_until_end=kind == "split-reentrant",
                                release_rng=not reentrant)
         replays[b] = (events, held)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -192,7 +192,7 @@ class Profiling:
                                    f"model.named_modules(), e.g. {[n for n, _ in model.named_modules()][1:4]}."
                                    ) from None
         self.ops = ops
-        self.region_names = tuple(regions) if regions is not None else self._default_regions()
+        self.region_names = tuple(dict.fromkeys((*self._fixed, *(regions or ()))))
         self.label = label
         self._tensors = tensors
         self.profile: PlanProfile | None = None
@@ -205,7 +205,9 @@ class Profiling:
         self._backward_started = False
         self._backward_mark: int | None = None
 
-    def _default_regions(self) -> tuple[str, ...]:
+    @property
+    def _fixed(self) -> tuple[str, ...]:
+        """The model's own excluded regions inside blocks (`checkpoint_exclude_wrapper` modules)."""
         from ckpt_viz.runtime.exclude import CheckpointExcludeWrapper
 
         found = []
@@ -454,7 +456,8 @@ class Profiling:
                 saved = sorted({a for a in pack_alloc[r["first_pack"]:r["last_pack"]] if a >= 0})
                 regions.append(RegionProfile(name=self.region_names[r["region"]], block=r["call"],
                                              f0=marks[r["f0"]], f1=marks[r["f1"]], time_ns=r["t1"] - r["t0"],
-                                             output_allocs=outs, input_allocs=ins, saved_allocs=saved))
+                                             output_allocs=outs, input_allocs=ins, saved_allocs=saved,
+                                             fixed=self.region_names[r["region"]] in self._fixed))
         return PlanProfile(
             label=self.label, sizes=sizes, free_of=free_of, role=role, owner=owner, blocks=blocks,
             regions=regions, backward_start=backward, end=end, base=self._base,
@@ -501,7 +504,8 @@ def attach(trace: Any, profile: PlanProfile) -> None:
     trace.meta["plan_profile"] = msgspec.to_builtins(profile)
 
 
-def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int | None = None) -> PlanProfile:
+def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int | None = None,
+                 warmup: int = 1) -> PlanProfile:
     """Profile one step of a `ModelSpec` (a built-in, a model file's, an HF model's) without checkpointing.
 
     Args:
@@ -510,6 +514,8 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
         ops: also record the blocks' ops (per-op policies).
         microbatch: for a pipeline: profile one micro-batch of `microbatch` micro-batches (its
             batch split as the pipeline splits it), so the plan sees what one micro-batch keeps.
+        warmup: unprofiled steps run first (same inputs, gradients dropped after), so block times are
+            those of a warm step, as a replay's are.
     """
     from ckpt_viz.run.harness import inputs_requiring_grad
     from ckpt_viz.run.rng import rng_guard
@@ -537,6 +543,15 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
         with contextlib.ExitStack() as stack:
             if hf_layers:
                 stack.enter_context(hf.own_checkpointing(model, hf_layers, None))
+            for _ in range(warmup):  # first calls pay for lazy initialisation: not what a replay costs
+                with torch.random.fork_rng():
+                    spec.loss_of(model(*args, **kw), targets).backward()
+                for p in model.parameters():
+                    p.grad = None
+                for t in tree_flatten((args, kw))[0]:
+                    if isinstance(t, torch.Tensor):
+                        t.grad = None
+            torch.manual_seed(seed)
             with profiling(model, blocks, ops=ops, tensors=(args, kw, targets), label=spec.name) as prof:
                 loss = spec.loss_of(model(*args, **kw), targets)
                 loss.backward()
@@ -547,6 +562,3 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
     return prof.profile
 
 
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield

@@ -33,6 +33,7 @@ __all__ = [
     "Recommendation",
     "RegionProfile",
     "StagePeak",
+    "profile_of",
 ]
 
 CheckpointKind = Literal["nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant"]
@@ -111,7 +112,12 @@ class BlockProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """An excluded-region candidate's call: a submodule of block call `block`."""
+    """An excluded-region candidate's call: a submodule of block call `block`.
+
+    Attributes:
+        fixed: the model already wraps it (`checkpoint_exclude_wrapper`): excluded in every policy.
+        saved_allocs, input_allocs, output_allocs: what its forward saved, read and made.
+    """
 
     name: _Name
     block: _Count
@@ -121,6 +127,7 @@ class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     output_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
     input_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
     saved_allocs: Annotated[list[_Index], Meta(max_length=1 << 20)] = []
+    fixed: bool = False
 
 
 class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -256,3 +263,26 @@ class Recommendation:
     floor: int
     baseline: Prediction | None = None
     notes: tuple[str, ...] = field(default=())
+
+
+def profile_of(trace: object) -> PlanProfile:
+    """The `PlanProfile` stored in a trace's meta (`ckpt_viz.plan.attach`), checked against its schema.
+
+    Raises:
+        CkptVizError: the trace holds no profile, or one that does not match the schema.
+    """
+    from ckpt_viz.errors import CkptVizError
+
+    meta = getattr(trace, "meta", None)
+    raw = meta.get("plan_profile") if isinstance(meta, dict) else None
+    if raw is None:
+        raise CkptVizError("ckpt_viz.plan: this trace holds no plan profile (meta['plan_profile']).\nTip: record "
+                           "one step inside `with ckpt_viz.plan.profiling(model) as prof:` and call "
+                           "ckpt_viz.plan.attach(trace, prof.profile), or `ckpt-viz plan` a built-in model's trace.")
+    if isinstance(raw, PlanProfile):
+        return raw
+    try:
+        return msgspec.convert(raw, PlanProfile)
+    except msgspec.ValidationError as err:
+        raise CkptVizError(f"ckpt_viz.plan: the trace's plan profile does not match its schema ({err}).\n"
+                           "Tip: profile the step again with this version of ckpt_viz.") from None

@@ -46,7 +46,8 @@ from ckpt_viz.errors import CkptVizError
 from ckpt_viz.plan.predict import Timeline, predict, timeline
 from ckpt_viz.plan.schema import CurvePoint, PlanProfile, Policy, Prediction, Recommendation
 
-__all__ = ["EXHAUSTIVE_MAX", "Model", "curve", "describe", "linear_model", "recommend"]
+__all__ = ["EXHAUSTIVE_MAX", "Model", "block_ranges", "curve", "describe", "format_bytes", "linear_model",
+           "parse_bytes", "recommend"]
 
 _API = "ckpt_viz.plan.recommend"
 EXHAUSTIVE_MAX = 14
@@ -359,6 +360,26 @@ def recommend(profile: PlanProfile, budget: int, *, kind: str = "nonreentrant", 
 
 
 # ---------------------------------------------------------------- words
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "tb": 1000**4}
+
+
+def parse_bytes(text: str | int | float, api: str = "ckpt_viz.plan.parse_bytes") -> int:
+    """'1.5GiB', '96 MiB', '2e9', 123456 -> bytes (binary units KiB/MiB/GiB; KB/MB/GB are powers of 1000)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise CkptVizError(f"{api}: cannot read {str(text)[:60]!r} as a size; expected a number with an "
+                               "optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB).\nTip: e.g. '1.5GiB' or '96MiB'.")
+        value = float(m.group(1)) * _UNITS[unit]
+    if not value > 0 or value != value or value == float("inf"):
+        raise CkptVizError(f"{api}: a size must be a positive number of bytes, got {text!r}.\nTip: e.g. '1.5GiB'.")
+    return int(value)
+
 
 def format_bytes(n: float) -> str:
     """Bytes for people, binary units: '96.0 MiB'."""
