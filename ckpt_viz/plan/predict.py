@@ -56,6 +56,7 @@ from ckpt_viz.plan.schema import (
     PlanProfile,
     Policy,
     Prediction,
+    check_profile,
 )
 
 __all__ = ["CATEGORIES", "Timeline", "Window", "predict", "timeline"]
@@ -368,6 +369,7 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
     if kind not in KINDS:
         raise CkptVizError(f"{_API}: unknown checkpoint kind {kind!r}; expected one of "
                            f"{', '.join(repr(k) for k in KINDS)}.\nTip: 'nonreentrant' is torch's default.")
+    check_profile(profile, _API)
     exclude = frozenset(exclude) | {r.name for r in profile.regions if r.fixed}  # the model's own regions
     step = _Step(profile, kind, exclude, save_ops)
     p = profile

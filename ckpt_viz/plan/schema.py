@@ -33,6 +33,7 @@ __all__ = [
     "Recommendation",
     "RegionProfile",
     "StagePeak",
+    "check_profile",
     "profile_of",
 ]
 
@@ -280,9 +281,52 @@ def profile_of(trace: object) -> PlanProfile:
                            "one step inside `with ckpt_viz.plan.profiling(model) as prof:` and call "
                            "ckpt_viz.plan.attach(trace, prof.profile), or `ckpt-viz plan` a built-in model's trace.")
     if isinstance(raw, PlanProfile):
-        return raw
-    try:
-        return msgspec.convert(raw, PlanProfile)
-    except msgspec.ValidationError as err:
-        raise CkptVizError(f"ckpt_viz.plan: the trace's plan profile does not match its schema ({err}).\n"
-                           "Tip: profile the step again with this version of ckpt_viz.") from None
+        profile = raw
+    else:
+        try:
+            profile = msgspec.convert(raw, PlanProfile)
+        except msgspec.ValidationError as err:
+            raise CkptVizError(f"ckpt_viz.plan: the trace's plan profile does not match its schema ({err}).\n"
+                               "Tip: profile the step again with this version of ckpt_viz.") from None
+    check_profile(profile)
+    return profile
+
+
+def check_profile(profile: PlanProfile, api: str = "ckpt_viz.plan") -> None:
+    """What the schema's types cannot say: equal column lengths, indices inside the step, marks in order.
+
+    Raises:
+        CkptVizError: naming the first field that is out of place.
+    """
+    from ckpt_viz.errors import CkptVizError
+
+    n = len(profile.sizes)
+
+    def bad(what: str) -> CkptVizError:
+        return CkptVizError(f"{api}: the plan profile is inconsistent: {what}.\nTip: the profile was changed after "
+                            "it was made; profile the step again.")
+
+    for name in ("free_of", "role", "owner"):
+        if len(getattr(profile, name)) != n:
+            raise bad(f"{name} has {len(getattr(profile, name))} entries for {n} events")
+    if not 0 <= profile.backward_start <= profile.end == n:
+        raise bad(f"backward_start {profile.backward_start} and end {profile.end} do not fit {n} events")
+    for a, f in enumerate(profile.free_of):
+        if f != -1 and not (a < f < n and profile.sizes[a] > 0 and profile.sizes[f] < 0):
+            raise bad(f"free_of[{a}] is {f}")
+    for a, o in enumerate(profile.owner):
+        if o != -1 and not (0 <= o < len(profile.blocks)):
+            raise bad(f"owner[{a}] is {o} with {len(profile.blocks)} blocks")
+    for i, b in enumerate(profile.blocks):
+        marks = [b.f0, b.f1] + [m for m in (b.w0, b.w1, b.last_pack) if m != -1]
+        if not (0 <= b.f0 <= b.f1 <= n) or any(not 0 <= m <= n for m in marks):
+            raise bad(f"blocks[{i}] ({b.name!r}) has marks outside the step")
+        if any(not -1 <= a < n for a in (*b.input_allocs, *b.output_allocs)):
+            raise bad(f"blocks[{i}] ({b.name!r}) names an allocation outside the step")
+        for op in b.ops:
+            if any(not -1 <= a < n for a in op.out_allocs):
+                raise bad(f"blocks[{i}] ({b.name!r}) has an op naming an allocation outside the step")
+    for i, r in enumerate(profile.regions):
+        if not (0 <= r.f0 <= r.f1 <= n) or r.block >= len(profile.blocks) or any(
+                not -1 <= a < n for a in (*r.output_allocs, *r.input_allocs, *r.saved_allocs)):
+            raise bad(f"regions[{i}] ({r.name!r}) is outside the step or its blocks")
