@@ -59,7 +59,8 @@ from ckpt_viz.plan.schema import (
     check_profile,
 )
 
-__all__ = ["CATEGORIES", "Timeline", "Window", "predict", "timeline"]
+__all__ = ["CATEGORIES", "Timeline", "Window", "build_timeline", "choices", "peak_of", "predict", "predict_pipeline",
+           "timeline"]
 
 _API = "ckpt_viz.plan.predict"
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations",
@@ -164,6 +165,7 @@ class _Step:
                 keep = set(r.saved_allocs) if reentrant else set(r.saved_allocs) - set(r.input_allocs)
                 keep |= set(r.output_allocs)
                 self.kept[r.block] |= {a for a in keep if 0 <= a < n and sizes[a] > 0}
+        self.sac_outputs: list[set[int]] = [set() for _ in blocks]
         if save_ops:
             for i, b in enumerate(blocks):
                 total = sum(o.time_ns for o in b.ops) or 1
@@ -171,6 +173,7 @@ class _Step:
                     if o.name in save_ops:
                         self.kept_ns[i] += int(b.time_ns * o.time_ns / total)
                         self.kept[i] |= {a for a in o.out_allocs if 0 <= a < n and sizes[a] > 0}
+                        self.sac_outputs[i] |= {a for a in o.out_allocs if 0 <= a < n and sizes[a] > 0}
         # what a checkpointed block holds from its forward to its backward's end beyond the profile:
         # kept allocations the profiled step freed before that block's backward began
         self.held = [0] * len(blocks)
@@ -269,7 +272,7 @@ def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool, releas
     outputs = {a for a in blk.output_allocs if a >= 0}
     skipped = step.skipped[b]
     kept = step.kept[b]
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, int]] = [(p.rng_state_bytes, _OTHER)]  # the replay keeps the RNG state it replaces
     garbage = 0
     held = 0
     for i in range(blk.f0, hi):
@@ -303,6 +306,7 @@ def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool, releas
         out.append((-step.held[b], _EXCL))
     if release_rng:
         out.append((-step.region_rng[b], _OTHER))
+    out.append((-p.rng_state_bytes, _OTHER))
     return out, held
 
 
@@ -514,9 +518,7 @@ def predict(profile: PlanProfile, policy: Policy) -> Prediction:
     Returns:
         The `Prediction`; see NOTE [ Plan timeline ] for the model.
     """
-    if profile.microbatches and policy.schedule is not None:
-        from ckpt_viz.plan.pipeline import predict_pipeline
-
+    if policy.schedule is not None:
         return predict_pipeline(profile, policy)
     line = timeline(profile, policy.kind, policy.exclude, policy.save_ops)
     x = choices(line, policy.blocks)
@@ -546,3 +548,280 @@ def _categories_at(line: Timeline, x: np.ndarray, where: int) -> dict[str, int]:
             np.add.at(totals, cats[:stop], sizes[:stop])
         break
     return {name: int(v) for name, v in zip(CATEGORIES, totals)}
+
+
+# ---------------------------------------------------------------- pipelines
+
+# NOTE [ Plan pipelines ]
+#   1. A pipeline profile is one micro-batch through every stage without checkpointing, with each
+#      stage's forward and backward marked (profile.py, `stage_calls`). The executor
+#      (ckpt_viz/run/pipeline.py) runs each stage's checkpointed blocks as split reentrant
+#      checkpoints: F keeps what the blocks save (a checkpointed block: its inputs and RNG state),
+#      DX replays the checkpointed blocks and keeps the replays and the graph for DW, DW frees them
+#      and makes the weight gradients. Stage 0's input needs no grad, so its DX does nothing and its
+#      DW replays.
+#   2. Each action's events come from the profile's windows: F from the stage's forward (the last
+#      stage's also computes the loss), DX and DW from the stage's backward (rule 4 of NOTE
+#      [ Plan timeline ]), with the checkpoint changes of rules 2, 3 and 5. Events name their
+#      allocation, so one action may free what another made (a saved tensor of F freed in DW).
+#   3. The executor's slots hold, beyond the graph: a stage's output until the DW of that stage
+#      and of the next one, the gradient sent to the stage before until that stage's DW, and a
+#      micro-batch's handles (RNG states, kept inputs, kept replay outputs) until its DW.
+#   4. Weight gradients: the first micro-batch's DW makes `.grad`; later ones add into it (their
+#      gradient is a transient).
+#   5. The step is the schedule's actions in the executor's order (`ckpt_viz.run.schedules`), one
+#      process: the peak is the whole process's; a stage's bytes are those its actions made
+#      (parameters and its own gradients included), its peak their highest point.
+
+def _stage_ranges(p: PlanProfile) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Per stage: its forward (lo, hi) and backward (lo, hi) event ranges."""
+    stages = p.stage_calls
+    out = []
+    for s, st in enumerate(stages):
+        f_hi = p.backward_start if s == len(stages) - 1 else st.f1
+        w_lo = p.backward_start if s == len(stages) - 1 else st.w0
+        w_hi = st.w1 if st.w1 >= 0 else p.end
+        out.append(((st.f0, f_hi), (w_lo, w_hi)))
+    return out
+
+
+def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> dict[tuple[str, int], list]:
+    """NOTE [ Plan pipelines ], rule 2: each (action kind, stage)'s keyed events (key, bytes, category)."""
+    step = _Step(p, "split-reentrant", exclude, frozenset())
+    sizes, role, cat, alloc_of, free_of = p.sizes, step.role, step.cat, step.alloc_of, p.free_of
+    ranges = _stage_ranges(p)
+    S = len(p.stage_calls)
+    held_by_slot = set()
+    for st in p.stage_calls:
+        held_by_slot |= {a for a in (*st.output_allocs, *st.input_allocs) if a >= 0}
+    blocks_of = [[b for b, blk in enumerate(p.blocks) if ranges[s][0][0] <= blk.f0 < ranges[s][0][1]]
+                 for s in range(S)]
+    rng = p.rng_state_bytes
+    lists: dict[tuple[str, int], list] = {}
+
+    def plain(i: int) -> tuple:
+        a = i if sizes[i] > 0 else alloc_of[i]
+        return (a if a >= 0 else None, sizes[i], cat[i])
+
+    for s in range(S):
+        (f_lo, f_hi), (w_lo, w_hi) = ranges[s]
+        mine = [b for b in blocks_of[s] if b in ckpt]
+        # F: the forward, checkpointed blocks drop their private tensors after the next allocation
+        forward: list = []
+        pending: list[int] = []
+        dropped = {a for b in mine for a in step.private[b] if a not in step.kept[b]}
+        ends = {p.blocks[b].f1: b for b in mine}
+        for i in range(f_lo, f_hi):
+            if i in ends:
+                forward += _holds(step, ends[i], rng)
+            if sizes[i] < 0 and alloc_of[i] in held_by_slot:
+                continue
+            forward.append(plain(i))
+            if sizes[i] > 0:
+                forward += [(a, -sizes[a], cat[a]) for a in pending]
+                pending = []
+            if i in dropped:
+                pending.append(i)
+        forward += [(a, -sizes[a], cat[a]) for a in pending]
+        if f_hi in ends:
+            forward += _holds(step, ends[f_hi], rng)
+        lists[("F", s)] = forward
+        replay_at = {p.blocks[b].w0: b for b in mine}
+        has_dx = p.stage_calls[s].w1 >= 0
+        dx: list = []
+        dw: list = []
+        own_grads = {a for a in p.stage_calls[s].input_allocs if a >= 0}
+        for i in range(w_lo, w_hi):
+            if i in replay_at:
+                (dx if has_dx else dw).extend(_keyed_replay(step, replay_at[i]))
+            a = i if sizes[i] > 0 else alloc_of[i]
+            slot = a in held_by_slot and sizes[i] < 0
+            if has_dx and not slot:
+                skip = (sizes[i] > 0 and role[i] == ROLE_PARAM_GRAD) or (
+                    sizes[i] < 0 and a >= 0 and role[a] in (ROLE_PRIVATE, ROLE_SAVED, ROLE_PARAM_GRAD))
+                if not skip:
+                    dx.append(plain(i))
+            if slot or (has_dx and a in own_grads):  # DW asks for the weights only
+                continue
+            dw.append(plain(i))
+        release = []
+        for b in mine:
+            release += _releases(step, b, rng)
+        for a in p.stage_calls[s].output_allocs:  # NOTE rule 3: this stage's slot lets go of its output
+            if a >= 0:
+                release.append((a, 0, _OTHER))
+        if s > 0:
+            for a in p.stage_calls[s - 1].output_allocs:  # ... and of its input, the last stage's output
+                if a >= 0:
+                    release.append((a, 0, _OTHER))
+        if s + 1 < S:
+            for a in p.stage_calls[s + 1].input_allocs:  # ... and of the gradient the next stage sent
+                if a >= 0:
+                    release.append((a, 0, _OTHER))
+        lists[("DX", s)] = dx
+        lists[("DW", s)] = dw + release
+    del free_of
+    return lists
+
+
+def _holds(step: _Step, b: int, rng: int) -> list:
+    """What a checkpointed block's handle holds from its forward until its micro-batch's DW."""
+    return [(("rng", b), rng, _OTHER), (("inputs", b), _kept_inputs(step, b), _CKIN),
+            (("held", b), step.held[b], _EXCL)]
+
+
+def _releases(step: _Step, b: int, rng: int) -> list:
+    return [(("rng", b), -rng, _OTHER), (("inputs", b), -_kept_inputs(step, b), _CKIN),
+            (("held", b), -step.held[b], _EXCL), (("outputs", b), 0, _OTHER)]
+
+
+def _keyed_replay(step: _Step, b: int) -> list:
+    """A reentrant replay of block b, keyed: its private tensors under their own keys (freed where the
+    profile frees them), its outputs kept until DW, the rest freed when the replay ends."""
+    p = step.p
+    blk = p.blocks[b]
+    sizes = p.sizes
+    private = set(step.private[b])
+    outputs = {a for a in blk.output_allocs if a >= 0}
+    out: list = [(("replay rng", b), p.rng_state_bytes, _OTHER)]  # the replay keeps the RNG state it replaces
+    alive: dict[int, int] = {}
+    kept = 0
+    for i in range(blk.f0, blk.f1):
+        if any(lo <= i < hi for lo, hi in step.skipped[b]):
+            continue
+        size = sizes[i]
+        if size > 0:
+            if i in private and i not in step.kept[b]:
+                out.append((i, size, _REPLAY))
+            else:
+                alive[i] = size
+                out.append((("replay", i), size, _OTHER))
+        else:
+            a = step.alloc_of[i]
+            if a in alive:
+                out.append((("replay", a), -alive.pop(a), _OTHER))
+    for a, size in alive.items():
+        if a in outputs:
+            kept += size
+        out.append((("replay", a), -size, _OTHER))
+    if kept:
+        out.append((("outputs", b), kept, _OTHER))
+    out.append((("replay rng", b), -p.rng_state_bytes, _OTHER))
+    return out
+
+
+def predict_pipeline(profile: PlanProfile, policy: Policy) -> Prediction:
+    """Predict a pipeline step (NOTE [ Plan pipelines ]): the process's peak and each stage's.
+
+    `policy.schedule` ("GPipe", "1F1B", "ZB-H1") and `policy.microbatches` (default: the profile's)
+    pick the schedule; the checkpointed blocks are split reentrant checkpoints, as the executor runs them.
+    """
+    from ckpt_viz.plan.schema import StagePeak
+    from ckpt_viz.run.schedules import make_schedule, schedule_name, simulate
+
+    if not profile.stage_calls:
+        raise CkptVizError(f"{_API}: the profile has no pipeline stages.\nTip: profile the pipeline with "
+                           "ckpt_viz.plan.profile_spec(spec, microbatch=M).")
+    check_profile(profile, _API)
+    name = schedule_name(policy.schedule or "1F1B")
+    M = policy.microbatches or profile.microbatches or 1
+    S = len(profile.stage_calls)
+    line = timeline(profile, "split-reentrant")
+    x = choices(line, policy.blocks)
+    ckpt = {b for b, v in enumerate(x) if v}
+    exclude = frozenset(policy.exclude) | {r.name for r in profile.regions if r.fixed}
+    lists = _pipeline_lists(profile, ckpt, exclude)
+    role = profile.role
+    inputs = profile.base.get("other", 0)
+    base_stage = [st.param_bytes for st in profile.stage_calls]
+    base_stage[0] += inputs * 2 * M  # the full batch, and its micro-batches' copies (NOTE rule 5)
+    base_cat = np.zeros((S, len(CATEGORIES)), dtype=np.int64)
+    for s in range(S):
+        base_cat[s, 0] = profile.stage_calls[s].param_bytes
+    base_cat[0, _OTHER] += inputs * 2 * M
+    by = base_cat.copy()
+    totals = np.array(base_stage, dtype=np.int64)
+    live: dict[tuple, tuple[int, int, int]] = {}
+    holders: dict[tuple, int] = {}
+    slot_refs = {}
+    for s, st in enumerate(profile.stage_calls):
+        for a in st.output_allocs:
+            if a >= 0:
+                slot_refs[a] = 2 if s + 1 < S else 1
+        for a in st.input_allocs:
+            if a >= 0:
+                slot_refs[a] = 1
+    peak = int(totals.sum())
+    peak_by = by.sum(axis=0).copy()
+    where = "start"
+    stage_peak = totals.copy()
+    stage_by = [by[s].copy() for s in range(S)]
+    order = simulate(make_schedule(name, S, M))
+    for action, _ in order:
+        s, m = action.stage, action.microbatch
+        kinds = ("DX", "DW") if action.kind == "B" else (action.kind,)
+        for kind in kinds:
+            for key, size, c in lists[(kind, s)]:
+                if key is None:
+                    totals[s] += size
+                    by[s, c] += size
+                    owner = s
+                elif size > 0:
+                    k = (key, m)
+                    if k in live:
+                        continue
+                    if isinstance(key, int) and role[key] == ROLE_PARAM_GRAD and m > 0:
+                        owner = s  # NOTE rule 4: added into .grad, then freed
+                        totals[s] += size
+                        by[s, c] += size
+                        peak, peak_by, where = _top(totals, by, peak, peak_by, where, action, kind)
+                        stage_peak, stage_by = _stage_top(totals, by, stage_peak, stage_by)
+                        totals[s] -= size
+                        by[s, c] -= size
+                        continue
+                    live[k] = (size, s, c)
+                    if isinstance(key, int) and key in slot_refs:
+                        holders[k] = slot_refs[key]
+                    owner = s
+                    totals[s] += size
+                    by[s, c] += size
+                else:
+                    k = (key, m)
+                    if k not in live:
+                        continue
+                    if size == 0 and k in holders:  # a slot lets go
+                        holders[k] -= 1
+                        if holders[k] > 0:
+                            continue
+                    elif k in holders and holders[k] > 0:
+                        continue  # held by a slot: its free comes when the slots let go (NOTE rule 3)
+                    nbytes, owner, cc = live.pop(k)
+                    holders.pop(k, None)
+                    totals[owner] -= nbytes
+                    by[owner, cc] -= nbytes
+                    continue
+                peak, peak_by, where = _top(totals, by, peak, peak_by, where, action, kind)
+                stage_peak, stage_by = _stage_top(totals, by, stage_peak, stage_by)
+    recompute = int(sum(line.recompute_ns[b] for b in ckpt)) * M
+    stages = tuple(StagePeak(stage=s, peak=int(stage_peak[s]),
+                             by_category={c: int(v) for c, v in zip(CATEGORIES, stage_by[s])}) for s in range(S))
+    return Prediction(policy=policy, peak=int(peak), by_category={c: int(v) for c, v in zip(CATEGORIES, peak_by)},
+                      where=where, recompute_ns=recompute, recompute_flops=None,
+                      step_ns=profile.step_time_ns * M + recompute, stages=stages)
+
+
+
+def _top(totals: np.ndarray, by: np.ndarray, peak: int, peak_by: np.ndarray, where: str, action: object,
+         kind: str) -> tuple[int, np.ndarray, str]:
+    total = int(totals.sum())
+    if total > peak:
+        return total, by.sum(axis=0).copy(), f"{kind} of stage {action.stage}, micro-batch {action.microbatch}"
+    return peak, peak_by, where
+
+
+def _stage_top(totals: np.ndarray, by: np.ndarray, stage_peak: np.ndarray, stage_by: list) -> tuple:
+    for s in range(len(totals)):
+        if totals[s] > stage_peak[s]:
+            stage_peak[s] = totals[s]
+            stage_by[s] = by[s].copy()
+    return stage_peak, stage_by

@@ -160,7 +160,8 @@ class _OpRecorder:
                             flops = int(registry[packet](*args, **kwargs, out_val=out))
                         except Exception:
                             flops = None
-                    owner._ops.append((block, str(packet).removeprefix("aten."), _storages(out), spent, flops))
+                    owner._ops.append((block, str(packet).removeprefix("aten."), _storages(out), spent, flops,
+                                       owner._alloc.mark()))
                 return out
 
         self.mode = Mode()
@@ -173,7 +174,8 @@ class Profiling:
     """
 
     def __init__(self, model: torch.nn.Module, blocks: Sequence[str] | None = None, *, ops: bool = False,
-                 regions: Sequence[str] | None = None, tensors: Any = (), label: str = "") -> None:
+                 regions: Sequence[str] | None = None, tensors: Any = (), label: str = "",
+                 stages: Sequence[str] = (), microbatches: int = 0) -> None:
         if not isinstance(model, torch.nn.Module):
             raise CkptVizError(f"{_API}: model must be a torch.nn.Module, got {type(model).__name__}.\n"
                                "Tip: pass the model whose blocks you want to plan over.")
@@ -194,6 +196,9 @@ class Profiling:
         self.ops = ops
         self.region_names = tuple(dict.fromkeys((*self._fixed, *(regions or ()))))
         self.label = label
+        self.stage_names = tuple(stages)
+        self.microbatches = microbatches
+        self._stage_calls: list[dict[str, Any]] = []
         self._tensors = tensors
         self.profile: PlanProfile | None = None
         # filled while the step runs
@@ -201,7 +206,7 @@ class Profiling:
         self._calls: list[dict[str, Any]] = []  # one per block call, in forward order
         self._region_calls: list[dict[str, Any]] = []
         self._packs: list[tuple[int, int, int, int | None, int]] = []  # (ptr, nbytes, mark, call, t_ns)
-        self._ops: list[tuple[int, str, list[tuple[int, int]], int, int | None]] = []
+        self._ops: list[tuple[int, str, list[tuple[int, int]], int, int | None, int]] = []
         self._backward_started = False
         self._backward_mark: int | None = None
 
@@ -244,6 +249,29 @@ class Profiling:
             call[key] = self._alloc.mark()
             call["t_" + key] = time.perf_counter_ns()
 
+    def _stage_pre(self, index: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        call = {"block": index, "f0": self._alloc.mark(), "t0": time.perf_counter_ns(), "inputs": []}
+        self._stage_calls.append(call)
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None:
+                t.register_hook(functools.partial(self._stage_input_grad, call))
+                break
+
+    def _stage_input_grad(self, call: dict, grad: torch.Tensor) -> None:
+        if "w1" not in call:
+            call["w1"] = self._alloc.mark()
+            call["grad"] = _storages(grad)
+
+    def _stage_post(self, index: int, module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        call = next(c for c in reversed(self._stage_calls) if c["block"] == index and "f1" not in c)
+        call["t1"] = time.perf_counter_ns()
+        call["f1"] = self._alloc.mark()
+        call["outputs"] = _storages(out)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(functools.partial(self._grad_mark, call, "w0"))
+                break
+
     def _region_pre(self, index: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         self._region_calls.append({"region": index, "call": self._stack[-1] if self._stack else None,
                                    "f0": self._alloc.mark(), "t0": time.perf_counter_ns(),
@@ -280,6 +308,12 @@ class Profiling:
                 stack.callback(module.register_forward_pre_hook(functools.partial(self._pre, index),
                                                                 with_kwargs=True).remove)
                 stack.callback(module.register_forward_hook(functools.partial(self._post, index),
+                                                            with_kwargs=True).remove)
+            for index, name in enumerate(self.stage_names):
+                module = self.model.get_submodule(name)
+                stack.callback(module.register_forward_pre_hook(functools.partial(self._stage_pre, index),
+                                                                with_kwargs=True).remove)
+                stack.callback(module.register_forward_hook(functools.partial(self._stage_post, index),
                                                             with_kwargs=True).remove)
             for index, name in enumerate(self.region_names):
                 module = self.model.get_submodule(name)
@@ -419,10 +453,13 @@ class Profiling:
             if call is not None:
                 last_pack[call] = (marks[mark], t_ns)
         ops_by_call: dict[int, list[OpProfile]] = {}
-        for call, name, outs, spent, flops in self._ops:
-            saved = sum(nb for ptr, nb in outs if any(p == ptr for p, *_ in self._packs))
+        saved_allocs = {a for a in pack_alloc if a >= 0}
+        for call, name, outs, spent, flops, mark in self._ops:
+            allocs = [alloc_at(ptr, marks[mark]) for ptr, _ in outs]
+            saved = sum(nb for a, (_, nb) in zip(allocs, outs) if a in saved_allocs)
             ops_by_call.setdefault(call, []).append(OpProfile(
-                name=name, out_bytes=sum(nb for _, nb in outs), saved_bytes=saved, time_ns=spent, flops=flops))
+                name=name, out_bytes=sum(nb for _, nb in outs), saved_bytes=saved, time_ns=spent, flops=flops,
+                out_allocs=allocs))
         for c, call in enumerate(calls):
             if "f1" not in call:
                 raise CkptVizError(f"{_API}: block {self.block_names[call['block']]!r} started its forward and "
@@ -458,8 +495,22 @@ class Profiling:
                                              f0=marks[r["f0"]], f1=marks[r["f1"]], time_ns=r["t1"] - r["t0"],
                                              output_allocs=outs, input_allocs=ins, saved_allocs=saved,
                                              fixed=self.region_names[r["region"]] in self._fixed))
+        stages = []
+        for st in self._stage_calls:
+            if "f1" not in st:
+                continue
+            grads = [alloc_at(ptr, marks[st["w1"]]) for ptr, _ in st.get("grad", [])] if "w1" in st else []
+            stages.append(BlockProfile(
+                name=self.stage_names[st["block"]], f0=marks[st["f0"]], f1=marks[st["f1"]],
+                w0=marks[st["w0"]] if "w0" in st else -1, w1=marks[st["w1"]] if "w1" in st else -1,
+                time_ns=st["t1"] - st["t0"],
+                output_allocs=[alloc_at(ptr, marks[st["f1"]]) for ptr, _ in st["outputs"]],
+                output_bytes=[b for _, b in st["outputs"]],
+                input_allocs=grads, input_bytes=[b for _, b in st.get("grad", [])],
+                param_bytes=sum(p.untyped_storage().nbytes()
+                                for p in self.model.get_submodule(self.stage_names[st["block"]]).parameters())))
         return PlanProfile(
-            label=self.label, sizes=sizes, free_of=free_of, role=role, owner=owner, blocks=blocks,
+            label=self.label, sizes=sizes, stage_calls=stages, microbatches=self.microbatches, free_of=free_of, role=role, owner=owner, blocks=blocks,
             regions=regions, backward_start=backward, end=end, base=self._base,
             step_time_ns=end_ns - self._start_ns, suspended=list(self._suspended.names), ops_timed=self.ops,
             rng_state_bytes=int(torch.get_rng_state().numel()),
@@ -474,7 +525,8 @@ class Profiling:
 
 
 def profiling(model: torch.nn.Module, blocks: Sequence[str] | None = None, *, ops: bool = False,
-              regions: Sequence[str] | None = None, tensors: Any = (), label: str = "") -> Profiling:
+              regions: Sequence[str] | None = None, tensors: Any = (), label: str = "", stages: Sequence[str] = (),
+              microbatches: int = 0) -> Profiling:
     """Profile the one training step the block runs; see NOTE [ Plan profile ].
 
     Args:
@@ -487,6 +539,8 @@ def profiling(model: torch.nn.Module, blocks: Sequence[str] | None = None, *, op
         tensors: the step's inputs (and targets): counted as existing before the step, and a leaf
             input's gradient is told apart from other allocations.
         label: a name for the profile (the model's), shown by the planner.
+        stages, microbatches: for a pipeline: the stage modules in order, and how many micro-batches
+            the step's batch is one of (the profiled step runs one micro-batch through every stage).
 
     Example:
         with ckpt_viz.record(memory=True, model=model) as rec:
@@ -494,7 +548,8 @@ def profiling(model: torch.nn.Module, blocks: Sequence[str] | None = None, *, op
                 loss = model(x).sum(); loss.backward()
         ckpt_viz.plan.attach(rec.trace, prof.profile)
     """
-    return Profiling(model, blocks, ops=ops, regions=regions, tensors=tensors, label=label)
+    return Profiling(model, blocks, ops=ops, regions=regions, tensors=tensors, label=label, stages=stages,
+                     microbatches=microbatches)
 
 
 def attach(trace: Any, profile: PlanProfile) -> None:
@@ -552,7 +607,8 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
                     if isinstance(t, torch.Tensor):
                         t.grad = None
             torch.manual_seed(seed)
-            with profiling(model, blocks, ops=ops, tensors=(args, kw, targets), label=spec.name) as prof:
+            pipeline = {"stages": tuple(spec.stages), "microbatches": microbatch} if microbatch else {}
+            with profiling(model, blocks, ops=ops, tensors=(args, kw, targets), label=spec.name, **pipeline) as prof:
                 loss = spec.loss_of(model(*args, **kw), targets)
                 loss.backward()
                 del loss

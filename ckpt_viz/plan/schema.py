@@ -152,7 +152,9 @@ class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
         rng_state_bytes: the CPU RNG state a checkpoint keeps (preserve_rng_state).
         microbatches: for a pipeline profile, the number of micro-batches the batch was split
             into (the profile is of one); 0 otherwise.
-        stages: for a pipeline, the first block index of each stage.
+        stage_calls: for a pipeline profile, each stage's call (its forward and backward marks;
+            `output_allocs` its output storages, `input_allocs` the gradient of its input, the one
+            it sends to the stage before).
         dx_targets: the step's inputs include a leaf that requires grad, so a split step's DX has
             something to differentiate (without one, DX does nothing and DW is the whole backward).
     """
@@ -172,7 +174,7 @@ class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     ops_timed: bool = False
     rng_state_bytes: _Count = 0
     microbatches: _Count = 0
-    stages: Annotated[list[_Count], Meta(max_length=4096)] = []
+    stage_calls: Annotated[list[BlockProfile], Meta(max_length=4096)] = []
     dx_targets: bool = True
 
 
