@@ -279,6 +279,8 @@ def _replay(step: _Step, b: int, *, early_stop: bool, keep_outputs: bool, releas
         if any(lo <= i < up for lo, up in skipped):
             continue
         size = sizes[i]
+        if i in step.sac_outputs[b] or (size < 0 and step.alloc_of[i] in step.sac_outputs[b]):
+            continue  # a kept op's output: the replay takes it from the cache (NOTE rule 5)
         if i in kept:  # kept from the forward, yet outside the region: the replay makes it again and the
             if size > 0:  # region's tape holds the new one until it is freed with the original (NOTE rule 5)
                 out.append((size, _REPLAY))

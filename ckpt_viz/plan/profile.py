@@ -26,6 +26,10 @@ NOTE [ Plan profile ]
      bytes of the storages it makes and which of them autograd saved, its time and FLOPs
      (torch.utils.flop_counter's formulas). It costs a Python call per op, so block times of
      such a profile are inflated; `PlanProfile.ops_timed` says so.
+  5. Inside `record(memory=True)`, whose memory probe keeps its own saved-tensor hooks, the
+     profile's hook notes each saved tensor and hands it on to the hooks that were on top when the
+     profile began (torch keeps one pair of hooks active, the innermost), so the recording still
+     sees what autograd saves.
 """
 from __future__ import annotations
 
@@ -148,11 +152,12 @@ class _OpRecorder:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
                 kwargs = kwargs or {}
+                block = owner._stack[-1] if owner._stack and not owner._in_hook else None
+                before = owner._alloc.mark() if block is not None and not owner._backward_started else None
                 start = time.perf_counter_ns()
                 out = func(*args, **kwargs)
                 spent = time.perf_counter_ns() - start
-                block = owner._stack[-1] if owner._stack else None
-                if block is not None and not owner._backward_started:
+                if before is not None:
                     flops = None
                     packet = func._overloadpacket
                     if packet in registry:
@@ -161,7 +166,7 @@ class _OpRecorder:
                         except Exception:
                             flops = None
                     owner._ops.append((block, str(packet).removeprefix("aten."), _storages(out), spent, flops,
-                                       owner._alloc.mark()))
+                                       before, owner._alloc.mark()))
                 return out
 
         self.mode = Mode()
@@ -206,9 +211,11 @@ class Profiling:
         self._calls: list[dict[str, Any]] = []  # one per block call, in forward order
         self._region_calls: list[dict[str, Any]] = []
         self._packs: list[tuple[int, int, int, int | None, int]] = []  # (ptr, nbytes, mark, call, t_ns)
-        self._ops: list[tuple[int, str, list[tuple[int, int]], int, int | None, int]] = []
+        self._ops: list[tuple[int, str, list[tuple[int, int]], int, int | None, int, int]] = []
+        self._in_hook = False
         self._backward_started = False
         self._backward_mark: int | None = None
+        self._outer: tuple[Callable, Callable] | None = None
 
     @property
     def _fixed(self) -> tuple[str, ...]:
@@ -294,8 +301,16 @@ class Profiling:
                 self._calls[call]["packs"] += 1
             self._packs.append((storage.data_ptr(), storage.nbytes(), self._alloc.mark(), call,
                                 time.perf_counter_ns()))
+        if self._outer is not None:  # NOTE [ Plan profile ], rule 5: the hooks that were on top keep working
+            return self._outer[0](tensor)
         # an op's own output, returned as is, would hold its grad_fn in a reference cycle
-        return tensor.detach() if tensor.grad_fn is not None else tensor
+        if tensor.grad_fn is None:
+            return tensor
+        self._in_hook = True
+        try:
+            return tensor.detach()
+        finally:
+            self._in_hook = False
 
     # ------------------------------------------------------------ lifetime
 
@@ -327,7 +342,9 @@ class Profiling:
             self._alloc.start()
             stack.callback(self._alloc.__exit__, None, None, None)
             self._start_ns = time.perf_counter_ns()
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
+            self._outer = _top_saved_tensors_hooks()
+            unpack = self._outer[1] if self._outer is not None else _same
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, unpack))
             if self.ops:
                 stack.enter_context(_OpRecorder(self).mode)
         except BaseException:
@@ -454,12 +471,13 @@ class Profiling:
                 last_pack[call] = (marks[mark], t_ns)
         ops_by_call: dict[int, list[OpProfile]] = {}
         saved_allocs = {a for a in pack_alloc if a >= 0}
-        for call, name, outs, spent, flops, mark in self._ops:
-            allocs = [alloc_at(ptr, marks[mark]) for ptr, _ in outs]
-            saved = sum(nb for a, (_, nb) in zip(allocs, outs) if a in saved_allocs)
+        for call, name, outs, spent, flops, before, mark in self._ops:
+            made = [(a, nb) for a, (_, nb) in ((alloc_at(ptr, marks[mark]), o) for ptr, o in zip(
+                (ptr for ptr, _ in outs), outs)) if a >= marks[before]]  # new storages only, not views
+            saved = sum(nb for a, nb in made if a in saved_allocs)
             ops_by_call.setdefault(call, []).append(OpProfile(
-                name=name, out_bytes=sum(nb for _, nb in outs), saved_bytes=saved, time_ns=spent, flops=flops,
-                out_allocs=allocs))
+                name=name, out_bytes=sum(nb for _, nb in made), saved_bytes=saved, time_ns=spent, flops=flops,
+                out_allocs=[a for a, _ in made]))
         for c, call in enumerate(calls):
             if "f1" not in call:
                 raise CkptVizError(f"{_API}: block {self.block_names[call['block']]!r} started its forward and "
@@ -522,6 +540,16 @@ class Profiling:
         earlier = sum(1 for call in self._calls[:c] if call["block"] == index)
         name = self.block_names[index]
         return name if earlier == 0 else f"{name}#{earlier}"
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _top_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
+    """The saved-tensor hooks on top of this thread's stack (a `record(memory=True)` probe's), or None."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(False) if top is not None else None
 
 
 def profiling(model: torch.nn.Module, blocks: Sequence[str] | None = None, *, ops: bool = False,
