@@ -68,7 +68,7 @@ def _profile(trace: Any, path: str) -> Any:
 def plan_text(profile: Any, *, budget: int | None, kind: str, candidates: list[str] | None,
               exclude: list[str], keep_ops: list[str], runtime: str) -> tuple[str, Any]:
     """The text `ckpt-viz plan` prints, and the Recommendation (None without a budget)."""
-    from ckpt_viz.plan.predict import predict
+    from ckpt_viz.plan.model import predict
     from ckpt_viz.plan.schema import Policy
     from ckpt_viz.plan.search import block_ranges, curve, format_bytes, recommend
     from ckpt_viz.plan.snippets import code

@@ -11,7 +11,7 @@ neither torch nor scipy: the names that run models load torch on first use (`_LA
     rec = ckpt_viz.plan.recommend(prof.profile, budget=ckpt_viz.plan.parse_bytes("1.5GiB"))
     print(rec.words)
     print(ckpt_viz.plan.code(rec.prediction.policy))
-    with ckpt_viz.plan.apply(model, rec):
+    with ckpt_viz.plan.wrap(model, rec):
         train()
 """
 from __future__ import annotations
@@ -20,22 +20,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ckpt_viz.plan.apply import Applied, apply
+    from ckpt_viz.plan.wrap import Applied, apply
     from ckpt_viz.plan.measure import Measured, measure_spec, measure_step
-    from ckpt_viz.plan.predict import predict
+    from ckpt_viz.plan.model import predict
     from ckpt_viz.plan.profile import attach, default_blocks, profile_spec, profiling
     from ckpt_viz.plan.schema import CurvePoint, PlanProfile, Policy, Prediction, Recommendation, profile_of
     from ckpt_viz.plan.search import curve, describe, parse_bytes, recommend
     from ckpt_viz.plan.snippets import code
-    from ckpt_viz.plan.verify import Verification, verify
+    from ckpt_viz.plan.check import Verification, verify
 
 _LAZY = {
-    "Applied": "ckpt_viz.plan.apply",
-    "apply": "ckpt_viz.plan.apply",
+    "Applied": "ckpt_viz.plan.wrap",
+    "apply": "ckpt_viz.plan.wrap",
     "Measured": "ckpt_viz.plan.measure",
     "measure_spec": "ckpt_viz.plan.measure",
     "measure_step": "ckpt_viz.plan.measure",
-    "predict": "ckpt_viz.plan.predict",
+    "predict": "ckpt_viz.plan.model",
     "attach": "ckpt_viz.plan.profile",
     "default_blocks": "ckpt_viz.plan.profile",
     "profile_spec": "ckpt_viz.plan.profile",
@@ -51,8 +51,8 @@ _LAZY = {
     "parse_bytes": "ckpt_viz.plan.search",
     "recommend": "ckpt_viz.plan.search",
     "code": "ckpt_viz.plan.snippets",
-    "Verification": "ckpt_viz.plan.verify",
-    "verify": "ckpt_viz.plan.verify",
+    "Verification": "ckpt_viz.plan.check",
+    "verify": "ckpt_viz.plan.check",
 }
 
 __all__ = sorted(_LAZY)

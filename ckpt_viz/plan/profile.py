@@ -6,10 +6,14 @@ Owns `profiling` (a context manager around one training step of the user's own l
 data (`ckpt_viz.plan.schema.PlanProfile`) that the torch-free planner reads.
 
 NOTE [ Plan profile ]
-  1. One step, with the named blocks NOT checkpointed. The blocks' own checkpointing (ours,
-     torch's `checkpoint`, HF's `gradient_checkpointing`, torch's `checkpoint_wrapper`) is
-     suspended for the profiled step and put back after it, so a loop profiles the same
-     whatever policy it runs with; the profile says which checkpoints it suspended.
+  1. One step, with the named blocks NOT checkpointed. The loop's own checkpointing (ours,
+     torch's `checkpoint` however it was imported, HF's `gradient_checkpointing`, torch's
+     `checkpoint_wrapper`) is suspended for the profiled step and put back after it, so a loop
+     profiles the same whatever policy it runs with; the profile says which checkpoints it
+     suspended. The suspension replaces what `torch.utils.checkpoint.checkpoint` looks up when it
+     is called (`_checkpoint_without_reentrant_generator`, `CheckpointFunction`: torch internals,
+     checked against the torch versions pyproject.toml allows) and `ckpt_viz.checkpoint`'s
+     `_dispatch`, so a `checkpoint` bound by name in the user's module is suspended too.
   2. What is measured, exactly: the allocator's record of the step (ckpt_viz/plan/_alloc.py):
      every allocation and free with its size, in order; marks at each block's forward start
      and end, at the gradient of its output (its backward starts) and of its input (its
@@ -88,45 +92,50 @@ def _storages(value: Any) -> list[tuple[int, int]]:
 
 
 class _Suspended:
-    """NOTE [ Plan profile ], rule 1: checkpointing of the blocks off for the step, put back after."""
+    """NOTE [ Plan profile ], rule 1: checkpointing off for the profiled step, put back after."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.names: list[str] = []
         self._undo: list[Callable[[], None]] = []
 
+    def _patch(self, owner: Any, attr: str, value: Any) -> None:
+        original = getattr(owner, attr, None)
+        if original is None:
+            return
+        setattr(owner, attr, value)
+        self._undo.append(functools.partial(setattr, owner, attr, original))
+
     def __enter__(self) -> _Suspended:
         import torch.utils.checkpoint as tc
 
-        import ckpt_viz.run.blocks as blocks
-        import ckpt_viz.runtime as runtime
         from ckpt_viz.runtime import checkpoint as ours
 
-        def direct(function: Callable, *args: Any, use_reentrant: Any = None, context_fn: Any = None,
-                   determinism_check: Any = None, debug: Any = None, preserve_rng_state: Any = None,
-                   **kwargs: Any) -> Any:
-            self._note(getattr(function, "__name__", "checkpoint"))
+        note = self._note
+
+        def without_reentrant(function: Callable, *_: Any, **__: Any) -> Any:
+            note(getattr(function, "__name__", "checkpoint"))
+            yield  # torch's checkpoint runs function(*args) between the two steps of this generator
+
+        class Reentrant:
+            @staticmethod
+            def apply(function: Callable, preserve: bool, *args: Any) -> Any:
+                note(getattr(function, "__name__", "checkpoint"))
+                return function(*args)
+
+        def dispatch(function: Callable, args: tuple, kwargs: dict, *_: Any) -> Any:
+            note(getattr(function, "__name__", "checkpoint"))
             return function(*args, **kwargs)
 
-        for owner, attr in ((tc, "checkpoint"), (runtime, "checkpoint"), (blocks, "checkpoint")):
-            original = getattr(owner, attr)
-            setattr(owner, attr, direct)
-            self._undo.append(functools.partial(setattr, owner, attr, original))
-        import ckpt_viz
-
-        if "checkpoint" in vars(ckpt_viz):
-            self._undo.append(functools.partial(setattr, ckpt_viz, "checkpoint", vars(ckpt_viz)["checkpoint"]))
-            ckpt_viz.checkpoint = direct  # type: ignore[attr-defined]
-        del ours
+        # torch.utils.checkpoint.checkpoint looks these up when it is called, so a `checkpoint` imported by name
+        # anywhere (the user's module, HF's partial, torch's checkpoint_wrapper) is suspended too
+        self._patch(tc, "_checkpoint_without_reentrant_generator", without_reentrant)
+        self._patch(tc, "CheckpointFunction", Reentrant)
+        self._patch(ours, "_dispatch", dispatch)  # ckpt_viz.checkpoint, likewise
         for name, module in self.model.named_modules():
-            if getattr(module, "gradient_checkpointing", False) is True:  # HF layers and models
+            if getattr(module, "gradient_checkpointing", False) is True:  # HF layers: the cache stays as it was
                 module.gradient_checkpointing = False
                 self._undo.append(functools.partial(setattr, module, "gradient_checkpointing", True))
-                self._note(name)
-            fn = getattr(module, "checkpoint_fn", None)  # torch's CheckpointWrapper
-            if fn is not None and type(module).__name__ == "CheckpointWrapper":
-                module.checkpoint_fn = direct  # type: ignore[assignment]
-                self._undo.append(functools.partial(setattr, module, "checkpoint_fn", fn))
                 self._note(name)
         return self
 

@@ -1,7 +1,7 @@
 """The least recompute under a memory budget, and the whole trade-off curve.
 
 Owns `recommend`, `curve` and `describe`. Torch-free: it solves over the timeline model of
-ckpt_viz/plan/predict.py (NOTE [ Plan timeline ]), with numpy, and with scipy's MILP where
+ckpt_viz/plan/model.py (NOTE [ Plan timeline ]), with numpy, and with scipy's MILP where
 the blocks are too many to enumerate.
 
 NOTE [ Plan search ]
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ckpt_viz.errors import CkptVizError
-from ckpt_viz.plan.predict import Timeline, predict, timeline
+from ckpt_viz.plan.model import Timeline, predict, timeline
 from ckpt_viz.plan.schema import CurvePoint, PlanProfile, Policy, Prediction, Recommendation
 
 __all__ = ["EXHAUSTIVE_MAX", "Model", "block_ranges", "curve", "describe", "format_bytes", "linear_model",

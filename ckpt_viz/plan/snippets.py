@@ -1,7 +1,7 @@
 """The code to paste for a plan: module names and the policy function, for ckpt_viz's runtime and torch's.
 
 Owns `code`. Torch-free: it writes text. What it writes does what `ckpt_viz.plan.apply` does
-(NOTE [ Applying a plan ] in ckpt_viz/plan/apply.py), in the user's own file, without ckpt_viz
+(NOTE [ Applying a plan ] in ckpt_viz/plan/wrap.py), in the user's own file, without ckpt_viz
 for the torch version.
 """
 from __future__ import annotations

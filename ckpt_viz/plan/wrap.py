@@ -17,6 +17,8 @@ NOTE [ Applying a plan ]
      checkpoint policy, `context_fn=functools.partial(create_selective_checkpoint_contexts,
      policy)`, which needs a non-reentrant checkpoint.
   4. `Applied.remove()` (or leaving its `with` block) puts everything back as it was.
+  5. torch's reentrant checkpoint of a block none of whose inputs requires grad returns None for
+     its parameters' gradients (with a warning only); such a call raises instead.
 """
 from __future__ import annotations
 
@@ -152,6 +154,8 @@ def _apply(model: torch.nn.Module, policy: Policy, runtime: str, applied: Applie
             from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
             forward = functools.partial(torch_checkpoint, original, use_reentrant=reentrant, **extra)
+            if reentrant:
+                forward = _guarded(forward, name, module)
         else:
             from ckpt_viz.run.blocks import labelled
             from ckpt_viz.runtime import checkpoint
@@ -169,6 +173,21 @@ def _apply(model: torch.nn.Module, policy: Policy, runtime: str, applied: Applie
         if getattr(config, "use_cache", None):  # See NOTE rule 2.
             config.use_cache = False
             applied._undo.append(functools.partial(setattr, config, "use_cache", True))
+
+
+def _guarded(forward: Callable, name: str, module: torch.nn.Module) -> Callable:
+    """torch's reentrant checkpoint, refusing a call whose inputs need no grad (NOTE rule 5)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()) and not any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *kwargs.values())):
+            raise CkptVizError(f"{_API}: torch's reentrant checkpoint of {name!r} would leave its parameters "
+                               "without gradients: none of its inputs requires grad (torch warns \"None of the "
+                               "inputs have requires_grad=True\" and returns None gradients).\nTip: plan "
+                               f"{name!r} with kind='nonreentrant', or apply with runtime='ckpt_viz'.")
+        return forward(*args, **kwargs)
+
+    return call
 
 
 def _restore_forward(module: torch.nn.Module) -> None:
