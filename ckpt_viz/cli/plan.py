@@ -99,8 +99,8 @@ def plan_text(profile: Any, *, budget: int | None, kind: str, candidates: list[s
         what = block_ranges(p.blocks, names) or "(none)"
         if p.save_ops:
             what += f"; keep {', '.join(sorted(p.save_ops))}"
-        lines.append(f"  {format_bytes(p.peak):>12}  {p.recompute_ns / 1e6:>8.2f} ms  {100 * p.recompute_ns / step:>+5.0f}%"
-                     f"  {what}{mark}")
+        lines.append(f"  {format_bytes(p.peak):>12}  {p.recompute_ns / 1e6:>8.2f} ms  "
+                     f"{100 * p.recompute_ns / step:>+5.0f}%  {what}{mark}")
     if rec is not None:
         lines.append("")
         lines.append(f"budget {format_bytes(budget)}: {rec.words}")

@@ -20,14 +20,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ckpt_viz.plan.wrap import Applied, apply
+    from ckpt_viz.plan.check import Verification, verify
     from ckpt_viz.plan.measure import Measured, measure_spec, measure_step
     from ckpt_viz.plan.model import predict
     from ckpt_viz.plan.profile import attach, default_blocks, profile_spec, profiling
     from ckpt_viz.plan.schema import CurvePoint, PlanProfile, Policy, Prediction, Recommendation, profile_of
     from ckpt_viz.plan.search import curve, describe, parse_bytes, recommend
     from ckpt_viz.plan.snippets import code
-    from ckpt_viz.plan.check import Verification, verify
+    from ckpt_viz.plan.wrap import Applied, apply
 
 _LAZY = {
     "Applied": "ckpt_viz.plan.wrap",
@@ -55,7 +55,31 @@ _LAZY = {
     "verify": "ckpt_viz.plan.check",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "Applied",
+    "CurvePoint",
+    "Measured",
+    "PlanProfile",
+    "Policy",
+    "Prediction",
+    "Recommendation",
+    "Verification",
+    "apply",
+    "attach",
+    "code",
+    "curve",
+    "default_blocks",
+    "describe",
+    "measure_spec",
+    "measure_step",
+    "parse_bytes",
+    "predict",
+    "profile_of",
+    "profile_spec",
+    "profiling",
+    "recommend",
+    "verify",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_viz.errors import CkptVizError
-from ckpt_viz.plan.wrap import apply, policy_of
 from ckpt_viz.plan.measure import measure_spec, measure_step
 from ckpt_viz.plan.model import predict
 from ckpt_viz.plan.schema import PlanProfile, Policy, Prediction
 from ckpt_viz.plan.search import format_bytes
+from ckpt_viz.plan.wrap import apply, policy_of
 
 __all__ = ["Verification", "replay_ns", "verify"]
 

@@ -40,6 +40,7 @@ NOTE [ Plan timeline ]
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -59,8 +60,8 @@ from ckpt_viz.plan.schema import (
     check_profile,
 )
 
-__all__ = ["CATEGORIES", "Timeline", "Window", "build_timeline", "choices", "peak_of", "predict", "predict_pipeline",
-           "timeline"]
+__all__ = ["CATEGORIES", "Timeline", "Window", "build_timeline", "choices", "forget_timelines", "peak_of", "predict",
+           "predict_pipeline", "timeline"]
 
 _API = "ckpt_viz.plan.predict"
 CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations",
@@ -218,7 +219,7 @@ def _intervals(profile: PlanProfile) -> list[tuple[int, int, int]]:
     for w0, w1, i in spans:
         ends[i] = w1 if w1 >= 0 else next((c for c in points if c > w0), end)
     out = []
-    for lo, hi in zip(points, points[1:]):
+    for lo, hi in itertools.pairwise(points):
         owner = -1
         width = None
         for w0, _, i in spans:
@@ -366,7 +367,8 @@ def _dw_events(step: _Step, lo: int, hi: int, b: int, *, replayed: bool) -> list
 
 def _input_grads_in_dx(step: _Step, intervals: list[tuple[int, int, int]]) -> int:
     sizes, role = step.p.sizes, step.role
-    return sum(sizes[i] for lo, hi, _ in intervals for i in range(lo, hi) if sizes[i] > 0 and role[i] == ROLE_INPUT_GRAD)
+    return sum(sizes[i] for lo, hi, _ in intervals for i in range(lo, hi)
+               if sizes[i] > 0 and role[i] == ROLE_INPUT_GRAD)
 
 
 def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = frozenset(),
@@ -391,8 +393,8 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
             windows.append(_window(f"forward before {blk.name}", -1, [step.span(cursor, blk.f0)]))
         kept = _kept_inputs(step, b)
         held_after[b] = kept
-        dropped = _forward_dropped(step, b) + [(kept, _CKIN), (step.held[b], _EXCL),
-                                               (rng + step.region_rng[b], _OTHER)]
+        dropped = [*_forward_dropped(step, b), (kept, _CKIN), (step.held[b], _EXCL),
+                   (rng + step.region_rng[b], _OTHER)]
         windows.append(_window(f"forward of {blk.name}", b, [step.span(blk.f0, blk.f1), dropped]))
         cursor = max(cursor, blk.f1)
     if p.backward_start > cursor:
@@ -406,7 +408,7 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
         replays[b] = (events, held)
     first_in = {}
     last_in = {}
-    for k, (lo, hi, owner) in enumerate(intervals):
+    for k, (_, _, owner) in enumerate(intervals):
         if owner >= 0:
             first_in.setdefault(owner, k)
             last_in[owner] = k
@@ -484,6 +486,12 @@ def timeline(profile: PlanProfile, kind: str, exclude: Iterable[str] = (), save_
             _cached.cache_clear()
         _PROFILES[key] = profile
     return _cached(key, kind, frozenset(exclude), frozenset(save_ops))
+
+
+def forget_timelines() -> None:
+    """Drop the cached timelines (`timeline`): the next call builds its timeline afresh (benchmarks)."""
+    _PROFILES.clear()
+    _cached.cache_clear()
 
 
 def choices(line: Timeline, blocks: Iterable[str]) -> np.ndarray:

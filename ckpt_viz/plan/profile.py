@@ -475,7 +475,7 @@ class Profiling:
         backward = marks[self._backward_mark] if self._backward_mark is not None else end
         blocks: list[BlockProfile] = []
         last_pack: dict[int, tuple[int, int]] = {}
-        for (ptr, nbytes, mark, call, t_ns), a in zip(self._packs, pack_alloc):
+        for _, _, mark, call, t_ns in self._packs:
             if call is not None:
                 last_pack[call] = (marks[mark], t_ns)
         ops_by_call: dict[int, list[OpProfile]] = {}
@@ -537,7 +537,8 @@ class Profiling:
                 param_bytes=sum(p.untyped_storage().nbytes()
                                 for p in self.model.get_submodule(self.stage_names[st["block"]]).parameters())))
         return PlanProfile(
-            label=self.label, sizes=sizes, stage_calls=stages, microbatches=self.microbatches, free_of=free_of, role=role, owner=owner, blocks=blocks,
+            label=self.label, sizes=sizes, stage_calls=stages, microbatches=self.microbatches, free_of=free_of,
+            role=role, owner=owner, blocks=blocks,
             regions=regions, backward_start=backward, end=end, base=self._base,
             step_time_ns=end_ns - self._start_ns, suspended=list(self._suspended.names), ops_timed=self.ops,
             rng_state_bytes=int(torch.get_rng_state().numel()),

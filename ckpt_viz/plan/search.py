@@ -136,7 +136,13 @@ def _useful_windows(model: Model, free: np.ndarray) -> tuple[np.ndarray, np.ndar
 def _milp(model: Model, free: np.ndarray, budget: float, windows: tuple[np.ndarray, np.ndarray] | None = None
           ) -> np.ndarray | None:
     """The least-recompute x with peak <= budget (NOTE [ Plan search ], rule 3), or None if none exists."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    try:
+        from scipy.optimize import Bounds, LinearConstraint, milp
+    except ImportError:
+        raise CkptVizError(f"{_API}: this plan ({len(model.blocks)} blocks, a model without the ordered form of NOTE "
+                           f"[ Plan search ]) needs scipy's MILP solver, and scipy is not installed.\nTip: pip "
+                           "install -c constraints.txt -e '.[plan]', or plan over at most "
+                           f"{EXHAUSTIVE_MAX} candidate blocks (searched exhaustively).") from None
 
     n = len(model.blocks)
     d, G = windows if windows is not None else _useful_windows(model, free)
@@ -298,7 +304,7 @@ def curve(profile: PlanProfile, *, kind: str = "nonreentrant", exclude: Iterable
     model = linear_model(line)
     points, _ = _curve_of(model, _candidates(line, candidates))
     ops = frozenset(save_ops)
-    return tuple(CurvePoint(peak=int(round(p)), recompute_ns=int(round(c)),
+    return tuple(CurvePoint(peak=round(p), recompute_ns=round(c),
                             blocks=frozenset(b for b, v in zip(model.blocks, x) if v > 0.5), save_ops=ops)
                  for p, c, x in points)
 
@@ -336,7 +342,7 @@ def recommend(profile: PlanProfile, budget: int, *, kind: str = "nonreentrant", 
         points, method = _curve_of(model, free)
         floor = min(floor, points[0][0])
         for peak, cost, x in points:
-            all_points.append(CurvePoint(peak=int(round(peak)), recompute_ns=int(round(cost)),
+            all_points.append(CurvePoint(peak=round(peak), recompute_ns=round(cost),
                                          blocks=frozenset(b for b, v in zip(model.blocks, x) if v > 0.5),
                                          save_ops=ops))
             if peak <= budget and (best is None or (cost, peak) < (best[1], best[0])):

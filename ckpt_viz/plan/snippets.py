@@ -91,7 +91,7 @@ def code(policy: Policy, *, runtime: str = "torch", model: str = "model", commen
                   "    parent, _, child = name.rpartition('.')",
                   f"    owner = {model}.get_submodule(parent) if parent else {model}",
                   "    setattr(owner, child, ckpt_viz.checkpoint_exclude_wrapper(getattr(owner, child)))"]
-    lines += [f"for name in CHECKPOINT:",
+    lines += ["for name in CHECKPOINT:",
               f"    block = {model}.get_submodule(name)",
               f"    block.forward = functools.partial({fn}, block.forward, {extra})",
               f"if getattr(getattr({model}, 'config', None), 'use_cache', None):",

@@ -15,7 +15,8 @@ def lm_loss(output, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
 
 
-def hf_spec(family: str, layers: int = 6, *, width: int = 64, batch: int = 4, seq: int = 32, seed: int = 0) -> ModelSpec:
+def hf_spec(family: str, layers: int = 6, *, width: int = 64, batch: int = 4, seq: int = 32,
+            seed: int = 0) -> ModelSpec:
     """An HF causal LM ("gpt2" or "llama") with `layers` layers, as a ModelSpec over its decoder layers."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 

@@ -86,7 +86,7 @@ def test_dp_and_milp_give_the_exhaustive_curve(twelve: object, kind: str, monkey
 def test_curve_is_a_pareto_front(twelve: object) -> None:
     points = curve(twelve)
     assert points[-1].blocks == frozenset() and points[-1].recompute_ns == 0  # nothing checkpointed: top peak
-    for a, b in zip(points, points[1:]):
+    for a, b in itertools.pairwise(points):
         assert a.peak < b.peak and a.recompute_ns > b.recompute_ns
 
 
@@ -124,17 +124,17 @@ def test_block_ranges_and_parse_bytes() -> None:
     assert parse_bytes("96 MiB") == 96 << 20
     assert parse_bytes("2e9") == 2_000_000_000
     for bad in ("lots", "-1GiB", "0", "1.5 GiBs"):
-        with pytest.raises(CkptVizError, match="(?s)ckpt_viz.plan.parse_bytes: .*Tip:"):
+        with pytest.raises(CkptVizError, match=r"(?s)ckpt_viz.plan.parse_bytes: .*Tip:"):
             parse_bytes(bad)
 
 
 def test_unknown_blocks_and_bad_budgets_are_refused(mlp: tuple) -> None:
     _, profile = mlp
-    with pytest.raises(CkptVizError, match="(?s)no block .blocks.9.*Tip:"):
+    with pytest.raises(CkptVizError, match=r"(?s)no block .blocks.9.*Tip:"):
         recommend(profile, 10**6, candidates=["blocks.9"])
-    with pytest.raises(CkptVizError, match="budget must be a positive number of bytes, got -5"):
+    with pytest.raises(CkptVizError, match=r"budget must be a positive number of bytes, got -5"):
         recommend(profile, -5)
-    with pytest.raises(CkptVizError, match="no block 'layers.0'"):
+    with pytest.raises(CkptVizError, match=r"no block 'layers.0'"):
         predict(profile, Policy(frozenset({"layers.0"})))
     assert describe(None, budget=10, floor=20).startswith("No policy over these blocks meets the budget")
 

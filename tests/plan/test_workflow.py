@@ -112,17 +112,17 @@ def test_apply_keeps_the_gradients_and_comes_off() -> None:
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
     # torch's reentrant checkpoint would drop layers.0's weight gradients (its input x needs no grad): refused
     with plan.apply(model, Policy(frozenset({"layers.0"}), "reentrant"), runtime="torch"), \
-            pytest.raises(CkptVizError, match="(?s)'layers.0' would leave its parameters without gradients.*Tip:"):
+            pytest.raises(CkptVizError, match=r"(?s)'layers.0' would leave its parameters without gradients.*Tip:"):
         _step(model, x)
     with plan.apply(model, Policy(frozenset({"layers.0"}), "reentrant"), runtime="ckpt_viz"):
         model.zero_grad(set_to_none=True)
         _step(model, x)  # ours routes them
         assert all(p.grad is not None for p in model.layers[0].parameters())
-    with pytest.raises(CkptVizError, match="splits the backward into DX and DW"):
+    with pytest.raises(CkptVizError, match=r"splits the backward into DX and DW"):
         plan.apply(model, Policy(frozenset({"layers.0"}), "split-reentrant"))
-    with pytest.raises(CkptVizError, match="no submodule 'blocks.7'"):
+    with pytest.raises(CkptVizError, match=r"no submodule 'blocks.7'"):
         plan.apply(model, Policy(frozenset({"blocks.7"})))
-    with pytest.raises(CkptVizError, match="excluded regions .* are ckpt_viz's"):
+    with pytest.raises(CkptVizError, match=r"excluded regions .* are ckpt_viz's"):
         plan.apply(model, Policy(frozenset({"layers.0"}), exclude=frozenset({"layers.0.fc2"})), runtime="torch")
 
 
@@ -185,7 +185,7 @@ def test_a_damaged_profile_is_refused_with_its_field(tmp_path: Path) -> None:
     broken.free_of[0] = 10**9
     with pytest.raises(CkptVizError, match=r"free_of\[0\] is 1000000000.*\n.*Tip:"):
         check_profile(broken)
-    with pytest.raises(CkptVizError, match="holds no plan profile"):
+    with pytest.raises(CkptVizError, match=r"holds no plan profile"):
         profile_of(run_scenario(spec, "none"))
 
 
@@ -234,7 +234,7 @@ def test_cli_profiles_a_builtin_trace_and_refuses_others(tmp_path: Path, capsys:
     user.meta["model"] = "mine"
     user.meta["source"] = "user"
     user.save(tmp_path / "u.json")
-    with pytest.raises(CkptVizError, match="(?s)holds no plan profile.*Tip: record one step inside"):
+    with pytest.raises(CkptVizError, match=r"(?s)holds no plan profile.*Tip: record one step inside"):
         _run_cli(str(tmp_path / "u.json"))
 
 
