@@ -28,15 +28,20 @@ NOTE [ Plan timeline ]
      the replay until its DW window frees it. DW is the profiled backward (parameter gradients,
      frees), without a leaf input's gradient (DW asks for parameters only), and the input
      gradients DX returned are dropped when DX ends.
-  5. Excluded regions keep their forward's saved tensors and outputs (not dropped, not replayed);
-     ops in `save_ops` (selective checkpointing) keep their outputs the same way. Both take their
-     time off the recompute.
-  7. Lifetimes the runtime sets: a reentrant handle keeps its RNG state until the backward of the step
-     ends (the handle outlives its node); a split non-reentrant step replays in a recompute session
-     that keeps each frame (its inputs, its RNG state) until DW ends.
+  5. Excluded regions keep their forward's saved tensors and outputs from the forward until the
+     replay takes the outputs from their cache (a reentrant region's tape also holds the replay's
+     copy of its inputs until the tape is freed, and its RNG state); ops in `save_ops` (selective
+     checkpointing) keep their outputs the same way and the replay takes them from torch's cache.
+     Both take their time off the recompute. Every replay also holds the RNG state it replaces
+     while it runs.
   6. Where a private tensor's profiled free is not inside its block's backward (retain_graph, a
      graph kept by a reference), the model treats it as saved by others: checkpointing the block
      does not drop it, so the prediction stays on the safe side.
+  7. Lifetimes the runtime sets: a reentrant handle keeps its RNG state until the backward of the step
+     ends (the handle outlives its node); a split non-reentrant step replays in a recompute session
+     that keeps each frame (its inputs, its RNG state) until DW ends. A split step whose inputs need
+     no grad (token ids) has nothing for DX to do: DW is then the whole backward with the replays,
+     as in the plain kinds. Each of these was measured against the allocator (tests/plan).
 """
 from __future__ import annotations
 
@@ -598,7 +603,7 @@ def _stage_ranges(p: PlanProfile) -> list[tuple[tuple[int, int], tuple[int, int]
 def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> dict[tuple[str, int], list]:
     """NOTE [ Plan pipelines ], rule 2: each (action kind, stage)'s keyed events (key, bytes, category)."""
     step = _Step(p, "split-reentrant", exclude, frozenset())
-    sizes, role, cat, alloc_of, free_of = p.sizes, step.role, step.cat, step.alloc_of, p.free_of
+    sizes, role, cat, alloc_of = p.sizes, step.role, step.cat, step.alloc_of
     ranges = _stage_ranges(p)
     S = len(p.stage_calls)
     held_by_slot = set()
@@ -670,7 +675,6 @@ def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> 
                     release.append((a, 0, _OTHER))
         lists[("DX", s)] = dx
         lists[("DW", s)] = dw + release
-    del free_of
     return lists
 
 

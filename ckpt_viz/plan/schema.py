@@ -8,7 +8,7 @@ only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import msgspec
@@ -256,6 +256,7 @@ class Recommendation:
         method: how it was found ("exhaustive over 2^n subsets", "scipy.optimize.milp").
         words: the plan in one sentence for people.
         floor: the lowest peak any policy reaches.
+        baseline: the prediction with nothing checkpointed (the profiled step).
     """
 
     budget: int
@@ -265,7 +266,6 @@ class Recommendation:
     words: str
     floor: int
     baseline: Prediction | None = None
-    notes: tuple[str, ...] = field(default=())
 
 
 def profile_of(trace: object) -> PlanProfile:
