@@ -76,9 +76,25 @@ class _Clock:
     def __init__(self) -> None:
         self.ns = 0
         self._undo: list[tuple[type, Any]] = []
+        self._hooks: list[Any] = []
 
-    def watch(self, classes: set[type]) -> None:
-        for cls in classes:
+    def watch(self, modules: list[torch.nn.Module]) -> None:
+        from ckpt_viz.usermodel import hf
+
+        layers = [m for m in modules if hf.is_hf_layer(m)]  # HF replays them through Module.__call__: hooks
+        for module in layers:
+            start: list[int] = []
+
+            def pre(*_: Any, __start: list = start) -> None:
+                if torch._C._current_graph_task_id() != -1:
+                    __start.append(time.perf_counter_ns())
+
+            def post(*_: Any, __start: list = start) -> None:
+                if __start:
+                    self.ns += time.perf_counter_ns() - __start.pop()
+
+            self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        for cls in {type(m) for m in modules if m not in layers}:
             original = cls.forward
 
             def forward(module: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
@@ -96,6 +112,8 @@ class _Clock:
     def close(self) -> None:
         for cls, original in self._undo:
             cls.forward = original
+        for hook in self._hooks:
+            hook.remove()
 
 
 def recompute_rows(rounds: int, quick: bool) -> list[dict[str, Any]]:
@@ -108,7 +126,7 @@ def recompute_rows(rounds: int, quick: bool) -> list[dict[str, Any]]:
         pred: dict[tuple, list[int]] = {run: [] for run in runs}
         meas: dict[tuple, list[int]] = {run: [] for run in runs}
         replays: dict[tuple, list[int]] = {run: [] for run in runs}
-        classes = {type(spec.model.get_submodule(n)) for n in names}
+        modules = [spec.model.get_submodule(n) for n in names]
         for _ in range(rounds):
             order = list(runs)
             random.shuffle(order)
@@ -119,12 +137,12 @@ def recompute_rows(rounds: int, quick: bool) -> list[dict[str, Any]]:
                 for param in spec.model.parameters():
                     param.grad = None
                 clock = _Clock()
-                clock.watch(classes)
+                clock.watch(modules)
                 try:
                     trace = run_scenario(dataclasses.replace(spec, checkpoint=blocks), kind)
                 finally:
                     clock.close()
-                m = clock.ns
+                m = clock.ns or replay_ns(trace)  # an early-stopped HF replay never returns: its whole replay
                 pred[run].append(p)
                 meas[run].append(m)
                 replays[run].append(replay_ns(trace))

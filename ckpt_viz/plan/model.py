@@ -466,7 +466,7 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
     recompute = []
     flops = []
     for b, blk in enumerate(blocks):
-        full = blk.time_ns if reentrant else (blk.time_to_last_pack_ns or blk.time_ns)
+        full = blk.time_ns  # a replay that stops early still costs about the whole forward (benchmarks/bench_plan.py)
         recompute.append(max(0, full - step.kept_ns[b]))
         flops.append(blk.flops)
     return Timeline(kind=kind, blocks=tuple(b.name for b in blocks), windows=tuple(windows),
