@@ -20,13 +20,14 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
+from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT_MODEL
 from ckpt_viz.cli.app import app_command, app_path, demo_command
 from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
 from ckpt_viz.cli.lesson import lesson_command
 from ckpt_viz.cli.merge import merge_command
 from ckpt_viz.cli.record import record_command
+from ckpt_viz.vocabulary import RUN_MODES
 
 __all__ = ["app_path", "build_parser", "main", "summarize"]
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "path/to/file.py:factory or package.module:factory, or a broken run to "
                                      f"explore ({', '.join(BROKEN_SCENARIO_NAMES)}).")
     rec.add_argument("model", help="what to run (see above)")
-    rec.add_argument("--mode", default="split-reentrant", choices=MODES,
+    rec.add_argument("--mode", default="split-reentrant", choices=RUN_MODES,
                      help="how the model's blocks are checkpointed (default: %(default)s)")
     rec.add_argument("-o", "--output", default="trace.json",
                      help="trace file, .json or .json.gz (default: %(default)s)")
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a built-in model and print its events")
     demo.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(BUILTIN_MODEL_NAMES))
-    demo.add_argument("--mode", default="split-reentrant", choices=[m for m in MODES if m != "pipeline"])
+    demo.add_argument("--mode", default="split-reentrant", choices=[m for m in RUN_MODES if m != "pipeline"])
     demo.add_argument("--site", action="store_true", help="show the user's file:line of each event")
     demo.set_defaults(run=demo_command)
 

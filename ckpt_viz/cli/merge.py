@@ -19,9 +19,12 @@ NOTE [ Merging rank traces ]
   3. Events are merged in aligned-time order (ties: rank, then the rank's own order), renumbered
      seq 0..N-1, and keep their tags with `rank` set. Handle ids are per rank in the files;
      they are renumbered (rank, id) -> one id, in order of first appearance, in `handle_id`,
-     in `data["handles"]` and in the graph snapshots' nodes.
-  4. Memory: after each rank's sample the merged sample is the sum of every rank's latest
-     sample (by category) and the union of their `by_stage` (stage indices are global).
+     in the session events' `handles` and `frames`, and in the graph snapshots' nodes; the
+     seqs a `replay_refused` names (`last_release_seq`, `collected_seq`) are renumbered too.
+  4. Memory: each rank's samples are kept as they are, renumbered and aligned like its events,
+     with `MemorySample.rank` set (stage indices in `by_stage` are global). The run's reading
+     at a point is the sum of every rank's latest sample: `ckpt_viz.analysis.memory.memory`
+     sums them, `rank_memory` keeps them apart.
 """
 from __future__ import annotations
 
@@ -31,8 +34,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from ckpt_viz.errors import TraceError
-from ckpt_viz.events import Event
+from ckpt_viz.events import Event, ReplayRefused, SessionActivated, SessionCleared, SessionDeactivated
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace
 
 __all__ = ["find_rank_files", "merge_command", "merge_run", "merge_traces"]
@@ -201,19 +206,23 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run") -> Trace:
     events: list[Event] = []
     for seq, (t, rank, _, e) in enumerate(aligned):
         new_seq[rank, e.seq] = seq
-        data = e.data
-        if isinstance(data.get("handles"), list):
-            data = {**data, "handles": [hid(rank, h) for h in data["handles"]]}
-        events.append(Event(seq=seq, t_ns=t, kind=e.kind, handle_id=hid(rank, e.handle_id), mode=e.mode,
-                            phase=e.phase, session_id=e.session_id, tags={**e.tags, "rank": rank}, site=e.site,
-                            thread_id=e.thread_id, data=dict(data)))
+        renumbered: dict[str, Any] = {}
+        if isinstance(e, (SessionActivated, SessionDeactivated, SessionCleared)):
+            renumbered["handles"] = tuple(hid(rank, h) for h in e.handles)
+        if isinstance(e, SessionCleared):
+            renumbered["frames"] = tuple(hid(rank, h) for h in e.frames)
+        if isinstance(e, ReplayRefused):
+            renumbered["last_release_seq"] = new_seq.get((rank, e.last_release_seq))  # earlier: renumbered
+            renumbered["collected_seq"] = new_seq.get((rank, e.collected_seq))
+        events.append(msgspec.structs.replace(e, seq=seq, t_ns=t, handle_id=hid(rank, e.handle_id),
+                                              tags={**e.tags, "rank": rank}, **renumbered))
     memory = _merge_memory(traces, offsets, new_seq)
     graphs = []
     for rank in sorted(traces):
         for g in traces[rank].graphs:
             if (rank, g.seq) not in new_seq and g.seq >= 0:
                 continue
-            nodes = [{**n, "handle_id": hid(rank, n.get("handle_id"))} for n in g.nodes]
+            nodes = tuple(msgspec.structs.replace(n, handle_id=hid(rank, n.handle_id)) for n in g.nodes)
             graphs.append(GraphSnapshot(seq=new_seq.get((rank, g.seq), -1), label=f"rank {rank}: {g.label}",
                                         nodes=nodes, edges=g.edges, torchviz=g.torchviz))
     graphs.sort(key=lambda g: g.seq)
@@ -228,7 +237,7 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run") -> Trace:
         microbatches=base.get("microbatches"),
         sources=sources,
         distributed={"run_id": base.get("run_id"), "world_size": base.get("world_size"), "merged": True,
-                     "ranks": {str(r): headers[r] for r in sorted(headers)},
+                     "ranks": sorted(headers), "headers": {str(r): headers[r] for r in sorted(headers)},
                      "stages_by_rank": {str(r): headers[r].get("stages") for r in sorted(headers)},
                      "planned_order": _planned(headers), "clock_alignment": clocks,
                      "alignment": check_order(events)})
@@ -250,29 +259,13 @@ def _merge_memory(traces: dict[int, Trace], offsets: dict[int, Any],
     readings = []
     for rank, trace in traces.items():
         offset = offsets[rank]
-        for s in trace.memory:
+        for order, s in enumerate(trace.memory):
             seq = new_seq.get((rank, s.seq))
             if seq is not None:
-                readings.append((seq, rank, s, s.t_ns + offset(s.t_ns)))
-    readings.sort(key=lambda r: (r[0], r[1]))
-    latest: dict[int, MemorySample] = {}
-    out: list[MemorySample] = []
-    for seq, rank, sample, t in readings:
-        latest[rank] = sample
-        totals: dict[str, int] = {}
-        by_stage: dict[str, dict[str, int]] = {}
-        device = None
-        for s in latest.values():
-            for c, n in s.bytes_by_category.items():
-                totals[c] = totals.get(c, 0) + n
-            by_stage.update(s.by_stage or {})
-            if s.device_allocated is not None:
-                device = (device or 0) + s.device_allocated
-        if out and out[-1].seq == seq:
-            out.pop()
-        out.append(MemorySample(seq=seq, t_ns=t, bytes_by_category=totals, device_allocated=device,
-                                by_stage=by_stage))
-    return out
+                readings.append((seq, rank, order, msgspec.structs.replace(s, seq=seq, t_ns=s.t_ns + offset(s.t_ns),
+                                                                           rank=rank)))
+    readings.sort(key=lambda r: r[:3])
+    return [r[3] for r in readings]
 
 
 def merge_run(folder: str) -> tuple[Trace, str]:
@@ -302,7 +295,7 @@ def _describe(trace: Trace, run: str, output: str) -> str:
 
 
 def merge_command(args: argparse.Namespace) -> int:
-    from ckpt_viz.trace.files import check_writable
+    from ckpt_viz.trace._files import check_writable
 
     run, files = find_rank_files(args.dir)
     output = args.output or os.path.join(run, "merged.json")

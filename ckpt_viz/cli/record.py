@@ -86,7 +86,7 @@ def _in_cli_words(exc: CkptVizError, args: argparse.Namespace) -> CkptVizError:
 def record_command(args: argparse.Namespace) -> int:
     from ckpt_viz.run.obtain import RunRequest, obtain_trace
     from ckpt_viz.run.zoo import BUILTIN_MODELS, build_builtin
-    from ckpt_viz.trace.files import check_writable
+    from ckpt_viz.trace._files import check_writable
 
     check_writable(args.output, "ckpt-viz record")  # a missing or read-only folder fails now, not after the run
 
