@@ -3,7 +3,10 @@ against the executed order, and the step time and bubble per rank and per stage.
 
     actions(trace)            -> (Action(lane="rank 0 · stage 0", action="F", microbatch=0, start_us=..., ...), ...)
     planned_vs_executed(trace) -> (OrderCheck(lane="rank 0", planned="0F0 0F1 ...", executed=..., same=True), ...)
-    bubbles(trace)            -> Bubbles(step_us=..., by_rank={0: 0.31, ...}, by_stage={...})
+    bubbles(trace)            -> Bubbles(unit="µs", exact=True, steps=(StepBubbles(step=0, length=..., bubble=0.38,
+                                 by_rank={0: Busy(busy=..., idle=..., bubble=0.47, actions=24), ...}, by_stage=...),))
+    bubble_lines(trace)       -> ["step 0: 208.05 ms; bubble 38% (rank 0 47%, rank 1 29%)"]   (`ckpt-viz info`)
+    bubble_rows(trace, step)  -> [{"": "rank 0", "busy": "110.21 ms", "idle": ..., "bubble": "47%", ...}, ...]
 
 Read from the recorded events' tags (`action`, `stage`, `microbatch`, `step`, `rank`), so the same
 answer comes from a saved trace, the in-process pipeline mode and a merged multi-rank trace. Standard
@@ -52,7 +55,7 @@ from ckpt_viz.analysis._cache import derived
 from ckpt_viz.trace import Trace
 
 __all__ = ["TICK_LENGTH", "TORCH_ACTIONS", "Action", "Bubbles", "Busy", "OrderCheck", "StepBubbles", "actions",
-           "bubble_lines", "bubbles", "planned_vs_executed", "tick_at"]
+           "bubble_lines", "bubble_rows", "bubbles", "planned_vs_executed", "tick_at"]
 
 TORCH_ACTIONS: dict[str, str] = {"F": "F", "I": "DX", "W": "DW", "B": "B", "DX": "DX", "DW": "DW"}
 TICK_LENGTH: dict[str, int] = {"F": 1, "DX": 1, "DW": 1, "B": 2}  # NOTE [ Timeline boxes ], rule 6
@@ -360,3 +363,15 @@ def bubble_lines(trace: Trace) -> list[str]:
         lines.append(f"{name}: {_amount(s.length, found.unit)}{wall}; bubble {100 * s.bubble:.0f}% ({each})"
                      + ("" if found.exact else "; an upper bound: actions without start and end events"))
     return lines
+
+
+def bubble_rows(trace: Trace, step: Any = None) -> list[dict[str, Any]]:
+    """A step's figures per rank, then per stage, in words: {"": "rank 0", "busy": "110.21 ms", "idle": ...,
+    "bubble": "47%", "actions": 24}; `step`: the step tag (default: the first recorded step)."""
+    found = bubbles(trace)
+    figures = found.step(step) or (found.steps[0] if found.steps else None)
+    if figures is None:
+        return []
+    return [{"": f"{word} {key}", "busy": _amount(b.busy, found.unit), "idle": _amount(b.idle, found.unit),
+             "bubble": f"{100 * b.bubble:.0f}%", "actions": b.actions}
+            for word, group in (("rank", figures.by_rank), ("stage", figures.by_stage)) for key, b in group.items()]

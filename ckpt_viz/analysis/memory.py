@@ -83,13 +83,15 @@ class MemoryFacts:
 
 @dataclass(frozen=True, slots=True)
 class StageReading:
-    """Bytes held by one pipeline stage after a sample with a by-stage reading."""
+    """Bytes held by one pipeline stage after a sample with a by-stage reading; `us`: microseconds from the
+    trace's first event (the schedule timeline's x)."""
 
     rank: int | None
     stage: str
     seq: int
     t_ns: int
     nbytes: int
+    us: float = 0.0
 
 
 def _facts(samples: list[MemorySample]) -> MemoryFacts:
@@ -145,7 +147,8 @@ def rank_memory(trace: Trace) -> dict[int, MemoryFacts]:
 def stage_memory(trace: Trace) -> list[StageReading]:
     """Bytes held per pipeline stage after each sample with a by-stage reading, in order."""
     def build(t: Trace) -> list[StageReading]:
-        return [StageReading(s.rank, str(stage), s.seq, s.t_ns, sum(cats.values()))
+        origin = t.events[0].t_ns if t.events else 0
+        return [StageReading(s.rank, str(stage), s.seq, s.t_ns, sum(cats.values()), (s.t_ns - origin) / 1000.0)
                 for s in t.memory for stage, cats in s.by_stage.items()]
     return derived(trace, "stage_memory", build)
 

@@ -33,7 +33,7 @@ from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace
 from ckpt_viz.vocabulary import MEMORY_CATEGORIES
 
-__all__ = ["CURSOR_PICK", "drawn_samples", "memory_cursor", "memory_series", "render_memory", "render_peaks"]
+__all__ = ["CURSOR_PICK", "bytes_y", "drawn_samples", "memory_cursor", "memory_series", "render_memory", "render_peaks"]
 
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
 CURSOR_PICK = palette.CURSOR_PICK  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
@@ -95,11 +95,15 @@ def _ticks(top: float, size: int) -> list[float]:
     return [round(i * step, 10) * size for i in range(int(span / step) + 2)]
 
 
-def _y(field: str, top: float, *, stack: Any = None) -> alt.Y:
-    """A bytes axis labelled in the unit of the largest value (KiB, MiB, ...) at round ticks, the values in bytes."""
+def bytes_y(field: str, top: float, *, stack: Any = None, title: str | None = "memory",
+            extent: int | None = None) -> alt.Y:
+    """A bytes axis labelled in the unit of the largest value (KiB, MiB, ...) at round ticks, the values in bytes;
+    its title names the unit ("memory (KiB)"), or is left out with `title=None`; `extent`: the labels' width in
+    pixels (to line its plot up with another chart's)."""
     unit, size = _unit(top)
-    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '~g') + ' {unit}'", title=f"memory ({unit})",
-                    values=_ticks(top, size))
+    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '~g') + ' {unit}'",
+                    title=f"{title} ({unit})" if title else None, values=_ticks(top, size),
+                    **({"minExtent": extent, "maxExtent": extent} if extent is not None else {}))
     return alt.Y(f"{field}:Q", stack=stack, axis=axis)
 
 
@@ -207,7 +211,7 @@ def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Layer
     words = [category_word(c) for c in categories]
     area = alt.Chart(rows_data(rows)).mark_area(interpolate="step-after").encode(
         x=alt.X("seq:Q", title="event seq", scale=x_scale),
-        y=_y("bytes", top, stack="zero"),
+        y=bytes_y("bytes", top, stack="zero"),
         color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
             domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories])),
         order=alt.Order("order:Q"),
@@ -282,7 +286,7 @@ def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) 
               scale=alt.Scale(domain=[0, 3], nice=False),
               axis=alt.Axis(values=[0, 1, 2, 3], labelExpr="['start', 'forward ends', 'DX ends', 'end'][datum.value]"))
     lines = alt.Chart(rows_data(rows)).mark_line(interpolate="step-after").encode(
-        x=x, y=_y("bytes", top), color=colour)
+        x=x, y=bytes_y("bytes", top), color=colour)
     pick = alt.selection_point(name=CURSOR_PICK, on="click", fields=["x"], nearest=True, clear=False)
     dots = alt.Chart(rows_data(rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
         x="x:Q", y="bytes:Q", color=same_colour,
