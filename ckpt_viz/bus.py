@@ -52,8 +52,8 @@ from ckpt_viz.launch import context_value, launch_context, set_launch_context
 from ckpt_viz.sites import call_site, skip_frames_in
 
 __all__ = ["Channel", "Scope", "Subscriber", "action", "call_site", "context_value", "current_scope", "current_tags",
-           "emit", "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context", "skip_frames_in",
-           "subscribe", "tag"]
+           "emit", "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context",
+           "skip_frames_in", "subscribe", "tag"]
 
 E = TypeVar("E", bound=EventBase)
 
