@@ -8,6 +8,8 @@ torch or a UI runtime.
 
     one trace:   stacked areas of bytes by category over the event seq, parameters as the
                  base band; bands for the forward / DX / DW parts behind them
+    ranks:       small multiples, one stacked chart per rank of a merged trace on one x and one
+                 y scale (`render_rank_memory`)
     several:     one line of total bytes per trace on the axis of parts (forward, DX, DW)
     both:        the cursor as a magenta rule, the peak as a point; hover explains a value,
                  a click selects the seq under it (selection parameter CURSOR_PICK)
@@ -25,7 +27,7 @@ from typing import Any
 
 import altair as alt
 
-from ckpt_viz.analysis.memory import MemoryFacts, MemoryPeak, memory
+from ckpt_viz.analysis.memory import MemoryFacts, MemoryPeak, memory, rank_memory
 from ckpt_viz.analysis.passes import AXIS, PARTS, passes
 from ckpt_viz.analysis.words import category_word, format_bytes, part_word
 from ckpt_viz.render import palette
@@ -33,7 +35,8 @@ from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace
 from ckpt_viz.vocabulary import MEMORY_CATEGORIES
 
-__all__ = ["CURSOR_PICK", "bytes_y", "drawn_samples", "memory_cursor", "memory_series", "render_memory", "render_peaks"]
+__all__ = ["CURSOR_PICK", "bytes_y", "drawn_samples", "memory_cursor", "memory_series", "render_memory", "render_peaks",
+           "render_rank_memory"]
 
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
 CURSOR_PICK = palette.CURSOR_PICK  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
@@ -346,3 +349,38 @@ def _in_order(categories: list[str]) -> list[str]:
     seen = set(categories)
     return [c for c in MEMORY_CATEGORIES if c in seen] + [c for c in dict.fromkeys(categories)
                                                           if c not in MEMORY_CATEGORIES]
+
+
+def render_rank_memory(trace: Trace, *, cursor: int | None = None, max_points: int = 400,
+                       datasets: dict[str, list[dict]] | None = None) -> alt.ConcatChart:
+    """Small multiples: each rank's bytes by category over the event seq (`analysis.memory.rank_memory`), stacked as
+    in `render_memory`, one panel per rank on one x and one y scale (so the panels compare), each titled with the
+    rank's peak; the cursor marked in every panel."""
+    with collecting(datasets):
+        facts = rank_memory(trace)
+        categories = _in_order([c for f in facts.values() for c in _shown(f)])
+        words = [category_word(c) for c in categories]
+        colour = alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
+            domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories]))
+        top = max((f.peak.total for f in facts.values() if f.peak), default=0)
+        events = trace.events
+        lo, hi = (events[0].seq, events[-1].seq) if events else (0, 1)
+        x = alt.X("seq:Q", title="event seq", scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False, zero=False))
+        y = bytes_y("bytes", top, stack="zero")
+        y.scale = alt.Scale(domain=[0, max(top, 1)])
+        panels = []
+        for rank, f in facts.items():
+            order = {c: i for i, c in enumerate(categories)}
+            rows = [{"seq": f.seqs[i], "what": category_word(c), "order": order[c], "bytes": f.by_category[c][i],
+                     "size": format_bytes(f.by_category[c][i])}
+                    for i in drawn_samples(f.totals, max_points) for c in categories if c in f.by_category]
+            area = alt.Chart(rows_data(rows)).mark_area(interpolate="step-after").encode(
+                x=x, y=y, color=colour, order=alt.Order("order:Q"),
+                tooltip=[alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("what:N", title="category"),
+                         alt.Tooltip("size:N", title="bytes")])
+            layers: list[Any] = [area]
+            if cursor is not None:
+                layers.append(_cursor_rule(rows_data([{"seq": cursor}]), "seq"))
+            peak = f"peak {format_bytes(f.peak.total)}" if f.peak else "no samples"
+            panels.append(alt.layer(*layers).properties(title=f"rank {rank} · {peak}", width=340, height=150))
+        return alt.concat(*panels, columns=2)
