@@ -282,7 +282,7 @@ def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) 
     spare = [c for m, c in palette.MODE_COLOURS.items() if m not in names]  # for names that are no mode
     colours = [palette.MODE_COLOURS.get(n) or (spare.pop(0) if spare else palette.PEAK_COLOUR) for n in names]
     scale = alt.Scale(domain=names, range=colours)
-    colour = alt.Color("trace:N", sort=names, title="mode", scale=scale)
+    colour = alt.Color("trace:N", sort=names, title="run", scale=scale)
     same_colour = alt.Color("trace:N", sort=names, scale=scale, legend=None)  # one legend, the lines'
     top = max((r["bytes"] for r in rows), default=0)
     x = alt.X("x:Q", title="part of the step (each run's forward, DX and DW line up; a full backward spans DX and DW)",
@@ -293,7 +293,7 @@ def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) 
     pick = alt.selection_point(name=CURSOR_PICK, on="click", fields=["x"], nearest=True, clear=False)
     dots = alt.Chart(rows_data(rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
         x="x:Q", y="bytes:Q", color=same_colour,
-        tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("size:N", title="total"),
+        tooltip=[alt.Tooltip("trace:N", title="run"), alt.Tooltip("size:N", title="total"),
                  alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
                  alt.Tooltip("pass:N", title="part of the step")]).add_params(pick)
     split_bands = [{"action": a, "start": AXIS[a][0], "end": AXIS[a][1]} for a in ("F", "DX", "DW")]
@@ -339,9 +339,9 @@ def render_peaks(traces: dict[str, Trace]) -> alt.Chart:
         color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
             domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories])),
         order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("what:N", title="category"),
+        tooltip=[alt.Tooltip("trace:N", title="run"), alt.Tooltip("what:N", title="category"),
                  alt.Tooltip("size:N", title="bytes"), alt.Tooltip("total:N", title="peak total")],
-    ).properties(title="memory at each mode's peak, by category", height=max(28 * len(traces), 60))
+    ).properties(title="memory at each run's peak, by category", height=max(28 * len(traces), 60))
 
 
 def _in_order(categories: list[str]) -> list[str]:
