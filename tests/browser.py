@@ -127,6 +127,8 @@ def shown_text(element) -> str:
 
 
 def table_rows(page, index: int) -> list[list[str]]:
-    """The cells of the main area's `index`-th table (st.table), row by row, without the header row."""
+    """The cells of the main area's `index`-th table (st.table), row by row, without the header row, as a person
+    reads them (`shown_text`)."""
     table = page.locator('[data-testid="stMain"] [data-testid="stTable"]').nth(index)
-    return [[c.strip() for c in row.split("\t")] for row in table.locator("tbody tr").all_inner_texts()]
+    rows = table.locator("tbody tr").all_inner_texts()
+    return [[c.strip().replace("\u2060", "") for c in row.split("\t")] for row in rows]

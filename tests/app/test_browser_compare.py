@@ -91,3 +91,41 @@ def test_a_link_with_vs_opens_compare_on_that_partner(browser_page, server) -> N
     assert parse_qs(urlparse(page.url).query).get("vs") == ["builtin:mlp:none"]
     assert main.locator('[data-testid="stException"]').count() == 0
     assert not page.errors, page.errors
+
+
+def test_a_crafted_trace_compared_and_its_bubbles_show_its_text_as_text(browser_page, server, tmp_path) -> None:
+    """A trace whose labels, names and stage tags are markdown, HTML and script (tests/app/test_browser_hostile.py)
+    beside a built-in run: its text is shown as its characters in the sentences and tables of Compare and in the
+    timeline's bubble table; nothing runs, nothing is fetched."""
+    from playwright.sync_api import expect
+    from test_browser_hostile import IMAGE, MARK, NAME, crafted_trace
+
+    from ckpt_viz.analysis.actions import bubble_rows
+    from ckpt_viz.trace import Trace
+
+    path = tmp_path / "crafted.json"
+    crafted_trace(path)
+    page = browser_page
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    sidebar.get_by_text("Saved trace", exact=True).click()
+    settle(page)
+    sidebar.locator('input[type="file"]').set_input_files(
+        {"name": NAME, "mimeType": "application/json", "buffer": path.read_bytes()})
+    expect(page.get_by_role("heading", name="Overview", exact=True)).to_be_visible(timeout=120_000)
+    settle(page, 120_000)
+    goto_page(page, "Compare", "Compare two runs")
+    main = page.locator('[data-testid="stMain"]')
+    main.get_by_text("Built-in run", exact=True).click()
+    expect(main.get_by_role("heading", name="What differs", exact=True)).to_be_visible(timeout=120_000)
+    settle(page)
+    text = shown_text(main)
+    assert f"A = {NAME} (the sidebar's run)" in text  # the uploaded file's name, as its characters
+    assert f"{NAME} replays " in text
+    goto_page(page, "Schedule timeline")
+    lanes = [row[0] for row in table_rows(page, 0)]
+    assert lanes == [row[""] for row in bubble_rows(Trace.load(path))] and any(IMAGE in lane for lane in lanes)
+    assert page.evaluate("() => window.__ckpt_pwned") is None, MARK
+    outside = sorted({u for u in page.requests if not u.startswith((server, "data:", "blob:", "about:"))})
+    assert not outside, outside
+    assert main.locator("img[src*='127.0.0.2']").count() == 0 and main.locator("a[href*='127.0.0.2']").count() == 0
+    assert not page.errors, page.errors
