@@ -95,7 +95,8 @@ def test_timeline_walks_to_a_dw_action(browser_page) -> None:
 
 
 def test_a_merged_two_rank_trace_shows_its_bubbles_and_each_ranks_memory(browser_page) -> None:
-    """docs/examples/zbv_2_ranks.json.gz: a real 2-rank ZBVZeroBubble run of two steps, merged (docs/examples/make.py)."""
+    """docs/examples/zbv_2_ranks.json.gz: a real 2-rank ZBVZeroBubble run of two steps, merged
+    (docs/examples/make.py)."""
     from playwright.sync_api import expect
 
     from ckpt_viz.analysis.actions import bubbles
