@@ -23,8 +23,12 @@ from ckpt_viz.vocabulary import HandleMode, Kind, Phase, ReleaseReason, Runtime
 
 __all__ = [
     "EVENT_TYPES",
+    "ActionFinished",
+    "ActionStarted",
+    "BackwardCalled",
     "BackwardEntered",
     "CapturedParam",
+    "DwRunnerCalled",
     "EarlyStopped",
     "Error",
     "Event",
@@ -53,6 +57,7 @@ __all__ = [
     "TensorMeta",
     "TensorPacked",
     "TensorUnpacked",
+    "UnaskedGradsAccumulated",
 ]
 
 # -- ranges shared by the fields (a trace file is checked against them as it is read)
@@ -182,6 +187,16 @@ class PhaseSet(EventBase, tag="phase_set"):
     old: Phase
     new: Phase
     outer_graph_freed: bool | None = None  # to dw: a backward without retain_graph freed its saved inputs
+
+
+class BackwardCalled(EventBase, tag="backward_called"):
+    """The user's code called `torch.autograd.backward` (also through `Tensor.backward` and the split helpers) or
+    `torch.autograd.grad` inside a recording: a backward pass starts (its `site` is that call)."""
+
+    kind: ClassVar[Kind] = "backward_called"
+    api: Literal["autograd.backward", "autograd.grad"]
+    inputs: Count | None = None  # how many tensors it asked gradients for; None: every leaf
+    retain_graph: bool | None = None
 
 
 class BackwardEntered(EventBase, tag="backward_entered"):
@@ -325,11 +340,46 @@ class ReplayDiverged(EventBase, tag="replay_diverged"):
     mutable_inputs: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()  # "past_key_values (DynamicCache)"
 
 
+class UnaskedGradsAccumulated(EventBase, tag="unasked_grads_accumulated"):
+    """An unscoped reentrant handle reached by `autograd.grad` / `backward(inputs=...)` accumulated into `.grad` of
+    parameters that call did not ask for (NOTE [ Unasked accumulation ] in ckpt_viz/runtime/unasked.py)."""
+
+    kind: ClassVar[Kind] = "unasked_grads_accumulated"
+    count: Count
+    params: Annotated[tuple[Name | None, ...], Meta(max_length=65536)] = ()  # recorded names, None when unnamed
+    shapes: Annotated[tuple[Shape, ...], Meta(max_length=65536)] = ()
+    function: Name = ""
+    warned: bool = False  # this occurrence raised the UnaskedAccumulationWarning
+
+
+class DwRunnerCalled(EventBase, tag="dw_runner_called"):
+    """A pipeline stage ran the weight-gradient work its `dw_builder` deferred (tags: the W or B action)."""
+
+    kind: ClassVar[Kind] = "dw_runner_called"
+    stage: Count
+    runner: Name = ""
+
+
 class MemorySampled(EventBase, tag="memory_sampled"):
     """A point where memory was read with nothing else happening (a block boundary)."""
 
     kind: ClassVar[Kind] = "memory_sampled"
     at: Name | None = None
+
+
+class ActionStarted(EventBase, tag="action_started"):
+    """A pipeline action (F, DX, DW or B of one stage and micro-batch) began: it carries nothing but its tags
+    (`stage`, `microbatch`, `action`, and `rank`, `step` where known). Its box on the schedule timeline starts
+    here, so work before the action's first checkpoint event counts as busy (NOTE [ Timeline boxes ] in
+    ckpt_viz/analysis/actions.py)."""
+
+    kind: ClassVar[Kind] = "action_started"
+
+
+class ActionFinished(EventBase, tag="action_finished"):
+    """The pipeline action of the same tags ended (also when it raised: the error event comes first)."""
+
+    kind: ClassVar[Kind] = "action_finished"
 
 
 class Error(EventBase, tag="error"):
@@ -345,9 +395,10 @@ class Error(EventBase, tag="error"):
 
 Event = Union[
     HandleCreated, ForwardStarted, ForwardFinished, ForwardFailed, TensorPacked, TensorUnpacked, PhaseSet,
-    BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
+    BackwardCalled, BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
     NodeCollected, SessionBound, SessionActivated, SessionDeactivated, SessionCleared, Prefired, ExcludeSaved,
-    ExcludeReused, ReplayDiverged, MemorySampled, Error,
+    ExcludeReused, ReplayDiverged, UnaskedGradsAccumulated, DwRunnerCalled, MemorySampled, ActionStarted,
+    ActionFinished, Error,
 ]
 
 EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in Event.__args__}  # type: ignore[attr-defined]

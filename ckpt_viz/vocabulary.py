@@ -45,6 +45,7 @@ Kind = Literal[
     "tensor_packed",
     "tensor_unpacked",
     "phase_set",
+    "backward_called",
     "backward_entered",
     "replay_started",
     "replay_finished",
@@ -62,7 +63,11 @@ Kind = Literal[
     "exclude_saved",
     "exclude_reused",
     "replay_diverged",
+    "unasked_grads_accumulated",
+    "dw_runner_called",
     "memory_sampled",
+    "action_started",
+    "action_finished",
     "error",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)

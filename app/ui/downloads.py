@@ -31,7 +31,7 @@ def _trace_bytes(run: Run) -> bytes:
 
 
 def perfetto_bytes(run: Run) -> bytes:
-    return json.dumps(render_perfetto(run.trace.events, run.trace.memory, run.trace.meta)).encode()
+    return json.dumps(render_perfetto(run.trace)).encode()
 
 
 def svg_bytes(dot: str) -> bytes:

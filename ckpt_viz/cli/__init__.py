@@ -8,6 +8,7 @@
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
     ckpt-viz lesson [N]                                            list the lessons, or walk lesson N
+    ckpt-viz plan trace.json --budget 1.5GiB                       what to checkpoint to fit a budget
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
 Start-up imports no torch: `info` and `export` never load it; `record` and `demo` load it when they run.
@@ -20,13 +21,15 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
+from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT_MODEL
 from ckpt_viz.cli.app import app_command, app_path, demo_command
 from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
 from ckpt_viz.cli.lesson import lesson_command
 from ckpt_viz.cli.merge import merge_command
+from ckpt_viz.cli.plan import add_plan_command
 from ckpt_viz.cli.record import record_command
+from ckpt_viz.vocabulary import RUN_MODES
 
 __all__ = ["app_path", "build_parser", "main", "summarize"]
 
@@ -41,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "path/to/file.py:factory or package.module:factory, or a broken run to "
                                      f"explore ({', '.join(BROKEN_SCENARIO_NAMES)}).")
     rec.add_argument("model", help="what to run (see above)")
-    rec.add_argument("--mode", default="split-reentrant", choices=MODES,
+    rec.add_argument("--mode", default="split-reentrant", choices=RUN_MODES,
                      help="how the model's blocks are checkpointed (default: %(default)s)")
     rec.add_argument("-o", "--output", default="trace.json",
                      help="trace file, .json or .json.gz (default: %(default)s)")
@@ -83,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "pipeline's send-before-receive order (exit status 1 when it fails).")
     merge.add_argument("dir")
     merge.add_argument("-o", "--output", help="merged trace file (default: <run folder>/merged.json)")
+    merge.add_argument("--partial", action="store_true",
+                       help="merge the ranks that wrote a file and mark the others missing (a crashed or killed run)")
     merge.set_defaults(run=merge_command)
 
     app = sub.add_parser("app", help="start the Streamlit app")
@@ -93,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a built-in model and print its events")
     demo.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(BUILTIN_MODEL_NAMES))
-    demo.add_argument("--mode", default="split-reentrant", choices=[m for m in MODES if m != "pipeline"])
+    demo.add_argument("--mode", default="split-reentrant", choices=[m for m in RUN_MODES if m != "pipeline"])
     demo.add_argument("--site", action="store_true", help="show the user's file:line of each event")
     demo.set_defaults(run=demo_command)
 
@@ -101,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     lesson.add_argument("number", type=int, nargs="?", metavar="N")
     lesson.add_argument("--no-pause", action="store_true", help="run straight through, even on a terminal")
     lesson.set_defaults(run=lesson_command)
+    add_plan_command(sub)
     return parser
 
 

@@ -20,6 +20,8 @@ transformers = pytest.importorskip("transformers")
 
 import ckpt_viz  # noqa: E402
 import ckpt_viz.hf  # noqa: E402
+from ckpt_viz.analysis.handles import observed_mode  # noqa: E402
+from ckpt_viz.analysis.lifecycle import lifecycle  # noqa: E402
 from ckpt_viz.cli.info import summarize  # noqa: E402
 from ckpt_viz.errors import CkptVizError  # noqa: E402
 
@@ -107,7 +109,7 @@ def test_the_loop_as_it_comes_is_recorded_layer_by_layer_and_bit_identical(name:
     mode = "reentrant" if use_reentrant else "nonreentrant"
     assert {(e.mode, e.runtime, e.via) for e in created} == {(mode, "torch", "transformers")}
     # 3. each replayed once and released after its backward; the lifecycle agrees
-    life = ckpt_viz.lifecycle(trace)
+    life = lifecycle(trace)
     handles = [e.handle_id for e in created]
     assert life.handle_ids == handles and len(set(handles)) == layers * STEPS
     assert [life.replays(h) for h in handles] == [1] * len(handles)
@@ -136,14 +138,14 @@ def test_ckpt_viz_hf_enable_runs_ckpt_vizs_checkpoint_through_hfs_mechanism(name
     assert [e.label for e in created] == [f"{prefix}.{k}" for k in range(layers)] * 2
     mode = "reentrant" if use_reentrant else "nonreentrant"
     assert {(e.mode, e.runtime) for e in created} == {(mode, "ckpt_viz")}  # ckpt_viz's own handles
-    assert trace.meta["mode"] == f"{mode} (ckpt_viz)"
+    assert observed_mode(trace) == f"{mode} (ckpt_viz)"  # the mode info states
     # HF's cache handling is kept: the layers run with the cache off under checkpointing
     assert all(m.gradient_checkpointing for m in model.modules()
                if isinstance(m, transformers.modeling_layers.GradientCheckpointingLayer))
     ckpt_viz.hf.disable(model)
     with ckpt_viz.record(model=model) as rec:
         model(input_ids=torch.randint(0, 64, (2, 8)), labels=torch.randint(0, 64, (2, 8))).loss.backward()
-    assert rec.trace.count("handle_created") == 0 and rec.trace.meta["mode"] == "none"
+    assert rec.trace.count("handle_created") == 0 and observed_mode(rec.trace) == "none"
 
 
 def test_hf_enable_torch_runtime_and_every_n_layers() -> None:
@@ -151,7 +153,7 @@ def test_hf_enable_torch_runtime_and_every_n_layers() -> None:
     ckpt_viz.hf.enable(model, runtime="torch", every_n_layers=2)
     _, _, (trace,) = _loop(model, recorded=True, steps=1)
     assert [e.label for e in trace.of_kind("handle_created")] == ["model.layers.0", "model.layers.2"]
-    assert trace.meta["mode"] == "nonreentrant (torch)"  # HF's default kind
+    assert observed_mode(trace) == "nonreentrant (torch)"  # HF's default kind
 
 
 @pytest.mark.parametrize(("call", "message"), [
