@@ -21,16 +21,18 @@ KINDS = ("Saved trace (path)", "Saved trace (upload)", "Built-in run")
 
 
 def partner_param() -> str | None:
-    """The `vs` query parameter (swap for the URL-state helper of app/ui once it lands)."""
-    return st.query_params.get(VS)
+    """The `vs` query parameter (`ui.url.param`)."""
+    from ui.url import param
+
+    return param(VS)
 
 
 def set_partner_param(value: str | None) -> None:
-    """Write (or, with None, remove) the `vs` query parameter."""
-    if value is None:
-        st.query_params.pop(VS, None)
-    elif st.query_params.get(VS) != value:
-        st.query_params[VS] = value
+    """Write (or, with None, remove) the `vs` query parameter, with the view (`ui.url.set_param`: one history entry,
+    remembered as the app's own write)."""
+    from ui.url import set_param
+
+    set_param(VS, value)
 
 
 def _stamp(path: str) -> tuple[int, int]:

@@ -4,7 +4,8 @@
     ?broken=dx-after-dw&cursor=3                      a broken run
     ?file=examples/user_model.py:make_model&mode=...  a model file by path (`upload=model`: an uploaded one)
     ?trace=runs/a.json.gz&cursor=0                    a saved trace by path (`upload=trace`: an uploaded one)
-    &vs=model:mlp@none                                Compare's partner run (`partner`, `set_partner`)
+    &vs=builtin:mlp:none                              Compare's partner run (app/ui/partner.py: `param`,
+                                                      `set_param`)
 
 The page is the URL's path (Streamlit's navigation). A reload or a shared link opens the same view (an
 upload cannot travel in a link: the picker opens on the upload, to be given again), and the browser's
@@ -25,7 +26,8 @@ NOTE [ The URL holds the view ]
      steps to the bare one first, which shows the same view.)
   3. `publish(config)` runs after the picker is drawn and `publish_cursor(config, seq)` wherever the
      cursor of the sidebar's run is read: each writes the view when it changed, in one update (one
-     history entry), and remembers the URL it wrote. Parameters it does not own (`vs`) stay.
+     history entry), and remembers the URL it wrote. Parameters it does not own (`vs`) stay; a page writes
+     its own through `set_param`, which remembers them too.
   4. A new source puts the cursor at 0 (NOTE [ State that survives page changes ] in cursor.py, rule 3).
 """
 from __future__ import annotations
@@ -37,10 +39,7 @@ import streamlit as st
 
 from ui.runs import CONFIG, DEFAULT_MODE, RunConfig
 
-__all__ = ["PARTNER", "config_from_param", "config_param", "partner", "pending_cursor", "publish",
-           "publish_cursor", "restore", "set_partner"]
-
-PARTNER = "vs"  # Compare's partner run: `partner()` / `set_partner()`
+__all__ = ["param", "pending_cursor", "publish", "publish_cursor", "restore", "set_param"]
 _SOURCE_PARAMS = ("model", "broken", "file", "trace", "upload", "mode", "schedule", "mb")
 _WRITTEN = "url_written"  # the query parameters this session wrote (or applied) last
 _PENDING = "url_cursor"  # (config, seq): a cursor the URL named, for the run it names (config None: not known yet)
@@ -193,57 +192,22 @@ def publish_cursor(config: RunConfig, seq: int) -> None:
     _write({**params, "cursor": str(seq)})
 
 
-# -- Compare's partner run (the `vs` parameter), for app/views/compare.py
+# -- parameters of a page's own (Compare's partner `vs`, app/ui/partner.py)
 
 
-def config_param(config: RunConfig) -> str:
-    """A run as one parameter value: "model:mlp@none", "file:net.py:make_model@reentrant", "trace:runs/a.json",
-    "broken:dx-after-dw"; a pipeline run adds "/<schedule>/<micro-batches>" to its mode. An uploaded file has
-    no path to give: "upload:<kind>"."""
-    if config.name:
-        return f"upload:{'model' if config.source == 'user' else 'trace'}"
-    if config.source in ("trace", "broken"):
-        return f"{config.source}:{config.target}"
-    mode = config.mode + (f"/{config.schedule}/{config.microbatches}" if config.mode == "pipeline" else "")
-    return f"{'model' if config.source == 'builtin' else 'file'}:{config.target}@{mode}"
+def param(name: str) -> str | None:
+    """The URL's query parameter `name` (a page's own, such as Compare's `vs`), or None."""
+    return st.query_params.get(name)
 
 
-def config_from_param(text: str | None) -> RunConfig | None:
-    """The run `config_param` wrote, or None for a value that names no run (checked as the picker checks)."""
-    from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES
-    from ckpt_viz.run.schedules import SCHEDULES
-    from ckpt_viz.vocabulary import RUN_MODES
-
-    kind, _, rest = (text or "").partition(":")
-    if kind == "trace" and rest:
-        return RunConfig("trace", rest, mode="")
-    if kind == "broken":
-        return RunConfig("broken", rest, mode="") if rest in BROKEN_SCENARIO_NAMES else None
-    if kind not in ("model", "file"):
-        return None
-    target, _, mode = rest.rpartition("@")
-    mode, _, pipe = mode.partition("/")
-    if mode not in RUN_MODES or not target or (kind == "model" and target not in BUILTIN_MODEL_NAMES):
-        return None
-    config = RunConfig("builtin" if kind == "model" else "user", target, mode=mode)
-    if mode == "pipeline":
-        schedule, _, mb = pipe.partition("/")
-        if schedule not in SCHEDULES or not mb.isdigit() or not 1 <= int(mb) <= 16:
-            return None
-        config = RunConfig(config.source, target, mode=mode, schedule=schedule, microbatches=int(mb))
-    return config
-
-
-def partner() -> RunConfig | None:
-    """Compare's partner run, from the URL's `vs` (None when absent or naming no run)."""
-    return config_from_param(st.query_params.get(PARTNER))
-
-
-def set_partner(config: RunConfig | None) -> None:
-    """Write Compare's partner run into the URL's `vs` (None: remove it); one history entry when it changed."""
+def set_param(name: str, value: str | None) -> None:
+    """Write a page's own query parameter (None: remove it) along with the view, as one history entry; the
+    view's own parameters (`_SOURCE_PARAMS`, `cursor`) are not a page's to write."""
+    if name in _SOURCE_PARAMS or name == "cursor":
+        raise ValueError(f"ui.url.set_param: {name!r} is part of the view the app writes itself.\n"
+                         "Tip: give a page's own parameter another name (Compare uses 'vs').")
     params = st.query_params.to_dict()
-    value = config_param(config) if config is not None else None
-    if params.get(PARTNER) == value:
+    if params.get(name) == value:
         return
-    params.pop(PARTNER, None)
-    _write({**params, **({PARTNER: value} if value is not None else {})})
+    params.pop(name, None)
+    _write({**params, **({name: value} if value is not None else {})})

@@ -70,8 +70,8 @@ with right:
         elif view == "routing" and trace.handle_ids():
             graph_view(render_routing(trace, seq), key="lesson_routing_zoom", name=f"lesson routing seq {seq}")
         elif view == "graph" and trace.graphs:
-            graph_view(render_graph(trace, seq, collapse=False), key="lesson_graph_zoom", name=f"lesson graph seq {seq}",
-                       note=snapshot_note(run, seq))
+            graph_view(render_graph(trace, seq, collapse=False), key="lesson_graph_zoom",
+                       name=f"lesson graph seq {seq}", note=snapshot_note(run, seq))
         elif view == "events":
             at = position_of(run, seq)
             st.code(rows_text(event_rows(trace.events[max(0, at - 8): at + 9]), marker=seq), language=None)

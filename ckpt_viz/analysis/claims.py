@@ -3,22 +3,19 @@
 A page never writes a fact about the run in its own words ("recomputes one block at a time", "why the split
 modes peak higher", "every handle was released"): it lays out these sentences. Each function reads the
 facts it states (`lifecycle`, `held_replays`, `memory`, `passes`, `routing`, `summary`) and says nothing
-when its general explanation does not hold for this run (it returns None).
+when its general explanation does not hold for this run (it returns None). Sentences that compare two runs
+are `ckpt_viz.analysis.compare`'s.
 
     replay_claim(trace)           -> "Backward recomputed one block at a time: 4 replays of 4 handles, ..."
     peak_claim(trace)             -> "Memory peaked at 1.4 MiB at seq 40, in DX (input grads); ..."
     outcome_claim(trace)          -> "No problem found: 0 refused replays, 0 errors; 4 of 4 handles released ..."
     run_claims(trace)             -> the Overview's list: (replay_claim, peak_claim) that apply
     passes_claim(trace)           -> "3 backward passes: 1 DX pass (4 replays), 1 DW pass (no replay; 4 released)"
-    peak_comparison(traces)       -> "Peak memory: none 1.2 MiB, reentrant 618.8 KiB, ...; lowest reentrant, ..."
-    split_cost_claim(traces)      -> "Why split-reentrant peaks higher than reentrant here: ..." or None
     held_at_peak_claim(trace)     -> "At the peak (seq 40) 4 replays were held at once: h0, h1, h2, h3." or None
 
 Standard library only.
 """
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from ckpt_viz.analysis.lifecycle import held_replays, lifecycle
 from ckpt_viz.analysis.memory import memory
@@ -28,8 +25,7 @@ from ckpt_viz.analysis.summary import summary
 from ckpt_viz.analysis.words import category_word, format_bytes, part_word, reason_word, state_word
 from ckpt_viz.trace import Trace
 
-__all__ = ["held_at_peak_claim", "outcome_claim", "passes_claim", "peak_claim", "peak_comparison", "replay_claim",
-           "run_claims", "split_cost_claim"]
+__all__ = ["held_at_peak_claim", "outcome_claim", "passes_claim", "peak_claim", "replay_claim", "run_claims"]
 
 
 def _plural(n: int, word: str, many: str | None = None) -> str:
@@ -129,55 +125,6 @@ def passes_claim(trace: Trace) -> str | None:
             said.append(f"{released:,} released")
         parts.append(f"{name} ({'; '.join(said)})")
     return f"{_plural(len(found), 'backward pass', 'backward passes')} reached a checkpoint: " + ", ".join(parts) + "."
-
-
-def peak_comparison(traces: Mapping[str, Trace]) -> str | None:
-    """Each run's peak (by its label), lowest and highest; None when fewer than two runs have memory samples."""
-    peaks = {label: p.total for label, t in traces.items() if (p := memory(t).peak) is not None}
-    if len(peaks) < 2:
-        return None
-    low, high = min(peaks, key=peaks.__getitem__), max(peaks, key=peaks.__getitem__)
-    listed = ", ".join(f"{label} {format_bytes(total)}" for label, total in peaks.items())
-    if peaks[low] == peaks[high]:
-        return f"Peak memory: {listed}: the same in every run."
-    return f"Peak memory: {listed}; lowest {low}, highest {high}."
-
-
-def _baseline(mode: str, modes: Mapping[str, str]) -> str | None:
-    """The label of the run a split `mode` is measured against: its own kind unsplit, else another checkpointed
-    run that is not split."""
-    same = mode.removeprefix("split-")
-    for label, m in modes.items():
-        if m == same:
-            return label
-    return next((label for label, m in modes.items() if m != "none" and not m.startswith("split")), None)
-
-
-def split_cost_claim(traces: Mapping[str, Trace]) -> str | None:
-    """Why a split run peaks higher, said only where it does: for each split run (`summary(...).mode`
-    "split-...") that peaks above its unsplit kind (or another unsplit checkpointed run) and held more than
-    one replay at its peak. None when no run of `traces` is such a run."""
-    modes = {label: summary(t).mode for label, t in traces.items()}
-    said = []
-    for label, t in traces.items():
-        if not modes[label].startswith("split"):
-            continue
-        peak, base = memory(t).peak, _baseline(modes[label], modes)
-        base_peak = memory(traces[base]).peak if base is not None else None
-        if peak is None or base_peak is None or peak.total <= base_peak.total:
-            continue
-        held = held_replays(t).at(t, peak.seq)
-        if len(held) <= 1:
-            continue
-        unchecked = [(lb, p.total) for lb, m in modes.items() if m == "none" and (p := memory(traces[lb]).peak)]
-        versus_none = "".join(f"; {'above' if peak.total > total else 'not above'} {lb} ({format_bytes(total)})"
-                              for lb, total in unchecked)
-        said.append(f"Why {label} peaks higher than {base} here ({format_bytes(peak.total)} against "
-                    f"{format_bytes(base_peak.total)}{versus_none}): at its peak (seq {peak.seq}, in "
-                    f"{_part(t, peak.seq)}) it held {len(held)} replays at once ({_handles(held)}). DX replays each "
-                    "checkpointed block to reach its inputs, and DW needs that replay's saved activations too, so "
-                    "each replay is kept until DW runs.")
-    return " ".join(said) or None
 
 
 def held_at_peak_claim(trace: Trace) -> str | None:

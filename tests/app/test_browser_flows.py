@@ -103,8 +103,8 @@ def test_the_handles_picker_and_its_state_line_follow_the_cursor(browser_page) -
         assert match and match[2] == names[int(match[1])], shown  # the handle and its block, never a stale state
         h = int(match[1])
         line = page.locator('[data-testid="stMain"] [data-testid="stMarkdown"]').filter(has_text="At the cursor (seq")
-        assert line.inner_text().strip() == f"At the cursor (seq {seq}), h{h} is {state_word(life.state_at(h, seq))}.", \
-            (step, line.inner_text())
+        said = f"At the cursor (seq {seq}), h{h} is {state_word(life.state_at(h, seq))}."
+        assert line.inner_text().strip() == said, (step, line.inner_text())
     _no_exception(page, "Handles")
     assert not page.errors, page.errors
 

@@ -1,5 +1,5 @@
 """app/ui/url.py headless (AppTest): a URL's view opens (source, mode, cursor), bad values are left out, the app
-writes the view it shows, and Compare's partner run travels as one `vs` value (`config_param` / `partner`)."""
+writes the view it shows, and keeps a page's own parameter (Compare's partner run, `vs`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -62,26 +62,14 @@ def test_values_no_widget_offers_are_left_out() -> None:
     assert at.query_params["broken_not"] == "x"  # a parameter the app does not own stays
 
 
-def test_the_partner_run_round_trips_through_one_value() -> None:
-    from ui.runs import RunConfig
-    from ui.url import config_from_param, config_param
-
-    runs = [RunConfig("builtin", "mlp", mode="none"), RunConfig("user", "net.py:make_model", mode="reentrant"),
-            RunConfig("builtin", "pipeline", mode="pipeline", schedule="ZB-H1", microbatches=8),
-            RunConfig("trace", "runs/a@b.json.gz", mode=""), RunConfig("broken", "dx-after-dw", mode="")]
-    for config in runs:
-        assert config_from_param(config_param(config)) == config, config_param(config)
-    assert config_param(runs[0]) == "model:mlp@none"
-    assert config_param(RunConfig("trace", "/tmp/x.json", mode="", name="mine.json")) == "upload:trace"
-    for bad in ("", "model:nonesuch@none", "model:mlp@sideways", "broken:nonesuch", "upload:trace", "x:y",
-                "model:pipeline@pipeline/Nope/4", "model:pipeline@pipeline/1F1B/99"):
-        assert config_from_param(bad) is None, bad
-
-
 def test_the_partner_value_survives_the_apps_own_writes_of_the_view() -> None:
-    """Compare's `vs` (written and read by `set_partner` / `partner`) is not the app's to drop: moving the cursor
-    rewrites the view and keeps it."""
-    at = _open(model="mlp", vs="model:mlp@none")
-    assert at.query_params["vs"] == "model:mlp@none"
+    """Compare's `vs` (written and read through `ui.url.set_param` / `param`) is not the app's to drop: moving the
+    cursor rewrites the view and keeps it; and Compare's partner picker reads it on a reload."""
+    at = _open(model="mlp", vs="builtin:mlp:none")
+    assert at.query_params["vs"] == "builtin:mlp:none"
     at.button(key="cursor_next").click().run()
-    assert at.query_params["vs"] == "model:mlp@none" and at.query_params["cursor"] == "1"
+    assert at.query_params["vs"] == "builtin:mlp:none" and at.query_params["cursor"] == "1"
+    at.switch_page("views/compare.py").run()
+    assert not at.exception, at.exception
+    assert at.session_state["vs_kind"] == "Built-in run" and at.session_state["vs_mode"] == "none"
+    assert at.query_params["vs"] == "builtin:mlp:none"
