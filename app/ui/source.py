@@ -36,7 +36,8 @@ def _store_upload(upload: Any, kind: str) -> Path:
     return session_sandbox().store_upload(upload, kind)
 
 
-def _example_ref() -> str:
+def example_ref() -> str:
+    """The example model file as the picker offers it: relative to the working directory when inside it."""
     example = ROOT / "examples" / "user_model.py"
     where = os.path.relpath(example) if not os.path.relpath(example).startswith("..") else str(example)
     return f"{where}:make_model"
@@ -55,7 +56,7 @@ def _model_file(sb: Any) -> RunConfig | None:
     how = sb.radio("Model file", ("Path", "Upload"), horizontal=True, key="src_file_how")
     name = ""
     if how == "Path":
-        ref = sb.text_input("Model reference", _example_ref(), key="src_ref",
+        ref = sb.text_input("Model reference", example_ref(), key="src_ref",
                             help="path/to/file.py:factory (a bare file.py means factory make_model)").strip()
     else:
         upload = sb.file_uploader("Model file (.py)", type=["py"], key="src_py")

@@ -32,12 +32,10 @@ NOTE [ The URL holds the view ]
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import streamlit as st
 
 from ui.runs import CONFIG, DEFAULT_MODE, RunConfig
+from ui.source import example_ref
 
 __all__ = ["param", "pending_cursor", "publish", "publish_cursor", "restore", "set_param"]
 _SOURCE_PARAMS = ("model", "broken", "file", "trace", "upload", "mode", "schedule", "mb")
@@ -49,12 +47,6 @@ _KINDS = {"builtin": "Built-in model", "user": "Model file (.py)", "trace": "Sav
 _DEFAULT_SCHEDULE, _DEFAULT_MICROBATCHES = "1F1B", 4
 
 
-def _example_ref() -> str:
-    example = Path(__file__).resolve().parent.parent.parent / "examples" / "user_model.py"
-    where = os.path.relpath(example)
-    return f"{where if not where.startswith('..') else example}:make_model"
-
-
 def _defaults() -> dict[str, object]:
     """The picker's widget keys and their defaults (as ui.source draws them)."""
     from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, DEFAULT_MODEL
@@ -62,7 +54,7 @@ def _defaults() -> dict[str, object]:
     return {"src_kind": _KINDS["builtin"], "src_model": DEFAULT_MODEL, "src_mode": DEFAULT_MODE,
             "src_schedule": _DEFAULT_SCHEDULE, "src_microbatches": _DEFAULT_MICROBATCHES,
             "src_microbatches_file": _DEFAULT_MICROBATCHES, "src_broken": BROKEN_SCENARIO_NAMES[0],
-            "src_file_how": "Path", "src_ref": _example_ref(), "src_trace_how": "Upload", "src_trace_path": ""}
+            "src_file_how": "Path", "src_ref": example_ref(), "src_trace_how": "Upload", "src_trace_path": ""}
 
 
 def _source_params(params: dict[str, str]) -> dict[str, str]:
