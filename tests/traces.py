@@ -8,10 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpt_viz.events import Event
-from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace
+import msgspec
+
+from ckpt_viz.events import EVENT_TYPES, Event, EventBase
+from ckpt_viz.trace import GraphNode, GraphSnapshot, MemorySample, Trace
 
 CATEGORIES = ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")
+
+
+def typed_event(kind: str, **fields: Any) -> Event:
+    """The typed event of `kind` with `fields` (lists become tuples, dicts nested types), checked as a file's are.
+
+    A field its kind does not declare is an error here, so a test never passes a fact the event drops.
+    """
+    cls = EVENT_TYPES[kind]  # type: ignore[index]
+    unknown = set(fields) - set(cls.__struct_fields__)
+    if unknown:
+        raise TypeError(f"{kind} has no field(s) {sorted(unknown)}")
+    return msgspec.convert({"kind": kind, **{k: v for k, v in fields.items() if v is not None}}, Event)
 
 
 class Builder:
@@ -25,8 +39,8 @@ class Builder:
     def ev(self, kind: str, h: int | None = None, *, phase: str | None = None, mode: str | None = None,
            sid: Any = None, tags: dict | None = None, site: str | None = None, **data: Any) -> Event:
         seq = len(self.events)
-        event = Event(seq=seq, t_ns=1000 * seq, kind=kind, handle_id=h, mode=mode, phase=phase, session_id=sid,
-                      tags=tags or {}, site=site, data=data)
+        event = typed_event(kind, seq=seq, t_ns=1000 * seq, handle_id=h, mode=mode, phase=phase, session_id=sid,
+                            tags=tags or {}, site=site, **data)
         self.events.append(event)
         return event
 
@@ -143,17 +157,17 @@ def nonreentrant_trace() -> Trace:
     b.ev("replay_started", 0, sid="s", site="train.py:31", trigger="backward", key_source="session", **kw)
     b.ev("replay_finished", 0, sid="s", site="train.py:31", trigger="backward", saved_count=2, **kw)
     for i in range(2):
-        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", consumed=False, **kw)
+        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", retain=True, consumed=False, **kw)
     b.ev("session_deactivated", sid="s", site="train.py:30", handles=[0])
     b.ev("session_activated", sid="s", site="train.py:32", retain_on_unpack=False, handles=[0])
     for i in range(2):
-        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", consumed=True, **kw)
+        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", retain=False, consumed=True, **kw)
     b.ev("session_deactivated", sid="s", site="train.py:32", handles=[0])
     b.ev("session_cleared", sid="s", site="train.py:33", handles=[], frames=[0])
     b.ev("handle_created", 1, site="model.py:3", function="Block.forward", collector="unified", **kw)
     b.ev("replay_started", 1, sid="t", trigger="backward", key_source="session", **kw)
     b.ev("replay_finished", 1, sid="t", trigger="backward", saved_count=2, **kw)
-    b.ev("tensor_unpacked", 1, sid="t", index=0, key_source="session", consumed=False, **kw)
+    b.ev("tensor_unpacked", 1, sid="t", index=0, key_source="session", retain=True, consumed=False, **kw)
     b.ev("session_cleared", sid="t", handles=[], frames=[1])
     return b.trace(model="hand-built", mode="split-nonreentrant")
 
@@ -179,8 +193,7 @@ def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq:
     for h in reversed(range(n)):
         base = len(nodes)
         nodes.append({"id": base, "name": "_CheckpointBackward", "kind": "checkpoint", "handle_id": h,
-                      "dx_reached": True, "dw_reached": True, "shape": None, "split": True, "released": released,
-                      "replayed": replay, "phase": "dx"})
+                      "dx_reached": True, "dw_reached": True, "shape": None, "split": True, "phase": "dx"})
         nodes.append({"id": base + 1, "name": "input", "kind": "input", "handle_id": None, "dx_reached": True,
                       "dw_reached": False, "shape": [0]})
         nodes.append({"id": base + 2, "name": "backward_trigger", "kind": "trigger", "handle_id": h,
@@ -195,7 +208,8 @@ def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq:
             edges += [[base, base + 3], [base + 3, base + 4], [base + 3, base + 5]]
         parent = base
     edges.append([parent, 2])
-    return GraphSnapshot(seq=seq, label=label, nodes=nodes, edges=edges)
+    return GraphSnapshot(seq=seq, label=label, nodes=tuple(msgspec.convert(n, GraphNode) for n in nodes),
+                         edges=tuple((src, dst) for src, dst in edges))
 
 
 def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int = 10) -> Trace:
@@ -211,6 +225,8 @@ def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int 
     data = [{} for _ in steps]
     data[3], data[8] = {"old": "ordinary", "new": "dx"}, {"old": "dx", "new": "dw"}
     data[11] = {"reason": "dw_complete", "was_replayed": True}
+    data[5] = data[6] = {"trigger": "backward"}
+    types = [EVENT_TYPES[kind] for kind in steps]  # type: ignore[index]
     tags: dict[str, Any] = {}
     events = []
     memory = []
@@ -218,8 +234,13 @@ def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int 
     for i in range(n_events):
         step = (i // concurrent) % 13
         h = (i // wave_size) * concurrent + i % concurrent
-        events.append(Event(i, i, steps[step], h, "reentrant", "dx" if step < 8 else "dw", None, tags, None, 0,
-                            data[step]))
+        events.append(types[step](seq=i, t_ns=i, handle_id=h, mode="reentrant", phase="dx" if step < 8 else "dw",
+                                  tags=tags, **data[step]))
         if i % memory_every == 0:
             memory.append(MemorySample(seq=i, t_ns=i, bytes_by_category={"activations": i % 977, "parameters": 64}))
     return Trace(events=events, memory=memory, meta={"model": "synthetic"})
+
+
+def kinds(trace: Trace) -> list[str]:
+    """The kind of every event of `trace`, in order."""
+    return [e.kind for e in trace.events]

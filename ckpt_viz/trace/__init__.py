@@ -21,6 +21,8 @@ from ckpt_viz.events import Count, Event, EventBase, Id, Name, Nanos, Shape
 from ckpt_viz.vocabulary import Kind, MemoryCategory, NodeKind, Phase
 
 __all__ = [
+    "MAX_SOURCE_CHARS",
+    "MAX_SOURCE_SITES",
     "SCHEMA_VERSION",
     "GraphNode",
     "GraphSnapshot",
@@ -33,6 +35,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3  # 3: typed events (one object per event, tagged by kind); 2 was the packed columns
+MAX_SOURCE_SITES = 4096  # meta["sources"]: lines of code kept per trace (ckpt_viz/recording.py NOTE rule 7)
+MAX_SOURCE_CHARS = 400  # and characters kept per line
 
 Bytes = Annotated[int, Meta(ge=0, le=2**56)]  # one category's bytes: sums of a few stay far below 2**63
 StageName = Annotated[str, Meta(max_length=64)]

@@ -34,18 +34,16 @@ from msgspec import Meta
 
 from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Count, Event, Name, Site
-from ckpt_viz.trace import SCHEMA_VERSION, GraphSnapshot, MemorySample
+from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, SCHEMA_VERSION, GraphSnapshot, MemorySample
 from ckpt_viz.trace import _files as files
 
 if TYPE_CHECKING:
     from ckpt_viz.trace import Trace
 
-__all__ = ["FORMAT", "MAX_SOURCE_CHARS", "MAX_SOURCE_SITES", "decode", "encode", "load", "package_version", "save"]
+__all__ = ["FORMAT", "decode", "encode", "load", "package_version", "save"]
 
 FORMAT = "ckpt_viz.trace"
 GZIP_LEVEL = 1  # traces are repetitive: level 1 is several times faster than 9 and nearly as small
-MAX_SOURCE_SITES = 4096  # meta["sources"]: lines of code kept per trace
-MAX_SOURCE_CHARS = 400
 _RERECORD = ("Tip: record the run again with this version of ckpt_viz (`ckpt-viz record ...`, or your "
              "`with ckpt_viz.record() as rec:` block, then rec.trace.save(path)).")
 
