@@ -199,7 +199,11 @@ class Trace:
     # -- files (ckpt_viz.trace._codec)
 
     def to_json(self) -> bytes:
-        """The trace file's bytes (uncompressed JSON), as `save` writes them."""
+        """The trace file's bytes (uncompressed JSON), as `save` writes them.
+
+        Raises:
+            TraceError: a value is not JSON.
+        """
         from ckpt_viz.trace._codec import encode
 
         return encode(self)
