@@ -179,6 +179,7 @@ def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq:
     Each region: a checkpoint node with its dummy input and backward trigger and,
     with `replay`, a retained replay (AddmmBackward0 -> blocks.i.weight, blocks.i.bias).
     Node ids: 0 SumBackward0, 1 head.weight, 2 the input, then per region from 3.
+    `released` is accepted and ignored: a `GraphNode` holds no lifecycle state (the analysis says it).
     """
     nodes: list[dict[str, Any]] = [
         {"id": 0, "name": "SumBackward0", "kind": "backward", "handle_id": None, "dx_reached": True,
