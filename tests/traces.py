@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from ckpt_viz.events import EVENT_TYPES, Event, EventBase
+from ckpt_viz.events import EVENT_TYPES, Event
 from ckpt_viz.trace import GraphNode, GraphSnapshot, MemorySample, Trace
 
 CATEGORIES = ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -70,7 +70,7 @@ class MemorySample(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_def
         return sum(self.bytes_by_category.values())
 
 
-NodeRef = Union[Count, Annotated[str, Meta(max_length=64)]]
+NodeRef = Count | Annotated[str, Meta(max_length=64)]
 
 
 class GraphNode(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):

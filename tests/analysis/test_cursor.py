@@ -58,7 +58,8 @@ def test_memory_and_snapshot_at_a_cursor() -> None:
     trace = split_trace()
     facts = memory(trace)
     assert facts.at(5) == trace.memory[5].bytes_by_category and facts.index_at(5) == 5
-    assert facts.at(None) == trace.memory[-1].bytes_by_category and facts.total_at(None) == trace.memory[-1].total_nbytes
+    assert facts.at(None) == trace.memory[-1].bytes_by_category
+    assert facts.total_at(None) == trace.memory[-1].total_nbytes
     assert snapshot_before(trace, 2) is trace.graphs[0]  # before every snapshot: the first one
     assert snapshot_before(trace, 10_000) is trace.graphs[0]
     assert passes(trace).part_at(7) == "DX" and passes(trace).part_at(1) == "F" and passes(trace).part_at(-1) is None

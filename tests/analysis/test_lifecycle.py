@@ -1,4 +1,5 @@
-"""ckpt_viz.analysis.lifecycle on hand-built traces: every transition of NOTE [ Handle states ], with exact seqs and reasons."""
+"""ckpt_viz.analysis.lifecycle on hand-built traces: every transition of NOTE [ Handle states ], with exact seqs and
+reasons."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -13,6 +13,7 @@ import pytest
 
 import ckpt_viz
 import ckpt_viz.errors as errors
+from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
 from ckpt_viz.errors import (
     CkptVizError,
     GraphReleasedError,
@@ -22,7 +23,6 @@ from ckpt_viz.errors import (
     error_code,
     tip_for,
 )
-from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
 from ckpt_viz.vocabulary import RELEASE_REASONS
 
 PACKAGE = Path(ckpt_viz.__file__).parent

@@ -386,7 +386,8 @@ def name_problems(root: Path, package: str, checked: list[Path]) -> list[str]:
                 if alias.name.startswith("_") and not (submodule and (home == source or home.startswith(source + "."))):
                     problems.append(f"{name}: the private name {source}.{alias.name}")
                 elif (source != package and not submodule and alias.name not in _defined(modules[source])
-                      and not (modules[source].name == "__init__.py" and alias.name in (_all_of(modules[source]) or ()))):
+                      and not (modules[source].name == "__init__.py"
+                               and alias.name in (_all_of(modules[source]) or ()))):
                     problems.append(f"{name}: {source}.{alias.name} is defined elsewhere (imported there)")
     return problems
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ckpt_viz import Trace, diagnose
-from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, MODES
 from ckpt_viz.analysis._divergence import DIVERGENCE_CODES  # the twin table the analysis reads
+from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, MODES
 from ckpt_viz.codes import DIAGNOSIS_CODES
 from ckpt_viz.recording import record
 from ckpt_viz.run import divergent

@@ -4,7 +4,6 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import pytest
 import torch
 
 import ckpt_viz

@@ -231,7 +231,8 @@ def test_events_in_the_engines_launch_context_reach_the_recording() -> None:
             handover.carried(lambda: bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=8, capture_site=False))
         finally:
             torch._C._remove_obj_from_tls("context")
-        bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=9, capture_site=False)  # the graph task is over: nothing carried
+        # the graph task is over: nothing carried
+        bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=9, capture_site=False)
 
     with ckpt_viz.record() as rec, ckpt_viz.tag(stage=1):
         launched = contextvars.copy_context()

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import ckpt_viz
+from ckpt_viz.codes import CODE_FOR_REASON
 from ckpt_viz.errors import (
     CheckpointError,
     CheckpointUsageError,
@@ -27,7 +28,6 @@ from ckpt_viz.errors import (
     PhaseNotSetError,
     SessionMismatchError,
 )
-from ckpt_viz.codes import CODE_FOR_REASON
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,

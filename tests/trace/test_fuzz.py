@@ -53,8 +53,8 @@ def as_ranks(doc: dict[str, Any]) -> dict[str, Any]:
     """The pipeline run laid out as a merged distributed trace: each stage a rank, two steps, the planned order."""
     out = copy.deepcopy(doc)
     half = len(out["events"]) // 2
-    for i, event in enumerate(out["events"]):
-        tags = event.setdefault("tags", {})
+    for i, item in enumerate(out["events"]):
+        tags = item.setdefault("tags", {})
         if "stage" in tags:
             tags["rank"] = tags["stage"]
         tags["step"] = 0 if i < half else 1
@@ -78,7 +78,7 @@ def paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def paths_of(name: str) -> tuple[tuple[Any, ...], ...]:
     return tuple(paths(corpus()[name])[1:])
 
@@ -133,9 +133,9 @@ def mutate(doc: dict[str, Any], path: tuple[Any, ...], how: str, data: st.DataOb
     elif how == "replace":
         parent[last] = data.draw(JSON_VALUES, label="value")
     elif how == "retype":  # the same value as another JSON type
-        parent[last] = data.draw(st.sampled_from([str(here), [here], {"v": here}, None, bool(here),
-                                                  *([float(here)] if isinstance(here, int) and abs(here) < 2**60 else [])
-                                                  ]), label="retyped")
+        as_float = [float(here)] if isinstance(here, int) and abs(here) < 2**60 else []
+        parent[last] = data.draw(st.sampled_from([str(here), [here], {"v": here}, None, bool(here), *as_float]),
+                                 label="retyped")
     elif how == "delete":
         del parent[last]
     elif how == "duplicate" and isinstance(parent, list):
@@ -157,7 +157,8 @@ def mutate(doc: dict[str, Any], path: tuple[Any, ...], how: str, data: st.DataOb
     return f"{how} at {path}"
 
 
-HOWS = ["similar", "similar", "similar", "similar", "replace", "retype", "delete", "duplicate", "add_key", "rename_key", "swap", "reverse"]
+HOWS = ["similar", "similar", "similar", "similar", "replace", "retype", "delete", "duplicate", "add_key",
+        "rename_key", "swap", "reverse"]
 
 
 def load_or_refuse(doc: dict[str, Any], path: Path, gz: bool) -> Trace | None:
@@ -179,7 +180,7 @@ def _event(what: str) -> None:
     """Count loaded and refused examples (`pytest --hypothesis-show-statistics`), inside a property test only."""
     try:
         event(what)
-    except Exception:  # noqa: S110 - outside a property test there is nothing to count
+    except Exception:
         pass
 
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from test_trace import make_trace
 
 import ckpt_viz
 from ckpt_viz import bus
 from ckpt_viz.events import Error, EventBase, Released
 from ckpt_viz.trace import MemorySample, Trace
-from test_trace import make_trace
 
 
 def _same(a: Trace, b: Trace) -> bool:
@@ -60,8 +60,8 @@ def test_a_recording_read_midway_and_edited_saves_what_it_holds(tmp_path: Path) 
         midway = _round_trip(tmp_path, rec.trace, "midway.json")  # saved while the block is still open
         rec.trace.events[3] = msgspec.structs.replace(rec.trace.events[3], tags={"stage": 9}, site="edited.py:1")
         _emit_all(Trace(events=source.events[50:]))  # the recording goes on
-    assert len(midway.events) == 50 and midway.events == rec.trace.events[:3] + [midway.events[3]] + \
-        rec.trace.events[4:50]
+    assert len(midway.events) == 50
+    assert midway.events == [*rec.trace.events[:3], midway.events[3], *rec.trace.events[4:50]]
     loaded = _round_trip(tmp_path, rec.trace)
     assert _same(loaded, rec.trace) and loaded.events[3].tags == {"stage": 9} and loaded.events[3].site == "edited.py:1"
     assert [e.seq for e in loaded.events] == list(range(120))

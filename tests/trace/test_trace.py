@@ -78,8 +78,8 @@ def make_trace(n_events: int = 40) -> Trace:
                            device_allocated=None if i % 2 else 4096,
                            by_stage={"0": {"activations": i}} if i % 3 else {}, at="block 0" if i == 4 else None)
               for i in range(0, n_events, 4)]
-    viz = TorchvizGraph(nodes=(TorchvizNode(id="n1", label="SumBackward0"), TorchvizNode(id="n2", label="weight\n(4, 5)",
-                                                                                       fill="lightblue")),
+    viz = TorchvizGraph(nodes=(TorchvizNode(id="n1", label="SumBackward0"),
+                               TorchvizNode(id="n2", label="weight\n(4, 5)", fill="lightblue")),
                         edges=(TorchvizEdge(tail="n2", head="n1"),))
     graphs = [GraphSnapshot(seq=5, label="after forward", nodes=(
         GraphNode(id=0, name="SumBackward0", dx_reached=True),

@@ -7,7 +7,7 @@ import gc
 from pathlib import Path
 
 from ckpt_viz.events import EVENT_TYPES
-from ckpt_viz.trace import GraphNode, GraphSnapshot, MemorySample, Trace, TorchvizGraph
+from ckpt_viz.trace import GraphNode, GraphSnapshot, MemorySample, TorchvizGraph, Trace
 from traces import split_trace, synthetic_trace
 
 

@@ -140,8 +140,8 @@ def test_a_wrong_typed_value_in_any_field_of_any_event_kind_is_refused_naming_it
             events[1][name] = CANDIDATES[json_kind]
             refusal(tmp_path, document(events), f"events[1].{name}")
             checked += 1
-        if typing.get_origin(hint) is typing.Literal or "str" in accepted and any(
-                typing.get_origin(a) is typing.Literal for a in typing.get_args(hint)):
+        if typing.get_origin(hint) is typing.Literal or ("str" in accepted and any(
+                typing.get_origin(a) is typing.Literal for a in typing.get_args(hint))):
             events = [sample_event(cls, 0)]
             events[0][name] = "not-one-of-its-words"
             refusal(tmp_path, document(events), f"events[0].{name}", "Invalid enum value 'not-one-of-its-words'")
