@@ -5,10 +5,9 @@
 
 For each built-in model, one training step (forward, loss, split DX/DW) runs in six
 variants, interleaved round by round: no recorder, events only, events + memory as
-`record(memory=True)` comes (the allocation probe on the native allocation log where it
-can be built, `ckpt_viz.probe.native`), the same with the dispatch tracker (the probe
-before it, and the fallback), the same with the allocation probe on torch's memory-only
-profiler (`ckpt_viz.probe.stream`), and events + memory + graphs. Reported: median step
+`record(memory=True)` comes (`ckpt_viz.probe.allocations.open_probe`), the same with the
+dispatch tracker, the same with the allocation probe on torch's memory-only profiler
+(`ckpt_viz.probe.stream`), and events + memory + graphs. Reported: median step
 time, the median of per-round ratios to the unrecorded step, and events recorded per
 second of recorded step time. `--clock cpu` times CPU time (steadier on a loaded machine).
 The three probes must read the same memory at every event, or the script fails.

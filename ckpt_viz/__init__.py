@@ -54,8 +54,6 @@ _LAZY = {
     "recompute_handle_collector_ctx": "ckpt_viz.runtime",
     "recompute_session_ctx": "ckpt_viz.runtime",
     "reentrant_checkpoint_scope": "ckpt_viz.runtime",
-    "hf": "",
-    "pipelining": "",
 }
 
 __all__ = [
@@ -88,14 +86,21 @@ __all__ = [
 ]
 
 
+# Public submodules that import torch (or transformers), reachable as `ckpt_viz.pipelining` after `import ckpt_viz`:
+# imported on first access, like the names of `_LAZY`.
+_SUBMODULES = ("hf", "pipelining")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # the import binds it here too
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = _LAZY[name]
-    value = importlib.import_module(f"ckpt_viz.{name}") if not module else getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *__all__, *_SUBMODULES})

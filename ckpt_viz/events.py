@@ -25,6 +25,7 @@ __all__ = [
     "EVENT_TYPES",
     "BackwardEntered",
     "CapturedParam",
+    "DwRunnerCalled",
     "EarlyStopped",
     "Error",
     "Event",
@@ -53,6 +54,7 @@ __all__ = [
     "TensorMeta",
     "TensorPacked",
     "TensorUnpacked",
+    "UnaskedGradsAccumulated",
 ]
 
 # -- ranges shared by the fields (a trace file is checked against them as it is read)
@@ -127,7 +129,10 @@ class HandleCreated(EventBase, tag="handle_created"):
     collector: Literal["scope", "unified", "none"] = "none"
     preserve_rng_state: bool = True
     early_stop: bool | None = None
+    determinism_check: Name | None = None
     inputs: Annotated[tuple[TensorMeta, ...], Meta(max_length=65536)] = ()
+    # torch's checkpoint, observed: which front door led to it (NOTE [ Observing torch's checkpoint ])
+    via: Literal["checkpoint", "checkpoint_sequential", "transformers", "checkpoint_wrapper"] | None = None
 
 
 class ForwardStarted(EventBase, tag="forward_started"):
@@ -322,6 +327,26 @@ class ReplayDiverged(EventBase, tag="replay_diverged"):
     mutable_inputs: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()  # "past_key_values (DynamicCache)"
 
 
+class UnaskedGradsAccumulated(EventBase, tag="unasked_grads_accumulated"):
+    """An unscoped reentrant handle reached by `autograd.grad` / `backward(inputs=...)` accumulated into `.grad` of
+    parameters that call did not ask for (NOTE [ Unasked accumulation ] in ckpt_viz/runtime/unasked.py)."""
+
+    kind: ClassVar[Kind] = "unasked_grads_accumulated"
+    count: Count
+    params: Annotated[tuple[Name | None, ...], Meta(max_length=65536)] = ()  # recorded names, None when unnamed
+    shapes: Annotated[tuple[Shape, ...], Meta(max_length=65536)] = ()
+    function: Name = ""
+    warned: bool = False  # this occurrence raised the UnaskedAccumulationWarning
+
+
+class DwRunnerCalled(EventBase, tag="dw_runner_called"):
+    """A pipeline stage ran the weight-gradient work its `dw_builder` deferred (tags: the W or B action)."""
+
+    kind: ClassVar[Kind] = "dw_runner_called"
+    stage: Count
+    runner: Name = ""
+
+
 class MemorySampled(EventBase, tag="memory_sampled"):
     """A point where memory was read with nothing else happening (a block boundary)."""
 
@@ -344,7 +369,7 @@ Event = Union[
     HandleCreated, ForwardStarted, ForwardFinished, ForwardFailed, TensorPacked, TensorUnpacked, PhaseSet,
     BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
     NodeCollected, SessionBound, SessionActivated, SessionDeactivated, SessionCleared, Prefired, ExcludeSaved,
-    ExcludeReused, ReplayDiverged, MemorySampled, Error,
+    ExcludeReused, ReplayDiverged, UnaskedGradsAccumulated, DwRunnerCalled, MemorySampled, Error,
 ]
 
 EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in Event.__args__}  # type: ignore[attr-defined]

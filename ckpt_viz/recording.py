@@ -116,8 +116,10 @@ def _watch_autograd() -> None:
     import torch
 
     import ckpt_viz.runtime.handover  # noqa: F401 (installs the engine hand-over: bus NOTE rule 5)
+    from ckpt_viz.runtime import torch_observer  # torch's own checkpoint, observed (its NOTE, rule 6)
 
     with _WATCH_LOCK:
+        torch_observer.install()
         if _watchers == 0:
             for name, roots_keyword in (("backward", "tensors"), ("grad", "outputs")):
                 original = getattr(torch.autograd, name)
@@ -133,7 +135,10 @@ def _unwatch_autograd() -> None:
     global _watchers
     import torch
 
+    from ckpt_viz.runtime import torch_observer
+
     with _WATCH_LOCK:
+        torch_observer.uninstall()
         _watchers -= 1
         if _watchers:
             return
@@ -215,9 +220,9 @@ class Recording:
             state = "open" if self._channel.is_open else "closed"
             raise RecordingError(f"ckpt_viz.record: this recording is already {state} (a record() block runs "
                                  "once).\nTip: use a new record() block.")
-        if self.model is not None:  # events name captured parameters and checkpointed modules (bus.name_of)
-            self._names = {id(m): n for n, m in self.model.named_modules() if n}  # handle labels
-            self._names.update({id(p): n for n, p in self.model.named_parameters()})
+        if self.model is not None:  # routing events name captured parameters, handles their modules (bus.name_of)
+            self._names = {id(p): n for n, p in self.model.named_parameters()}
+            self._names.update((id(m), n) for n, m in self.model.named_modules() if n)
         try:
             if self.memory:
                 from ckpt_viz.probe.allocations import open_probe  # the native log's, else the tracker
@@ -249,6 +254,7 @@ class Recording:
                 _BY_CHANNEL.pop(self._channel, None)  # a handle's scope may outlive us: keep no trace alive
                 _keep_sources(self.trace)
                 _keep_replay_checks(self._channel, self.trace)
+                _keep_run_facts(self, self.trace)
                 _last[:] = [self.trace]
             self._release(exc_type, exc, tb)
 
@@ -276,6 +282,20 @@ def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:
     counts = sampling.counts_of(channel) if sampling is not None else None
     if counts:
         trace.meta["replay_checks"] = counts
+
+
+def _keep_run_facts(recording: Recording, trace: Trace) -> None:
+    """meta "model" for `record(model=...)`: the model's class (a run that names itself, such as run_scenario's,
+    sets it after; the mode a run did not name is derived from its handles: `ckpt_viz.analysis.handles.observed_mode`),
+    and "unobserved" (what torch's checkpoint observer could not see: NOTE [ Observing torch's checkpoint ], rule 4,
+    in ckpt_viz/runtime/torch_observer.py)."""
+    meta = trace.meta
+    if recording.model is not None:  # without a model the caller names the run (ckpt_viz.distributed: "pipeline")
+        meta.setdefault("model", type(recording.model).__name__)
+    observer = sys.modules.get("ckpt_viz.runtime.torch_observer")  # imported when the block opened
+    notes = observer.notes(recording._scope) if observer is not None else []
+    if notes:
+        meta["unobserved"] = notes
 
 
 _STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",

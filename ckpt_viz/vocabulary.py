@@ -62,6 +62,8 @@ Kind = Literal[
     "exclude_saved",
     "exclude_reused",
     "replay_diverged",
+    "unasked_grads_accumulated",
+    "dw_runner_called",
     "memory_sampled",
     "error",
 ]

@@ -70,13 +70,12 @@ def settle(page, timeout_ms: int = 60_000) -> None:
     page.wait_for_function(
         "() => { const app = document.querySelector('[data-testid=\"stApp\"]');"
         " return app && app.getAttribute('data-test-script-state') === 'notRunning'; }", timeout=timeout_ms)
-    page.wait_for_function(  # graphviz (wasm) and vega draw after the script ends
+    page.wait_for_function(  # vega draws after the script ends, and images decode
         "() => [...document.querySelectorAll('[data-testid=\"stGraphVizChart\"]')].every(c => c.querySelector('svg'))"
         " && [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')].every("
         "c => c.querySelector('canvas, svg'))"
-        " && [...document.querySelectorAll('[data-testid=\"stMain\"] iframe')].every(f => {"
-        " try { const d = f.contentDocument; return !d || (d.readyState === 'complete' && d.body"
-        " && d.body.childElementCount > 0); } catch (e) { return true; } })", timeout=timeout_ms)  # and graph frames
+        " && [...document.querySelectorAll('img.ckpt-graph')].every(i => i.complete && i.naturalWidth > 0)",
+        timeout=timeout_ms)  # and the graphs' images (app/ui/graphview.py)
     page.wait_for_timeout(500)  # let the last transitions finish before a screenshot
 
 

@@ -1,8 +1,9 @@
 """Hand-built traces for the renderer tests: no torch, every seq known in advance.
 
-`Builder` appends events with consecutive seqs (and, on request, a memory sample
-after each). The scenario functions return small traces whose seqs the tests
-name directly; their comments list the seqs.
+`Builder` appends typed events with consecutive seqs (and, on request, a memory sample
+after each); each event is checked against its kind's declaration as it is built
+(`msgspec.convert`, as a trace file is read). The scenario functions return small traces
+whose seqs the tests name directly; their comments list the seqs.
 """
 from __future__ import annotations
 
@@ -11,21 +12,19 @@ from typing import Any
 import msgspec
 
 from ckpt_viz.events import EVENT_TYPES, Event
-from ckpt_viz.trace import GraphNode, GraphSnapshot, MemorySample, Trace
+from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace
 
 CATEGORIES = ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")
 
 
-def typed_event(kind: str, **fields: Any) -> Event:
-    """The typed event of `kind` with `fields` (lists become tuples, dicts nested types), checked as a file's are.
+def event_of(kind: str, **fields: Any) -> Event:
+    """The typed event of `kind` with `fields` (lists and dicts as a trace file holds them), checked."""
+    return msgspec.convert({k: v for k, v in fields.items() if v is not None}, EVENT_TYPES[kind])  # type: ignore
 
-    A field its kind does not declare is an error here, so a test never passes a fact the event drops.
-    """
-    cls = EVENT_TYPES[kind]  # type: ignore[index]
-    unknown = set(fields) - set(cls.__struct_fields__)
-    if unknown:
-        raise TypeError(f"{kind} has no field(s) {sorted(unknown)}")
-    return msgspec.convert({"kind": kind, **{k: v for k, v in fields.items() if v is not None}}, Event)
+
+def snapshot_of(**fields: Any) -> GraphSnapshot:
+    """A `GraphSnapshot` from plain lists and dicts (nodes as dicts, edges as pairs), checked."""
+    return msgspec.convert(fields, GraphSnapshot)
 
 
 class Builder:
@@ -37,10 +36,10 @@ class Builder:
         self.graphs: list[GraphSnapshot] = []
 
     def ev(self, kind: str, h: int | None = None, *, phase: str | None = None, mode: str | None = None,
-           sid: Any = None, tags: dict | None = None, site: str | None = None, **data: Any) -> Event:
+           sid: Any = None, tags: dict | None = None, site: str | None = None, **fields: Any) -> Event:
         seq = len(self.events)
-        event = typed_event(kind, seq=seq, t_ns=1000 * seq, handle_id=h, mode=mode, phase=phase, session_id=sid,
-                            tags=tags or {}, site=site, **data)
+        event = event_of(kind, seq=seq, t_ns=1000 * seq, handle_id=h, mode=mode, phase=phase, session_id=sid,
+                         tags=tags or {}, site=site, **fields)
         self.events.append(event)
         return event
 
@@ -172,14 +171,12 @@ def nonreentrant_trace() -> Trace:
     return b.trace(model="hand-built", mode="split-nonreentrant")
 
 
-def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq: int = 0,
-                   label: str = "snapshot") -> GraphSnapshot:
+def block_snapshot(n: int, *, replay: bool = False, seq: int = 0, label: str = "snapshot") -> GraphSnapshot:
     """`n` identical reentrant regions in a chain: loss -> h(n-1) -> ... -> h0 -> input.
 
     Each region: a checkpoint node with its dummy input and backward trigger and,
     with `replay`, a retained replay (AddmmBackward0 -> blocks.i.weight, blocks.i.bias).
     Node ids: 0 SumBackward0, 1 head.weight, 2 the input, then per region from 3.
-    `released` is accepted and ignored: a `GraphNode` holds no lifecycle state (the analysis says it).
     """
     nodes: list[dict[str, Any]] = [
         {"id": 0, "name": "SumBackward0", "kind": "backward", "handle_id": None, "dx_reached": True,
@@ -209,8 +206,42 @@ def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq:
             edges += [[base, base + 3], [base + 3, base + 4], [base + 3, base + 5]]
         parent = base
     edges.append([parent, 2])
-    return GraphSnapshot(seq=seq, label=label, nodes=tuple(msgspec.convert(n, GraphNode) for n in nodes),
-                         edges=tuple((src, dst) for src, dst in edges))
+    return snapshot_of(seq=seq, label=label, nodes=nodes, edges=edges)
+
+
+# Events that take a handle from its creation to each state (NOTE [ Handle states ]): (kind, phase, fields).
+_TO_STATE: dict[str, list[tuple[str, str | None, dict[str, Any]]]] = {
+    "recorded": [],
+    "phase_dx": [("phase_set", "dx", {"old": "ordinary", "new": "dx"})],
+    "phase_dw": [("phase_set", "dw", {"old": "ordinary", "new": "dw"})],
+    "replaying": [("replay_started", "ordinary", {"trigger": "backward"})],
+    "replayed": [("replay_started", "ordinary", {"trigger": "backward"}),
+                 ("replay_finished", "ordinary", {"trigger": "backward"})],
+    "retained": [("replay_started", "dx", {"trigger": "backward"}), ("replay_finished", "dx", {"trigger": "backward"}),
+                 ("grads_routed", "dx", {"targets": [0]})],
+    "released": [("replay_started", "ordinary", {"trigger": "backward"}),
+                 ("replay_finished", "ordinary", {"trigger": "backward"}),
+                 ("released", "ordinary", {"reason": "ordinary_backward_complete", "was_replayed": True})],
+    "collected": [("node_collected", "ordinary", {})],
+}
+
+
+def with_states(snapshot: GraphSnapshot, states: dict[int, str], *, refused: tuple[int, ...] = ()) -> Trace:
+    """A trace holding `snapshot` whose events put each handle of `states` in that state (the end of the trace),
+    and refuse a replay of each handle of `refused` (after releasing it, unless `states` says otherwise)."""
+    b = Builder()
+    for h, state in states.items():
+        b.ev("handle_created", h, mode="reentrant", phase="ordinary", function="Block.forward")
+        for kind, phase, fields in _TO_STATE[state]:
+            b.ev(kind, h, mode="reentrant", phase=phase, **fields)
+    for h in refused:
+        if h not in states:
+            b.ev("handle_created", h, mode="reentrant", phase="ordinary", function="Block.forward")
+            b.ev("released", h, mode="reentrant", phase="ordinary", reason="explicit_release")
+        b.ev("replay_refused", h, mode="reentrant", phase="ordinary", reason="released")
+    trace = b.trace(model="hand-built")
+    trace.graphs = [snapshot]
+    return trace
 
 
 def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int = 10) -> Trace:
@@ -223,12 +254,11 @@ def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int 
     steps = ("handle_created", "forward_started", "forward_finished", "phase_set", "backward_entered",
              "replay_started", "replay_finished", "grads_routed", "phase_set", "backward_entered", "grads_routed",
              "released", "node_collected")
-    data = [{} for _ in steps]
-    data[3], data[8] = {"old": "ordinary", "new": "dx"}, {"old": "dx", "new": "dw"}
-    data[11] = {"reason": "dw_complete", "was_replayed": True}
-    data[5] = data[6] = {"trigger": "backward"}
-    types = [EVENT_TYPES[kind] for kind in steps]  # type: ignore[index]
-    tags: dict[str, Any] = {}
+    fields: list[dict[str, Any]] = [{} for _ in steps]
+    fields[3], fields[8] = {"old": "ordinary", "new": "dx"}, {"old": "dx", "new": "dw"}
+    fields[5] = fields[6] = {"trigger": "backward"}
+    fields[11] = {"reason": "dw_complete", "was_replayed": True}
+    types = [EVENT_TYPES[k] for k in steps]
     events = []
     memory = []
     wave_size = 13 * concurrent
@@ -236,10 +266,18 @@ def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int 
         step = (i // concurrent) % 13
         h = (i // wave_size) * concurrent + i % concurrent
         events.append(types[step](seq=i, t_ns=i, handle_id=h, mode="reentrant", phase="dx" if step < 8 else "dw",
-                                  tags=tags, **data[step]))
+                                  **fields[step]))
         if i % memory_every == 0:
             memory.append(MemorySample(seq=i, t_ns=i, bytes_by_category={"activations": i % 977, "parameters": 64}))
     return Trace(events=events, memory=memory, meta={"model": "synthetic"})
+
+
+def typed_event(kind: str, **fields: Any) -> Event:
+    """`event_of`, and a field its kind does not declare is an error (a test never passes a fact the event drops)."""
+    unknown = set(fields) - set(EVENT_TYPES[kind].__struct_fields__)  # type: ignore[index]
+    if unknown:
+        raise TypeError(f"{kind} has no field(s) {sorted(unknown)}")
+    return event_of(kind, **fields)
 
 
 def kinds(trace: Trace) -> list[str]:

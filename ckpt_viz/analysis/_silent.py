@@ -17,13 +17,16 @@ NOTE [ Silent problems ]
   5. Errors that name their cause by code (ERROR_CODES, non-reentrant misuse): one
      finding per such `error` event; its handle is the error's, else that of the last
      handle event before it.
+  6. unasked_grads_accumulated: one finding for the run's `unasked_grads_accumulated`
+     events (NOTE [ Unasked accumulation ] in ckpt_viz/runtime/unasked.py), naming the
+     handles, the parameters and the pipeline stage class the rank headers record.
 """
 from __future__ import annotations
 
 from collections import Counter
 
 from ckpt_viz.analysis.findings import Facts, Finding, code_of, finding
-from ckpt_viz.events import Error, Event, GradsRouted, PhaseSet
+from ckpt_viz.events import Error, Event, GradsRouted, PhaseSet, UnaskedGradsAccumulated
 
 __all__ = ["ERROR_CODES", "silent_findings"]
 
@@ -38,8 +41,7 @@ def _ordered(events: tuple[Event, ...]) -> tuple[Event, ...]:
 
 def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
     skipped: dict[int | None, list[tuple[int, Event]]] = {}
-    dw_passes = [e for hs in f.by_handle.values() for e in hs if e.kind == "backward_entered" and e.phase == "dw"]
-    dw_passes.sort(key=lambda e: e.seq)
+    dw_passes = [e for e in f.by_kind.get("backward_entered", ()) if e.phase == "dw"]
     for h, events in f.by_handle.items():
         dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.mode == "reentrant"]
         if not dx or h in leaked or any(e.kind == "released" or (isinstance(e, PhaseSet) and e.new == "dw")
@@ -87,9 +89,12 @@ def _params_without_grad(f: Facts) -> list[Finding]:
     return found
 
 
-def _sessions_never_cleared(f: Facts, events: list[Event]) -> list[Finding]:
+def _sessions_never_cleared(f: Facts) -> list[Finding]:
     bound: dict[str, Event] = {}
     members: dict[str, list[int]] = {}
+    kinds = f.by_kind
+    events = sorted([*kinds.get("session_bound", ()), *kinds.get("prefired", ()), *kinds.get("session_cleared", ())],
+                    key=lambda e: e.seq)
     for e in events:
         key = repr(e.session_id)
         if e.kind in ("session_bound", "prefired") and e.session_id is not None:
@@ -126,16 +131,13 @@ def _replayed_twice(f: Facts) -> list[Finding]:
     return found
 
 
-def _error_findings(f: Facts, events: list[Event]) -> list[Finding]:
+def _error_findings(f: Facts) -> list[Finding]:
     found = []
-    last_handle: int | None = None
-    for e in events:
-        if e.handle_id is not None and e.kind != "error":
-            last_handle = e.handle_id
+    for e in f.errors:
         code = code_of(e)
         if code not in ERROR_CODES:
             continue
-        h = e.handle_id if e.handle_id is not None else last_handle
+        h = e.handle_id if e.handle_id is not None else f.handle_before(e.seq)
         story = f.story_events(h, e, until=e.seq) if h is not None else (e,)
         assert isinstance(e, Error)
         found.append(finding(f, code, h, f"{e.where or 'the run'} raised {e.type} at event "
@@ -144,7 +146,41 @@ def _error_findings(f: Facts, events: list[Event]) -> list[Finding]:
     return found
 
 
-def silent_findings(f: Facts, events: list[Event], leaked: set[int]) -> list[Finding]:
+def _stage_classes(f: Facts) -> list[str]:
+    """The pipeline stage classes the run's rank headers name (a distributed recording), in order."""
+    dist = f.trace.meta.get("distributed")
+    if not isinstance(dist, dict):
+        return []
+    headers = dist.get("headers") if isinstance(dist.get("headers"), dict) else {"": dist}
+    found = [c for h in headers.values() if isinstance(h, dict) for c in (h.get("stage_classes") or ())]
+    return list(dict.fromkeys(str(c) for c in found))
+
+
+def _unasked(f: Facts) -> list[Finding]:
+    """NOTE [ Silent problems ], rule 6: one finding for every unasked accumulation of the run."""
+    events = [e for e in f.by_kind.get("unasked_grads_accumulated", ()) if isinstance(e, UnaskedGradsAccumulated)]
+    if not events:
+        return []
+    first = events[0]
+    handles = list(dict.fromkeys(e.handle_id for e in events if e.handle_id is not None))
+    params = list(dict.fromkeys(p for e in events for p in e.params if p))
+    hs = ", ".join(f"h{h}" for h in handles[:6]) + (f" and {len(handles) - 6} more" if len(handles) > 6 else "")
+    named = ", ".join(params[:4]) + (f" and {len(params) - 4} more" if len(params) > 4 else "")
+    classes = _stage_classes(f)
+    stage = f" The run's pipeline stage is {', '.join(classes)}." if classes else ""
+    stock = any(c.startswith("torch.distributed.pipelining.") for c in classes)
+    extra = (f"{len(events)} backward pass{'es' if len(events) != 1 else ''} through {hs} wrote .grad of "
+             f"{named or 'parameters'} without asking for them.{stage}",
+             *(("torch's stock PipelineStage computes input gradients with autograd.grad, which reaches ckpt_viz's "
+                "reentrant checkpoint as an ordinary (unsplit) backward.",) if stock else ()))
+    where = f" ({first.site})" if first.site else ""
+    return [finding(f, "unasked_grads_accumulated", first.handle_id,
+                    f"h{first.handle_id}'s replay at event #{first.seq}{where} accumulated into .grad of parameters "
+                    f"the backward did not ask for ({len(events)} time{'s' if len(events) != 1 else ''}).",
+                    site=first.site, events=(first,), extra=extra)]
+
+
+def silent_findings(f: Facts, leaked: set[int]) -> list[Finding]:
     """Every silent problem of NOTE [ Silent problems ] (handles in `leaked` already have a finding)."""
-    return [*_dw_skipped(f, leaked), *_params_without_grad(f), *_sessions_never_cleared(f, events),
-            *_replayed_twice(f), *_error_findings(f, events)]
+    return [*_dw_skipped(f, leaked), *_params_without_grad(f), *_sessions_never_cleared(f),
+            *_replayed_twice(f), *_error_findings(f), *_unasked(f)]

@@ -62,12 +62,10 @@ def _error_findings(trace: Trace, f: Facts, found: list[Finding]) -> list[Findin
     """NOTE [ Nothing said clean that is not ], rule 1: the errors no finding covers yet."""
     covered = {e.seq for d in found for e in (*d.events, d.error_event, d.refused_event) if e is not None}
     out = []
-    last_handle: int | None = None
-    for e in trace.events:
-        if e.handle_id is not None and not isinstance(e, Error):
-            last_handle = e.handle_id
+    for e in f.errors:
         if not isinstance(e, Error) or e.seq in covered:
             continue
+        last_handle = f.handle_before(e.seq)
         code = code_of(e)
         code = code if code in DIAGNOSIS_CODES else "error_raised"
         h = e.handle_id
@@ -89,8 +87,15 @@ def _partial_finding(trace: Trace, f: Facts) -> list[Finding]:
     if not meta.get("partial") and not missing:
         return []
     why = []
-    if meta.get("partial"):
-        why.append(f"it stopped early ({meta.get('partial_reason') or 'no reason recorded'})")
+    partial = meta.get("partial")
+    if isinstance(partial, dict) and not partial.get("reason") and (partial.get("missing_ranks") or
+                                                                    partial.get("ranks")):
+        stopped = {r: p for r, p in (partial.get("ranks") or {}).items() if p}
+        if stopped:
+            why.append("ranks " + ", ".join(f"{r} ({_stop_words(p)})" for r, p in sorted(stopped.items()))
+                       + " stopped early")
+    elif partial:
+        why.append(f"it stopped early ({meta.get('partial_reason') or _stop_words(partial)})")
     if missing:
         why.append(f"ranks {', '.join(map(str, missing))} left no trace file")
     last = trace.events[-1] if trace.events else None
@@ -100,13 +105,27 @@ def _partial_finding(trace: Trace, f: Facts) -> list[Finding]:
                     events=(last,) if last is not None else ())]
 
 
+def _stop_words(partial: object) -> str:
+    """Why a run stopped, from its `meta["partial"]` (a bool, or a rank's {reason, signal, error, step})."""
+    if not isinstance(partial, dict):
+        return "no reason recorded"
+    parts = [str(partial.get("reason") or "stopped")]
+    if partial.get("signal"):
+        parts.append(f"signal {partial['signal']}")
+    if partial.get("error"):
+        parts.append(str(partial["error"]).splitlines()[0][:200])
+    if partial.get("step") is not None:
+        parts.append(f"at step {partial['step']}")
+    return ", ".join(parts)
+
+
 def _all(trace: Trace) -> list[Finding]:
-    facts = Facts(trace, trace.events)
-    found = [handle_finding(facts, h) for h in facts.by_handle]
+    facts = _facts(trace)
+    found = [handle_finding(facts, h) for h in facts.by_handle if facts.suspect(h)]
     problems = [d for d in found if not d.ok]
     leaked = {d.handle_id for d in problems if d.handle_id is not None}
-    problems += silent_findings(facts, trace.events, leaked)
-    problems += divergence_findings(facts, trace.events)
+    problems += silent_findings(facts, leaked)
+    problems += divergence_findings(facts, facts.by_kind.get("replay_diverged", ()))
     problems += _error_findings(trace, facts, problems)
     problems += _partial_finding(trace, facts)
     return sorted(problems, key=_order)
@@ -129,8 +148,11 @@ def diagnose(trace: Trace, handle: int | None = None) -> list[Finding]:
 
 def diagnose_handle(trace: Trace, handle_id: int) -> Finding:
     """The refusal or leak of one handle, as a `Finding`; code "ok" when it shows none."""
-    facts = derived(trace, "facts", lambda t: Facts(t, t.events))
-    return handle_finding(facts, handle_id)
+    return handle_finding(_facts(trace), handle_id)
+
+
+def _facts(trace: Trace) -> Facts:
+    return derived(trace, "facts", Facts)
 
 
 def format_findings(findings: list[Finding], *, title: str = "") -> str:

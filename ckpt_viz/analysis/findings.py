@@ -41,12 +41,15 @@ NOTE [ Reading a cause from the trace ]
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ckpt_viz.analysis._story import explanation
+from ckpt_viz.analysis.handles import created_events, handle_label
 from ckpt_viz.analysis.lifecycle import Transition, lifecycle
+from ckpt_viz.analysis.passes import passes
 from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
 from ckpt_viz.events import Error, Event, HandleCreated, PhaseSet, Released, ReplayRefused, SessionActivated
 from ckpt_viz.trace import Trace
@@ -119,28 +122,41 @@ class Finding:
 class Facts:
     """Handle states from the one lifecycle; one pass over the events for the evidence beside them."""
 
-    def __init__(self, trace: Trace, events: Iterable[Event]) -> None:
+    def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self.sources = trace.meta.get("sources") if isinstance(trace.meta.get("sources"), dict) else {}
         self.lifecycle = lifecycle(trace)
         self.by_handle: dict[int, list[Event]] = {}
+        self.by_kind: dict[str, list[Event]] = {}  # the few kinds the findings read apart from handles'
+        self.handle_errors: dict[int, list[Error]] = {}
         self.activations: list[dict[str, Any]] = []
         self.errors: list[Event] = []
         self.cleared: list[Event] = []
         open_by_sid: dict[Any, dict[str, Any]] = {}
-        for e in events:
+        by_handle, by_kind = self.by_handle, self.by_kind
+        for e in trace.events:
+            h = e.handle_id
+            if h is not None:
+                events = by_handle.get(h)
+                if events is None:
+                    events = by_handle[h] = []
+                events.append(e)
+            kind = e.kind
+            if kind in _READ_KINDS:
+                by_kind.setdefault(kind, []).append(e)
+        self.errors = by_kind.get("error", [])
+        self.cleared = by_kind.get("session_cleared", [])
+        for e in self.errors:
             if e.handle_id is not None:
-                self.by_handle.setdefault(e.handle_id, []).append(e)
-            if e.kind == "error":
-                self.errors.append(e)
-            elif e.kind == "session_cleared":
-                self.cleared.append(e)
-            elif isinstance(e, SessionActivated):
+                self.handle_errors.setdefault(e.handle_id, []).append(e)  # type: ignore[arg-type]
+        for e in sorted([*by_kind.get("session_activated", ()), *by_kind.get("session_deactivated", ())],
+                        key=lambda e: e.seq):
+            if isinstance(e, SessionActivated):
                 act = {"start": e.seq, "end": None, "sid": e.session_id, "event": e,
                        "retain": e.retain_on_unpack, "handles": list(e.handles)}
                 self.activations.append(act)
                 open_by_sid[e.session_id] = act
-            elif e.kind == "session_deactivated" and e.session_id in open_by_sid:
+            elif e.session_id in open_by_sid:
                 open_by_sid.pop(e.session_id)["end"] = e.seq
 
     def _event(self, h: int, transition: Transition | None) -> Event | None:
@@ -160,7 +176,7 @@ class Facts:
         """The first refused replay: a `replay_refused` event, or an error that carries a refusal's code."""
         marks = self.lifecycle.refusals(h)
         refused = self._event(h, marks[0]) if marks else None
-        error = _first(self.by_handle.get(h, ()), lambda e: code_of(e) in _REFUSAL_CODES)
+        error = _first(self.handle_errors.get(h, ()), lambda e: code_of(e) in _REFUSAL_CODES)
         if refused is None or (error is not None and error.seq < refused.seq):
             return error
         return refused
@@ -180,11 +196,35 @@ class Facts:
         last = until if until is not None else max((e.seq for e in key if e is not None), default=None)
         return tuple(chosen[s] for s in sorted(chosen) if last is None or s <= last)
 
+    def suspect(self, h: int) -> bool:
+        """Whether handle `h` can have a finding of `handle_finding` at all: an error names it, a replay was refused,
+        a failing pass released it, or it was set to phase dw and never released (a leak). A clean handle (nearly
+        every handle of a long run) is ruled out here without reading its events."""
+        life = self.lifecycle
+        if h in self.handle_errors or life.refusals(h):
+            return True
+        reasons = life.reasons(h)
+        if "backward_exception" in reasons or "forward_exception" in reasons:
+            return True
+        return life.last_phase(h) == "dw" and life.state_at(h, None) != "released"
+
+    def handle_before(self, seq: int) -> int | None:
+        """The handle of the last event before `seq` that names one and is no error (what the run was working on
+        when something raised), or None; looks back at most 4096 events."""
+        seqs = passes(self.trace).seqs
+        events = self.trace.events
+        i = bisect_left(seqs, seq) - 1
+        for j in range(i, max(i - 4096, -1), -1):
+            if events[j].handle_id is not None and events[j].kind != "error":
+                return events[j].handle_id
+        return None
+
     def block(self, h: int) -> str | None:
-        created = _first(self.by_handle.get(h, ()), lambda e: isinstance(e, HandleCreated))
-        if not isinstance(created, HandleCreated):
-            return None
-        return created.label or created.function or None
+        return handle_label(created_events(self.trace).get(h)) or None
+
+
+_READ_KINDS = frozenset(("error", "session_cleared", "session_activated", "session_deactivated", "session_bound",
+                         "prefired", "replay_diverged", "backward_entered", "unasked_grads_accumulated"))
 
 
 def code_of(event: Event) -> str | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from ckpt_viz.analysis._cache import derived
 from ckpt_viz.events import HandleCreated
 from ckpt_viz.trace import Trace
+from ckpt_viz.vocabulary import HANDLE_MODES
 
-__all__ = ["created_events", "handle_label", "handle_labels"]
+__all__ = ["created_events", "handle_label", "handle_labels", "mode_counts", "observed_mode"]
 
 
 def created_events(trace: Trace) -> dict[int, HandleCreated]:
@@ -37,3 +38,24 @@ def handle_labels(trace: Trace) -> dict[int, str]:
     def build(t: Trace) -> dict[int, str]:
         return {h: label for h, e in created_events(t).items() if (label := handle_label(e))}
     return derived(trace, "labels", build)
+
+
+def observed_mode(trace: Trace) -> str:
+    """The checkpoint kinds the handles of `trace` used, with whose runtime: "nonreentrant (torch)",
+    "reentrant (ckpt_viz) + nonreentrant (torch)", or "none" when it holds no handle."""
+    used = dict.fromkeys(f"{e.mode} ({e.runtime})" for e in created_events(trace).values())
+    return " + ".join(used) if used else "none"
+
+
+def mode_counts(trace: Trace) -> dict[str, int]:
+    """How many handles each kind of checkpoint has ("reentrant", "nonreentrant", "exclude"), in `HANDLE_MODES`
+    order, kinds with none left out; a handle none of whose events names a mode counts under "unknown"."""
+    def build(t: Trace) -> dict[str, int]:
+        first: dict[int, str | None] = {}
+        for e in t.events:
+            h = e.handle_id
+            if h is not None and first.get(h) is None:
+                first[h] = e.mode
+        found = [m or "unknown" for m in first.values()]
+        return {m: n for m in (*HANDLE_MODES, "unknown") if (n := found.count(m))}
+    return derived(trace, "mode_counts", build)

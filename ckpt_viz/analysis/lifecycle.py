@@ -52,10 +52,11 @@ from ckpt_viz.events import (
     SessionCleared,
     TensorUnpacked,
 )
-from ckpt_viz.trace import Trace
+from ckpt_viz.trace import GraphSnapshot, Trace
 from ckpt_viz.vocabulary import STATES, State
 
-__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "Lifecycle", "Transition", "lifecycle"]
+__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "Lifecycle", "Transition", "lifecycle", "refused_handles",
+           "region_states"]
 
 MARK_MEANINGS: dict[str, str] = {
     "refused": "A backward asked for a replay after the handle was released or collected; the replay was refused.",
@@ -92,9 +93,10 @@ class Transition:
 
 
 class _Handle:
-    """One handle's running state while the pass walks the events."""
+    """One handle's running state while the pass walks the events; transitions as parallel lists."""
 
-    __slots__ = ("pending", "phase", "refusals", "replays", "state", "transitions", "unconsumed")
+    __slots__ = ("kinds", "pending", "phase", "reasons", "refusals", "replays", "seqs", "state", "states",
+                 "unconsumed")
 
     def __init__(self) -> None:
         self.state: State = "not_created"
@@ -102,8 +104,92 @@ class _Handle:
         self.unconsumed = 0
         self.pending: int | None = None  # seq of an ordinary/dw grads_routed waiting for its next event (rule 4)
         self.replays = 0
-        self.transitions: list[Transition] = []
+        self.seqs: list[int] = []
+        self.states: list[State] = []
+        self.kinds: list[str | None] = []
+        self.reasons: list[str | None] = []
         self.refusals: list[tuple[int, str | None]] = []
+
+    def move(self, seq: int, new: State, kind: str | None, reason: str | None = None) -> None:
+        if new != self.state:
+            self.seqs.append(seq)
+            self.states.append(new)
+            self.kinds.append(kind)
+            self.reasons.append(reason)
+            self.state = new
+
+    def resolve(self) -> None:
+        """Rule 4: a pending ordinary/dw grads_routed not followed by a release is retained from its seq."""
+        if self.pending is not None:
+            seq, self.pending = self.pending, None
+            self.move(seq, "retained", "grads_routed")
+
+
+def _phase_set(s: _Handle, e: PhaseSet) -> None:
+    s.phase = e.new
+    if s.state in _WAITING:
+        s.move(e.seq, _WAITING_FOR_PHASE.get(e.new, "recorded"), "phase_set")
+
+
+def _created(s: _Handle, e: HandleCreated) -> None:
+    s.move(e.seq, "recorded", "handle_created")
+
+
+def _replay_started(s: _Handle, e: ReplayStarted) -> None:
+    s.replays += 1
+    s.move(e.seq, "replaying", "replay_started")
+
+
+def _replay_finished(s: _Handle, e: ReplayFinished) -> None:
+    s.unconsumed += e.saved_count or 0
+    s.move(e.seq, "retained" if e.trigger == "prefire" else "replayed", "replay_finished")
+
+
+def _routed(s: _Handle, e: GradsRouted) -> None:
+    if e.phase == "dx":
+        s.move(e.seq, "retained", "grads_routed")
+    else:
+        s.pending = e.seq
+
+
+def _released(s: _Handle, e: Released) -> None:
+    s.pending = None
+    s.move(e.seq, "released", "released", e.reason)
+
+
+def _failed(s: _Handle, e: ReplayFailed) -> None:
+    s.move(e.seq, _WAITING_FOR_PHASE.get(s.phase, "recorded"), "replay_failed")
+
+
+def _collected(s: _Handle, e: NodeCollected) -> None:
+    if s.state in _WAITING:
+        s.move(e.seq, "collected", "node_collected")
+
+
+def _unpacked(s: _Handle, e: TensorUnpacked) -> None:
+    if s.state in _KEPT:
+        if e.consumed:
+            s.unconsumed -= 1
+            if s.unconsumed <= 0:
+                s.unconsumed = 0
+                s.move(e.seq, "released", "tensor_unpacked", "consumed")
+        else:
+            s.move(e.seq, "retained", "tensor_unpacked")
+
+
+def _refused(s: _Handle, e: ReplayRefused) -> None:
+    s.refusals.append((e.seq, e.reason))
+
+
+def _nothing(s: _Handle, e: Event) -> None:
+    return None
+
+
+# NOTE [ Handle states ]: what each kind does to its handle (a kind not here does nothing)
+_STEPS: dict[type, object] = {PhaseSet: _phase_set, HandleCreated: _created, ReplayStarted: _replay_started,
+                              ReplayFinished: _replay_finished, GradsRouted: _routed, Released: _released,
+                              ReplayFailed: _failed, NodeCollected: _collected, TensorUnpacked: _unpacked,
+                              ReplayRefused: _refused}
 
 
 class Lifecycle:
@@ -118,93 +204,45 @@ class Lifecycle:
         self.end_seq: int | None = events[-1].seq if events else None
         handles: dict[int, _Handle] = {}
         first_seq = events[0].seq if events else 0
+        steps, nothing = _STEPS, _nothing
         for event in events:
             h = event.handle_id
             if h is not None:
                 state = handles.get(h)
                 if state is None:
                     state = handles[h] = _Handle()
-                    if not isinstance(event, HandleCreated):  # rule 1: existed before the recording
-                        self._move(h, state, first_seq, "recorded", None, None)
-                self._step(h, state, event)
-            elif isinstance(event, SessionCleared):
+                    if type(event) is not HandleCreated:  # rule 1: existed before the recording
+                        state.move(first_seq, "recorded", None)
+                if state.pending is not None and type(event) is not Released:
+                    state.resolve()
+                steps.get(type(event), nothing)(state, event)  # type: ignore[operator]
+            elif type(event) is SessionCleared:
                 for frame in event.frames:
                     state = handles.get(frame)
                     if state is not None:
-                        self._resolve(frame, state)
+                        state.resolve()
                         if state.state in _KEPT:
                             state.unconsumed = 0
-                            self._move(frame, state, event.seq, "released", "session_cleared", "session_cleared")
-        for h, state in handles.items():
-            self._resolve(h, state)
+                            state.move(event.seq, "released", "session_cleared", "session_cleared")
+        for state in handles.values():
+            state.resolve()
         self.handle_ids: list[int] = list(handles)
-        self._transitions = {h: s.transitions for h, s in handles.items()}
-        self._seqs = {h: [t.seq for t in s.transitions] for h, s in handles.items()}
-        self._replays = {h: s.replays for h, s in handles.items()}
-        self._refusals = {h: s.refusals for h, s in handles.items()}
+        self._handles = handles
         into: dict[str, list[int]] = {s: [] for s in STATES}
         out: dict[str, list[int]] = {s: [] for s in STATES}
-        for transitions in self._transitions.values():
-            before = "not_created"
-            for t in transitions:
-                out[before].append(t.seq)
-                into[t.state].append(t.seq)
-                before = t.state
+        for state in handles.values():
+            previous: str = "not_created"
+            for seq, new in zip(state.seqs, state.states):
+                out[previous].append(seq)
+                into[new].append(seq)
+                previous = new
         for seqs in (*into.values(), *out.values()):
             seqs.sort()
         self._into, self._out = into, out
 
-    @staticmethod
-    def _move(h: int, state: _Handle, seq: int, new: State, kind: str | None, reason: str | None) -> None:
-        if new != state.state:
-            state.transitions.append(Transition(seq=seq, handle_id=h, state=new, kind=kind, reason=reason))
-            state.state = new
-
-    def _resolve(self, h: int, state: _Handle) -> None:
-        """Rule 4: a pending ordinary/dw grads_routed not followed by a release is retained from its seq."""
-        if state.pending is not None:
-            seq, state.pending = state.pending, None
-            self._move(h, state, seq, "retained", "grads_routed", None)
-
-    def _step(self, h: int, s: _Handle, e: Event) -> None:
-        if s.pending is not None and not isinstance(e, Released):
-            self._resolve(h, s)
-        if isinstance(e, PhaseSet):
-            s.phase = e.new
-            if s.state in _WAITING:
-                self._move(h, s, e.seq, _WAITING_FOR_PHASE.get(e.new, "recorded"), e.kind, None)
-        elif isinstance(e, HandleCreated):
-            self._move(h, s, e.seq, "recorded", e.kind, None)
-        elif isinstance(e, ReplayStarted):
-            s.replays += 1
-            self._move(h, s, e.seq, "replaying", e.kind, None)
-        elif isinstance(e, ReplayFinished):
-            s.unconsumed += e.saved_count or 0
-            self._move(h, s, e.seq, "retained" if e.trigger == "prefire" else "replayed", e.kind, None)
-        elif isinstance(e, GradsRouted):
-            if e.phase == "dx":
-                self._move(h, s, e.seq, "retained", e.kind, None)
-            else:
-                s.pending = e.seq
-        elif isinstance(e, Released):
-            s.pending = None
-            self._move(h, s, e.seq, "released", e.kind, e.reason)
-        elif isinstance(e, ReplayFailed):
-            self._move(h, s, e.seq, _WAITING_FOR_PHASE.get(s.phase, "recorded"), e.kind, None)
-        elif isinstance(e, NodeCollected):
-            if s.state in _WAITING:
-                self._move(h, s, e.seq, "collected", e.kind, None)
-        elif isinstance(e, TensorUnpacked):
-            if s.state in _KEPT:
-                if e.consumed:
-                    s.unconsumed -= 1
-                    if s.unconsumed <= 0:
-                        s.unconsumed = 0
-                        self._move(h, s, e.seq, "released", e.kind, "consumed")
-                else:
-                    self._move(h, s, e.seq, "retained", e.kind, None)
-        elif isinstance(e, ReplayRefused):
-            s.refusals.append((e.seq, e.reason))
+    def _transition(self, h: int, i: int) -> Transition:
+        s = self._handles[h]
+        return Transition(seq=s.seqs[i], handle_id=h, state=s.states[i], kind=s.kinds[i], reason=s.reasons[i])
 
     # -- queries
 
@@ -215,15 +253,16 @@ class Lifecycle:
 
     def transitions(self, handle_id: int) -> list[Transition]:
         """The handle's state changes, in order (empty for an unknown handle)."""
-        return list(self._transitions.get(handle_id, ()))
+        s = self._handles.get(handle_id)
+        return [self._transition(handle_id, i) for i in range(len(s.seqs))] if s is not None else []
 
     def state_at(self, handle_id: int, seq: int | None) -> State:
         """One of `STATES` as of `seq` (inclusive; None: the end); "not_created" for an unknown handle."""
-        seqs = self._seqs.get(handle_id)
-        if not seqs:
+        s = self._handles.get(handle_id)
+        if s is None or not s.seqs:
             return "not_created"
-        at = bisect_right(seqs, self._at(seq))
-        return self._transitions[handle_id][at - 1].state if at else "not_created"
+        at = bisect_right(s.seqs, self._at(seq))
+        return s.states[at - 1] if at else "not_created"
 
     def states_at(self, seq: int | None) -> dict[int, State]:
         """The state of every handle as of `seq`, in order of first appearance."""
@@ -238,36 +277,85 @@ class Lifecycle:
 
     def reason_at(self, handle_id: int, seq: int | None) -> str | None:
         """The reason of the transition in force at `seq` (the release reason while released), or None."""
-        seqs = self._seqs.get(handle_id)
-        at = bisect_right(seqs, self._at(seq)) if seqs else 0
-        return self._transitions[handle_id][at - 1].reason if at else None
+        s = self._handles.get(handle_id)
+        at = bisect_right(s.seqs, self._at(seq)) if s is not None else 0
+        return s.reasons[at - 1] if at else None  # type: ignore[union-attr]
 
     def released(self, handle_id: int) -> Transition | None:
         """The handle's first release (its reason says why), or None if it was never released."""
-        return next((t for t in self._transitions.get(handle_id, ()) if t.state == "released"), None)
+        s = self._handles.get(handle_id)
+        if s is None or "released" not in s.states:
+            return None
+        return self._transition(handle_id, s.states.index("released"))
 
     def releases(self, handle_id: int) -> list[Transition]:
         """Every release of the handle (a non-reentrant frame recomputed by a later backward is released again)."""
-        return [t for t in self._transitions.get(handle_id, ()) if t.state == "released"]
+        s = self._handles.get(handle_id)
+        if s is None or "released" not in s.states:
+            return []
+        return [self._transition(handle_id, i) for i, state in enumerate(s.states) if state == "released"]
 
     def released_reasons(self) -> Counter[str | None]:
         """reason -> how many handles are released at the end of the trace for it."""
-        return Counter(t[-1].reason for t in self._transitions.values() if t and t[-1].state == "released")
+        return Counter(s.reasons[-1] for s in self._handles.values() if s.states and s.states[-1] == "released")
+
+    def reasons(self, handle_id: int) -> tuple[str | None, ...]:
+        """The reasons of the handle's transitions, in order (a release's reason where it is one)."""
+        s = self._handles.get(handle_id)
+        return tuple(s.reasons) if s is not None else ()
+
+    def last_phase(self, handle_id: int) -> str | None:
+        """The last phase a `phase_set` gave the handle, or None."""
+        s = self._handles.get(handle_id)
+        return s.phase if s is not None else None
 
     def replay_count(self) -> int:
         """How many times any handle's forward was re-run."""
-        return sum(self._replays.values())
+        return sum(s.replays for s in self._handles.values())
 
     def replays(self, handle_id: int) -> int:
         """How many times the handle's forward was re-run (`replay_started` events)."""
-        return self._replays.get(handle_id, 0)
+        s = self._handles.get(handle_id)
+        return s.replays if s is not None else 0
 
     def refusals(self, handle_id: int) -> list[Transition]:
         """The handle's refused replays: state is the handle's state then, reason the refusal's reason."""
-        return [Transition(seq=s, handle_id=handle_id, state=self.state_at(handle_id, s), kind="replay_refused",
-                           reason=r) for s, r in self._refusals.get(handle_id, [])]
+        s = self._handles.get(handle_id)
+        return [Transition(seq=seq, handle_id=handle_id, state=self.state_at(handle_id, seq), kind="replay_refused",
+                           reason=r) for seq, r in (s.refusals if s is not None else ())]
 
 
 def lifecycle(trace: Trace) -> Lifecycle:
     """The lifecycle of `trace`, built on first use and kept while the trace is unchanged."""
     return derived(trace, "lifecycle", lambda t: Lifecycle(t.events))
+
+
+def region_states(trace: Trace, snapshot: GraphSnapshot, seq: int | None) -> dict[int, State]:
+    """The state of each checkpoint region of a graph snapshot as of `seq` (None: the end), as the graph draws it.
+
+    The lifecycle's state of the region's handle; a handle that no event of the trace names existed before the
+    recording (rule 1): "retained" when the snapshot holds its retained replay, else "recorded".
+    """
+    life = lifecycle(trace)
+    known = set(life.handle_ids)
+    out: dict[int, State] = {}
+    for node in snapshot.nodes:
+        h = node.handle_id
+        if h is None or node.kind == "trigger":
+            continue
+        if h in known:
+            out[h] = life.state_at(h, seq)
+        elif node.replay or out.get(h) == "retained":
+            out[h] = "retained"
+        else:
+            out.setdefault(h, "recorded")
+    return out
+
+
+def refused_handles(trace: Trace, seq: int | None) -> list[int]:
+    """The handles with a refused replay (rule 7) at or before `seq` (None: the end), in order of their first one."""
+    life = lifecycle(trace)
+    at = life.end_seq if seq is None else seq
+    firsts = [(marks[0].seq, h) for h in life.handle_ids if (marks := life.refusals(h)) and at is not None
+              and marks[0].seq <= at]
+    return [h for _, h in sorted(firsts)]

@@ -39,6 +39,7 @@ NOTE [ Phase alignment ]
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -181,21 +182,27 @@ def _joins(e: Event) -> bool:
     return True
 
 
+_NO_GROUP = (None, None, None)
+_CHECKED = frozenset(("replay_started", "replay_finished", "released", "error"))  # kinds that join by a field
+
+
 def _backwards(events: Sequence[Event]) -> list[BackwardPass]:
     found: list[dict] = []
     current: dict | None = None
     entered: set[int | None] = set()
+    join, neutral, checked = _JOIN, _NEUTRAL, _CHECKED
     for i, e in enumerate(events):
-        if e.kind not in _JOIN:
-            if e.kind not in _NEUTRAL:
+        kind = e.kind
+        if kind not in join:
+            if kind not in neutral:
                 current = None
             continue
-        if not _joins(e):
+        if kind in checked and not _joins(e):
             current = None
             continue
-        phase = e.phase if e.kind != "tensor_unpacked" else None
+        phase = e.phase if kind != "tensor_unpacked" else None
         tags = e.tags
-        group = (tags.get("stage"), tags.get("microbatch"), tags.get("rank")) if tags else (None, None, None)
+        group = (tags.get("stage"), tags.get("microbatch"), tags.get("rank")) if tags else _NO_GROUP
         fresh = current is None or (
             (phase is not None and current["phase"] is not None and phase != current["phase"])
             or (e.site is not None and current["site"] is not None and e.site != current["site"])
@@ -219,17 +226,19 @@ def _backwards(events: Sequence[Event]) -> list[BackwardPass]:
 
 
 def _aligned(parts: Sequence[Part]) -> list[float]:
-    totals: dict[str, int] = {}
-    for a in parts:
-        totals[a] = totals.get(a, 0) + 1
-    seen: dict[str, int] = {}
-    xs: list[float] = []
+    totals = Counter(parts)
     last = parts[-1] if parts else None
-    for a in parts:
+    step = {}
+    for a, n in totals.items():
         lo, hi = AXIS[a]
-        n = totals[a] - 1 if a == last and totals[a] > 1 else totals[a]  # the run's last event at its end
-        xs.append(lo + (hi - lo) * seen.get(a, 0) / n)
-        seen[a] = seen.get(a, 0) + 1
+        step[a] = (lo, hi - lo, n - 1 if a == last and n > 1 else n)  # the run's last event at its end
+    seen = dict.fromkeys(totals, 0)
+    xs: list[float] = []
+    for a in parts:
+        lo, width, n = step[a]
+        k = seen[a]
+        seen[a] = k + 1
+        xs.append(lo + width * k / n)
     return xs
 
 

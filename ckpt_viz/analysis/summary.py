@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ckpt_viz.analysis._cache import derived
 from ckpt_viz.analysis.diagnosis import diagnose
+from ckpt_viz.analysis.handles import observed_mode
 from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.analysis.memory import MemoryPeak, memory
 from ckpt_viz.trace import Trace
@@ -59,7 +60,7 @@ def summary(trace: Trace) -> RunSummary:
         meta = t.meta
         distributed = meta.get("distributed") if isinstance(meta.get("distributed"), dict) else {}
         return RunSummary(
-            model=str(meta.get("model") or ""), mode=str(meta.get("mode") or ""),
+            model=str(meta.get("model") or ""), mode=str(meta.get("mode") or observed_mode(t)),
             schedule=str(meta.get("schedule") or ""), events=len(t.events), handles=len(life.handle_ids),
             replays=life.replay_count(), released=states.get("released", 0), states=states,
             refused=sum(len(life.refusals(h)) for h in life.handle_ids), errors=t.count("error"),

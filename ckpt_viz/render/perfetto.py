@@ -24,6 +24,7 @@ import functools
 from typing import Any
 
 from ckpt_viz.events import Event
+from ckpt_viz.trace import Trace
 
 __all__ = ["TRACKS", "render_perfetto"]
 
@@ -108,9 +109,9 @@ def _action_spans(events: list[Event]) -> tuple[dict[int, tuple], dict[int, tupl
     return {v: k for k, v in first.items()}, {v: k for k, v in last.items()}
 
 
-def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return the Chrome trace-event JSON object (a dict with "traceEvents")."""
-    events = list(events)
+def render_perfetto(trace: Trace) -> dict[str, Any]:
+    """The Chrome trace-event JSON object (a dict with "traceEvents") of `trace`: its events and memory counters."""
+    events, memory, meta = list(trace.events), trace.memory, trace.meta
     if not events:
         return {"traceEvents": [], "displayTimeUnit": "ms", "metadata": dict(meta or {})}
     origin = events[0].t_ns
@@ -153,13 +154,13 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
         elif e.kind == "replay_started":
             if h in visits:
                 where = visits[h]
-            elif e.data.get("trigger") == "prefire":
+            elif getattr(e, "trigger", None) == "prefire":
                 where = (pid, tid_of("prefire"))
             else:  # a non-reentrant recompute inside the outer backward
                 where = (pid, tid_of(e.phase if e.phase in ("dx", "dw") else "ordinary"))
             replays[h] = where
             tracks.open(*where, ("replay", h), f"replay {_label(e)}", e.t_ns,
-                        {**args, "trigger": e.data.get("trigger")})
+                        {**args, "trigger": getattr(e, "trigger", None)})
         elif e.kind in ("replay_finished", "replay_failed") and h in replays:
             tracks.close(*replays.pop(h), ("replay", h), e.t_ns, {"end": e.kind})
         elif e.kind in ("grads_routed", "released", "error") and h in visits:
@@ -168,11 +169,13 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
             releases[h] = e.seq
             flows.append({"ph": "s", "id": e.seq, "name": "released", "cat": "release", "pid": pid,
                           "tid": tid_of("forward"), "ts": ts})
+            reason = getattr(e, "reason", None)
             tracks.events.append({"ph": "i", "s": "t", "name": f"released {_label(e)}", "pid": pid,
-                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": reason}})
         elif e.kind == "replay_refused":
+            reason = getattr(e, "reason", None)
             tracks.events.append({"ph": "i", "s": "t", "name": f"replay refused {_label(e)}", "pid": pid,
-                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": reason}})
             if h in releases:
                 flows.append({"ph": "f", "bp": "e", "id": releases[h], "name": "released", "cat": "release",
                               "pid": pid, "tid": tid_of("forward"), "ts": ts})

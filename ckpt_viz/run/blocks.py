@@ -28,8 +28,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ckpt_viz import bus
-from ckpt_viz.events import MemorySampled
 from ckpt_viz.errors import CkptVizError
+from ckpt_viz.events import MemorySampled
 from ckpt_viz.runtime import checkpoint
 
 __all__ = ["checkpointed", "labelled"]

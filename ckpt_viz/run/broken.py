@@ -15,7 +15,7 @@ NOTE [ Adding a broken scenario ]
      (release a leaked handle, clear a session) so the process is left clean.
   2. Register it with `BROKEN["my-case"] = BrokenScenario(title, expected_code,
      _my_case)` (expected_code: the code `ckpt_viz.diagnose` must report, a key of
-     `ckpt_viz.events.DIAGNOSIS_CODES`) and add "my-case" to
+     `ckpt_viz.codes.DIAGNOSIS_CODES`) and add "my-case" to
      `catalog.BROKEN_SCENARIO_NAMES`. Another module can do the same at import
      (`from ckpt_viz.run.broken import BROKEN, BrokenScenario`), if this module
      imports it at its end (see `_EXTRA_MODULES`).

@@ -55,7 +55,7 @@ from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
 from ckpt_viz.runtime.owners import qualname
 from ckpt_viz.runtime.recompute_state import compose_context_fns, create_recompute_contexts
 from ckpt_viz.runtime.reentrant import new_handle_id
-from ckpt_viz.runtime.reentrant_handle import module_label
+from ckpt_viz.runtime.labels import label_of
 from ckpt_viz.runtime.state import ExecutionState
 from ckpt_viz.runtime.tensor_meta import meta
 
@@ -387,7 +387,7 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
     if collector is not None:
         collector.append(frame)
     if bus.enabled:
-        event = frame._emit(HandleCreated, function=qualname(function), label=module_label(function),
+        event = frame._emit(HandleCreated, function=qualname(function), label=label_of(function),
                             collector="unified" if collector is not None else "none",
                             preserve_rng_state=preserve_rng_state, early_stop=early_stop,
                             input_count=sum(isinstance(a, torch.Tensor) for a in args),

@@ -167,7 +167,8 @@ def _report_key(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[i
 
 
 def qualname(function: Any) -> str:
-    """The name of a checkpointed function: its `__qualname__`, else its type's name (a module's class)."""
+    """The name of a checkpointed function: its `__qualname__`, else its type's name (a module's class). The
+    region's name (the module's qualified name) is `ckpt_viz.runtime.labels.label_of`."""
     if isinstance(function, torch.nn.Module):  # getattr would go through Module.__getattr__ and fail
         return function.__dict__.get("__qualname__") or type(function).__name__
     return getattr(function, "__qualname__", None) or type(function).__name__

@@ -62,6 +62,7 @@ from ckpt_viz.events import (
 from ckpt_viz.runtime import divergence, memtags
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handover import carried
+from ckpt_viz.runtime.labels import label_of
 from ckpt_viz.runtime.reentrant_handle import (
     InputSlot,
     ReentrantCheckpointHandle,
@@ -69,11 +70,11 @@ from ckpt_viz.runtime.reentrant_handle import (
     fail,
     input_slot,
     meta,
-    module_label,
     new_handle_id,
     qualname,
     tensors_of,
 )
+from ckpt_viz.runtime.split import running_helper
 from ckpt_viz.runtime.state import ExecutionState, noop_context_fn
 
 __all__ = [
@@ -206,7 +207,7 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
             f"h{frame.handle_id}): its gradients come from a replay inside backward and would not be "
             "differentiable.\nTip: use use_reentrant=False for higher-order gradients, or drop create_graph=True.")
     if frame.split and frame.phase == "ordinary":
-        raise PhaseNotSetError(frame.handle_id)
+        raise PhaseNotSetError(frame.handle_id, running_helper())
     frame.recompute()
     outputs = tensors_of(frame.replay_outputs)
     if not any(v.requires_grad for v in outputs):
@@ -239,7 +240,7 @@ def _created(function: Callable, frame: ReentrantCheckpointHandle, collector: st
     """`handle_created`'s fields: kept per function (weakly) while its calls look the same, and then shared by
     their events (immutable facts; the function's name is read once); a function without weak references, or
     inputs off the CPU, build them each call."""
-    label = module_label(function)
+    label = label_of(function)
     key = (frame.split, frame.param_input_mask, collector, frame.preserve_rng_state, label,
            *map(_TENSOR_KEY, inputs))
     entry = _CREATED.get(id(function))

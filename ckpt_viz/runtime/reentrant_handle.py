@@ -36,7 +36,7 @@ from ckpt_viz.events import (
     ReplayStarted,
 )
 from ckpt_viz.runtime import debug as _debug
-from ckpt_viz.runtime import memtags, owners
+from ckpt_viz.runtime import memtags, owners, unasked
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.owners import qualname
@@ -44,7 +44,7 @@ from ckpt_viz.runtime.state import ExecutionState
 from ckpt_viz.runtime.tensor_meta import meta
 
 __all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "input_slot", "meta",
-           "module_label", "new_handle_id", "qualname", "restart_handle_ids", "tensors_of"]
+           "new_handle_id", "qualname", "restart_handle_ids", "tensors_of"]
 
 E = TypeVar("E", bound=EventBase)
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
@@ -80,18 +80,6 @@ def input_slot(index: int) -> InputSlot:
     while len(_SLOTS) <= index:
         _SLOTS.append(InputSlot(len(_SLOTS)))
     return _SLOTS[index]
-
-
-def module_label(function: Any) -> str | None:
-    """The qualified name the recordings of this context give the module a checkpointed function belongs to
-    (`model.layers.3`: `record(model=...)` names every submodule), or None: a module, its bound method, or
-    either inside `functools.partial` (what Hugging Face passes)."""
-    owner = function
-    while isinstance(owner, functools.partial):
-        owner = owner.func
-    if not isinstance(owner, torch.nn.Module):  # a Module's getattr of a missing name raises: ask it first
-        owner = getattr(owner, "__self__", owner)
-    return bus.name_of(owner) if isinstance(owner, torch.nn.Module) else None
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
@@ -223,6 +211,8 @@ class ReentrantCheckpointHandle:
                 item.grad = None
         if bus.enabled:
             return self._recorded_gradients(values, grads)
+        if unasked.pending and not self.split:  # See NOTE [ Unasked accumulation ] in unasked.py, rule 4.
+            return unasked.checked_gradients(self, values, grads)
         watch, self.divergence = self.divergence, None
         with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
@@ -232,6 +222,7 @@ class ReentrantCheckpointHandle:
         """`_gradients`' ordinary or DW pass while somebody listens: the same backward, and the captured-parameter
         report around it."""
         before = owners.grad_states(self._captured(values))
+        states = unasked.before(self, values) if not self.split else None  # unasked.py NOTE rule 4: every time
         watch, self.divergence = self.divergence, None
         backward = torch.autograd.backward  # a recording's wrapper passes an inner pass through: call what it wraps
         backward = getattr(backward, "_ckpt_viz_original", backward)  # (ckpt_viz/recording.py, `_watched`)
@@ -239,6 +230,7 @@ class ReentrantCheckpointHandle:
             backward(values, grads, retain_graph=self.retain_graph)
         if before[0]:
             self._captured_report = owners.captured_report(before)
+        unasked.after(self, states)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _captured(self, values: tuple) -> Sequence[torch.Tensor]:

@@ -3,7 +3,7 @@
 One representation in memory and one file format. The events are the typed events of
 `ckpt_viz.events`; memory samples and graph snapshots are typed the same way (frozen msgspec
 Structs, checked field by field when a file is read). `Trace.save` and `Trace.load` are the file
-format (`ckpt_viz.trace._codec`: the document and its checks; `ckpt_viz.trace._files`: bounded
+format (`ckpt_viz.trace._codec`: the document and its checks; `ckpt_viz.trace.files`: bounded
 reads, atomic writes). Standard library and msgspec only, so the app opens a saved trace without torch.
 """
 from __future__ import annotations

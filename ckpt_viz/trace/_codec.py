@@ -4,7 +4,7 @@
      "events": [{"kind": "handle_created", "seq": 0, ...}, ...], "memory": [...], "graphs": [...]}
 
 Owns `save`, `load`, `encode` and `decode`, and the checks a type cannot say (NOTE [ Trace checks ]).
-The system calls (bounded reads, the capped gunzip, atomic fsync-ed writes) are `ckpt_viz.trace._files`.
+The system calls (bounded reads, the capped gunzip, atomic fsync-ed writes) are `ckpt_viz.trace.files`.
 Never pickle: a trace file is plain JSON that `json.load` reads. Standard library and msgspec only.
 
 NOTE [ Trace checks ]
@@ -36,7 +36,7 @@ from msgspec import Meta
 from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Count, Event, Name, Site
 from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, SCHEMA_VERSION, GraphSnapshot, MemorySample
-from ckpt_viz.trace import _files as files
+from ckpt_viz.trace import files
 
 if TYPE_CHECKING:
     from ckpt_viz.trace import Trace
@@ -61,16 +61,30 @@ class _Distributed(msgspec.Struct, omit_defaults=True):
     world_size: Annotated[int, Meta(ge=1, le=1 << 20)] | None = None
     rank: Annotated[int, Meta(ge=0, le=1 << 20)] | None = None
     ranks: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(max_length=1 << 20)] | None = None
+    headers: dict[Annotated[str, Meta(max_length=16)], dict[Annotated[str, Meta(max_length=64)], Any]] | None = None
     missing_ranks: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(max_length=1 << 20)] | None = None
 
 
 class _ReplayChecks(msgspec.Struct):
     policy: Name
-    first_checks: Count
-    budget: float
     checked: Count
     skipped: Count
+    first_checks: Count | None = None
+    budget: float | None = None
     skipped_regions: dict[Name, Count] = {}
+    by_rank: dict[Annotated[str, Meta(max_length=16)], dict[Name, Count]] = {}  # a merged trace: each rank's
+
+
+class _Partial(msgspec.Struct, omit_defaults=True):
+    """Why a run stopped early (a rank's file; NOTE [ Partial runs ] in ckpt_viz/distributed.py), or, merged, which
+    ranks are missing and each present rank's own."""
+
+    reason: Name | None = None
+    signal: Name | None = None
+    error: Annotated[str, Meta(max_length=4096)] | None = None
+    step: Count | None = None
+    missing_ranks: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(max_length=1 << 20)] | None = None
+    ranks: dict[Annotated[str, Meta(max_length=16)], Any] | None = None
 
 
 class _Meta(msgspec.Struct):
@@ -88,7 +102,7 @@ class _Meta(msgspec.Struct):
                        ] | None = None
     replay_checks: _ReplayChecks | None = None
     distributed: _Distributed | None = None
-    partial: bool | None = None
+    partial: bool | _Partial | None = None
     partial_reason: Annotated[str, Meta(max_length=4096)] | None = None
 
 

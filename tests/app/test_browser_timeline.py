@@ -26,7 +26,8 @@ def _pick(page, label: str, option: str) -> None:
 def test_timeline_walks_to_a_dw_action(browser_page) -> None:
     from playwright.sync_api import expect
 
-    from ckpt_viz import RunRequest, obtain_trace, timeline_actions
+    from ckpt_viz.analysis.actions import actions
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     page = browser_page
     _pick(page, "Built-in model", "pipeline")
@@ -38,7 +39,7 @@ def test_timeline_walks_to_a_dw_action(browser_page) -> None:
     assert main.locator('[data-testid="stVegaLiteChart"]').count() == 4  # timeline, stage memory, side by side
 
     trace = obtain_trace(RunRequest("builtin", "pipeline", mode="pipeline", schedule="ZB-H1", microbatches=4))
-    dw = [a for a in timeline_actions(trace) if a["action"] == "DW"]
+    dw = [a for a in actions(trace) if a.action == "DW"]
     main.get_by_role("button", name="Next F", exact=True).wait_for()
     first_button = main.get_by_role("button", name="First", exact=True)
     if first_button.is_enabled():  # the cursor may start at the first event already
@@ -47,13 +48,13 @@ def test_timeline_walks_to_a_dw_action(browser_page) -> None:
     main.get_by_role("button", name="Next DW", exact=True).click()
     settle(page)
     first = dw[0]
-    expect(main.get_by_text(f"stage {first['stage']} runs DW (weight grads) of micro-batch {first['microbatch']}",
+    expect(main.get_by_text(f"stage {first.stage} runs DW (weight grads) of micro-batch {first.microbatch}",
                             exact=False)).to_be_visible()
-    assert int(cursor_text(page).replace(",", "")) == first["start_seq"]
+    assert int(cursor_text(page).replace(",", "")) == first.start_seq
     main.get_by_role("button", name="Next DW", exact=True).click()  # and on to the next one
     settle(page)
     second = dw[1]
-    expect(main.get_by_text(f"stage {second['stage']} runs DW (weight grads) of micro-batch {second['microbatch']}",
+    expect(main.get_by_text(f"stage {second.stage} runs DW (weight grads) of micro-batch {second.microbatch}",
                             exact=False)).to_be_visible()
     screenshot(page, SHOTS / "09_timeline.png")
     assert not page.errors, page.errors

@@ -36,7 +36,7 @@ def nesting_errors(doc: dict[str, Any]) -> list[str]:
 def test_every_mode_exports_properly_nested_tracks(mode: str) -> None:
     model = "pipeline" if mode == "pipeline" else "excluded"
     trace = run_scenario(build_builtin(model), mode, memory=True, schedule="ZB-H1", microbatches=4)
-    doc = render_perfetto(trace.events, trace.memory, trace.meta)
+    doc = render_perfetto(trace)
     assert nesting_errors(doc) == []
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert sum(e["name"].startswith("replay") for e in slices) == trace.count("replay_started")
@@ -56,7 +56,7 @@ def test_flow_links_a_release_to_the_refused_replay() -> None:
         loss.backward(retain_graph=True)
         with pytest.raises(RuntimeError, match="Cannot replay a released reentrant checkpoint"):
             loss.backward()
-    doc = render_perfetto(rec.trace.events)
+    doc = render_perfetto(rec.trace)
     starts = [e for e in doc["traceEvents"] if e["ph"] == "s"]
     finishes = [e for e in doc["traceEvents"] if e["ph"] == "f"]
     released = rec.trace.of_kind("released")[0]

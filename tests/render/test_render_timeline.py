@@ -1,19 +1,20 @@
-"""The schedule timeline: boxes per action from the recorded tags, replays nested, the cursor, the plan."""
+"""The schedule timeline: boxes per action from the recorded tags (`ckpt_viz.analysis.actions`), replays nested, the
+cursor, the plan, bytes per stage."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
-from ckpt_viz.cli.merge import merge_run
+from ckpt_viz.analysis.actions import actions, planned_vs_executed
 from ckpt_viz.render import palette
-from ckpt_viz.render.timeline import (
-    planned_vs_executed,
-    render_stage_memory,
-    render_timeline,
-    stage_memory_rows,
-    timeline_actions,
-)
+from ckpt_viz.render.timeline import render_stage_memory, render_timeline, stage_memory_rows
 from ckpt_viz.trace import MemorySample
 from traces import Builder
+
+
+def timeline_actions(trace) -> list[dict]:
+    """The analysis's actions as plain rows."""
+    return [dataclasses.asdict(a) for a in actions(trace)]
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "distributed")
 
@@ -31,14 +32,14 @@ def _two_rank_trace():
         b.ev("handle_created", rank, mode="reentrant", tags=tags(rank, rank, "F"))
         b.ev("forward_started", rank, mode="reentrant", tags=tags(rank, rank, "F"))
     b.ev("backward_entered", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
-    b.ev("replay_started", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
-    b.ev("replay_finished", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
+    b.ev("replay_started", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"), trigger="backward")
+    b.ev("replay_finished", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"), trigger="backward")
     b.ev("grads_routed", 1, phase="dx", mode="reentrant", tags=tags(1, 1, "I"))
-    b.ev("phase_set", 0, phase="dx", mode="reentrant", tags=tags(0, 0, "I"))
+    b.ev("phase_set", 0, phase="dx", mode="reentrant", tags=tags(0, 0, "I"), old="ordinary", new="dx")
     b.ev("backward_entered", 1, phase="dw", mode="reentrant", tags=tags(1, 1, "W"))
-    b.ev("released", 1, phase="dw", mode="reentrant", tags=tags(1, 1, "W"), reason="dw_done")
-    b.ev("replay_started", 0, phase="dw", mode="reentrant", tags=tags(0, 0, "W"))
-    b.ev("replay_finished", 0, phase="dw", mode="reentrant", tags=tags(0, 0, "W"))
+    b.ev("released", 1, phase="dw", mode="reentrant", tags=tags(1, 1, "W"), reason="dw_complete")
+    b.ev("replay_started", 0, phase="dw", mode="reentrant", tags=tags(0, 0, "W"), trigger="backward")
+    b.ev("replay_finished", 0, phase="dw", mode="reentrant", tags=tags(0, 0, "W"), trigger="backward")
     b.memory.append(MemorySample(seq=12, t_ns=12_000, bytes_by_category={"activations": 10},
                                  by_stage={"0": {"activations": 4}, "1": {"activations": 6}}))
     planned = {"0": ["0F0", "0I0", "0W0"], "1": ["1F0", "1W0", "1I0"]}  # rank 1's plan differs on purpose
@@ -56,15 +57,15 @@ def test_one_box_per_action_with_torch_names_as_dx_and_dw() -> None:
 
 def test_planned_against_executed_order() -> None:
     plan = planned_vs_executed(_two_rank_trace())
-    assert plan[0] == {"lane": "rank 0", "planned": "0F0 0DX0 0DW0", "executed": "0F0 0DX0 0DW0", "same": True,
-                       "first_difference": None}
-    assert plan[1]["same"] is False and plan[1]["first_difference"] == 1
+    assert dataclasses.astuple(plan[0]) == ("rank 0", "0F0 0DX0 0DW0", "0F0 0DX0 0DW0", True, None)
+    assert plan[1].same is False and plan[1].first_difference == 1
 
 
 def test_chart_colours_actions_nests_replays_and_marks_the_cursor() -> None:
     trace = _two_rank_trace()
     spec = render_timeline(trace, cursor=5, x="events").to_dict()
     boxes, _text, replays, cursor = spec["layer"]
+    assert boxes["data"] == _text["data"]  # the labels read the boxes' rows
     colour = boxes["encoding"]["color"]["scale"]
     assert dict(zip(colour["domain"], colour["range"])) == palette.ACTION_COLOURS
     box_rows = boxes["data"]["values"]
@@ -90,16 +91,18 @@ def test_stage_memory() -> None:
 def test_an_in_process_pipeline_run_draws_by_tick() -> None:
     b = Builder()
     for kind, stage, mb in (("F", 0, 0), ("F", 1, 0), ("B", 1, 0), ("B", 0, 0)):
-        b.ev("phase_set", 0, tags={"stage": stage, "microbatch": mb, "action": kind})
+        b.ev("phase_set", 0, tags={"stage": stage, "microbatch": mb, "action": kind}, old="ordinary", new="ordinary")
     trace = b.trace(actions=[["F", 0, 0, 0], ["F", 1, 0, 1], ["B", 1, 0, 2], ["B", 0, 0, 4]])
     spec = render_timeline(trace).to_dict()  # x defaults to ticks here
     rows = spec["layer"][0].get("data", spec.get("data"))["values"]
     assert [(r["lane"], r["x0"], r["x1"]) for r in rows] == [("stage 0", 0.0, 1.0), ("stage 1", 1.0, 2.0),
                                                              ("stage 1", 2.0, 4.0), ("stage 0", 4.0, 6.0)]
-    assert [p["same"] for p in planned_vs_executed(trace)] == [True, True]
+    assert [p.same for p in planned_vs_executed(trace)] == [True, True]
 
 
 def test_a_merged_real_run() -> None:
+    from ckpt_viz.cli.merge import merge_run
+
     merged, _ = merge_run(DATA)
     rows = timeline_actions(merged)
     assert {r["lane"] for r in rows} == {"rank 0 · stage 0", "rank 0 · stage 3", "rank 1 · stage 1",
@@ -111,8 +114,9 @@ def test_a_merged_real_run() -> None:
 
 
 def test_a_loaded_trace_gives_the_same_actions_as_its_events(tmp_path) -> None:
-    """The actions are read from the columns of a loaded trace (no Event built): the same rows as from its events,
-    replays and their spans included, on a merged real run and on a pipeline run of the built-in model."""
+    """A saved and loaded trace gives the same actions as the one recorded, replays and their spans included, on a
+    merged real run and on a hand-built two-rank run."""
+    from ckpt_viz.cli.merge import merge_run
     from ckpt_viz.trace import Trace
 
     merged, _ = merge_run(DATA)
@@ -125,4 +129,3 @@ def test_a_loaded_trace_gives_the_same_actions_as_its_events(tmp_path) -> None:
         loaded = Trace.load(path)
         assert timeline_actions(loaded) == expected
         assert expected
-        assert not loaded.events.materialized  # read from the columns
