@@ -489,10 +489,10 @@ def test_every_public_name_resolves_to_its_definition() -> None:
     namespace: dict[str, object] = {}
     exec("from ckpt_viz import *", namespace)  # touches every name in __all__, the lazy ones included
     assert set(ckpt_viz.__all__) <= set(namespace)
-    for name, module in ckpt_viz._LAZY.items():  # a name, or a submodule where the module is ""
-        expected = importlib.import_module(f"ckpt_viz.{name}") if not module else getattr(
-            importlib.import_module(module), name)
-        assert getattr(ckpt_viz, name) is expected, name
+    for name, module in ckpt_viz._LAZY.items():
+        assert getattr(ckpt_viz, name) is getattr(importlib.import_module(module), name), name
+    for name in ckpt_viz._SUBMODULES:  # `ckpt_viz.hf`, `ckpt_viz.pipelining`: the submodule itself
+        assert getattr(ckpt_viz, name) is importlib.import_module(f"ckpt_viz.{name}"), name
     assert ckpt_viz.diagnose is importlib.import_module("ckpt_viz.analysis.diagnosis").diagnose
     assert set(ckpt_viz.__all__) <= set(dir(ckpt_viz))
     with pytest.raises(AttributeError, match="has no attribute 'render_nothing'"):
@@ -508,4 +508,4 @@ def test_all_is_sorted_and_lists_every_lazy_name() -> None:
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     spelled = {a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert spelled == {name: module or "ckpt_viz" for name, module in ckpt_viz._LAZY.items()}
+    assert spelled == {**ckpt_viz._LAZY, **dict.fromkeys(ckpt_viz._SUBMODULES, "ckpt_viz")}

@@ -1,5 +1,5 @@
 """Hostile trace files: each gets a clear TraceError with bounded memory and time, and nothing is read outside the
-trace (issue 13, "bounded inputs"; NOTE [ Bounded reads ] in ckpt_viz/trace/_files.py).
+trace (issue 13, "bounded inputs"; NOTE [ Bounded reads ] in ckpt_viz/trace/files.py).
 
 The big files are generated here (a gzip bomb is 1 MiB that inflates past the 1 GiB default cap). What
 `ckpt-viz info` makes of each (exit 2, one paragraph) is tests/trace/test_hostile_cli.py.
@@ -24,7 +24,7 @@ from ckpt_viz.analysis.diagnosis import diagnose
 from ckpt_viz.errors import TraceFileError
 from ckpt_viz.events import Error, HandleCreated
 from ckpt_viz.trace import MemorySample
-from ckpt_viz.trace import _files as trace_files
+from ckpt_viz.trace import files as trace_files
 from traces import refused_trace
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -15,7 +15,7 @@ import pytest
 
 from ckpt_viz.events import Error, HandleCreated
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace import _files as trace_files
+from ckpt_viz.trace import files as trace_files
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HOSTILE = ROOT / "tests" / "data" / "hostile"

@@ -43,7 +43,7 @@ from ckpt_viz.trace import (
     Trace,
     run_meta,
 )
-from ckpt_viz.trace import _files as trace_files
+from ckpt_viz.trace import files as trace_files
 from traces import kinds
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -224,7 +224,7 @@ def test_events_are_frozen_and_a_loaded_trace_is_plain_lists(tmp_path: Path) -> 
     assert loaded.events[0] == trace.events[1]
 
 
-# ---------------------------------------------------------------- atomic save (NOTE [ Atomic save ] in _files.py)
+# ---------------------------------------------------------------- atomic save (NOTE [ Atomic save ] in files.py)
 
 def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
