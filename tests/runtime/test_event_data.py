@@ -28,8 +28,8 @@ def test_handle_created_data_is_shared_while_the_call_looks_the_same_and_rebuilt
     first, second, third, fourth, fifth = _created(rec)
     assert first == second  # the same facts
     assert first == {"split": False, "input_count": 1, "param_input_mask": (False,), "collector": "none",
-                     "preserve_rng_state": True, "function": "Sequential", "label": None, "runtime": "ckpt_viz",
-                     "early_stop": None,
+                     "preserve_rng_state": True, "function": "Sequential", "label": "Sequential",
+                     "runtime": "ckpt_viz", "early_stop": None, "determinism_check": None, "via": None,
                      "inputs": (TensorMeta(shape=(2, 4), dtype="float32", device="cpu", requires_grad=True,
                                            nbytes=32),)}
     assert third["inputs"][0].shape == (3, 4) and third["inputs"][0].nbytes == 48
