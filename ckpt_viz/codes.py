@@ -172,6 +172,13 @@ DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
         cause="The replay produced tensors of other shapes or dtypes than the forward did.",
         fix="Keep the inputs, autocast and control flow of the checkpointed function the same between forward and "
             "replay, or pass determinism_check='none' if the difference is intended."),
+    DiagnosisCode(
+        code="torch_reentrant_with_grad", spec_id="X3",
+        cause="torch's reentrant checkpoint (torch.utils.checkpoint with use_reentrant=True) was reached by "
+              "torch.autograd.grad or backward(inputs=...), which it refuses: a pipeline stage's input-gradient "
+              "pass (I) is such a call.",
+        fix="Use use_reentrant=False for torch's checkpoint inside a pipeline stage, or ckpt_viz's checkpoint with "
+            "ckpt_viz.pipelining.PipelineStage, which splits the backward into DX and DW."),
     # Facts of the run as a whole (ckpt_viz/analysis/diagnosis.py).
     DiagnosisCode(
         code="error_raised", spec_id="X1",

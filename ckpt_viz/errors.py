@@ -285,7 +285,8 @@ class DotLimitError(CkptVizError):
     code = "dot_limit"
 
 
-_TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph"}
+_TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph",
+                  "passing an `inputs` parameter to .backward()": "torch_reentrant_with_grad"}
 
 
 def error_code(exc: BaseException) -> str | None:

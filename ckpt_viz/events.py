@@ -23,6 +23,7 @@ from ckpt_viz.vocabulary import HandleMode, Kind, Phase, ReleaseReason, Runtime
 
 __all__ = [
     "EVENT_TYPES",
+    "BackwardCalled",
     "BackwardEntered",
     "CapturedParam",
     "DwRunnerCalled",
@@ -184,6 +185,16 @@ class PhaseSet(EventBase, tag="phase_set"):
     old: Phase
     new: Phase
     outer_graph_freed: bool | None = None  # to dw: a backward without retain_graph freed its saved inputs
+
+
+class BackwardCalled(EventBase, tag="backward_called"):
+    """The user's code called `torch.autograd.backward` (also through `Tensor.backward` and the split helpers) or
+    `torch.autograd.grad` inside a recording: a backward pass starts (its `site` is that call)."""
+
+    kind: ClassVar[Kind] = "backward_called"
+    api: Literal["autograd.backward", "autograd.grad"]
+    inputs: Count | None = None  # how many tensors it asked gradients for; None: every leaf
+    retain_graph: bool | None = None
 
 
 class BackwardEntered(EventBase, tag="backward_entered"):
@@ -367,7 +378,7 @@ class Error(EventBase, tag="error"):
 
 Event = Union[
     HandleCreated, ForwardStarted, ForwardFinished, ForwardFailed, TensorPacked, TensorUnpacked, PhaseSet,
-    BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
+    BackwardCalled, BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
     NodeCollected, SessionBound, SessionActivated, SessionDeactivated, SessionCleared, Prefired, ExcludeSaved,
     ExcludeReused, ReplayDiverged, UnaskedGradsAccumulated, DwRunnerCalled, MemorySampled, Error,
 ]

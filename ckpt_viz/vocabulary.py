@@ -45,6 +45,7 @@ Kind = Literal[
     "tensor_packed",
     "tensor_unpacked",
     "phase_set",
+    "backward_called",
     "backward_entered",
     "replay_started",
     "replay_finished",

@@ -64,11 +64,19 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
             extra = (f"DW reached h{dw.handle_id} at event #{dw.seq}; it never reached {hs}.",)
             events = (*f.story_events(first, dx, until=dx.seq), dw)
         else:
-            summary = f"no DW ran after DX reached {hs}: never released, their parameters got no weight gradient."
-            extra = (f"No DW pass reached {hs} after its DX.",)
-            events = f.story_events(first, dx, until=dx.seq)
-        found.append(finding(f, "dw_skipped_handles", first, summary, site=dw.site if dw else dx.site,
-                             events=_ordered(events), extra=extra))
+            call = f.call_after(dx.seq)  # the DW call (it reached no handle of the micro-batch), if one came
+            if call is not None:
+                summary = (f"the backward called at event #{call.seq}{f' ({call.site})' if call.site else ''} after "
+                           f"DX reached none of {hs}: never released, their parameters got no weight gradient.")
+                extra = (f"The backward at event #{call.seq} reached none of {hs}; it was not given their handles.",)
+                events = (*f.story_events(first, dx, until=dx.seq), call)
+            else:
+                summary = f"no DW ran after DX reached {hs}: never released, their parameters got no weight gradient."
+                extra = (f"No DW pass reached {hs} after its DX.",)
+                events = f.story_events(first, dx, until=dx.seq)
+        site = dw.site if dw is not None else (call.site if call is not None else dx.site)
+        found.append(finding(f, "dw_skipped_handles", first, summary, site=site, events=_ordered(events),
+                             extra=extra))
     return found
 
 

@@ -8,6 +8,7 @@
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
     ckpt-viz lesson [N]                                            list the lessons, or walk lesson N
+    ckpt-viz plan trace.json --budget 1.5GiB                       what to checkpoint to fit a budget
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
 Start-up imports no torch: `info` and `export` never load it; `record` and `demo` load it when they run.
@@ -26,6 +27,7 @@ from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
 from ckpt_viz.cli.lesson import lesson_command
 from ckpt_viz.cli.merge import merge_command
+from ckpt_viz.cli.plan import add_plan_command
 from ckpt_viz.cli.record import record_command
 from ckpt_viz.vocabulary import RUN_MODES
 
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     lesson.add_argument("number", type=int, nargs="?", metavar="N")
     lesson.add_argument("--no-pause", action="store_true", help="run straight through, even on a terminal")
     lesson.set_defaults(run=lesson_command)
+    add_plan_command(sub)
     return parser
 
 

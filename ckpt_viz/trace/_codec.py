@@ -35,6 +35,7 @@ from msgspec import Meta
 
 from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Count, Event, Name, Site
+from ckpt_viz.plan.schema import PlanProfile
 from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, SCHEMA_VERSION, GraphSnapshot, MemorySample
 from ckpt_viz.trace import files
 
@@ -104,6 +105,7 @@ class _Meta(msgspec.Struct):
     distributed: _Distributed | None = None
     partial: bool | _Partial | None = None
     partial_reason: Annotated[str, Meta(max_length=4096)] | None = None
+    plan_profile: PlanProfile | None = None  # ckpt_viz.plan.attach: one step profiled for the planner
 
 
 class _Document(msgspec.Struct, kw_only=True, omit_defaults=True):
