@@ -318,8 +318,8 @@ def test_r12_dw_without_the_trigger_leaks_the_handle() -> None:
     h, loss = _split(x, w)
     with ckpt_viz.record() as rec:
         backward_input(loss, None, [x], handles=[h])
-        line = _next_line()
         h.set_phase("dw")
+        line = _next_line()  # the faulty call: the DW whose inputs lack the trigger
         torch.autograd.backward(loss, inputs=[w], retain_graph=True)
     d = _check(rec.trace, h, "trigger_missing_in_dw", reason=None, line=line, refused=None)
     assert d.release_event is None and h.released is False

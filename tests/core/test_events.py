@@ -33,12 +33,12 @@ from traces import kinds
 
 ORDINARY_RUN = [
     "handle_created", "forward_started", "forward_finished",
-    "backward_entered", "replay_started", "replay_finished", "grads_routed", "released",
+    "backward_called", "backward_entered", "replay_started", "replay_finished", "grads_routed", "released",
 ]
 SPLIT_RUN = [
     "handle_created", "forward_started", "forward_finished",
-    "phase_set", "backward_entered", "replay_started", "replay_finished", "grads_routed",
-    "phase_set", "backward_entered", "grads_routed", "released",
+    "phase_set", "backward_called", "backward_entered", "replay_started", "replay_finished", "grads_routed",
+    "phase_set", "backward_called", "backward_entered", "grads_routed", "released",
 ]
 
 
@@ -95,16 +95,20 @@ def test_ordinary_run_sequence_and_fields(quiet_gc) -> None:
     assert kinds(rec.trace) == ORDINARY_RUN
     assert [e.seq for e in events] == list(range(len(ORDINARY_RUN)))
     assert [e.t_ns for e in events] == sorted(e.t_ns for e in events)
-    (hid,) = {e.handle_id for e in events}
+    called = events[3]  # the user's backward call: no handle yet
+    assert (called.handle_id, called.mode, called.phase, called.api, called.inputs) == (
+        None, None, None, "autograd.backward", None)
+    about_the_handle = [e for e in events if e is not called]
+    (hid,) = {e.handle_id for e in about_the_handle}
     assert isinstance(hid, int)
-    assert {e.mode for e in events} == {"reentrant"}
-    assert [e.phase for e in events] == ["ordinary"] * len(ORDINARY_RUN)
+    assert {e.mode for e in about_the_handle} == {"reentrant"}
+    assert [e.phase for e in about_the_handle] == ["ordinary"] * (len(ORDINARY_RUN) - 1)
     assert {e.session_id for e in events} == {None}
     assert all(dict(e.tags) == {} for e in events)
 
-    created, _, finished, entered, started, replayed, routed, released = events
+    created, _, finished, called, entered, started, replayed, routed, released = events
     _assert_site(created.site, created_line)
-    for event in (entered, started, replayed, routed, released):
+    for event in (called, entered, started, replayed, routed, released):
         _assert_site(event.site, backward_line)
     assert created.split is False and created.input_count == 1
     assert created.collector == "none"
@@ -138,17 +142,21 @@ def test_split_run_sequence_and_fields(quiet_gc) -> None:
         backward_weight(loss, None, [w, b], handles=handles)
     events = rec.trace.events
     assert kinds(rec.trace) == SPLIT_RUN
-    assert {e.handle_id for e in events} == {handles[0].handle_id}
-    assert {e.mode for e in events} == {"reentrant"}
-    assert [e.phase for e in events] == ["ordinary"] * 3 + ["dx"] * 5 + ["dw"] * 4
+    calls = rec.trace.of_kind("backward_called")
+    assert [(e.api, e.inputs, e.handle_id) for e in calls] == [("autograd.grad", 1, None),
+                                                               ("autograd.backward", 3, None)]
+    about_the_handle = [e for e in events if e.kind != "backward_called"]
+    assert {e.handle_id for e in about_the_handle} == {handles[0].handle_id}
+    assert {e.mode for e in about_the_handle} == {"reentrant"}
+    assert [e.phase for e in about_the_handle] == ["ordinary"] * 3 + ["dx"] * 5 + ["dw"] * 4
 
     created = events[0]
     _assert_site(created.site, created_line)
     assert created.split is True and created.collector == "scope"
     assert created.param_input_mask == (False, True)
-    for event in events[3:8]:
+    for event in events[3:9]:
         _assert_site(event.site, dx_line)
-    for event in events[8:]:
+    for event in events[9:]:
         _assert_site(event.site, dw_line)
     phase_sets = rec.trace.of_kind("phase_set")
     assert [fields_of(e) for e in phase_sets] == [{"old": "ordinary", "new": "dx", "outer_graph_freed": None},
@@ -179,7 +187,7 @@ def test_prefire_session_sequence(quiet_gc) -> None:
         clear_recompute_session("mb0")
     assert kinds(rec.trace) == [
         "prefired", "session_bound", "session_activated", "replay_started", "replay_finished",
-        "session_deactivated", "session_activated", "backward_entered", "grads_routed",
+        "session_deactivated", "session_activated", "backward_called", "backward_entered", "grads_routed",
         "session_deactivated", "released", "session_cleared",
     ]
     prefired, _bound, activated = rec.trace.events[:3]
@@ -242,7 +250,7 @@ def test_tags_are_stamped_on_events_inside_the_block(quiet_gc) -> None:
     assert [dict(e.tags) for e in events[:inside]] == [{"stage": 0, "microbatch": 1}] * inside
     assert [dict(e.tags) for e in events[inside:nested]] == [
         {"stage": 0, "microbatch": 1, "chunk": "a"}] * (nested - inside)
-    assert [e.kind for e in events[nested:]] == ["backward_entered", "replay_refused", "error"]
+    assert [e.kind for e in events[nested:]] == ["backward_called", "backward_entered", "replay_refused", "error"]
     assert all(dict(e.tags) == {} for e in events[nested:])
     assert dict(bus.current_tags()) == {}
 
@@ -283,8 +291,8 @@ def test_error_event_from_the_engine_callback(quiet_gc) -> None:
     with ckpt_viz.record() as rec:
         with pytest.raises(RuntimeError, match="Set dx or dw phase") as info:
             out.sum().backward()
-    assert kinds(rec.trace) == ["backward_entered", "error", "released"]
-    error = rec.trace.events[1]
+    assert kinds(rec.trace) == ["backward_called", "backward_entered", "error", "released"]
+    error = rec.trace.events[2]
     assert error.where == "backward" and error.type == "PhaseNotSetError"
     assert error.message == str(info.value) and error.handle_id == handles[0].handle_id
 
@@ -317,8 +325,8 @@ def test_torch_error_inside_record_block_is_recorded(quiet_gc) -> None:
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         with ckpt_viz.record() as rec:
             torch.autograd.backward(loss, inputs=[w, handle.backward_trigger])
-    assert kinds(rec.trace) == ["error"]  # reported once, by the autograd call it left
-    error = rec.trace.events[0]
+    assert kinds(rec.trace) == ["backward_called", "error"]  # reported once, by the autograd call it left
+    error = rec.trace.events[1]
     assert error.where == "autograd.backward" and error.type == "RuntimeError"
     assert "Trying to backward through the graph a second time" in error.message
 
@@ -328,8 +336,9 @@ def test_torch_error_caught_inside_record_block_is_still_recorded(quiet_gc) -> N
     with ckpt_viz.record() as rec:
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             torch.autograd.backward(loss, inputs=[w, handle.backward_trigger])
-    assert [(e.kind, e.where) for e in rec.trace.events] == [("error", "autograd.backward")]
-    assert rec.trace.events[0].retain_graph is None
+    assert [(e.kind, getattr(e, "api", None) or e.where) for e in rec.trace.events] == [
+        ("backward_called", "autograd.backward"), ("error", "autograd.backward")]
+    assert rec.trace.events[0].retain_graph is None and rec.trace.events[1].retain_graph is None
     handle.release()
 
 

@@ -335,7 +335,7 @@ META_WRONG = [
     ("distributed", {"world_size": 10**7}), ("distributed", {"world_size": 0}), ("distributed", {"rank": "0"}),
     ("distributed", {"run_id": "../../etc"}), ("distributed", {"run_id": "/abs/path"}),
     ("distributed", {"ranks": [0, -1]}), ("distributed", {"missing_ranks": "1"}), ("partial", "yes"),
-    ("partial_reason", ["x"]),
+    ("partial_reason", ["x"]), ("plan_profile", "a profile"), ("plan_profile", {"blocks": 3}),
 ]
 
 
