@@ -66,6 +66,8 @@ Kind = Literal[
     "unasked_grads_accumulated",
     "dw_runner_called",
     "memory_sampled",
+    "action_started",
+    "action_finished",
     "error",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)

@@ -14,7 +14,7 @@ import pytest
 from ckpt_viz import Trace, TraceError
 from ckpt_viz.cli import main
 from ckpt_viz.cli.merge import merge_run, merge_traces
-from ckpt_viz.cli.rank_headers import MAX_WORLD_SIZE
+from ckpt_viz.cli.merge import MAX_WORLD_SIZE
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "distributed")
 
