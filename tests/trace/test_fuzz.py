@@ -253,7 +253,7 @@ def test_a_step_tag_of_mixed_types_orders_its_steps(tmp_path: Path) -> None:
     from ckpt_viz.analysis.actions import actions, bubbles, planned_vs_executed
 
     assert {a.step for a in actions(trace)} >= {0, 1, "0", 2.5}
-    assert bubbles(trace).steps == (0, 1, 2.5, "0")  # numbers in order, then the rest by text
+    assert [s.step for s in bubbles(trace).steps] == [0, 1, 2.5, "0"]  # numbers in order, then the rest by text
     checks = planned_vs_executed(trace)
     assert [c.lane for c in checks] == ["rank 0", "rank 1"]
     every_analysis(trace)
