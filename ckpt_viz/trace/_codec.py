@@ -36,8 +36,7 @@ from msgspec import Meta
 from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Count, Event, Name, Site
 from ckpt_viz.plan.schema import PlanProfile
-from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, SCHEMA_VERSION, GraphSnapshot, MemorySample
-from ckpt_viz.trace import files
+from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, SCHEMA_VERSION, GraphSnapshot, MemorySample, files
 
 if TYPE_CHECKING:
     from ckpt_viz.trace import Trace
