@@ -13,7 +13,10 @@ NOTE [ The user's line ]
          variable CKPT_VIZ_SKIP_PACKAGES (comma-separated names, read when the first site
          is found; it reaches sandboxed runs too);
        - the user's: everything else, and ckpt_viz's built-in demo models (run/zoo.py,
-         run/broken.py, run/divergent.py), which stand for a user's model.
+         run/broken.py, run/divergent.py), which stand for a user's model, and the steps that
+         run them (run/scenarios.py, run/pipeline.py), which stand for a user's training step:
+         a built-in run's backward events name the step's backward line, whoever called it (the
+         app, a test, the CLI), so two recordings of one run are equal.
   2. The site is the innermost frame of the user's; when the stack holds none (a model file
      run by `ckpt-viz record`, whose model is a transformers class), the innermost library
      frame, so the event still names the model line that made the call.
@@ -37,10 +40,11 @@ __all__ = ["call_site", "skip_frames_in", "skip_package"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _USER, _SKIP, _LIBRARY = False, True, "library"  # the kinds of NOTE rule 1, as `_skip_cache` holds them
-# The runtime and the bus are never "the user's code"; ckpt_viz's demo models are.
+# The runtime and the bus are never "the user's code"; ckpt_viz's demo models and their steps are.
 _SKIP_PREFIXES: list[str] = [_PACKAGE_DIR + "runtime" + os.sep, os.path.abspath(__file__),
                              _PACKAGE_DIR + "bus.py", _PACKAGE_DIR + "recording.py"]
-_DEMO_FILES = tuple(_PACKAGE_DIR + os.path.join("run", name) for name in ("zoo.py", "broken.py", "divergent.py"))
+_DEMO_FILES = tuple(_PACKAGE_DIR + os.path.join("run", name)
+                    for name in ("zoo.py", "broken.py", "divergent.py", "scenarios.py", "pipeline.py"))
 _LIBRARY_PREFIXES: list[str] = [_PACKAGE_DIR]  # ckpt_viz and the library packages' folders
 _STDLIB_PREFIXES: list[str] = []  # the standard library's folders (without the site-packages inside them)
 _LIBRARY_PACKAGES: list[str] = ["transformers"]  # rule 1; skip_package adds to it

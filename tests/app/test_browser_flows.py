@@ -4,7 +4,8 @@ checked against the analysis of the same run recorded here, independently of the
 1. the Debugger survives the broken run being changed twice while on it, the source picker stays, and the next
    page keeps the source;
 2. the Handles page's picker and its state line agree with the cursor at every step;
-3. Routing says what runs during a backward that has reached no checkpoint yet (never "not started");
+3. Routing says what runs during a backward that has reached no checkpoint yet (never "not started"), or shows
+   the pass the user's backward call opened;
 4. the graph's regions are drawn in the cursor's states and the page says which snapshot is shown, taken after
    or before the cursor;
 5. no Cancel button is left once a sandboxed model file's run finished.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, cursor_text, goto_page, settle
+from browser import CHROMIUM, cursor_text, goto_page, settle, shown_text
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -111,20 +112,25 @@ def test_the_handles_picker_and_its_state_line_follow_the_cursor(browser_page) -
 
 def test_routing_says_what_runs_during_a_backward_that_reached_no_checkpoint_yet(browser_page, server) -> None:
     from ckpt_viz.analysis.passes import passes
-    from ckpt_viz.analysis.routing import no_pass_words, routing_at
+    from ckpt_viz.analysis.routing import no_pass_words, pass_title, routing_at
     from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     page = browser_page
-    for mode in ("split-reentrant", "nonreentrant"):
+    # The first seq of the backward, before any checkpoint is reached. split-reentrant: backward_input sets the
+    # handles' phase before its backward call, so no pass is open yet and the page says what runs. nonreentrant:
+    # the user's backward call (backward_called) opens the pass, which has reached no handle yet.
+    for mode, opened in (("split-reentrant", False), ("nonreentrant", True)):
         trace = obtain_trace(RunRequest("builtin", "mlp", mode=mode))
         step = passes(trace)
-        seq = next(e.seq for e in trace.events if routing_at(trace, e.seq).start_seq is None and
-                   step.part_at(e.seq) != "F")  # a backward is running, and no checkpoint reached yet
+        seq = next(e.seq for e in trace.events if step.part_at(e.seq) != "F")  # a backward is running
+        routing = routing_at(trace, seq)
+        assert (routing.start_seq is not None, routing.handles) == (opened, ()), (mode, seq, routing)
         page.goto(f"{server}/routing?model=mlp&mode={mode}&cursor={seq}", timeout=60_000)  # the URL holds the view
         settle(page, 120_000)
-        text = _main(page)
-        said = no_pass_words(trace, routing_at(trace, seq))
-        assert said in text and "running here" in said, (mode, seq, text[:800])
+        text = shown_text(page.locator('[data-testid="stMain"]'))
+        said = pass_title(routing) if opened else no_pass_words(trace, routing)
+        assert said in text, (mode, seq, said, text[:800])
+        assert opened or "running here" in said, said
         assert "No backward pass has started" not in text, mode
         assert re.match(rf"seq {seq} · ", page.locator('[data-testid="stCode"]').first.inner_text()), mode
         _no_exception(page, mode)
