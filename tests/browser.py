@@ -66,8 +66,9 @@ def streamlit_server(log_path: Path, env: dict[str, str] | None = None) -> Itera
             proc.wait()
 
 
-def settle(page, timeout_ms: int = 60_000) -> None:
-    """Wait until the script run ended and the figures are drawn."""
+def settle(page, timeout_ms: int = 60_000, *, pause_ms: int = 500) -> None:
+    """Wait until the script run ended and the figures are drawn; then `pause_ms` more for the last transitions (a
+    caller that waits for what its action changed, rather than for a screenshot, passes 0)."""
     page.wait_for_function(
         "() => { const app = document.querySelector('[data-testid=\"stApp\"]');"
         " return app && app.getAttribute('data-test-script-state') === 'notRunning'; }", timeout=timeout_ms)
@@ -77,7 +78,8 @@ def settle(page, timeout_ms: int = 60_000) -> None:
         "c => c.querySelector('canvas, svg'))"
         " && [...document.querySelectorAll('img.ckpt-graph')].every(i => i.complete && i.naturalWidth > 0)",
         timeout=timeout_ms)  # and the graphs' images (app/ui/graphview.py)
-    page.wait_for_timeout(500)  # let the last transitions finish before a screenshot
+    if pause_ms:
+        page.wait_for_timeout(pause_ms)  # let the last transitions finish before a screenshot
 
 
 def screenshot(page, path: Path) -> None:
@@ -98,13 +100,13 @@ def cursor_text(page) -> str:
     return page.locator('[data-testid="stSliderThumbValue"]').first.inner_text()
 
 
-def goto_page(page, label: str, title: str | None = None) -> None:
-    """Click `label` in the sidebar navigation and wait for the page's heading and figures."""
+def goto_page(page, label: str, title: str | None = None, *, pause_ms: int = 500) -> None:
+    """Click `label` in the sidebar navigation and wait for the page's heading and figures (`settle`)."""
     from playwright.sync_api import expect
 
     page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=label, exact=True).click()
     expect(page.get_by_role("heading", name=title or label, exact=True)).to_be_visible(timeout=60_000)
-    settle(page)
+    settle(page, pause_ms=pause_ms)
 
 
 def open_saved_trace(page, path: str) -> None:

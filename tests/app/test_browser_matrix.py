@@ -1,44 +1,47 @@
-"""Every page against every kind of source, in a real browser (issue 30's "done means"): no exception box anywhere,
-the source picker always there, and the counts, states and peak the Overview, Compare and Handles pages show equal
+"""Every kind of source in a real browser (issue 30's "done means"): no exception box anywhere, the source picker
+always there, and the counts, states and peak the Overview, Compare and Handles pages show equal
 `ckpt_viz.analysis.summary.summary` of the same run, recorded (or read) here, independently of the app.
 
-The sources: the built-in models, each once, in the five modes between them; a pipeline schedule; a broken run; a
-model file and a Hugging Face model (both run in the sandbox); a saved trace; a merged 2-rank trace (the rank files
-of tests/data/distributed, merged by `ckpt-viz merge`'s `merge_run`). A full cross product of every built-in model
-in every mode with every page would take about an hour on the two-core machine, so the built-ins are sampled (every
-model and every mode appear); tests/app/test_figures_agree.py checks the figures of every model in every mode
-headless.
+The kinds of source: a built-in model, a pipeline schedule, a broken run, a model file and a Hugging Face model
+(both run in the sandbox), a saved trace, and a merged 2-rank trace (the rank files of tests/data/distributed,
+merged by `ckpt-viz merge`'s `merge_run`).
 
-1. `test_every_page_of_a_source`: one source opened from its URL, then every page through the navigation, the
-   cursor moved on each (the next replay, or one event, then the last event), the figures checked at the end.
-2. `test_the_source_changes_while_on_each_page`: on each page in turn, the source is changed with the sidebar's
-   picker (each kind of source in rotation): the page stays, with no exception and the picker drawn.
-Marked slow (about 8 minutes together on two cores).
+1. `test_the_figures_of_each_kind_of_source`: a source of each kind opened from its URL at its last event: the
+   Overview's figures and its states at the end of the run; the Handles page (through the navigation) and its
+   figures; Compare beside a built-in partner named by the URL's `vs`, with the run's column. The cursor moves on
+   each of the three pages (the next replay, else one event, else back to the first).
+2. `test_the_source_changes_while_on_each_page`: every page in turn, the source changed there with the sidebar's
+   picker to the next of `ROTATION` (every kind of source, every built-in model, every mode); the page stays, with
+   no exception and the picker drawn, and the cursor moves on the new run.
+
+The product of every page with every kind of source and a cursor move on each runs headless, where a page's
+exception shows the same (tests/app/test_app_matrix.py, tests/app/test_app.py, tests/app/test_debugger_page.py),
+and the figures of every built-in model in every mode and every broken run in tests/app/test_figures_agree.py;
+Compare's modes view is drawn in a browser by tests/app/test_browser.py. One chromium serves the file, and each
+step waits for what it changed rather than for a fixed time.
 """
 from __future__ import annotations
 
-import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
-from browser import CHROMIUM, ROOT, goto_page, settle
+from browser import CHROMIUM, CHROMIUM_ARGS, ROOT, goto_page, settle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                  reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
 
+# (navigation label, heading); Compare's heading follows its view (modes of a model, or two runs)
 PAGES = [("Overview", "Overview"), ("Autograd graph", "Autograd graph"), ("Memory", "Memory"), ("Handles", "Handles"),
          ("Debugger", "Debugger"), ("Routing (DX/DW)", "Routing (DX/DW)"), ("Schedule timeline", "Schedule timeline"),
          ("Events", "Events"), ("Compare", None), ("Lessons", "Lessons"), ("Glossary", "Glossary")]
 # id -> (kind, target, mode, schedule): the URL's parameters and the sidebar's choices of one source
 SOURCES: dict[str, tuple[str, str, str, str]] = {
-    "mlp-split-reentrant": ("builtin", "mlp", "split-reentrant", ""),
     "transformer-reentrant": ("builtin", "transformer", "reentrant", ""),
-    "dropout-nonreentrant": ("builtin", "dropout", "nonreentrant", ""),
-    "excluded-split-nonreentrant": ("builtin", "excluded", "split-nonreentrant", ""),
-    "closure-none": ("builtin", "closure", "none", ""),
     "pipeline-ZB-H1": ("builtin", "pipeline", "pipeline", "ZB-H1"),
     "broken-dx-after-dw": ("broken", "dx-after-dw", "", ""),
     "model-file": ("file", "examples/user_model.py:make_model", "reentrant", ""),
@@ -46,6 +49,21 @@ SOURCES: dict[str, tuple[str, str, str, str]] = {
     "saved-trace": ("trace", "saved", "", ""),
     "merged-2-rank": ("trace", "merged", "", ""),
 }
+# the source picked on each page of PAGES in turn (test 2): every kind, every built-in model, every mode
+ROTATION: list[tuple[str, str, str, str]] = [
+    ("builtin", "dropout", "nonreentrant", ""),  # the page opens on the default, mlp in split-reentrant
+    ("builtin", "mlp", "split-reentrant", ""),
+    ("builtin", "excluded", "split-nonreentrant", ""),
+    ("builtin", "closure", "none", ""),
+    ("broken", "second-backward", "", ""),  # the Debugger's flow of issue 30
+    ("file", "examples/user_model.py:make_model", "reentrant", ""),
+    ("builtin", "pipeline", "pipeline", "GPipe"),
+    ("builtin", "transformer", "reentrant", ""),
+    ("trace", "saved", "", ""),
+    ("trace", "merged", "", ""),
+    ("file", "examples/hf_gpt2.py:make_model", "split-reentrant", ""),
+]
+WAIT_MS = 240_000  # a model file runs in the sandbox; the first one starts it
 
 
 @pytest.fixture(scope="module")
@@ -55,27 +73,76 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     folder = tmp_path_factory.mktemp("matrix")
-    saved = folder / "saved.json"
-    obtain_trace(RunRequest("builtin", "mlp", mode="reentrant")).save(saved)
-    run = folder / "ranks" / "run-a"
-    run.mkdir(parents=True)
-    for rank_file in (ROOT / "tests" / "data" / "distributed").glob("rank-*.json*"):
-        shutil.copy2(rank_file, run / rank_file.name)
-    merged, _ = merge_run(str(folder / "ranks"))
+    obtain_trace(RunRequest("builtin", "mlp", mode="reentrant")).save(folder / "saved.json")
+    merged, _ = merge_run(str(ROOT / "tests" / "data" / "distributed"))
     assert {e.tags.get("rank") for e in merged} == {0, 1}
-    merged_path = folder / "merged.json"
-    merged.save(merged_path)
-    return {"saved": str(saved), "merged": str(merged_path)}
+    merged.save(folder / "merged.json")
+    return {"saved": str(folder / "saved.json"), "merged": str(folder / "merged.json")}
 
 
-def _target(source: tuple[str, str, str, str], files: dict[str, str]) -> str:
-    kind, target, _, _ = source
-    return files[target] if kind == "trace" else target
+@pytest.fixture(scope="module")
+def page(server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """One headless chromium for the file (each test opens its views by URL: a new Streamlit session each time);
+    `page.errors` collects uncaught page errors."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1500, "height": 1000})
+        try:
+            tab = context.pages[0] if context.pages else context.new_page()
+            tab.errors = []
+            tab.on("pageerror", lambda exc: tab.errors.append(str(exc)))
+            yield tab
+        finally:
+            context.close()
+
+
+# The browser may draw a finished run's elements seconds after the app says the run ended (it draws the charts
+# first): a step is done when the run it started ended, the figures are drawn (`settle`) and the page has not
+# changed for QUIET_MS (waiting CALM_MS at most); what a check reads, it waits for as well.
+QUIET_MS, CALM_MS = 300, 15_000
+_QUIET = """([quiet, cap]) => new Promise(resolve => {
+  const done = () => { observer.disconnect(); clearTimeout(timer); clearTimeout(limit); resolve(true); };
+  const observer = new MutationObserver(() => { clearTimeout(timer); timer = setTimeout(done, quiet); });
+  let timer = setTimeout(done, quiet);
+  const limit = setTimeout(done, cap);
+  observer.observe(document.body, {subtree: true, childList: true, attributes: true, characterData: true});
+})"""
+
+
+def _drawn(page) -> None:
+    settle(page, WAIT_MS, pause_ms=0)
+    page.evaluate(_QUIET, [QUIET_MS, CALM_MS])
+
+
+def _open(page, url: str) -> None:
+    """Open `url` (a new Streamlit session) and wait until its first script run is drawn."""
+    page.errors.clear()
+    page.goto(url, timeout=60_000)
+    page.locator('[data-testid="stMain"] h1').first.wait_for(timeout=WAIT_MS)  # the run has begun
+    _drawn(page)
+
+
+def _query(page) -> dict[str, str]:
+    return dict(parse_qsl(urlsplit(page.url).query, keep_blank_values=True))
+
+
+def _then(page, action, wanted) -> None:
+    """Do `action` (a change of the source picker), wait until the app wrote the view it asks for into the URL
+    (`wanted(query) -> bool`; ui/url.py publishes the picker's source early in each run), then until it is drawn."""
+    action()
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not wanted(_query(page)):
+        assert time.monotonic() < deadline, f"the URL never named the new source: {page.url}"
+        page.wait_for_timeout(50)
+    _drawn(page)
 
 
 def _params(source: tuple[str, str, str, str], files: dict[str, str]) -> dict[str, str]:
-    kind, _, mode, schedule = source
-    params = {"model" if kind == "builtin" else kind: _target(source, files)}
+    kind, target, mode, schedule = source
+    params = {"model" if kind == "builtin" else kind: files[target] if kind == "trace" else target}
     if mode:
         params["mode"] = mode
     if schedule:
@@ -93,8 +160,11 @@ def _trace(source: tuple[str, str, str, str], files: dict[str, str]):
         return Trace.load(files[target])
     if kind == "broken":
         return obtain_trace(RunRequest("broken", target))
-    if kind == "file":  # in the sandbox, as the app runs it (its limits: ui.runs.RunConfig's defaults)
-        return obtain_trace(RunRequest("user", target, mode=mode, timeout_s=120.0, memory_mb=4096))
+    if kind == "file":  # in this process: the sandbox's recording differs only in its clock (t_ns)
+        from ckpt_viz.run.scenarios import run_scenario
+        from ckpt_viz.usermodel.load import load_model
+
+        return run_scenario(load_model(target), mode, memory=True, graphs=True)
     return obtain_trace(RunRequest("builtin", target, mode=mode, schedule=schedule or "1F1B", microbatches=4))
 
 
@@ -110,18 +180,31 @@ def _healthy(page, where: str, heading: str | None) -> None:
     assert not page.errors, f"{where}: {page.errors}"
 
 
+def _cursor(page) -> str:
+    return page.locator('[data-testid="stMain"] .st-key-cursor_slider [data-testid="stSliderThumbValue"]').first \
+        .inner_text()
+
+
 def _move_cursor(page, where: str) -> None:
-    """The next replay (or the next event), then the last event: each step redraws the page without error."""
-    if page.locator(".st-key-cursor_next button").count() == 0:  # a page without the run's cursor (Glossary)
+    """Move the cursor with one of its buttons (the next replay, else one event, else back to the first), wait until
+    the cursor shows the new place and the page is drawn again, and check the page. A page without the run's
+    cursor (Glossary) is left as it is."""
+    if page.locator('[data-testid="stMain"] .st-key-cursor_first button').count() == 0:
         return
-    for key in ("cursor_next_replay", "cursor_next", "cursor_last"):
-        button = page.locator(f".st-key-{key} button").first
-        if key == "cursor_next" and page.locator(".st-key-cursor_next_replay button").first.is_enabled():
-            continue
+    for key in ("cursor_next_replay", "cursor_next", "cursor_first"):
+        button = page.locator(f'[data-testid="stMain"] .st-key-{key} button').first
         if button.is_enabled():
-            button.click()
-            settle(page, 120_000)
-            _healthy(page, f"{where}, {key}", None)
+            break
+    else:
+        raise AssertionError(f"{where}: no cursor button is enabled")
+    before = _cursor(page)
+    button.click()
+    page.wait_for_function(
+        "before => { const v = document.querySelector("
+        "'[data-testid=\"stMain\"] .st-key-cursor_slider [data-testid=\"stSliderThumbValue\"]');"
+        " return v && v.innerText !== before; }", arg=before, timeout=WAIT_MS)
+    _drawn(page)
+    _healthy(page, f"{where}, {key}", None)
 
 
 def _metrics(page) -> dict[str, str]:
@@ -138,41 +221,52 @@ def _grid(page, index: int = 0) -> list[str]:
     return frame.evaluate("e => [...e.querySelectorAll('[role=columnheader], [role=gridcell]')].map(c => c.innerText)")
 
 
-def _check_figures(page, server: str, source, files, where: str) -> None:
-    """The Overview, Handles and Compare pages state the run's summary (NOTE [ Figures of a run ] in ui/runs.py)."""
-    from ckpt_viz.analysis.summary import summary
+def _check_overview(page, s, where: str) -> None:
+    """At the last event: the Overview states the run's summary (NOTE [ Figures of a run ] in ui/runs.py), and
+    its "Handles at the cursor" table the states at the end of the run."""
+    from playwright.sync_api import expect
+
     from ckpt_viz.analysis.words import format_bytes, state_word
 
-    s = summary(_trace(source, files))
     peak = format_bytes(s.peak.total) if s.peak else "not sampled"
-    params = _params(source, files)
-
-    page.goto(f"{server}/?{urlencode({**params, 'cursor': '999999999'})}", timeout=60_000)  # the last event
-    settle(page, 240_000)
-    _healthy(page, f"{where}: Overview", "Overview")
+    expect(page.locator('[data-testid="stMain"] [data-testid="stMetric"]')).to_have_count(6, timeout=WAIT_MS)
     assert _metrics(page) == {"Events": f"{s.events:,}", "Handles": f"{s.handles:,}", "Replays": f"{s.replays:,}",
                               "Refused replays": f"{s.refused:,}", "Released": f"{s.released:,}",
                               "Peak memory": peak}, where
-    if s.handles:  # "Handles at the cursor", at the last event: the states at the end of the run
+    if s.handles:
+        page.wait_for_function("() => document.querySelectorAll("
+                               "'[data-testid=\"stMain\"] [data-testid=\"stDataFrame\"] [role=gridcell]').length > 0",
+                               timeout=WAIT_MS)
         cells = _grid(page)
         assert cells[:3] == ["state", "handles", "meaning"], cells
         rows = [cells[i:i + 3] for i in range(3, len(cells), 3)]
         assert {r[0]: int(r[1]) for r in rows} == {state_word(k): n for k, n in s.states.items()}, (where, rows)
 
-    page.goto(f"{server}/handles?{urlencode(params)}", timeout=60_000)
-    settle(page, 240_000)
-    _healthy(page, f"{where}: Handles", "Handles")
-    if s.handles:
-        assert _metrics(page) == {"Handles": f"{s.handles:,}", "Replays": f"{s.replays:,}",
-                                  "Released": f"{s.released:,}", "Refused replays": f"{s.refused:,}"}, where
-        ends = "At the end of the run: " + ", ".join(f"{n} {state_word(k)}" for k, n in s.states.items())
-        assert ends in page.locator('[data-testid="stMain"]').inner_text(), where
 
-    # Compare, two runs: the sidebar's run is A (a built-in partner, through the URL's `vs`).
-    page.goto(f"{server}/compare?{urlencode({**params, 'vs': 'builtin:mlp:none'})}", timeout=60_000)
-    settle(page, 240_000)
-    _healthy(page, f"{where}: Compare", "Compare two runs")
+def _check_handles(page, s, where: str) -> None:
+    """The Handles page's figures and its line on the end of the run, whatever the cursor."""
+    from playwright.sync_api import expect
+
+    from ckpt_viz.analysis.words import state_word
+
+    if not s.handles:
+        return
+    expect(page.locator('[data-testid="stMain"] [data-testid="stMetric"]')).to_have_count(4, timeout=WAIT_MS)
+    assert _metrics(page) == {"Handles": f"{s.handles:,}", "Replays": f"{s.replays:,}",
+                              "Released": f"{s.released:,}", "Refused replays": f"{s.refused:,}"}, where
+    ends = "At the end of the run: " + ", ".join(f"{n} {state_word(k)}" for k, n in s.states.items())
+    expect(page.locator('[data-testid="stMain"]')).to_contain_text(ends, timeout=WAIT_MS)
+
+
+def _check_compare(page, server: str, params: dict[str, str], s, where: str) -> None:
+    """Compare, two runs: the sidebar's run is A, beside a built-in partner named by the URL's `vs`; A's column
+    states the run's summary."""
+    from ckpt_viz.analysis.words import format_bytes
+
+    _open(page, f"{server}/compare?{urlencode({**params, 'vs': 'builtin:mlp:none'})}")
+    _healthy(page, where, "Compare two runs")
     table = page.locator('[data-testid="stMain"] [data-testid="stTable"]').first
+    table.wait_for(timeout=WAIT_MS)
     rows = table.evaluate("t => [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th,td')]"
                           ".map(c => c.innerText.trim()))")
     a = {row[-3]: row[-2] for row in rows if len(row) >= 3}
@@ -181,70 +275,89 @@ def _check_figures(page, server: str, source, files, where: str) -> None:
         "events": str(s.events), "checkpoint regions": str(s.handles), "replays": str(s.replays),
         "released": str(s.released), "refused replays": str(s.refused), "errors": str(s.errors),
         "peak": format_bytes(s.peak.total) if s.peak else "no samples"}, (where, a)
+    _move_cursor(page, where)
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
-def test_every_page_of_a_source(browser_page, server, files, name: str) -> None:
+def test_the_figures_of_each_kind_of_source(page, server, files, name: str) -> None:
+    from ckpt_viz.analysis.summary import summary
+
     source = SOURCES[name]
-    page = browser_page
-    page.goto(f"{server}/?{urlencode(_params(source, files))}", timeout=60_000)
-    settle(page, 240_000)  # a model file runs in the sandbox: the first one starts it
+    s = summary(_trace(source, files))
+    params = _params(source, files)
+    _open(page, f"{server}/?{urlencode({**params, 'cursor': '999999999'})}")  # at the last event
     _healthy(page, f"{name}: opened", "Overview")
-    for label, title in PAGES:
-        # Compare opens on the modes of a model it can run, else on two runs.
-        goto_page(page, label, title or ("Compare two runs" if source[0] in ("trace", "broken") else "Compare modes"))
-        where = f"{name}: {label}"
-        _healthy(page, where, None)
-        _move_cursor(page, where)
-    _check_figures(page, server, source, files, name)
+    _check_overview(page, s, f"{name}: Overview")
+    _move_cursor(page, f"{name}: Overview")
+    goto_page(page, "Handles", pause_ms=0)
+    _drawn(page)
+    _healthy(page, f"{name}: Handles", "Handles")
+    _check_handles(page, s, f"{name}: Handles")
+    _move_cursor(page, f"{name}: Handles")
+    _check_compare(page, server, params, s, f"{name}: Compare")
 
 
-def test_the_source_changes_while_on_each_page(browser_page, files) -> None:
-    page = browser_page
+_KIND_PARAM = {"builtin": ("model",), "broken": ("broken",), "file": ("file", "upload"), "trace": ("trace", "upload")}
+
+
+def test_the_source_changes_while_on_each_page(page, server, files) -> None:
+    assert len(ROTATION) == len(PAGES)
     sidebar = page.locator('[data-testid="stSidebar"]')
     kinds = {"builtin": "Built-in model", "file": "Model file (.py)", "trace": "Saved trace",
              "broken": "Broken runs to explore"}
-    rotation = list(SOURCES)
-    for i, (label, title) in enumerate(PAGES):
-        goto_page(page, label, title)
+    _open(page, server)
+    for (label, title), (kind, target, mode, schedule) in zip(PAGES, ROTATION):
+        if label != "Overview":
+            two_runs = any(k in _query(page) for k in ("broken", "trace", "upload"))  # one mode only
+            goto_page(page, label, title or ("Compare two runs" if two_runs else "Compare modes"), pause_ms=0)
+            _drawn(page)
         heading = page.locator('[data-testid="stMain"] h1').first.inner_text()
-        name = rotation[i % len(rotation)]
-        kind, target, mode, schedule = SOURCES[name]
-        sidebar.locator(".st-key-src_kind").get_by_text(kinds[kind], exact=True).click()
-        settle(page, 240_000)
+        radio = sidebar.locator(".st-key-src_kind").get_by_text(kinds[kind], exact=True)
+        _then(page, radio.click, lambda q, kind=kind: any(k in q for k in _KIND_PARAM[kind]))
         if kind == "builtin":
-            _select(page, "src_model", target)
+            _select(page, "src_model", target, "model")
         elif kind == "broken":
-            _select(page, "src_broken", target)
+            _select(page, "src_broken", target, "broken")
         elif kind == "file":
-            sidebar.locator(".st-key-src_file_how").get_by_text("Path", exact=True).click()
-            _fill(page, "src_ref", target)
+            how = sidebar.locator(".st-key-src_file_how").get_by_text("Path", exact=True)
+            _then(page, how.click, lambda q: "file" in q)
+            _fill(page, "src_ref", target, "file")
         else:
-            sidebar.locator(".st-key-src_trace_how").get_by_text("Path", exact=True).click()
-            settle(page, 240_000)
-            _fill(page, "src_trace_path", files[target])
+            how = sidebar.locator(".st-key-src_trace_how").get_by_text("Path", exact=True)
+            _then(page, how.click, lambda q: "trace" in q)
+            _fill(page, "src_trace_path", files[target], "trace")
         if mode:
-            _select(page, "src_mode", mode)
+            _select(page, "src_mode", mode, "mode")
         if schedule:
-            _select(page, "src_schedule", schedule)
-        where = f"{label}: source changed to {name}"
+            _select(page, "src_schedule", schedule, "schedule")
+        where = f"{label}: source changed to {kind} {target} {mode} {schedule}".rstrip()
         # The page stays (Compare's heading follows its view, which follows the source).
         _healthy(page, where, heading if label != "Compare" else None)
         _move_cursor(page, where)
     assert not page.errors, page.errors
 
 
-def _select(page, key: str, option: str) -> None:
+def _select(page, key: str, option: str, param: str) -> None:
     box = page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]')
     if box.locator("input").input_value() == option:
         return
-    box.click()
-    page.get_by_role("option", name=option, exact=True).click()
-    settle(page, 240_000)
+
+    def pick() -> None:
+        box.scroll_into_view_if_needed()  # the sidebar's last box opens its list only when in view
+        box.click()
+        page.get_by_role("option", name=option, exact=True).click()
+
+    _then(page, pick, lambda q: q.get(param) == option)
 
 
-def _fill(page, key: str, text: str) -> None:
+def _fill(page, key: str, text: str, param: str) -> None:
+    from playwright.sync_api import expect
+
     field = page.locator(f'[data-testid="stSidebar"] .st-key-{key} input')
-    field.fill(text)
-    field.press("Enter")
-    settle(page, 240_000)
+
+    def type_in() -> None:
+        field.fill(text)
+        expect(field).to_have_value(text)
+        field.press("Enter")
+
+    _then(page, type_in, lambda q: q.get(param) == text)
