@@ -22,10 +22,14 @@ __all__ = [
 MEMORY_CATEGORIES: tuple[str, ...] = (
     "parameters",
     "gradients",
+    "optimizer_state",
+    "optimizer_step",
     "activations",
     "checkpoint_inputs",
     "replay_activations",
     "excluded_outputs",
+    "inputs",
+    "outputs",
     "other",
 )
 NODE_KINDS: tuple[str, ...] = ("backward", "leaf", "checkpoint", "trigger", "input")
