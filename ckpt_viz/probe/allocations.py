@@ -18,10 +18,11 @@ NOTE [ Allocation ledger ]
   2. The log is in program order. Entries that must fall between two allocations carry
      a marker of their own and are replayed exactly there: the readings (M), a hold's
      beginning (H: saved-tensor pack, memtags.hold) and end (R: its owner was
-     collected) and a pass's beginning (F). The others
-     (P: a tensor known from before the probe, S: a stage assignment, D: a watched
-     storage died) are applied right before the next marked entry, after the stream's
-     events up to it; that resolves the same way whatever their order with the stream
+     collected), a pass's beginning (F) and a cache the runtime reads (C: counted from
+     there, "other" whenever it was made, so a recording reads the same whether the
+     cache was made in it or before). The others (P: a tensor known from before the
+     probe, S: a stage assignment, D: a watched storage died) are applied right before
+     the next marked entry, after the stream's events up to it; that resolves the same way whatever their order with the stream
      because a storage's address is reused only after it died, and its death is in the
      log (the weakref), before any hold on the storage that reused it.
   3. Where it can differ from the tracker (which counts the storages ops touch):
@@ -79,7 +80,7 @@ __all__ = ["AllocationProbe", "open_probe"]
 
 DRAIN_EVERY = 1024
 _GRAD = operator.attrgetter("grad")
-_MARKED = frozenset("MHRF")  # log entries with a marker of their own at [1] (NOTE rule 2)
+_MARKED = frozenset("MHRFC")  # log entries with a marker of their own at [1] (NOTE rule 2)
 
 
 class AllocationProbe:
@@ -203,8 +204,14 @@ class AllocationProbe:
         the storage dies). `category` "other" (from `memtags.seen`): no hold, only count the storage from now on.
         """
         if category not in RANK:
-            if category == "other":
-                self._know(tensor)
+            if category == "other" and self._stream is not None:  # a cache the runtime reads (memtags.seen)
+                try:
+                    storage = tensor.untyped_storage()
+                except (RuntimeError, NotImplementedError):
+                    return
+                ptr = storage.data_ptr()
+                self._log.append(("C", self._stream.mark(), ptr, storage.nbytes(), bus.current_tags().get("stage")))
+                self._watch_storage(storage, ptr)
             return
         stream = self._stream
         if stream is None:

@@ -137,6 +137,8 @@ class Ledger:
         elif kind == "P":  # known from before the probe: (P, ptr, nbytes, stage, is_param)
             rec = self._known(entry[1], entry[2], entry[3])
             rec.param = rec.param or entry[4]
+        elif kind == "C":  # a cache the runtime reads (memtags.seen): (C, marker, ptr, nbytes, stage)
+            self._known(entry[2], entry[3], entry[4]).default = "other"  # "other" when nothing holds it
         elif kind == "S":  # assign_stage
             self._known(entry[1], entry[2], None).stage = entry[3]
         elif kind == "F":  # the pass open from here on: (F, marker, category of what it allocates)

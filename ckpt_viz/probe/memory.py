@@ -35,7 +35,8 @@ NOTE [ Memory categories ]
      between the ops, before any lands in a .grad), in an optimizer's step
      "optimizer_step" (the step's working tensors), elsewhere "other" (tensors your
      own code makes between the passes, e.g. a loss computed outside the model).
-     A storage from before the block that nothing holds is "other".
+     A storage from before the block that nothing holds is "other", and so is a cache
+     the runtime reads (`memtags.seen`), whenever it was made.
   4. In a pipeline, bytes count for the stage of their strongest live hold (the
      stage tag open when the hold began), else the stage that allocated them.
   5. Storages that existed before the probe started are registered from the
@@ -380,6 +381,8 @@ class MemoryProbe:
         as long as the storage lives)."""
         record = self.register(tensor)
         if record is None or category not in _RANK:
+            if record is not None and category == "other":  # a cache the runtime reads (memtags.seen)
+                record.default = "other"
             return
         key = (category, bus.current_tags().get("stage"))
         with self._lock:

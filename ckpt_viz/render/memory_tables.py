@@ -40,5 +40,5 @@ def other_note(bytes_by_category: dict[str, int]) -> str | None:
     if not total or other < OTHER_NOTABLE * total:
         return None
     return (f"\"other\" is {100 * other / total:.0f}% of the total here ({format_bytes(other)}): "
-            f"{palette.CATEGORY_MEANINGS['other']} On a small model the input, the output and the gradients "
-            "in flight weigh as much as the activations; a larger batch makes the activations dominate.")
+            f"{palette.CATEGORY_MEANINGS['other']} Pass the model and its inputs to record(model=..., "
+            "tensors=...) and run the loss inside the block so they are counted as such.")

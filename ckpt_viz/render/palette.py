@@ -57,33 +57,52 @@ __all__ = [
 CATEGORY_COLOURS: dict[str, str] = {
     "parameters": "#bab0ac",          # neutral grey: the base band, constant through a step
     "gradients": "#b07aa1",           # mauve
+    "optimizer_state": "#79706e",     # dark warm grey: kept from step to step, like the parameters
+    "optimizer_step": "#d7b5a6",      # light tan: the step's working tensors, gone when it returns
     "activations": "#e15759",         # red: what autograd saves for backward
     "checkpoint_inputs": "#edc948",   # yellow: what a checkpoint keeps (as the "recorded" state)
     "replay_activations": "#59a14f",  # green: rebuilt by a replay (as the replay states)
     "excluded_outputs": "#9c755f",    # brown: kept outputs of excluded (not recomputed) ops
-    "other": "#76b7b2",               # teal: inputs, outputs, the loss, grads in flight
+    "inputs": "#499894",              # dark teal: what goes into the model
+    "outputs": "#ff9da7",             # pink: what comes out of it
+    "other": "#76b7b2",               # teal: your code's own tensors between the passes, caches
 }
 
 CATEGORY_WORDS: dict[str, str] = {
     "parameters": "parameters",
     "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "optimizer_step": "optimizer step",
     "activations": "activations",
     "checkpoint_inputs": "checkpoint inputs",
     "replay_activations": "replay activations",
     "excluded_outputs": "excluded outputs",
+    "inputs": "inputs",
+    "outputs": "outputs",
     "other": "other",
 }
 
 CATEGORY_MEANINGS: dict[str, str] = {
     "parameters": "The model's weights (nn.Parameter storages). They stay the same size for the whole step.",
-    "gradients": "The parameters' .grad tensors, filled by the backward (by DW in split modes).",
-    "activations": "Tensors autograd saved for backward outside any checkpoint: what checkpointing avoids keeping.",
+    "gradients": "The parameters' .grad tensors, filled by the backward (by DW in split modes), and during a "
+                 "backward the gradients flowing between the ops before they land in a .grad.",
+    "optimizer_state": "The optimizer's state, kept from step to step (AdamW: two running averages per "
+                       "parameter and a step count).",
+    "optimizer_step": "Working tensors the optimizer's step() makes and frees while it runs (not its state): "
+                      "one parameter's worth at a time in torch's per-parameter loop, all parameters' at once "
+                      "in a foreach step.",
+    "activations": "Tensors autograd saved for backward outside any checkpoint (what checkpointing avoids "
+                   "keeping), and during a forward the layer outputs it does not keep.",
     "checkpoint_inputs": "The inputs a checkpoint keeps instead of its activations, to re-run its forward later.",
     "replay_activations": "Activations rebuilt by a replay (the recompute), kept until the backward that needs "
                           "them is done; in split modes until DW.",
     "excluded_outputs": "Outputs of excluded ops inside a checkpoint, kept so the replay does not recompute them.",
-    "other": "Everything else that is live: the model's input and output, the loss, and gradients flowing "
-             "between blocks during the backward (not yet accumulated into a parameter's .grad).",
+    "inputs": "The tensors passed to the model (a top-level module's arguments) and those given to "
+              "record(tensors=...), while nothing above holds them.",
+    "outputs": "What the model returns (the logits, an HF model's loss), while your code keeps it.",
+    "other": "Everything else that is live: tensors your own code makes between the model's forward, the "
+             "backward and the optimizer's step (a loss computed outside the model, a batch made in the "
+             "block), caches, and tensors from before the block that nothing here holds.",
 }
 
 # -- handle states: one per `ckpt_viz.trace.lifecycle.STATES`, in its order
