@@ -20,7 +20,7 @@ __all__ = ["PHASE_CATEGORIES", "RANK", "Ledger"]
 RANK = {"optimizer_state": 8, "checkpoint_inputs": 7, "excluded_outputs": 6, "replay_activations": 5,
         "activations": 4, "outputs": 3, "inputs": 2}
 # A storage allocated while the recording ran and held by nothing counts for the pass that made it (rule 3).
-PHASE_CATEGORIES = {"forward": "activations", "backward": "gradients", "optimizer": "optimizer_step", None: "other"}
+PHASE_CATEGORIES = {"forward": "other", "backward": "gradients", "optimizer": "optimizer_step", None: "other"}
 
 
 class _Rec:

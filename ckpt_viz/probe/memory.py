@@ -29,12 +29,11 @@ NOTE [ Memory categories ]
      points (probe/points.py) add holds for the life of the storage (owner None): a
      top-level module's inputs and outputs, an optimizer's state, `record(tensors=)`.
      A storage allocated while the block ran and held by nothing counts for the pass
-     open when it was allocated (`PHASE_CATEGORIES`, set by the points): in a module's
-     forward "activations" (the layer outputs, also those no backward keeps: the
-     forward's working memory), in a backward "gradients" (the gradients flowing
-     between the ops, before any lands in a .grad), in an optimizer's step
-     "optimizer_step" (the step's working tensors), elsewhere "other" (tensors your
-     own code makes between the passes, e.g. a loss computed outside the model).
+     open when it was allocated (`PHASE_CATEGORIES`, set by the points): in a backward
+     "gradients" (the gradients flowing between the ops, before any lands in a .grad),
+     in an optimizer's step "optimizer_step" (the step's working tensors), elsewhere
+     "other" (in a forward, the working tensors no backward keeps; between the passes,
+     tensors your own code makes, e.g. a loss computed outside the model).
      A storage from before the block that nothing holds is "other", and so is a cache
      the runtime reads (`memtags.seen`), whenever it was made.
   4. In a pipeline, bytes count for the stage of their strongest live hold (the

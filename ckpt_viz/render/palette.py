@@ -91,8 +91,7 @@ CATEGORY_MEANINGS: dict[str, str] = {
     "optimizer_step": "Working tensors the optimizer's step() makes and frees while it runs (not its state): "
                       "one parameter's worth at a time in torch's per-parameter loop, all parameters' at once "
                       "in a foreach step.",
-    "activations": "Tensors autograd saved for backward outside any checkpoint (what checkpointing avoids "
-                   "keeping), and during a forward the layer outputs it does not keep.",
+    "activations": "Tensors autograd saved for backward outside any checkpoint: what checkpointing avoids keeping.",
     "checkpoint_inputs": "The inputs a checkpoint keeps instead of its activations, to re-run its forward later.",
     "replay_activations": "Activations rebuilt by a replay (the recompute), kept until the backward that needs "
                           "them is done; in split modes until DW.",
@@ -100,9 +99,10 @@ CATEGORY_MEANINGS: dict[str, str] = {
     "inputs": "The tensors passed to the model (a top-level module's arguments) and those given to "
               "record(tensors=...), while nothing above holds them.",
     "outputs": "What the model returns (the logits, an HF model's loss), while your code keeps it.",
-    "other": "Everything else that is live: tensors your own code makes between the model's forward, the "
-             "backward and the optimizer's step (a loss computed outside the model, a batch made in the "
-             "block), caches, and tensors from before the block that nothing here holds.",
+    "other": "Everything else that is live: the forward's working tensors that no backward keeps, tensors your "
+             "own code makes between the forward, the backward and the optimizer's step (a loss computed "
+             "outside the model, a batch made in the block), caches, and tensors from before the block that "
+             "nothing here holds.",
 }
 
 # -- handle states: one per `ckpt_viz.trace.lifecycle.STATES`, in its order
