@@ -15,9 +15,8 @@ NOTE [ What a recording captures ]
      marks each one and fills `trace.memory` when the block closes; the dispatch
      tracker, its fallback where the profiler is taken, reads at each one and keeps
      no high-water mark). A top-level module's forward, each top-level backward and
-     each optimizer step open and close with a `memory_sampled` event, so a loop
-     with no checkpoint has samples too (NOTE [ Sampling points ] in
-     probe/points.py). A sample is stored when the reading differs from the
+     each optimizer step open with a `memory_sampled` event, so a loop with no
+     checkpoint has samples too (NOTE [ Sampling points ] in probe/points.py). A sample is stored when the reading differs from the
      previous one, so the memory at any event is that of the last sample at or
      before it (a step function); several samples may share the seq of the event
      before them, in time order. `trace.memory` is then a `RecordedMemory`: the
@@ -282,6 +281,8 @@ class Recording:
                 _unwatch_autograd()
         finally:
             try:
+                if self._sampling is not None:  # the memory as the block closes
+                    self._sampling.point()
                 while self._unhook:
                     self._unhook.pop()()
             finally:

@@ -12,15 +12,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # System packages: graphviz (server-side SVG), Debian's chromium (browser tests) and
-# bubblewrap (the sandbox for model files: namespaces, read-only system) and g++ (the native allocation
-# log behind record(memory=True), ckpt_viz/probe/native.py; without it the slower dispatch tracker is used) and
+# bubblewrap (the sandbox for model files: namespaces, read-only system) and
 # gcc (our C speed-ups, ckpt_viz/cext.py: without it the Python code they replace runs) and valgrind (the counted
 # cache profile, benchmarks/profile_cache.py).
 want=()
 command -v dot >/dev/null 2>&1 || want+=(graphviz)
 [ -x /usr/bin/chromium ] || want+=(chromium)
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
-command -v g++ >/dev/null 2>&1 || want+=(g++)
 command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || want+=(gcc)
 command -v callgrind_control >/dev/null 2>&1 || want+=(valgrind)
 if [ ${#want[@]} -gt 0 ]; then

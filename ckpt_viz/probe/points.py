@@ -21,11 +21,13 @@ NOTE [ Sampling points ]
      counts from the start; new state at exit). The backward pass is opened by the
      recording's autograd watch (`backward_started` / `backward_ended`). A module run
      inside a backward (a checkpoint's recompute) is a point and nothing more.
-  3. Events: where a pass opens or closes the hooks emit a `memory_sampled` event
-     (data `at`: "<name> forward" at a depth-0 module's entry and "<name> forward done"
-     at its exit, where <name> is the module's qualified name in the recorded model or
-     else its class; "<Optimizer>.step" and "<Optimizer>.step done"; "backward" and
-     "backward done"), so a loop with no checkpoint still has events to tie samples to.
+  3. Events: where a pass opens the hooks emit a `memory_sampled` event (data `at`:
+     "<name> forward" at a depth-0 module's entry, where <name> is the module's
+     qualified name in the recorded model or else its class; "autograd backward" as a
+     top-level `torch.autograd.backward` / `grad` call begins; "<Optimizer>.step" as a
+     step begins), so a loop with no checkpoint still has an event to tie each pass's
+     samples to. Where a pass closes there is a sampling point and no event: what
+     follows is tied to the pass's last event until the next one.
   4. Hooks stay installed while any sampler is attached anywhere in the process (a
      count); a hook does nothing on a thread whose context has no sampler, so other
      threads' modules pay one context-variable read per call.
@@ -85,6 +87,8 @@ def attach(sampler: Sampler) -> Callable[[], None]:
         mine = _SAMPLERS.get()
         if sampler in mine:
             _SAMPLERS.set(tuple(s for s in mine if s is not sampler))
+        if not _SAMPLERS.get():  # a block closed inside a module's forward leaves no depth behind on this thread
+            _THREAD.depth, _THREAD.phase = 0, None
         with _LOCK:
             _attached -= 1
             if _attached == 0:
@@ -170,8 +174,6 @@ def _exited(module: torch.nn.Module, args: tuple, *rest: Any) -> None:
         _hold((args, kwargs), "inputs")
         _hold(result, "outputs")
         _set_phase(samplers, None)
-        _emit(f"{_label(samplers, module)} forward done")
-        return
     for sampler in samplers:
         sampler.point()
 
@@ -210,7 +212,8 @@ def _step_ended(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> 
         return
     optimizer_state(optimizer, samplers)
     _set_phase(samplers, None)
-    _emit(f"{type(optimizer).__name__}.step done")
+    for sampler in samplers:
+        sampler.point()
 
 
 def backward_started() -> None:
@@ -218,14 +221,15 @@ def backward_started() -> None:
     samplers = _here()
     if samplers:
         _set_phase(samplers, "backward")
-        _emit("backward")
+        _emit("autograd backward")
 
 
 def backward_ended() -> None:
     samplers = _here()
     if samplers:
         _set_phase(samplers, None)
-        _emit("backward done")
+        for sampler in samplers:
+            sampler.point()
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

@@ -199,7 +199,9 @@ def test_moving_the_cursor_changes_what_the_pages_show() -> None:
     # Handles in order of first appearance: h_a, h_b, h_c, h_d (their ids depend on earlier recordings)
     assert list(_handle_table(at).values()) == ["released"] * 4
     _move(at, "first")
-    assert at.slider(key="cursor_slider").value == 0
+    assert at.slider(key="cursor_slider").value == 0  # the memory sample as the model's forward opens
+    assert list(_handle_table(at).values()) == ["not_created"] * 4
+    _move(at, "next")  # the first checkpoint's handle
     assert list(_handle_table(at).values()) == ["recorded", "not_created", "not_created", "not_created"]
     # Next replay: the first replay_started of the run; DX replays the last block first, every handle set to dx
     _move(at, "next_replay")
