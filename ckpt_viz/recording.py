@@ -16,10 +16,11 @@ NOTE [ What a recording captures ]
      tracker, its fallback where the profiler is taken, reads at each one and keeps
      no high-water mark). A top-level module's forward, each top-level backward and
      each optimizer step open with a `memory_sampled` event, so a loop with no
-     checkpoint has samples too (NOTE [ Sampling points ] in probe/points.py). A sample is stored when the reading differs from the
-     previous one, so the memory at any event is that of the last sample at or
-     before it (a step function); several samples may share the seq of the event
-     before them, in time order. `trace.memory` is then a `RecordedMemory`: the
+     checkpoint has samples too (NOTE [ Sampling points ] in probe/points.py). A
+     sample is stored when the reading differs from the previous one, so the memory
+     right after an event is its first sample, else the last sample before it (a
+     step function); several samples may share the seq of the event before them, in
+     time order (`points.Steps`). `trace.memory` is then a `RecordedMemory`: the
      samples kept as columns as they come, read as `MemorySample`s (NOTE [ Lazy
      events ], rule 5, in ckpt_viz/trace/rows.py).
   3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call

@@ -22,9 +22,10 @@ NOTE [ Allocation ledger ]
      there, "other" whenever it was made, so a recording reads the same whether the
      cache was made in it or before). The others (P: a tensor known from before the
      probe, S: a stage assignment, D: a watched storage died) are applied right before
-     the next marked entry, after the stream's events up to it; that resolves the same way whatever their order with the stream
-     because a storage's address is reused only after it died, and its death is in the
-     log (the weakref), before any hold on the storage that reused it.
+     the next marked entry, after the stream's events up to it; that resolves the same
+     way whatever their order with the stream because a storage's address is reused
+     only after it died, and its death is in the log (the weakref), before any hold on
+     the storage that reused it.
   3. Where it can differ from the tracker (which counts the storages ops touch):
      (a) storages the stream never saw allocated (from before the probe) count once
      they are known: given, a parameter, a buffer, a gradient, held, optimizer state,
@@ -114,7 +115,7 @@ class AllocationProbe:
         self._layer: Any = None
         self._detach_holder: Any = None
         self._watched: dict[int, Any] = {}  # id(weakref) -> weakref: storages and owners, dropped on close
-        self._modules: set[int] = set()
+        self._modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # those add_module counted
         self.phase: str | None = None
         self._grads_read = False  # since the pass opened (`mark`)
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -123,7 +124,6 @@ class AllocationProbe:
         self._rising: tuple[Batch, int] | None = None  # the allocation that set _high, not yet read
         self._peak: tuple | None = None  # (t_ns, reading, device, ledger.born, ledger.grads) at _high
         self._last_total = 0  # the total of the last reading
-        self._unplaced: list[tuple[int, tuple, int | None]] = []  # a high-water mark before the first reading
         log = self._log
         me = weakref.ref(self)
 
@@ -178,9 +178,9 @@ class AllocationProbe:
 
     def add_module(self, module: torch.nn.Module) -> None:
         """Count `module`'s parameters and buffers as "parameters" (once per module)."""
-        if id(module) in self._modules:
+        if module in self._modules:
             return
-        self._modules.add(id(module))
+        self._modules.add(module)
         for p in module.parameters():
             self.add_param(p)
         for b in module.buffers():

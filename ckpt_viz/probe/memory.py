@@ -264,7 +264,7 @@ class MemoryProbe:
         self._params: list[torch.Tensor] = []
         self._param_ids: set[int] = set()
         self._param_storages: set[int] = set()
-        self._modules: set[int] = set()
+        self._modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # those add_module counted
         self._pending = (list(params), list(tensors), list(buffers))
         self.phase: str | None = None
         self._default = "other"  # PHASE_CATEGORIES[self.phase]
@@ -355,9 +355,9 @@ class MemoryProbe:
 
     def add_module(self, module: torch.nn.Module) -> None:
         """Count `module`'s parameters and buffers as "parameters" (once per module)."""
-        if id(module) in self._modules:
+        if module in self._modules:
             return
-        self._modules.add(id(module))
+        self._modules.add(module)
         for p in module.parameters():
             self.add_param(p)
         for b in module.buffers():

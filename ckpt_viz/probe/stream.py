@@ -33,7 +33,11 @@ NOTE [ Allocation stream ]
      (then `record(memory=True)` uses the dispatch tracker).
   7. On a GPU the events are the caching allocator's: sizes are its blocks (rounded up
      to 512 bytes), as `torch.cuda.memory_allocated()` counts them, and each event
-     carries the allocator's own total (`Batch.device_total`).
+     carries the allocator's own total (`Batch.device_total`). The backward runs on the
+     engine's device threads, whose events come in their own run: a batch is put in the
+     order of the profiler's clock (events less than its resolution apart may swap).
+     Not yet run on a GPU: `test_peak_on_a_gpu` (tests/recording/test_memory_peak.py,
+     marked gpu) is the check.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ _LOCK = threading.Lock()
 _KINETO_WARNING = "Failed to recover relationship between all profiler and kineto events"
 _EXTRA = operator.attrgetter("extra_fields")
 _PAIR = operator.attrgetter("ptr", "alloc_size")
+_START = operator.attrgetter("start_time_ns")
 
 
 @contextlib.contextmanager
@@ -156,8 +161,12 @@ class _Session:
         with _quiet_stderr(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Failed to recover relationship ... kineto events" (NOTE rule 5)
             result = _disable_profiler()
-        # No op events: every event is an allocation (or a free), a root of the tree, in the order made.
-        return Batch(result.experimental_event_tree(), [m.data_ptr() for m in self.markers], self.offset)
+        # No op events: every event is an allocation (or a free), a root of the tree, in the order made on each
+        # thread; on a GPU the backward's device threads add their own, merged here by time (NOTE rule 7).
+        nodes = result.experimental_event_tree()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            nodes = sorted(nodes, key=_START)
+        return Batch(nodes, [m.data_ptr() for m in self.markers], self.offset)
 
     def drain(self, restart: bool = True) -> None:
         """Hand what the profiler recorded to every reader (NOTE rule 3)."""
