@@ -38,6 +38,10 @@ NOTE [ Allocation stream ]
      order of the profiler's clock (events less than its resolution apart may swap).
      Not yet run on a GPU: `test_peak_on_a_gpu` (tests/recording/test_memory_peak.py,
      marked gpu) is the check.
+  8. torch's profiler starts a thread of its own (kineto's) the first time it runs in a
+     process, and keeps it. A process that must stay single-threaded to fork safely
+     (the app's warm sandbox, ckpt_viz/usermodel/forked.py) records inside
+     `no_profiler()`: every probe opened there is the dispatch tracker.
 """
 from __future__ import annotations
 
@@ -54,9 +58,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["AllocationStream", "Batch"]
+__all__ = ["AllocationStream", "Batch", "no_profiler"]
 
 _LOCK = threading.Lock()
+_held_off = 0  # open no_profiler() blocks (NOTE rule 8)
 _KINETO_WARNING = "Failed to recover relationship between all profiler and kineto events"
 _EXTRA = operator.attrgetter("extra_fields")
 _PAIR = operator.attrgetter("ptr", "alloc_size")
@@ -92,6 +97,19 @@ def _config() -> tuple[object, set]:
     # An activity is required; MTIA records nothing where there is no MTIA device, so only the
     # allocation events come back (the CPU activity would record every op).
     return config, {ProfilerActivity.MTIA}
+
+
+@contextlib.contextmanager
+def no_profiler() -> Iterator[None]:
+    """Probes opened in the block never start torch's profiler: they use the dispatch tracker (NOTE rule 8)."""
+    global _held_off
+    with _LOCK:
+        _held_off += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _held_off -= 1
 
 
 def _usable() -> bool:
@@ -210,8 +228,8 @@ class AllocationStream:
     @staticmethod
     def acquire(on_batch: Callable[[Batch], None]) -> AllocationStream | None:
         """A reader of the session (started now if none runs), or None (NOTE rule 1)."""
-        if torch._C._current_graph_task_id() != -1:  # inside a backward: see allocations.py NOTE rule 6
-            return None
+        if torch._C._current_graph_task_id() != -1 or _held_off:  # in a backward (allocations.py NOTE rule 6),
+            return None  # or in no_profiler() (NOTE rule 8)
         with _LOCK:
             if _session:
                 session = _session[0]

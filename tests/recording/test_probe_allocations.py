@@ -176,3 +176,16 @@ def test_the_users_torch_profiler_runs_while_memory_is_recorded() -> None:
     assert [e.seq for e in profiled.events] == [e.seq for e in alone.events]
     for event in alone.events:
         assert reading_at(profiled, event.seq).bytes_by_category == reading_at(alone, event.seq).bytes_by_category
+
+
+def test_no_profiler_records_with_the_tracker_and_says_so() -> None:
+    """The app's warm sandbox forks every run from one process, which must not hold torch's profiler thread
+    (probe/stream.py NOTE rule 8): recordings inside `no_profiler()` read with the dispatch tracker."""
+    from ckpt_viz.probe.stream import no_profiler
+
+    with no_profiler():
+        inside = run_scenario(build_builtin("mlp"), "reentrant", memory=True)
+    outside = run_scenario(build_builtin("mlp"), "reentrant", memory=True)
+    assert inside.meta["memory_probe"] == "dispatch" and outside.meta["memory_probe"] == "allocator"
+    for event in outside.events:
+        assert reading_at(inside, event.seq).bytes_by_category == reading_at(outside, event.seq).bytes_by_category
