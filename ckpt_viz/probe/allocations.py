@@ -12,9 +12,10 @@ NOTE [ Allocation ledger ]
   1. Readings are deferred. `mark(seq, t_ns)` at an event or a sampling point logs
      the instant with a marker (a one-byte storage, probe/stream.py NOTE rule 4); what
      is live then is what the stream has allocated and not freed up to that marker.
-     Each batch the stream drains is replayed against the log at once (`_on_batch`);
-     `finish()` (after `__exit__`) returns the MemorySamples, one per change of
-     reading, as the recording stores them.
+     Each batch the stream drains is replayed against the log at once (`_on_batch`),
+     and its readings go to `keep` (the recording's `points.Steps`, which stores only
+     the changes) as they are made, so a long recording holds its samples, not every
+     reading; with no `keep`, `finish()` (after `__exit__`) returns them.
   2. The log is in program order. Entries that must fall between two allocations carry
      a marker of their own and are replayed exactly there: the readings (M), a hold's
      beginning (H: saved-tensor pack, memtags.hold) and end (R: its owner was
@@ -104,7 +105,9 @@ class AllocationProbe:
         self._param_ids: set[int] = set()
         self._log: list[tuple] = []
         self._ledger = Ledger()
-        self._readings: list[tuple[int, int, tuple, int | None]] = []
+        self._readings: list[tuple[int, int, tuple, int | None]] = []  # kept for `finish()` where `keep` is None
+        self.keep: Any = None  # keep(seq, t_ns, totals, device, by_stage): each reading as the replay makes it
+        self._last_read: tuple[int, int] | None = None  # (seq, t_ns) of the last reading
         self._grad_ids: tuple = ()
         self._grad_known: dict[int, tuple[Any, int]] = {}
         self._grads_stale = False
@@ -376,12 +379,20 @@ class AllocationProbe:
         peak = self._peak
         if self._rising is not None:  # still rising at the marker: the reading is the high
             peak = None
-        if peak is not None and self._readings and sum(peak[1][0].values()) > max(total, self._last_total):
-            last_seq, last_t = self._readings[-1][0], self._readings[-1][1]
-            self._readings.append((last_seq, min(max(peak[0], last_t), t_ns), peak[1], peak[2]))
-        self._readings.append((seq, t_ns, reading, device))
+        if peak is not None and self._last_read and sum(peak[1][0].values()) > max(total, self._last_total):
+            last_seq, last_t = self._last_read
+            self._put(last_seq, min(max(peak[0], last_t), t_ns), peak[1], peak[2])
+        self._put(seq, t_ns, reading, device)
+        self._last_read = (seq, t_ns)
         self._last_total = total
         self._high, self._rising, self._peak = self._ledger.live, None, None
+
+    def _put(self, seq: int, t_ns: int, reading: tuple, device: int | None) -> None:
+        if self.keep is not None:  # the recording's points.Steps: only the changes are stored, as they come
+            totals, by_stage, _ = reading
+            self.keep(seq, t_ns, totals, device, by_stage)
+        else:
+            self._readings.append((seq, t_ns, reading, device))
 
     def finish(self, keep: Any = None) -> list[Any]:
         """After `__exit__`: every reading, marks and high-water marks in time order, given to

@@ -261,6 +261,8 @@ class Sampling:
         self._keep = Steps(keep)
         self._names = names
         self.last_seq: int | None = None
+        if probe.deferred:  # its readings come as the stream is replayed (probe/allocations.py NOTE rule 1)
+            probe.keep = self._keep
 
     def on_event(self, row: Any) -> None:
         """Read memory right after the event `row` (the recording's channel calls it in seq order)."""
@@ -295,6 +297,7 @@ class Sampling:
         """Hand the deferred readings over (after the probe closed)."""
         if self.probe.deferred:
             self.probe.finish(self._keep)
+            self.probe.keep = None
 
 
 class Steps:
