@@ -18,15 +18,17 @@ NOTE [ Allocation ledger ]
      reading; with no `keep`, `finish()` (after `__exit__`) returns them.
   2. The log is in program order. Entries that must fall between two allocations carry
      a marker of their own and are replayed exactly there: the readings (M), a hold's
-     beginning (H: saved-tensor pack, memtags.hold) and end (R: its owner was
-     collected), a pass's beginning (F) and a cache the runtime reads (C: counted from
-     there, "other" whenever it was made, so a recording reads the same whether the
-     cache was made in it or before). The others (P: a tensor known from before the
-     probe, S: a stage assignment, D: a watched storage died) are applied right before
-     the next marked entry, after the stream's events up to it; that resolves the same
-     way whatever their order with the stream because a storage's address is reused
-     only after it died, and its death is in the log (the weakref), before any hold on
-     the storage that reused it.
+     beginning (H: saved-tensor pack, memtags.hold), a pass's beginning (F) and a cache
+     the runtime reads (C: counted from there, "other" whenever it was made, so a
+     recording reads the same whether the cache was made in it or before). The others
+     (R: a hold's owner was collected, P: a tensor known from before the probe, S: a
+     stage assignment, D: a watched storage died) are applied right before the next
+     marked entry, after the stream's events up to it; that resolves the same way
+     whatever their order with the stream because a storage's address is reused only
+     after it died, and its death is in the log (the weakref), before any hold on the
+     storage that reused it. A hold usually ends as its storage dies, whose free the
+     stream has where it happened; one that outlives its hold keeps the hold's category
+     at a high-water mark until the next marked entry (rule 7).
   3. Where it can differ from the tracker (which counts the storages ops touch):
      (a) storages the stream never saw allocated (from before the probe) count once
      they are known: given, a parameter, a buffer, a gradient, held, optimizer state,
@@ -82,7 +84,7 @@ __all__ = ["AllocationProbe", "open_probe"]
 
 DRAIN_EVERY = 1024
 _GRAD = operator.attrgetter("grad")
-_MARKED = frozenset("MHRFC")  # log entries with a marker of their own at [1] (NOTE rule 2)
+_MARKED = frozenset("MHFC")  # log entries with a marker of their own at [1] (NOTE rule 2)
 
 
 class AllocationProbe:
@@ -137,9 +139,9 @@ class AllocationProbe:
                 probe._watched.pop(id(ref), None)
 
         def released(ref: Any) -> None:  # a hold's owner was collected
+            log.append(("R", ref.key))
             probe = me()
-            if probe is not None and probe._stream is not None:
-                log.append(("R", probe._stream.mark(), ref.key))
+            if probe is not None:
                 probe._watched.pop(id(ref), None)
 
         def grad_died(ref: Any) -> None:
@@ -271,9 +273,9 @@ class AllocationProbe:
         stream = self._stream
         if stream is None:
             return
-        grads = None
-        if self.phase != "forward" or not self._grads_read:  # a forward sets no .grad: read once as it opens
-            grads, self._grads_read = self._grad_ptrs(), True
+        grads = None  # read once as a pass opens and at every mark between passes; a forward sets no .grad,
+        if self.phase not in ("forward", "backward") or not self._grads_read:  # and what a backward sets counts as
+            grads, self._grads_read = self._grad_ptrs(), True  # "gradients" anyway (its pass's category)
         device = torch.cuda.memory_allocated() if self.cuda else None
         self._log.append(("M", stream.mark(), seq, t_ns, grads, bus.current_tags().get("stage"), device))
         self._marks += 1
@@ -297,7 +299,7 @@ class AllocationProbe:
                 self._advance(batch, start, end + 1, skip)  # the stream's events first, then the log's
                 start = end + 1
             if pending:
-                self._settle()
+                self._settle()  # a D entry may drop a storage from before the probe: read the high first
                 for held in pending:
                     ledger.apply(held)
                 pending.clear()
@@ -305,9 +307,7 @@ class AllocationProbe:
             if kind == "M":
                 self._read(entry)
             else:
-                if kind == "R":
-                    self._settle()
-                elif kind == "H" and entry[2] is None and self._peak is not None:
+                if kind == "H" and entry[2] is None and self._peak is not None:
                     self._held_at_peak(entry)
                 ledger.apply(entry)
                 self._rise(None)

@@ -119,12 +119,12 @@ class Ledger:
             if key is not None:
                 rec.keys.add(key)
                 self.by_key[key] = (rec, hold)
-        elif kind == "R":  # (R, marker, key): the hold's owner was collected
-            found = self.by_key.pop(entry[2], None)
+        elif kind == "R":  # (R, key): the hold's owner was collected
+            found = self.by_key.pop(entry[1], None)
             if found is not None:
                 rec, hold = found
                 rec.holds[hold] -= 1
-                rec.keys.discard(entry[2])
+                rec.keys.discard(entry[1])
                 self.dirty[rec.ptr] = rec
         elif kind == "D":  # the storage that was at this address died
             rec = self.store.get(entry[1])
