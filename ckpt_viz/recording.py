@@ -9,12 +9,12 @@ NOTE [ What a recording captures ]
      a `RecordedEvents`: it keeps each event as the bus's cheap row and builds the
      Event objects when first read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
   2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
-     probe/memory.py) right after every event, at every module's forward entry and
-     exit, and at the allocator's high-water mark between two of those (torch's
-     memory-only profiler read by `AllocationProbe`, probe/allocations.py, which
-     marks each one and fills `trace.memory` when the block closes; the dispatch
-     tracker, its fallback where the profiler is taken, reads at each one and keeps
-     no high-water mark). A top-level module's forward, each top-level backward and
+     probe/memory.py) right after every event, at every module's forward exit, and
+     at the allocator's high-water mark between two of those (torch's memory-only
+     profiler read by `AllocationProbe`, probe/allocations.py, which marks each one
+     and fills `trace.memory` as the stream is drained and when the block closes;
+     the dispatch tracker, its fallback where the profiler is taken, reads at each
+     one and keeps no high-water mark). A top-level module's forward, each top-level backward and
      each optimizer step open with a `memory_sampled` event, so a loop with no
      checkpoint has samples too (NOTE [ Sampling points ] in probe/points.py). A
      sample is stored when the reading differs from the previous one, so the memory

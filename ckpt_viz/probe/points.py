@@ -6,10 +6,11 @@ sampler is attached and acting only for the samplers of the calling context (a
 `record(memory=True)` block: ckpt_viz/recording.py). Never the UI.
 
 NOTE [ Sampling points ]
-  1. Every module's forward entry and exit is a sampling point (`sampler.point()`:
-     a reading tied to the last event before it). Between two points, the allocation
-     probe also keeps the high-water mark (probe/allocations.py NOTE rule 7), so the
-     peak of a step is the allocator's even where no point falls.
+  1. Every module's forward exit is a sampling point (`sampler.point()`: a reading
+     tied to the last event before it; an entry follows its parent's entry or its
+     sibling's exit with nothing allocated between, so it is not one). Between two
+     points, the allocation probe also keeps the high-water mark (probe/allocations.py
+     NOTE rule 7), so the peak of a step is the allocator's even where no point falls.
   2. The passes. A module called at depth 0 outside a backward opens the forward: its
      parameters and buffers count as "parameters" from then on (`sampler.module`),
      its tensor arguments as "inputs" (positional ones at entry, keyword ones at exit:
@@ -158,9 +159,6 @@ def _entered(module: torch.nn.Module, args: tuple) -> None:
         _hold(args, "inputs")
         _set_phase(samplers, "forward")
         _emit(f"{_label(samplers, module)} forward")
-        return
-    for sampler in samplers:
-        sampler.point()
 
 
 def _exited(module: torch.nn.Module, args: tuple, *rest: Any) -> None:

@@ -125,13 +125,12 @@ def _usable() -> bool:
 class Batch:
     """What one drain read: `events[i]` is (ptr, nbytes), nbytes < 0 for a free; markers located (NOTE rule 4)."""
 
-    __slots__ = ("_fields", "_nodes", "_offset", "events", "markers", "where")
+    __slots__ = ("_nodes", "_offset", "events", "markers", "where")
 
     def __init__(self, nodes: list[Any], markers: list[int], offset: int) -> None:
         self._nodes = nodes
-        self._fields = fields = list(map(_EXTRA, nodes))
         self._offset = offset
-        self.events: list[tuple[int, int]] = list(map(_PAIR, fields))
+        self.events: list[tuple[int, int]] = list(map(_PAIR, map(_EXTRA, nodes)))
         # the last allocation at each address: a marker's own, as markers live until the drain
         self.where = {ptr: i for i, (ptr, size) in enumerate(self.events) if size > 0}
         self.markers = {i for i in map(self.where.get, markers) if i is not None}  # left out of every replay
@@ -146,7 +145,7 @@ class Batch:
 
     def device_total(self, index: int) -> int | None:
         """The GPU allocator's own total right after event `index` (None for a CPU allocation; NOTE rule 7)."""
-        fields = self._fields[index]
+        fields = self._nodes[index].extra_fields
         return fields.total_allocated if fields.device.type != "cpu" else None
 
 
