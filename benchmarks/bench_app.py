@@ -4,7 +4,7 @@ Writes a synthetic trace file (default 1,000,000 events, built as in
 bench_trace_io.py), then drives the real app (`app/streamlit_app.py`) headless with
 Streamlit's AppTest, which runs the same script code as a server session does:
 
-1. first page: a fresh session opens the file (Trace.load + TraceIndex + the
+1. first page: a fresh session opens the file (Trace.load + the analysis + the
    Overview page drawn); target 5 s;
 2. cursor moves on every page (a step button, then a slider jump across the run);
    target 1 s each. The first visit of a page (which computes its once-per-trace

@@ -63,16 +63,16 @@ CACHES = {"I1": (32768, 8, 64), "D1": (32768, 8, 64), "LL": (1048576, 8, 64)}
 # ---------------------------------------------------------------- the child, under callgrind
 
 def check_off(step: Any) -> Any:
-    """`step` with the captured-parameter check answering "no parameters" (the `captured` report then has none)."""
+    """`step` with the captured-parameter check finding no parameters (the `captured` report then has none)."""
     from ckpt_viz.runtime import owners
 
     def run() -> None:
-        real = owners.captured_states, owners.grad_states
-        owners.captured_states = owners.grad_states = _no_parameters
+        real = owners.grad_states
+        owners.grad_states = _no_parameters
         try:
             step()
         finally:
-            owners.captured_states, owners.grad_states = real
+            owners.grad_states = real
     return run
 
 
@@ -192,8 +192,8 @@ def per_step(dumps: list[Path], order: list[str], steps: int) -> dict[str, dict[
 
 
 def library(key: tuple[str, str]) -> str:
-    name = key[0].rsplit("/", 1)[-1]
-    return re.sub(r"^(\w+)-cpython-.*\.so$", r"\1.so", name)  # ckpt_viz's C builds: busfast-cpython-311-...-<hash>.so
+    """The file name of a cost's object: "/usr/lib/libtorch_cpu.so" -> "libtorch_cpu.so"."""
+    return key[0].rsplit("/", 1)[-1]
 
 
 def added(sums: dict[str, dict[tuple[str, str], list[float]]], group: Any, case: str = "recorded",

@@ -16,6 +16,8 @@
     │   └── SessionMismatchError          session_mismatch                E10: bind_session under another id
     ├── RecordingError (RuntimeError)     recording_misused               a record() block entered twice, or not open
     ├── LessonError                       lesson_invalid                  a lesson's data is wrong, or its check fails
+    ├── DotLimitError                     dot_limit                       Graphviz's dot ran past its time or memory
+    │                                                                       limit, or its session ended
     ├── TraceError (ValueError)           trace_invalid                   a trace file wrong, truncated or too new
     │   └── TraceFileError (OSError)      trace_file_failed               the OS refused a read or write of a trace file
     └── ModelLoadError                    model_load_failed               a user model failed to load or its checks
@@ -29,12 +31,12 @@ PyTorch's own errors have no code; the one that a diagnosis needs (E14, "Trying 
 backward through the graph a second time", code `second_backward_through_graph`) is
 classified once, where `record()` captures it (`error_code`).
 
-`code` is a diagnosis code of `ckpt_viz.events.DIAGNOSIS_CODES` where the error is
+`code` is a diagnosis code of `ckpt_viz.codes.DIAGNOSIS_CODES` where the error is
 the symptom of one of its causes (then its tip is that table's tip), else the error
 code above. A raise site may pass a more precise `code=`. The `error` event of an
 error stores its code in `data.code`, so `ckpt_viz.diagnose` reads codes, never text.
 A `HandleReleasedError` takes the plain code of its release reason
-(`ckpt_viz.events.CODE_FOR_REASON`); the diagnosis refines it from the trace.
+(`ckpt_viz.codes.CODE_FOR_REASON`); the diagnosis refines it from the trace.
 
 Messages follow one shape (spec D7): they start with the API name, say what
 happened with the numbers and the handle id, keep PyTorch's key phrase so that a
@@ -45,12 +47,13 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES
+from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
 
 __all__ = [
     "CheckpointError",
     "CheckpointUsageError",
     "CkptVizError",
+    "DotLimitError",
     "ExcludedRegionError",
     "GraphReleasedError",
     "HandleReleasedError",
@@ -173,12 +176,18 @@ class PhaseNotSetError(CheckpointError):
 
     code = "phase_not_set"
 
-    def __init__(self, handle_id: int) -> None:
+    def __init__(self, handle_id: int, helper: str | None = None) -> None:
         self.handle_id = handle_id
+        self.helper = helper
+        if helper is None:
+            tip = tip_for(self.code)
+        else:  # the caller already uses the helper, which sets the phase of the handles it is given: h was not one
+            tip = (f"pass every handle of the micro-batch's scope in `handles=` of {helper} (h{handle_id} was not "
+                   f"among them, so nothing set its phase), or call set_phase on it yourself (diagnosis {self.code})")
         super().__init__(
             f"ckpt_viz.checkpoint (backward): Set dx or dw phase on reentrant handles before split backward "
             f"(handle h{handle_id} is split because it was created in reentrant_checkpoint_scope, and its phase is "
-            f"'ordinary').\nTip: {tip_for(self.code)}"
+            f"'ordinary'{f'; reached by {helper}' if helper else ''}).\nTip: {tip}"
         )
 
 
@@ -240,9 +249,15 @@ class SandboxError(ModelLoadError):
 
 
 class SandboxTimeoutError(SandboxError):
-    """The child did not finish within the time limit; its process group was killed."""
+    """The child did not finish within the time limit; its process group was killed.
+
+    Attributes (besides SandboxError's):
+        partial_trace: the trace the child had recorded when time ran out (its meta "partial" True and
+            "partial_reason" saying why), or None when the run had not started recording.
+    """
 
     code = "sandbox_timeout"
+    partial_trace: Any = None
 
 
 class SandboxMemoryError(SandboxError):
@@ -263,7 +278,15 @@ class SandboxCrashError(SandboxError):
     code = "sandbox_crashed"
 
 
-_TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph"}
+class DotLimitError(CkptVizError):
+    """Graphviz's `dot` went over its time or memory limit drawing a graph, or its session ended
+    (NOTE [ dot's limits ] in ckpt_viz.render.svg)."""
+
+    code = "dot_limit"
+
+
+_TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph",
+                  "passing an `inputs` parameter to .backward()": "torch_reentrant_with_grad"}
 
 
 def error_code(exc: BaseException) -> str | None:

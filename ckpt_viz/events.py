@@ -1,399 +1,419 @@
-"""The trace vocabulary: one `Event` record per runtime transition.
+"""The event types: one declaration per event kind, which is at once the schema, the validator and the codec.
 
-Owns the event record and the fixed names of spec section 7 (event kinds, release
-reasons, modes, phases), and the one table keyed by diagnosis code (`DIAGNOSIS_CODES`:
-cause, fix, tip and the release reasons each code follows from), which errors and
-`ckpt_viz.diagnose` both read. Standard library only: the app and the renderers read
-events without importing torch.
+Every event is a plain fact in the past tense, a frozen `msgspec.Struct` with the fields every event
+has (`EventBase`) and the fields of its kind. The union `Event` is tagged by `kind` (spec section 7),
+so a trace file's events decode straight into these types, each field checked against its type and
+range as it is read (`ckpt_viz.trace`), and a renderer reads `event.reason`, never a dict.
 
-Every event is a plain fact in the past tense. Its fields are ints, strs, None,
-tuples and small dicts of the same, so `Event.to_dict()` is JSON-ready. `EventRow` is
-the same fact as the bus hands it to a recording (a tuple, cheap to build); `make_event`
-builds the `Event` from its fields (see NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
+    ReplayStarted(seq=12, t_ns=..., handle_id=3, mode="reentrant", phase="dx", trigger="backward")
+    encodes as {"kind": "replay_started", "seq": 12, "t_ns": ..., "handle_id": 3, ..., "trigger": "backward"}
+
+Events are `gc=False`: they hold no reference cycles, so the cyclic collector never walks the million
+events of a long trace. Their containers are tuples, and `tags` a small dict of scalars.
+Standard library and msgspec only: never torch, never a UI.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from operator import itemgetter
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta
+
+from ckpt_viz.vocabulary import HandleMode, Kind, Phase, ReleaseReason, Runtime
 
 __all__ = [
-    "CODE_FOR_REASON",
-    "DIAGNOSIS_CODES",
-    "EVENT_KINDS",
-    "MODES",
-    "PHASES",
-    "RELEASE_REASONS",
-    "ROW_FIELDS",
-    "DiagnosisCode",
+    "EVENT_TYPES",
+    "ActionFinished",
+    "ActionStarted",
+    "BackwardCalled",
+    "BackwardEntered",
+    "CapturedParam",
+    "DwRunnerCalled",
+    "EarlyStopped",
+    "Error",
     "Event",
-    "EventRow",
-    "KeptRow",
-    "Mode",
-    "Phase",
-    "make_event",
+    "EventBase",
+    "ExcludeReused",
+    "ExcludeSaved",
+    "ForwardFailed",
+    "ForwardFinished",
+    "ForwardStarted",
+    "GradsRouted",
+    "HandleCreated",
+    "MemorySampled",
+    "NodeCollected",
+    "PhaseSet",
+    "Prefired",
+    "Released",
+    "ReplayDiverged",
+    "ReplayFailed",
+    "ReplayFinished",
+    "ReplayRefused",
+    "ReplayStarted",
+    "SessionActivated",
+    "SessionBound",
+    "SessionCleared",
+    "SessionDeactivated",
+    "TensorMeta",
+    "TensorPacked",
+    "TensorUnpacked",
+    "UnaskedGradsAccumulated",
 ]
 
-Mode = Literal["reentrant", "nonreentrant", "exclude"]
-Phase = Literal["ordinary", "dx", "dw"]
+# -- ranges shared by the fields (a trace file is checked against them as it is read)
+I64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, Meta(ge=0, le=2**62)]
+Id = Annotated[int, Meta(ge=0, le=2**53)]
+Nanos = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Name = Annotated[str, Meta(max_length=1024)]
+Text = Annotated[str, Meta(max_length=65536)]
+Site = Annotated[str, Meta(max_length=4096)]
+Shape = Annotated[tuple[Count, ...], Meta(max_length=64)]
+Indices = Annotated[tuple[Count, ...], Meta(max_length=65536)]
+Scalar = Annotated[str, Meta(max_length=1024)] | I64 | float | bool | None
+Tags = Annotated[dict[Annotated[str, Meta(max_length=64)], Scalar], Meta(max_length=64)]
 
-MODES: tuple[str, ...] = ("reentrant", "nonreentrant", "exclude")
-PHASES: tuple[str, ...] = ("ordinary", "dx", "dw")
 
-EVENT_KINDS: tuple[str, ...] = (
-    "handle_created",
-    "forward_started",
-    "forward_finished",
-    "forward_failed",
-    "tensor_packed",
-    "tensor_unpacked",
-    "phase_set",
-    "backward_entered",
-    "replay_started",
-    "replay_finished",
-    "replay_failed",
-    "early_stopped",
-    "replay_refused",
-    "grads_routed",
-    "released",
-    "node_collected",
-    "session_bound",
-    "session_activated",
-    "session_deactivated",
-    "session_cleared",
-    "prefired",
-    "exclude_saved",
-    "exclude_reused",
-    "replay_diverged",
-    "memory_sampled",
-    "error",
-)
+class TensorMeta(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A tensor as an event describes it."""
 
-RELEASE_REASONS: tuple[str, ...] = (
-    "ordinary_backward_complete",
-    "dw_complete",
-    "backward_exception",
-    "forward_exception",
-    "session_cleared",
-    "explicit_release",
-)
+    shape: Shape
+    dtype: Name
+    nbytes: Count
+    device: Name = "cpu"
+    requires_grad: bool | None = None
 
-# ---------------------------------------------------------------- diagnosis codes
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DiagnosisCode:
-    """One cause of a refused replay or a leak: the only table keyed by diagnosis code.
+class CapturedParam(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A parameter a checkpointed block uses without taking it as an input, after a backward through it."""
+
+    shape: Shape
+    accumulated: bool
+    name: Name | None = None
+
+
+class EventBase(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True, tag_field="kind"):
+    """The fields every event has.
 
     Attributes:
-        code: the name `ckpt_viz.diagnose` reports and errors carry as `.code`.
-        spec_id: the cause's id in spec section 4.2 ("R1"...), or "S1"... for a silent problem of the debugger;
-            for docs and tests only; never shown to users.
-        cause: what happened, in plain words.
-        fix: the next step `Diagnosis.fix` gives.
-        tip: the "Tip: ..." of the ckpt_viz error that carries this code, or None where no error of
-            ckpt_viz carries it (the cause is found only by reading the trace).
-        reasons: the release reasons (`released` event, `data.reason`) the cause follows from; empty
-            when it is not a release (a collected node, a leak, a refused binding).
-        plain: this code is what a release with its reason means when the trace says nothing more
-            (`CODE_FOR_REASON`); the other codes of that reason need more evidence.
-    """
-
-    code: str
-    spec_id: str
-    cause: str
-    fix: str
-    tip: str | None = None
-    reasons: tuple[str, ...] = ()
-    plain: bool = False
-
-
-_ORDINARY = ("ordinary_backward_complete",)
-
-DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
-    DiagnosisCode(
-        code="released_by_dw", spec_id="R1", reasons=("dw_complete",), plain=True,
-        cause="DW already ran for this handle (DX after DW, or a second DW); DW releases every handle it reaches.",
-        fix="Run DX (backward_input) before DW (backward_weight), and run DW once per micro-batch.",
-        tip="run DX before DW; DW releases every handle it reaches."),
-    DiagnosisCode(
-        code="released_by_ordinary_backward", spec_id="R2", reasons=_ORDINARY, plain=True,
-        cause="An earlier ordinary backward consumed the handle; retain_graph=True on that backward does not keep it.",
-        fix="Bind the handle with recompute_handle(h, sid) before the first backward and run both backwards inside "
-            "recompute_session_ctx(sid, retain_on_unpack=True).",
-        tip="to back-propagate through it twice, prefire it with recompute_handle(handle, sid) and run both "
-            "backwards inside recompute_session_ctx(sid, retain_on_unpack=True)."),
-    DiagnosisCode(
-        code="session_never_bound", spec_id="R3", reasons=_ORDINARY,
-        cause="A retaining session was open, but the handle was never registered in it.",
-        fix="Register the handle first: recompute_handle(h, sid) or h.bind_session(sid), then enter "
-            "recompute_session_ctx(sid, retain_on_unpack=True)."),
-    DiagnosisCode(
-        code="session_not_retaining", spec_id="R4", reasons=_ORDINARY,
-        cause="The handle's session was left, or made non-retaining, before a later consumer ran.",
-        fix="Run every consumer inside recompute_session_ctx(sid, retain_on_unpack=True) and leave it only after "
-            "the last one."),
-    DiagnosisCode(
-        code="phase_not_set", spec_id="R5", reasons=("backward_exception",),
-        cause="A backward reached a split handle while its phase was still 'ordinary'.",
-        fix="Set the phase of every scoped handle before each pass (h.set_phase('dx'/'dw')), or use "
-            "backward_input / backward_weight, which do it.",
-        tip="call handle.set_phase('dx') before the DX pass and set_phase('dw') before the DW pass, or use "
-            "ckpt_viz.runtime.backward_input / backward_weight, which do it for you."),
-    DiagnosisCode(
-        code="released_after_backward_error", spec_id="R6", reasons=("backward_exception",), plain=True,
-        cause="An exception inside a backward released the handle.",
-        fix="Fix the error raised inside the backward (see the error event); a handle released by it cannot "
-            "replay again.",
-        tip="fix the first error raised in that backward; a failing backward releases handles that are not "
-            "retained."),
-    DiagnosisCode(
-        code="released_after_forward_error", spec_id="R7", reasons=("forward_exception",), plain=True,
-        cause="The checkpointed forward raised, so the handle was released before it could be used.",
-        fix="Fix the error in the checkpointed forward; a handle from a failed forward cannot be used.",
-        tip="the checkpointed forward raised, so the handle never became usable; fix that error first."),
-    DiagnosisCode(
-        code="session_cleared_early", spec_id="R8", reasons=("session_cleared",), plain=True,
-        cause="The handle's session was cleared before its last consumer ran.",
-        fix="Clear a session only after its last consumer (DW) ran, and use one session id per micro-batch.",
-        tip="call clear_recompute_session(sid) only after the last consumer (DW) ran, and use one session id per "
-            "micro-batch."),
-    DiagnosisCode(
-        code="released_explicitly", spec_id="R9", reasons=("explicit_release",), plain=True,
-        cause="release() was called on the handle (a cancellation), and it was used afterwards.",
-        fix="Do not use a handle after release(): drop it from the schedule when you cancel.",
-        tip="release() was called on it (cancellation); build a new micro-batch instead of reusing its handles."),
-    DiagnosisCode(
-        code="outputs_dropped_before_replay", spec_id="R10",
-        cause="Every output of the checkpoint was dropped before its first replay, so its autograd node was "
-              "garbage-collected.",
-        fix="Keep the checkpoint's outputs (or the loss built from them) alive until the handle has replayed.",
-        tip="every output of the checkpoint and everything computed from it was dropped; keep the loss (or the "
-            "stage output) alive until the handle has replayed."),
-    DiagnosisCode(
-        code="trigger_missing_in_dw", spec_id="R12",
-        cause="DW's inputs lacked the handle's backward trigger: DW skipped it, so it was never released and its "
-              "captured parameters got no gradient.",
-        fix="Pass every handle's backward_trigger in DW's inputs, or use backward_weight(..., handles=...); then "
-            "release() the leaked handle."),
-    DiagnosisCode(
-        code="dx_without_retain_graph", spec_id="R13",
-        cause="DX ran without retain_graph=True, so DW failed with PyTorch's \"backward through the graph a second "
-              "time\" and the handles it should have released leaked.",
-        fix="Run DX with retain_graph=True (backward_input does), then release() the leaked handles."),
-    DiagnosisCode(
-        code="session_mismatch", spec_id="R14", reasons=_ORDINARY,
-        cause="The handle is bound to one session id and was used, or bound, under another.",
-        fix="Use one session id for recompute_handle / bind_session and recompute_session_ctx.",
-        tip="bind inside the session with the same id, or outside any session."),
-    DiagnosisCode(
-        code="prefire_after_release", spec_id="R15", reasons=("ordinary_backward_complete", "dw_complete"),
-        cause="A prefire came after an ordinary or DW backward had already released the handle.",
-        fix="Prefire a micro-batch only before its first backward; skip handles already released."),
-    # Problems that raise nothing, or that a non-reentrant replay reports (see ckpt_viz/debug/silent.py).
-    DiagnosisCode(
-        code="dw_skipped_handles", spec_id="S1",
-        cause="A DW pass skipped handles that DX had reached: they were never released and their captured "
-              "parameters got no weight gradient.",
-        fix="Pass every handle of the micro-batch to backward_weight(..., handles=...) (or each one's "
-            "backward_trigger in DW's inputs); release() handles you cancel."),
-    DiagnosisCode(
-        code="params_without_grad", spec_id="S2",
-        cause="Parameters the checkpointed block captures got no gradient from its backward.",
-        fix="Check that the block uses every parameter it owns in its forward, and that the replay reaches them "
-            "(no detached copies, no cache of the forward's results)."),
-    DiagnosisCode(
-        code="session_never_cleared", spec_id="S3",
-        cause="A recompute session had handles bound to it and was never cleared: its members and their "
-              "replayed tensors stay alive.",
-        fix="Call clear_recompute_session(sid) after the last consumer (DW) of each micro-batch, or pass "
-            "session_id to backward_weight, which clears it."),
-    DiagnosisCode(
-        code="replayed_more_than_once", spec_id="S4",
-        cause="A handle was replayed more than once for one micro-batch: its forward ran again each time "
-              "(slower, and state such as BatchNorm statistics is updated again).",
-        fix="Share one replay between DX and DW: pass the same session_id to backward_input and "
-            "backward_weight, or bind the handle with recompute_handle(h, sid) in a retaining session."),
-    DiagnosisCode(
-        code="unpacked_twice_in_session", spec_id="S5",
-        cause="A non-reentrant checkpoint's saved tensor was unpacked twice in one non-retaining recompute "
-              "session (two backwards through it in the same session).",
-        fix="Run both passes inside recompute_session_ctx(sid, retain_on_unpack=True), or give the second pass "
-            "its own session id."),
-    DiagnosisCode(
-        code="saved_count_mismatch", spec_id="S6",
-        cause="The replay saved a different number of tensors than the forward: the checkpointed function took "
-              "another path when it ran again.",
-        fix="Make the checkpointed function do the same work in its replay: no data-dependent or stateful control "
-            "flow, keep preserve_rng_state=True (or pass early_stop=True)."),
-    DiagnosisCode(
-        code="metadata_mismatch", spec_id="S7",
-        cause="The replay produced tensors of other shapes or dtypes than the forward did.",
-        fix="Keep the inputs, autocast and control flow of the checkpointed function the same between forward and "
-            "replay, or pass determinism_check='none' if the difference is intended."),
-    # Replays that do not reproduce their forward (`replay_diverged` events; see ckpt_viz/runtime/divergence.py).
-    DiagnosisCode(
-        code="replay_lost_gradient", spec_id="V1",
-        cause="The replay of a checkpointed block gave no gradient to parameters its forward used: it read values "
-              "the forward left in a mutable input (a KV cache) instead of recomputing them, so its outputs look "
-              "right but those parameters' gradients are missing (Hugging Face models with use_cache on).",
-        fix="Do not hand a live cache to checkpointed blocks: train with use_cache=False, or checkpoint through the "
-            "model's own model.gradient_checkpointing_enable(), which turns the cache off."),
-    DiagnosisCode(
-        code="replay_input_mutated", spec_id="V2",
-        cause="An object handed to the checkpointed block (a cache, a list, a dict) changed between the forward and "
-              "the replay: the block mutates it, so the replay ran on other state (a KV cache grows again).",
-        fix="Hand checkpointed blocks only state they do not change: for Hugging Face models use_cache=False (or "
-            "model.gradient_checkpointing_enable()); otherwise keep the mutable state outside the checkpoint."),
-    DiagnosisCode(
-        code="replay_outputs_differ", spec_id="V3",
-        cause="The replay computed other values than the forward: randomness (dropout) without "
-              "preserve_rng_state, or an input or captured tensor modified in place after the forward; the "
-              "gradients belong to values the forward never produced.",
-        fix="Keep preserve_rng_state=True for blocks with dropout, and do not modify a checkpointed block's inputs "
-            "or captured tensors in place before its backward."),
-    DiagnosisCode(
-        code="replay_updated_buffers", spec_id="V4",
-        cause="The replay updated buffers its forward had already updated (BatchNorm running statistics): under "
-              "checkpointing every step updates them twice, silently.",
-        fix="Keep the norm out of the replay with checkpoint_exclude_wrapper, checkpoint only the layers around it, "
-            "or use a norm without running statistics (LayerNorm, GroupNorm)."),
-)}
-
-# The plain reading of each release reason (see DiagnosisCode.plain).
-CODE_FOR_REASON: dict[str, str] = {
-    reason: d.code for d in DIAGNOSIS_CODES.values() if d.plain for reason in d.reasons
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One runtime transition.
-
-    Attributes:
-        seq: position in emission order (assigned by the bus).
+        seq: position in its recording, from 0 (assigned by the bus).
         t_ns: monotonic nanoseconds.
-        kind: one of `EVENT_KINDS`.
-        handle_id: the handle or frame it concerns (`h3` in the UI), or None.
-        mode: "reentrant", "nonreentrant", "exclude" or None.
-        phase: "ordinary", "dx", "dw" or None.
-        session_id: the recompute session (as given, or its repr), or None.
-        tags: user tags open at the time, such as stage and microbatch.
+        handle_id: the handle or frame it concerns (`h3` on every page), or None.
+        mode: the handle's kind of checkpoint, or None.
+        phase: the handle's phase when it happened, or None.
+        session_id: the recompute session (as given when it is a str, int, float or bool, else its repr).
+        tags: user tags open at the time, such as `stage`, `microbatch`, `action`, `rank`.
         site: the user's `file:line`, or None.
         thread_id: the emitting thread.
-        data: the kind-specific rest.
     """
 
-    seq: int
-    t_ns: int
-    kind: str
-    handle_id: int | None = None
-    mode: str | None = None
-    phase: str | None = None
-    session_id: Any = None
-    tags: Mapping[str, Any] = field(default_factory=dict)
-    site: str | None = None
-    thread_id: int = 0
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict (tags and data copied)."""
-        return {
-            "seq": self.seq,
-            "t_ns": self.t_ns,
-            "kind": self.kind,
-            "handle_id": self.handle_id,
-            "mode": self.mode,
-            "phase": self.phase,
-            "session_id": self.session_id,
-            "tags": dict(self.tags),
-            "site": self.site,
-            "thread_id": self.thread_id,
-            "data": dict(self.data),
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> Event:
-        """Rebuild an event from `to_dict()` output."""
-        return cls(
-            seq=int(raw["seq"]),
-            t_ns=int(raw["t_ns"]),
-            kind=str(raw["kind"]),
-            handle_id=raw.get("handle_id"),
-            mode=raw.get("mode"),
-            phase=raw.get("phase"),
-            session_id=raw.get("session_id"),
-            tags=dict(raw.get("tags") or {}),
-            site=raw.get("site"),
-            thread_id=int(raw.get("thread_id") or 0),
-            data=dict(raw.get("data") or {}),
-        )
+    kind: ClassVar[Kind]
+    seq: Count
+    t_ns: Nanos
+    handle_id: Id | None = None
+    mode: HandleMode | None = None
+    phase: Phase | None = None
+    session_id: Scalar = None
+    tags: Tags = {}
+    site: Site | None = None
+    thread_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
 
 
-def _event_maker() -> Callable[..., Event]:
-    """A positional Event constructor that skips the frozen dataclass's keyword `__init__`.
+class HandleCreated(EventBase, tag="handle_created"):
+    """A reentrant handle or a non-reentrant frame was built (its `site` is the user's checkpoint call)."""
 
-    It sets each slot through its member descriptor, the way `object.__setattr__` would,
-    at about a third of the cost. The result equals `Event(...)` field by field.
-    """
-    names = [f.name for f in fields(Event)]
-    setters = {f"_set_{n}": getattr(Event, n).__set__ for n in names}
-    source = (f"def make({', '.join(names)}):\n    event = _new(_Event)\n"
-              + "".join(f"    _set_{n}(event, {n})\n" for n in names) + "    return event\n")
-    namespace: dict[str, Any] = {"_new": object.__new__, "_Event": Event, **setters}
-    exec(source, namespace)  # the source is built above from the dataclass's own field names
-    return namespace["make"]
-
-
-make_event: Callable[..., Event] = _event_maker()
-"""`make_event(seq, t_ns, kind, handle_id, mode, phase, session_id, tags, site, thread_id, data)`."""
-
-ROW_FIELDS = tuple(f.name for f in fields(Event))[1:]  # every field but seq, in order: a row's `values`
-assert ROW_FIELDS == ("t_ns", "kind", "handle_id", "mode", "phase", "session_id", "tags", "site", "thread_id",
-                       "data"), "EventRow's properties follow Event's fields"
+    kind: ClassVar[Kind] = "handle_created"
+    function: Name = ""
+    label: Name | None = None  # the checkpointed module's qualified name ("model.layers.3"), when known
+    runtime: Runtime = "ckpt_viz"
+    split: bool = False
+    input_count: Count = 0
+    param_input_mask: Annotated[tuple[bool, ...], Meta(max_length=65536)] = ()
+    collector: Literal["scope", "unified", "none"] = "none"
+    preserve_rng_state: bool = True
+    early_stop: bool | None = None
+    determinism_check: Name | None = None
+    inputs: Annotated[tuple[TensorMeta, ...], Meta(max_length=65536)] = ()
+    # torch's checkpoint, observed: which front door led to it (NOTE [ Observing torch's checkpoint ])
+    via: Literal["checkpoint", "checkpoint_sequential", "transformers", "checkpoint_wrapper"] | None = None
 
 
-def _row_field(index: int) -> property:
-    def read(row: tuple[int, tuple[Any, ...]]) -> Any:
-        return row[1][index]
-    return property(read, doc=f"The event's `{ROW_FIELDS[index]}`.")
+class ForwardStarted(EventBase, tag="forward_started"):
+    kind: ClassVar[Kind] = "forward_started"
+    device_type: Name | None = None
+    rng_captured: bool | None = None
 
 
-class EventRow(tuple):  # type: ignore[type-arg]
-    """An event as a recording stores it: the tuple `(seq, values)`, `values` the other fields in order.
-
-    It has every attribute of the `Event` it stands for (`row.seq`, `row.site`, ...);
-    `row.event()` builds that Event. `bus.emit` returns one for a recording instead of
-    building the Event (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
-    """
-
-    __slots__ = ()
-    seq = property(itemgetter(0), doc="The event's `seq` in its recording's numbering.")
-    t_ns = _row_field(0)
-    kind = _row_field(1)
-    handle_id = _row_field(2)
-    mode = _row_field(3)
-    phase = _row_field(4)
-    session_id = _row_field(5)
-    tags = _row_field(6)
-    site = _row_field(7)
-    thread_id = _row_field(8)
-    data = _row_field(9)
-
-    def event(self) -> Event:
-        """The `Event` this row stands for."""
-        return make_event(self[0], *self[1])
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(seq={self.seq}, kind={self[1][1]!r}, handle_id={self[1][2]!r})"
+class ForwardFinished(EventBase, tag="forward_finished"):
+    kind: ClassVar[Kind] = "forward_finished"
+    outputs: Annotated[tuple[TensorMeta, ...], Meta(max_length=65536)] = ()
+    non_differentiable: Indices = ()
+    exclude_entries: Count = 0
+    saved_count: Count | None = None  # non-reentrant: tensors its forward saved
+    graph_nodes: Count | None = None  # non-reentrant: autograd nodes its forward made
 
 
-class KeptRow(EventRow):
-    """`(seq_of, values)`: an `EventRow` whose seq, its position in the recording, is found when read (bus NOTE
-    [ Cost with nobody listening ], rule 5)."""
+class ForwardFailed(EventBase, tag="forward_failed"):
+    kind: ClassVar[Kind] = "forward_failed"
+    type: Name
+    message: Text = ""
 
-    __slots__ = ()
-    seq = property(lambda row: row[0](row[1]), doc="The event's `seq` in its recording's numbering.")
 
-    def event(self) -> Event:
-        return make_event(self.seq, *self[1])
+class TensorPacked(EventBase, tag="tensor_packed"):
+    """A non-reentrant forward saved a tensor as a holder instead of keeping it."""
+
+    kind: ClassVar[Kind] = "tensor_packed"
+    index: Count
+    shape: Shape
+    dtype: Name
+    nbytes: Count
+    is_parameter: bool = False
+
+
+class TensorUnpacked(EventBase, tag="tensor_unpacked"):
+    """A non-reentrant holder was read back by a backward."""
+
+    kind: ClassVar[Kind] = "tensor_unpacked"
+    index: Count
+    key_source: Literal["session", "graph_task", "temporary"]
+    retain: bool
+    consumed: bool
+    shape: Shape = ()
+    nbytes: Count = 0
+
+
+class PhaseSet(EventBase, tag="phase_set"):
+    kind: ClassVar[Kind] = "phase_set"
+    old: Phase
+    new: Phase
+    outer_graph_freed: bool | None = None  # to dw: a backward without retain_graph freed its saved inputs
+
+
+class BackwardCalled(EventBase, tag="backward_called"):
+    """The user's code called `torch.autograd.backward` (also through `Tensor.backward` and the split helpers) or
+    `torch.autograd.grad` inside a recording: a backward pass starts (its `site` is that call)."""
+
+    kind: ClassVar[Kind] = "backward_called"
+    api: Literal["autograd.backward", "autograd.grad"]
+    inputs: Count | None = None  # how many tensors it asked gradients for; None: every leaf
+    retain_graph: bool | None = None
+
+
+class BackwardEntered(EventBase, tag="backward_entered"):
+    kind: ClassVar[Kind] = "backward_entered"
+    split: bool = False
+    retain_graph: bool = False
+    grad_count: Count = 0
+    none_grads: Count = 0
+
+
+class ReplayStarted(EventBase, tag="replay_started"):
+    kind: ClassVar[Kind] = "replay_started"
+    trigger: Literal["prefire", "backward"]
+    retain_graph: bool | None = None
+    key_source: Literal["session", "graph_task", "temporary"] | None = None
+    replay_index: Count = 0
+
+
+class ReplayFinished(EventBase, tag="replay_finished"):
+    kind: ClassVar[Kind] = "replay_finished"
+    trigger: Literal["prefire", "backward"]
+    key_source: Literal["session", "graph_task", "temporary"] | None = None
+    saved_count: Count | None = None  # non-reentrant: tensors the recompute saved
+    early_stopped: bool | None = None
+    ignore_saved_mismatch: bool | None = None
+
+
+class ReplayFailed(EventBase, tag="replay_failed"):
+    kind: ClassVar[Kind] = "replay_failed"
+    type: Name
+    message: Text = ""
+
+
+class EarlyStopped(EventBase, tag="early_stopped"):
+    kind: ClassVar[Kind] = "early_stopped"
+    saved_count: Count
+
+
+class ReplayRefused(EventBase, tag="replay_refused"):
+    """"Released before replay", in either form."""
+
+    kind: ClassVar[Kind] = "replay_refused"
+    reason: Literal["released", "node_collected"]
+    last_release_reason: ReleaseReason | None = None
+    last_release_seq: Count | None = None
+    collected_seq: Count | None = None
+
+
+class GradsRouted(EventBase, tag="grads_routed"):
+    """Gradients left the checkpoint (`phase` says ordinary, dx or dw); indices are of its tensor inputs."""
+
+    kind: ClassVar[Kind] = "grads_routed"
+    targets: Indices = ()
+    explicit_params: Indices = ()
+    activations: Indices = ()
+    discarded_activations: Indices = ()  # DW: activation grads returned but not routed by the engine
+    captured: Annotated[tuple[CapturedParam, ...], Meta(max_length=65536)] = ()
+
+
+class Released(EventBase, tag="released"):
+    kind: ClassVar[Kind] = "released"
+    reason: ReleaseReason
+    was_replayed: bool = False
+    entries_released: Count = 0
+    exclude_cache_size: Count = 0
+
+
+class NodeCollected(EventBase, tag="node_collected"):
+    kind: ClassVar[Kind] = "node_collected"
+    was_replayed: bool = False
+    released: bool = False
+
+
+class SessionBound(EventBase, tag="session_bound"):
+    kind: ClassVar[Kind] = "session_bound"
+    activation_present: bool = False
+    retain: bool = False
+
+
+class SessionActivated(EventBase, tag="session_activated"):
+    kind: ClassVar[Kind] = "session_activated"
+    retain_on_unpack: bool = False
+    handles: Indices = ()
+
+
+class SessionDeactivated(EventBase, tag="session_deactivated"):
+    kind: ClassVar[Kind] = "session_deactivated"
+    retain_on_unpack: bool = False
+    handles: Indices = ()
+
+
+class SessionCleared(EventBase, tag="session_cleared"):
+    kind: ClassVar[Kind] = "session_cleared"
+    handles: Indices = ()  # reentrant handles it released
+    frames: Indices = ()  # non-reentrant frames whose replays it dropped
+
+
+class Prefired(EventBase, tag="prefired"):
+    kind: ClassVar[Kind] = "prefired"
+    path: Literal["in_session", "temporary_session"]
+
+
+class ExcludeSaved(EventBase, tag="exclude_saved"):
+    """An excluded region ran in the original forward and stored its output."""
+
+    kind: ClassVar[Kind] = "exclude_saved"
+    wrapper: Name
+    wrapper_id: Id
+    call_index: Count
+    checkpoint_mode: Literal["reentrant", "nonreentrant"]
+    save_output: bool = True
+    output_tensor_count: Count = 0
+    used_inputs: Indices = ()
+    boundary_added: bool = False
+    cached_nbytes: Count = 0
+    saved_nbytes: Count | None = None
+
+
+class ExcludeReused(EventBase, tag="exclude_reused"):
+    """An excluded region served its stored output in a replay instead of running."""
+
+    kind: ClassVar[Kind] = "exclude_reused"
+    wrapper: Name
+    wrapper_id: Id
+    call_index: Count
+    checkpoint_mode: Literal["reentrant", "nonreentrant"]
+    placeholder: bool = False
+    materialized_inputs: Count = 0
+    bridge: bool = False
+
+
+class ReplayDiverged(EventBase, tag="replay_diverged"):
+    """A replay did not reproduce its forward (NOTE [ Replay divergence checks ] in runtime/divergence.py)."""
+
+    kind: ClassVar[Kind] = "replay_diverged"
+    divergence: Literal["gradient_lost", "input_mutated", "outputs_differ", "buffers_updated"]
+    code: Name
+    region: Name = ""
+    details: Annotated[tuple[Text, ...], Meta(max_length=64)] = ()
+    count: Count = 0
+    mutable_inputs: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()  # "past_key_values (DynamicCache)"
+
+
+class UnaskedGradsAccumulated(EventBase, tag="unasked_grads_accumulated"):
+    """An unscoped reentrant handle reached by `autograd.grad` / `backward(inputs=...)` accumulated into `.grad` of
+    parameters that call did not ask for (NOTE [ Unasked accumulation ] in ckpt_viz/runtime/unasked.py)."""
+
+    kind: ClassVar[Kind] = "unasked_grads_accumulated"
+    count: Count
+    params: Annotated[tuple[Name | None, ...], Meta(max_length=65536)] = ()  # recorded names, None when unnamed
+    shapes: Annotated[tuple[Shape, ...], Meta(max_length=65536)] = ()
+    function: Name = ""
+    warned: bool = False  # this occurrence raised the UnaskedAccumulationWarning
+
+
+class DwRunnerCalled(EventBase, tag="dw_runner_called"):
+    """A pipeline stage ran the weight-gradient work its `dw_builder` deferred (tags: the W or B action)."""
+
+    kind: ClassVar[Kind] = "dw_runner_called"
+    stage: Count
+    runner: Name = ""
+
+
+class MemorySampled(EventBase, tag="memory_sampled"):
+    """A point where memory was read with nothing else happening (a block boundary)."""
+
+    kind: ClassVar[Kind] = "memory_sampled"
+    at: Name | None = None
+
+
+class ActionStarted(EventBase, tag="action_started"):
+    """A pipeline action (F, DX, DW or B of one stage and micro-batch) began: it carries nothing but its tags
+    (`stage`, `microbatch`, `action`, and `rank`, `step` where known). Its box on the schedule timeline starts
+    here, so work before the action's first checkpoint event counts as busy (NOTE [ Timeline boxes ] in
+    ckpt_viz/analysis/actions.py)."""
+
+    kind: ClassVar[Kind] = "action_started"
+
+
+class ActionFinished(EventBase, tag="action_finished"):
+    """The pipeline action of the same tags ended (also when it raised: the error event comes first)."""
+
+    kind: ClassVar[Kind] = "action_finished"
+
+
+class Error(EventBase, tag="error"):
+    """An exception left a public API, an engine callback or the `record()` block."""
+
+    kind: ClassVar[Kind] = "error"
+    where: Name
+    type: Name
+    message: Text = ""
+    code: Name | None = None  # the diagnosis or error code (ckpt_viz.errors), never read from the message
+    retain_graph: bool | None = None
+
+
+Event = (HandleCreated | ForwardStarted | ForwardFinished | ForwardFailed | TensorPacked | TensorUnpacked |
+    PhaseSet | BackwardCalled | BackwardEntered | ReplayStarted | ReplayFinished | ReplayFailed |
+    EarlyStopped | ReplayRefused | GradsRouted | Released | NodeCollected | SessionBound | SessionActivated |
+    SessionDeactivated | SessionCleared | Prefired | ExcludeSaved | ExcludeReused | ReplayDiverged |
+    UnaskedGradsAccumulated | DwRunnerCalled | MemorySampled | ActionStarted | ActionFinished | Error)
+
+EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in Event.__args__}  # type: ignore[attr-defined]
+
+
+def _check_complete() -> None:
+    from ckpt_viz.vocabulary import KINDS
+
+    missing = set(KINDS) ^ set(EVENT_TYPES)
+    if missing:  # pragma: no cover - a declaration error, caught by every test run
+        raise AssertionError(f"ckpt_viz.events: kinds without a type or types without a kind: {sorted(missing)}")
+
+
+_check_complete()
+
+
+def fields_of(event: Any) -> dict[str, Any]:
+    """The event's own fields (those of its kind, after the common ones), as a plain dict."""
+    common = EventBase.__struct_fields__
+    return {name: getattr(event, name) for name in event.__struct_fields__ if name not in common}

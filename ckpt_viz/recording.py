@@ -5,24 +5,21 @@ imports torch when a block opens (the watch; memory and graphs through
 `ckpt_viz.probe`), never at import, so opening a saved trace never needs torch.
 
 NOTE [ What a recording captures ]
-  1. Events: every event emitted while the block is open, in order. `trace.events` is
-     a `RecordedEvents`: it keeps each event as the bus's cheap row and builds the
-     Event objects when first read (NOTE [ Lazy events ] in ckpt_viz/trace/rows.py).
+  1. Events: every event emitted while the block is open, in order, in `trace.events`
+     (a plain list of the typed events of `ckpt_viz.events`).
   2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
      probe/memory.py) right after every event, at every module's forward exit, and
      at the allocator's high-water mark between two of those (torch's memory-only
      profiler read by `AllocationProbe`, probe/allocations.py, which marks each one
      and fills `trace.memory` as the stream is drained and when the block closes;
      the dispatch tracker, its fallback where the profiler is taken, reads at each
-     one and keeps no high-water mark). A top-level module's forward, each top-level backward and
-     each optimizer step open with a `memory_sampled` event, so a loop with no
-     checkpoint has samples too (NOTE [ Sampling points ] in probe/points.py). A
-     sample is stored when the reading differs from the previous one, so the memory
+     one and keeps no high-water mark). A top-level module's forward, each top-level
+     backward and each optimizer step open with a `memory_sampled` event, so a loop
+     with no checkpoint has samples too (NOTE [ Sampling points ] in probe/points.py).
+     A sample is stored when the reading differs from the previous one, so the memory
      right after an event is its first sample, else the last sample before it (a
      step function); several samples may share the seq of the event before them, in
-     time order (`points.Steps`). `trace.memory` is then a `RecordedMemory`: the
-     samples kept as columns as they come, read as `MemorySample`s (NOTE [ Lazy
-     events ], rule 5, in ckpt_viz/trace/rows.py).
+     time order (`points.Steps`), in `trace.memory` (a list of `MemorySample`).
   3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call
      become `error` events even when the caller catches them (R13 needs that).
   4. graphs=True: a `GraphSnapshot` of the roots of every top-level
@@ -58,7 +55,6 @@ NOTE [ What a recording captures ]
 from __future__ import annotations
 
 import functools
-import itertools
 import linecache
 import os
 import stat
@@ -71,10 +67,8 @@ from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
-from ckpt_viz.events import EventRow
-from ckpt_viz.trace import Trace
-from ckpt_viz.trace.rows import RecordedEvents, RecordedMemory
-from ckpt_viz.trace.schema import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
+from ckpt_viz.events import BackwardCalled, EventBase
+from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, MemorySample, Trace
 
 __all__ = ["Recording", "last_trace", "record"]
 
@@ -111,6 +105,10 @@ def _watched(name: str, original: Any, roots_keyword: str) -> Any:
         recordings = _open_here() if bus.enabled and torch._C._current_graph_task_id() == -1 else []
         if not recordings:  # nobody here, or an inner (replay) pass
             return original(*args, **kwargs)
+        retain = kwargs.get("retain_graph")
+        asked = kwargs.get("inputs", args[1] if roots_keyword == "outputs" and len(args) > 1 else None)
+        bus.emit(BackwardCalled, api=name, retain_graph=retain if isinstance(retain, bool) else None,
+                 inputs=None if asked is None else 1 if isinstance(asked, torch.Tensor) else len(asked))
         for recording in recordings:
             if recording.graphs:
                 count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
@@ -121,7 +119,7 @@ def _watched(name: str, original: Any, roots_keyword: str) -> Any:
         try:
             return original(*args, **kwargs)
         except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
-            bus.emit_error(exc, name, data={"retain_graph": kwargs.get("retain_graph"), "code": error_code(exc)})
+            bus.emit_error(exc, name, retain_graph=retain if isinstance(retain, bool) else None, code=error_code(exc))
             raise
         finally:
             if sampled:
@@ -136,8 +134,10 @@ def _watch_autograd() -> None:
     import torch
 
     import ckpt_viz.runtime.handover  # noqa: F401 (installs the engine hand-over: bus NOTE rule 5)
+    from ckpt_viz.runtime import torch_observer  # torch's own checkpoint, observed (its NOTE, rule 6)
 
     with _WATCH_LOCK:
+        torch_observer.install()
         if _watchers == 0:
             for name, roots_keyword in (("backward", "tensors"), ("grad", "outputs")):
                 original = getattr(torch.autograd, name)
@@ -153,7 +153,10 @@ def _unwatch_autograd() -> None:
     global _watchers
     import torch
 
+    from ckpt_viz.runtime import torch_observer
+
     with _WATCH_LOCK:
+        torch_observer.uninstall()
         _watchers -= 1
         if _watchers:
             return
@@ -179,15 +182,20 @@ class Recording:
         self._scope: bus.Scope | None = None
         self._watching = False
         self._probe: Any = None
+        self._names: dict[int, str] = {}
         self._sampling: Any = None  # the probe's readings at events and sampling points (probe/points.py)
         self._unhook: list[Any] = []  # undoes what the memory side installed, in reverse order
-        self._names: dict[int, str] = {}
-        self._memory: RecordedMemory | None = None  # trace.memory once the block opens with memory=True
 
-    def _sample(self, row: EventRow) -> None:
-        """Read memory right after the event `row` (the channel calls it in seq order; NOTE rule 2)."""
+    def _keep(self, event: EventBase) -> None:
+        """The channel's listener: keep the event, then read memory right after it (in seq order; NOTE rule 2)."""
+        self.trace.events.append(event)  # type: ignore[arg-type]
         if self._sampling is not None:
-            self._sampling.on_event(row)
+            self._sampling.on_event(event)
+
+    def _keep_sample(self, seq: int, t_ns: int, totals: dict[str, int], device: int | None,
+                     by_stage: dict[str, dict[str, int]] | None) -> None:
+        self.trace.memory.append(MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=totals, device_allocated=device,
+                                              by_stage=by_stage or {}))
 
     def _open_memory(self) -> None:
         """Open the probe and attach the sampling points (NOTE rule 2)."""
@@ -201,9 +209,8 @@ class Recording:
         self._probe.__enter__()
         # how memory was read: "allocator" (torch's allocation events: high-water marks too) or "dispatch"
         self.trace.meta["memory_probe"] = "allocator" if self._probe.deferred else "dispatch"
-        self._memory = self.trace.memory = RecordedMemory(self.trace.memory)
         modules = {id(m): name or type(m).__name__ for name, m in model.named_modules()} if model is not None else {}
-        self._sampling = points.Sampling(self._probe, self._memory.keep, modules)
+        self._sampling = points.Sampling(self._probe, self._keep_sample, modules)
         self._unhook.append(points.attach(self._sampling))
         if model is not None and hasattr(model, "register_forward_pre_hook"):
             self._unhook.append(model.register_forward_pre_hook(points.model_inputs, with_kwargs=True).remove)
@@ -219,7 +226,7 @@ class Recording:
         """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
         from ckpt_viz.probe.graph import capture_graph
 
-        seq = self.trace.events[-1].seq if len(self.trace.events) else -1
+        seq = self.trace.events[-1].seq if self.trace.events else -1
         self.trace.graphs.append(capture_graph(roots, label=label, seq=seq, names=self._names))
 
     def attach(self) -> AbstractContextManager[bus.Scope]:
@@ -244,8 +251,9 @@ class Recording:
             state = "open" if self._channel.is_open else "closed"
             raise RecordingError(f"ckpt_viz.record: this recording is already {state} (a record() block runs "
                                  "once).\nTip: use a new record() block.")
-        if self.model is not None:  # routing events name captured parameters (bus.name_of)
+        if self.model is not None:  # routing events name captured parameters, handles their modules (bus.name_of)
             self._names = {id(p): n for n, p in self.model.named_parameters()}
+            self._names.update((id(m), n) for n, m in self.model.named_modules() if n)
         try:
             if self.memory:
                 self._open_memory()
@@ -254,9 +262,9 @@ class Recording:
         except BaseException:
             self._release(None, None, None)
             raise
-        events = self.trace.events = RecordedEvents(self.trace.events)  # NOTE [ Lazy events ] in trace/rows.py
-        self._channel = bus.open_channel(rows=events.keep, after=self._sample if self._probe is not None else None,
-                                         names=self._names, seq_of=events.seq_of)  # numbered by position
+        # no memory probe: the channel appends straight to the list (one C call per event)
+        keep = self._keep if self._sampling is not None else self.trace.events.append
+        self._channel = bus.open_channel(keep, names=self._names)  # type: ignore[arg-type]
         _BY_CHANNEL[self._channel] = self
         self._scope = bus.current_scope()
         return self
@@ -272,6 +280,7 @@ class Recording:
                 _BY_CHANNEL.pop(self._channel, None)  # a handle's scope may outlive us: keep no trace alive
                 _keep_sources(self.trace)
                 _keep_replay_checks(self._channel, self.trace)
+                _keep_run_facts(self, self.trace)
                 _last[:] = [self.trace]
             self._release(exc_type, exc, tb)
 
@@ -305,6 +314,20 @@ def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:
         trace.meta["replay_checks"] = counts
 
 
+def _keep_run_facts(recording: Recording, trace: Trace) -> None:
+    """meta "model" for `record(model=...)`: the model's class (a run that names itself, such as run_scenario's,
+    sets it after; the mode a run did not name is derived from its handles: `ckpt_viz.analysis.handles.observed_mode`),
+    and "unobserved" (what torch's checkpoint observer could not see: NOTE [ Observing torch's checkpoint ], rule 4,
+    in ckpt_viz/runtime/torch_observer.py)."""
+    meta = trace.meta
+    if recording.model is not None:  # without a model the caller names the run (ckpt_viz.distributed: "pipeline")
+        meta.setdefault("model", type(recording.model).__name__)
+    observer = sys.modules.get("ckpt_viz.runtime.torch_observer")  # imported when the block opened
+    notes = observer.notes(recording._scope) if observer is not None else []
+    if notes:
+        meta["unobserved"] = notes
+
+
 _STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",
                           "node_collected", "replay_refused", "error", "session_cleared", "replay_started",
                           "grads_routed"})
@@ -317,15 +340,10 @@ _LINES: dict[str, tuple[str, Any, str]] = {}
 
 def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
-    # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/debug/findings.py).
+    # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/analysis/findings.py).
     events = trace.events
-    if isinstance(events, RecordedEvents):  # read the two fields without building the Events
-        all_sites, kinds = events.column("site"), events.column("kind")
-    else:
-        all_sites, kinds = [e.site for e in events], [e.kind for e in events]
-    # C-level passes (this runs at every close, so once per step for a block around each step)
-    sites = dict.fromkeys(itertools.compress(all_sites, map(_STORY_KINDS.__contains__, kinds)))
-    sites.update(dict.fromkeys(all_sites))
+    sites = dict.fromkeys([e.site for e in events if e.kind in _STORY_KINDS])
+    sites.update(dict.fromkeys([e.site for e in events]))
     sites.pop(None, None)
     sites.pop("", None)
     sources = trace.meta.get("sources")

@@ -12,14 +12,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # System packages: graphviz (server-side SVG), Debian's chromium (browser tests) and
-# bubblewrap (the sandbox for model files: namespaces, read-only system) and
-# gcc (our C speed-ups, ckpt_viz/cext.py: without it the Python code they replace runs) and valgrind (the counted
-# cache profile, benchmarks/profile_cache.py).
+# bubblewrap and libseccomp (the sandbox for model files: namespaces, read-only system, a seccomp filter) and
+# valgrind (the counted cache profile, benchmarks/profile_cache.py, and its smoke test). No compiler: ckpt_viz
+# builds no C.
 want=()
 command -v dot >/dev/null 2>&1 || want+=(graphviz)
 [ -x /usr/bin/chromium ] || want+=(chromium)
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
-command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || want+=(gcc)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || want+=(libseccomp2)  # the sandbox's seccomp filter
 command -v callgrind_control >/dev/null 2>&1 || want+=(valgrind)
 if [ ${#want[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -32,6 +32,6 @@ if [ ${#want[@]} -gt 0 ]; then
 fi
 
 echo "[setup] installing ckpt_viz and its tested dependencies into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,hf]" 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,hf,plan]" 2>&1 \
   | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 .venv/bin/python -c "import torch, ckpt_viz; print('[setup] ok: torch', torch.__version__)"

@@ -1,17 +1,30 @@
 """Hand-built traces for the renderer tests: no torch, every seq known in advance.
 
-`Builder` appends events with consecutive seqs (and, on request, a memory sample
-after each). The scenario functions return small traces whose seqs the tests
-name directly; their comments list the seqs.
+`Builder` appends typed events with consecutive seqs (and, on request, a memory sample
+after each); each event is checked against its kind's declaration as it is built
+(`msgspec.convert`, as a trace file is read). The scenario functions return small traces
+whose seqs the tests name directly; their comments list the seqs.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ckpt_viz.events import Event
+import msgspec
+
+from ckpt_viz.events import EVENT_TYPES, Event
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace
 
 CATEGORIES = ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")
+
+
+def event_of(kind: str, **fields: Any) -> Event:
+    """The typed event of `kind` with `fields` (lists and dicts as a trace file holds them), checked."""
+    return msgspec.convert({k: v for k, v in fields.items() if v is not None}, EVENT_TYPES[kind])  # type: ignore
+
+
+def snapshot_of(**fields: Any) -> GraphSnapshot:
+    """A `GraphSnapshot` from plain lists and dicts (nodes as dicts, edges as pairs), checked."""
+    return msgspec.convert(fields, GraphSnapshot)
 
 
 class Builder:
@@ -23,10 +36,10 @@ class Builder:
         self.graphs: list[GraphSnapshot] = []
 
     def ev(self, kind: str, h: int | None = None, *, phase: str | None = None, mode: str | None = None,
-           sid: Any = None, tags: dict | None = None, site: str | None = None, **data: Any) -> Event:
+           sid: Any = None, tags: dict | None = None, site: str | None = None, **fields: Any) -> Event:
         seq = len(self.events)
-        event = Event(seq=seq, t_ns=1000 * seq, kind=kind, handle_id=h, mode=mode, phase=phase, session_id=sid,
-                      tags=tags or {}, site=site, data=data)
+        event = event_of(kind, seq=seq, t_ns=1000 * seq, handle_id=h, mode=mode, phase=phase, session_id=sid,
+                         tags=tags or {}, site=site, **fields)
         self.events.append(event)
         return event
 
@@ -143,23 +156,22 @@ def nonreentrant_trace() -> Trace:
     b.ev("replay_started", 0, sid="s", site="train.py:31", trigger="backward", key_source="session", **kw)
     b.ev("replay_finished", 0, sid="s", site="train.py:31", trigger="backward", saved_count=2, **kw)
     for i in range(2):
-        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", consumed=False, **kw)
+        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", retain=True, consumed=False, **kw)
     b.ev("session_deactivated", sid="s", site="train.py:30", handles=[0])
     b.ev("session_activated", sid="s", site="train.py:32", retain_on_unpack=False, handles=[0])
     for i in range(2):
-        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", consumed=True, **kw)
+        b.ev("tensor_unpacked", 0, sid="s", index=i, key_source="session", retain=False, consumed=True, **kw)
     b.ev("session_deactivated", sid="s", site="train.py:32", handles=[0])
     b.ev("session_cleared", sid="s", site="train.py:33", handles=[], frames=[0])
     b.ev("handle_created", 1, site="model.py:3", function="Block.forward", collector="unified", **kw)
     b.ev("replay_started", 1, sid="t", trigger="backward", key_source="session", **kw)
     b.ev("replay_finished", 1, sid="t", trigger="backward", saved_count=2, **kw)
-    b.ev("tensor_unpacked", 1, sid="t", index=0, key_source="session", consumed=False, **kw)
+    b.ev("tensor_unpacked", 1, sid="t", index=0, key_source="session", retain=True, consumed=False, **kw)
     b.ev("session_cleared", sid="t", handles=[], frames=[1])
     return b.trace(model="hand-built", mode="split-nonreentrant")
 
 
-def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq: int = 0,
-                   label: str = "snapshot") -> GraphSnapshot:
+def block_snapshot(n: int, *, replay: bool = False, seq: int = 0, label: str = "snapshot") -> GraphSnapshot:
     """`n` identical reentrant regions in a chain: loss -> h(n-1) -> ... -> h0 -> input.
 
     Each region: a checkpoint node with its dummy input and backward trigger and,
@@ -179,8 +191,7 @@ def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq:
     for h in reversed(range(n)):
         base = len(nodes)
         nodes.append({"id": base, "name": "_CheckpointBackward", "kind": "checkpoint", "handle_id": h,
-                      "dx_reached": True, "dw_reached": True, "shape": None, "split": True, "released": released,
-                      "replayed": replay, "phase": "dx"})
+                      "dx_reached": True, "dw_reached": True, "shape": None, "split": True, "phase": "dx"})
         nodes.append({"id": base + 1, "name": "input", "kind": "input", "handle_id": None, "dx_reached": True,
                       "dw_reached": False, "shape": [0]})
         nodes.append({"id": base + 2, "name": "backward_trigger", "kind": "trigger", "handle_id": h,
@@ -195,7 +206,42 @@ def block_snapshot(n: int, *, replay: bool = False, released: bool = False, seq:
             edges += [[base, base + 3], [base + 3, base + 4], [base + 3, base + 5]]
         parent = base
     edges.append([parent, 2])
-    return GraphSnapshot(seq=seq, label=label, nodes=nodes, edges=edges)
+    return snapshot_of(seq=seq, label=label, nodes=nodes, edges=edges)
+
+
+# Events that take a handle from its creation to each state (NOTE [ Handle states ]): (kind, phase, fields).
+_TO_STATE: dict[str, list[tuple[str, str | None, dict[str, Any]]]] = {
+    "recorded": [],
+    "phase_dx": [("phase_set", "dx", {"old": "ordinary", "new": "dx"})],
+    "phase_dw": [("phase_set", "dw", {"old": "ordinary", "new": "dw"})],
+    "replaying": [("replay_started", "ordinary", {"trigger": "backward"})],
+    "replayed": [("replay_started", "ordinary", {"trigger": "backward"}),
+                 ("replay_finished", "ordinary", {"trigger": "backward"})],
+    "retained": [("replay_started", "dx", {"trigger": "backward"}), ("replay_finished", "dx", {"trigger": "backward"}),
+                 ("grads_routed", "dx", {"targets": [0]})],
+    "released": [("replay_started", "ordinary", {"trigger": "backward"}),
+                 ("replay_finished", "ordinary", {"trigger": "backward"}),
+                 ("released", "ordinary", {"reason": "ordinary_backward_complete", "was_replayed": True})],
+    "collected": [("node_collected", "ordinary", {})],
+}
+
+
+def with_states(snapshot: GraphSnapshot, states: dict[int, str], *, refused: tuple[int, ...] = ()) -> Trace:
+    """A trace holding `snapshot` whose events put each handle of `states` in that state (the end of the trace),
+    and refuse a replay of each handle of `refused` (after releasing it, unless `states` says otherwise)."""
+    b = Builder()
+    for h, state in states.items():
+        b.ev("handle_created", h, mode="reentrant", phase="ordinary", function="Block.forward")
+        for kind, phase, fields in _TO_STATE[state]:
+            b.ev(kind, h, mode="reentrant", phase=phase, **fields)
+    for h in refused:
+        if h not in states:
+            b.ev("handle_created", h, mode="reentrant", phase="ordinary", function="Block.forward")
+            b.ev("released", h, mode="reentrant", phase="ordinary", reason="explicit_release")
+        b.ev("replay_refused", h, mode="reentrant", phase="ordinary", reason="released")
+    trace = b.trace(model="hand-built")
+    trace.graphs = [snapshot]
+    return trace
 
 
 def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int = 10) -> Trace:
@@ -208,18 +254,32 @@ def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int 
     steps = ("handle_created", "forward_started", "forward_finished", "phase_set", "backward_entered",
              "replay_started", "replay_finished", "grads_routed", "phase_set", "backward_entered", "grads_routed",
              "released", "node_collected")
-    data = [{} for _ in steps]
-    data[3], data[8] = {"old": "ordinary", "new": "dx"}, {"old": "dx", "new": "dw"}
-    data[11] = {"reason": "dw_complete", "was_replayed": True}
-    tags: dict[str, Any] = {}
+    fields: list[dict[str, Any]] = [{} for _ in steps]
+    fields[3], fields[8] = {"old": "ordinary", "new": "dx"}, {"old": "dx", "new": "dw"}
+    fields[5] = fields[6] = {"trigger": "backward"}
+    fields[11] = {"reason": "dw_complete", "was_replayed": True}
+    types = [EVENT_TYPES[k] for k in steps]
     events = []
     memory = []
     wave_size = 13 * concurrent
     for i in range(n_events):
         step = (i // concurrent) % 13
         h = (i // wave_size) * concurrent + i % concurrent
-        events.append(Event(i, i, steps[step], h, "reentrant", "dx" if step < 8 else "dw", None, tags, None, 0,
-                            data[step]))
+        events.append(types[step](seq=i, t_ns=i, handle_id=h, mode="reentrant", phase="dx" if step < 8 else "dw",
+                                  **fields[step]))
         if i % memory_every == 0:
             memory.append(MemorySample(seq=i, t_ns=i, bytes_by_category={"activations": i % 977, "parameters": 64}))
     return Trace(events=events, memory=memory, meta={"model": "synthetic"})
+
+
+def typed_event(kind: str, **fields: Any) -> Event:
+    """`event_of`, and a field its kind does not declare is an error (a test never passes a fact the event drops)."""
+    unknown = set(fields) - set(EVENT_TYPES[kind].__struct_fields__)  # type: ignore[index]
+    if unknown:
+        raise TypeError(f"{kind} has no field(s) {sorted(unknown)}")
+    return event_of(kind, **fields)
+
+
+def kinds(trace: Trace) -> list[str]:
+    """The kind of every event of `trace`, in order."""
+    return [e.kind for e in trace.events]

@@ -6,6 +6,7 @@ the views that read the events around the cursor a small trace on a big run.
 The public API other pages use (keep it stable):
     cursor_seq(run) -> int           the seq at the cursor, without drawing anything
     cursor_position(run) -> int      its position in run.trace.events
+    position_of(run, seq) -> int     the position of the event with that seq (or the last one before it)
     set_cursor(run, seq)             move it to the event with that seq (or the last one before it)
     set_cursor_position(run, p)      move it to position p (clamped)
     JUMPS                            "Next ..." buttons: button name -> the event kind it jumps to
@@ -25,10 +26,14 @@ NOTE [ State that survives page changes ]
 """
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import streamlit as st
 
-from ckpt_viz import Trace, describe_event, event_column, event_data
-from ui.runs import Run, RunConfig, next_position
+from ckpt_viz.analysis.handles import handle_labels
+from ckpt_viz.analysis.words import describe_event
+from ckpt_viz.trace import Trace
+from ui.runs import Run, RunConfig
 
 CURSOR = "cursor"
 WINDOW = 2_000  # events either side of the cursor that per-cursor views read on a big trace
@@ -43,15 +48,32 @@ def _store(config: RunConfig, position: int) -> None:
     st.session_state[CURSOR] = (config, position)
 
 
+def position_of(run: Run, seq: int | None) -> int:
+    """The position of the event with seq `seq` (or of the last one before it; None: the last event); 0 before
+    the first event, -1 for an empty run."""
+    events = run.trace.events
+    if not events:
+        return -1
+    if seq is None:
+        return len(events) - 1
+    return max(bisect_right(events, seq, key=lambda e: e.seq) - 1, 0)
+
+
+def seq_at(run: Run, position: int) -> int:
+    """The seq of the event at `position` (clamped to the run)."""
+    events = run.trace.events
+    return events[min(max(position, 0), len(events) - 1)].seq
+
+
 def set_cursor_position(run: Run, position: int) -> None:
     """Move the cursor to event position `position` of `run` (clamped to the run)."""
-    n = len(run.index.seqs)
+    n = len(run.trace.events)
     _store(run.config, min(max(int(position), 0), max(n - 1, 0)))
 
 
 def set_cursor(run: Run, seq: int) -> None:
     """Move the cursor to the event with seq `seq` (or the last one before it)."""
-    set_cursor_position(run, run.index.position(int(seq)))
+    set_cursor_position(run, position_of(run, int(seq)))
 
 
 def _from_slider(config: RunConfig) -> None:
@@ -60,7 +82,7 @@ def _from_slider(config: RunConfig) -> None:
 
 def cursor_position(run: Run) -> int:
     """The cursor's event position in `run` (the first event when the run is new)."""
-    n = len(run.index.seqs)
+    n = len(run.trace.events)
     config, position = st.session_state.get(CURSOR, (None, None))
     if config != run.config or position is None:
         position = 0
@@ -70,32 +92,33 @@ def cursor_position(run: Run) -> int:
 
 
 def cursor_seq(run: Run) -> int:
-    """The event seq at the cursor, without drawing the bar."""
-    return run.index.seq_at(cursor_position(run))
+    """The event seq at the cursor, without drawing the bar (0 for an empty run)."""
+    return seq_at(run, cursor_position(run)) if run.trace.events else 0
 
 
-def handle_name(trace: Trace, handle_id: int | None) -> str | None:
-    """The checkpointed function of one handle (the block's qualified name) from its last `handle_created` that
-    names one; None when none does. Reads only that handle's events (found in C, list.index), so the cursor line
-    of a big trace does not name every handle first."""
-    if handle_id is None:
-        return None
-    handles, kinds, data = event_column(trace, "handle_id"), event_column(trace, "kind"), event_data(trace)
-    name, i = None, -1
-    while True:
-        try:
-            i = handles.index(handle_id, i + 1)
-        except ValueError:
-            return name
-        if kinds[i] == "handle_created":
-            function = data(i, "function")
-            if function:
-                name = str(function)
+def _jumps(run: Run) -> dict[str, list[int]]:
+    """The positions of the events of each `JUMPS` kind, in order: one pass over the run, kept with it."""
+    found = run.memo.get("jumps")
+    if found is None:
+        wanted = set(JUMPS.values())
+        found = {kind: [] for kind in wanted}
+        for i, e in enumerate(run.trace.events):
+            if e.kind in wanted:
+                found[e.kind].append(i)
+        run.memo["jumps"] = found
+    return found
+
+
+def next_position(run: Run, kind: str, after: int) -> int | None:
+    """The position of the first event of `kind` (one of `JUMPS`' kinds) after position `after`, or None."""
+    positions = _jumps(run)[kind]
+    i = bisect_right(positions, after)
+    return positions[i] if i < len(positions) else None
 
 
 def cursor_bar(run: Run) -> int:
     """Draw the time cursor (slider, step buttons, the event in words); return the event seq at the cursor."""
-    n = len(run.index.seqs)
+    n = len(run.trace.events)
     if n == 0:
         st.info("This trace holds no events.")
         st.stop()
@@ -111,25 +134,21 @@ def cursor_bar(run: Run) -> int:
             target = min(max(target, 0), n - 1)
             row.button(label, key=f"cursor_{key}", on_click=_store, args=(run.config, target), disabled=target == p)
         for name, kind in JUMPS.items():
-            target = next_position(run.trace, kind, p)
+            target = next_position(run, kind, p)
             row.button(f"Next {name}", key=f"cursor_next_{name}", on_click=_store,
                        args=(run.config, target if target is not None else p), disabled=target is None)
-        seq = run.index.seqs[p]
         event = run.trace.events[p]
-        name = run.cached(handle_name, event.handle_id)
-        st.code(describe_event(event, {event.handle_id: name} if name else None), language=None, width="stretch",
-                wrap_lines=True)
-    return seq
+        st.code(describe_event(event, handle_labels(run.trace)), language=None, width="stretch", wrap_lines=True)
+    return event.seq
 
 
 def window(run: Run, seq: int, radius: int = WINDOW) -> Trace:
     """The run's trace, or on a big trace a trace of the events within `radius` positions of `seq`.
 
-    Only the events: the views that read a window (lifecycles, handle lists) need nothing else.
-    See NOTE [ Big traces ] in runs.py, rule 1.
+    Only the events: the views that read a window (handle lists) need nothing else.
     """
-    n = len(run.index.seqs)
+    n = len(run.trace.events)
     if n <= 2 * radius + 1:
         return run.trace
-    p = run.index.position(seq)
+    p = position_of(run, seq)
     return Trace(events=run.trace.events[max(0, p - radius):p + radius + 1], meta=dict(run.trace.meta))

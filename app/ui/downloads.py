@@ -1,7 +1,9 @@
-"""Download buttons: the trace (JSON, or Perfetto JSON), a graph as SVG, a chart as PNG.
+"""Download buttons: the trace (JSON, or Perfetto JSON), a graph as SVG, a chart as PNG, events as CSV.
 
 Each file is built when its button is clicked: the buttons get a callable `data`, which
 Streamlit runs only then, so drawing a page never serialises a trace or draws an image.
+A graph's SVG is `ckpt_viz.render.svg.dot_svg`'s, inert (NOTE [ Inert SVG ] there); a CSV's
+cells are `ckpt_viz.render.eventlog.rows_csv`'s, no cell a formula (NOTE [ CSV cells ] there).
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import render_perfetto
+from ckpt_viz.render.eventlog import rows_csv
+from ckpt_viz.render.perfetto import render_perfetto
+from ckpt_viz.render.svg import dot_svg
 from ui.runs import Run
 
 
@@ -27,14 +31,15 @@ def _trace_bytes(run: Run) -> bytes:
 
 
 def perfetto_bytes(run: Run) -> bytes:
-    return json.dumps(render_perfetto(run.trace.events, run.trace.memory, run.trace.meta)).encode()
+    return json.dumps(render_perfetto(run.trace)).encode()
 
 
 def svg_bytes(dot: str) -> bytes:
-    """A DOT source drawn as SVG by the graphviz binary (server side)."""
-    import graphviz
+    """A DOT source drawn as inert SVG by the graphviz binary (server side), as a standalone file, within NOTE
+    [ dot's limits ] (ckpt_viz.render.svg)."""
+    from ui.session_end import session_id
 
-    return graphviz.Source(dot).pipe(format="svg")
+    return dot_svg(dot, owner=session_id(), inline=False).encode("utf-8")
 
 
 def png_bytes(chart: Any) -> bytes:
@@ -67,6 +72,12 @@ def download_trace_buttons(run: Run) -> None:
 def download_svg_button(dot: str, name: str, key: str) -> None:
     st.download_button("Graph SVG", lambda: svg_bytes(dot), file_name=f"{name}.svg", mime="image/svg+xml",
                        on_click="ignore", key=key, icon=":material/download:")
+
+
+def download_csv_button(rows: list[dict[str, Any]], name: str, key: str, label: str = "Events CSV") -> None:
+    """`rows` (e.g. `event_rows`) as a CSV file, no cell a formula."""
+    st.download_button(label, lambda: rows_csv(rows), file_name=f"{name}.csv", mime="text/csv", on_click="ignore",
+                       key=key, icon=":material/download:")
 
 
 def download_png_button(chart: Any, name: str, key: str) -> None:

@@ -1,69 +1,82 @@
-"""The autograd graph as a server-drawn SVG in a scrolling frame: the graph page's and the Debugger's.
+"""Graphs on a page: a server-drawn, inert SVG shown as an image in a scrolling box; the graph page's and the
+Debugger's note on which snapshot is shown; the zoom picker.
 
-`checkpoint_dot(run, seq, ...)` is the checkpoint view at the cursor (handle states,
-refused replays, an optional highlighted handle); `show_svg(dot, zoom)` draws DOT with
-the `dot` binary and shows it as a new HTML element, with no animated transition
-(see NOTE [ Graphs drawn on the server ] in ckpt_viz.render.svg).
+`show_svg(graph, zoom)` draws a `graphviz.Digraph` (from `ckpt_viz.render.graph` or
+`ckpt_viz.render.routing`) with the `dot` binary and shows it as a new element, with no animated
+transition (NOTE [ Graphs drawn on the server ] in ckpt_viz/render/svg.py).
+
+NOTE [ A graph is an image ]
+  1. The SVG is `dot_svg`'s, already stripped of script, links, handlers and font names (NOTE
+     [ Inert SVG ] there), and it is shown as an <img> whose source is a data: URL: a browser runs
+     nothing inside an SVG image and loads nothing it refers to. No iframe, no SVG in the page's DOM.
+  2. The image keeps Graphviz's size times the zoom (1 pt = 4/3 CSS px), so a label reads at about
+     13 px at 100 % whatever the graph's size; its box scrolls to pan.
 """
 from __future__ import annotations
 
+import base64
 import html
 import re
+from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import dot_svg, refused_handles, render_graph
+from ckpt_viz.analysis.routing import snapshot_before
+from ckpt_viz.errors import CkptVizError
+from ckpt_viz.render.svg import dot_svg, end_dot
 from ui.runs import Run
+from ui.session_end import on_end, session_id
+from ui.text import md
 
 ZOOMS = (25, 50, 75, 100, 150, 200, 300)
+_SIZE = re.compile(r'\bwidth="([\d.]+)pt" height="([\d.]+)pt"')
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _svg(dot: str, zoom: int) -> str:
-    return dot_svg(dot, zoom / 100)
-
-
-def checkpoint_dot(run: Run, seq: int, *, highlight: int | None = None, collapse: bool = False,
-                   rankdir: str = "TB") -> str | None:
-    """The checkpoint view of the snapshot shown at `seq`, or None when the trace has no snapshot."""
-    snapshot = run.index.snapshot_at(seq)
-    if snapshot is None:
-        return None
-    return render_graph(snapshot, states=run.index.handle_states(seq), collapse=collapse, collapse_above=0,
-                        rankdir=rankdir, highlight=highlight, refused=refused_handles(run.trace, seq))
+def _svg(dot: str, zoom: int, _owner: str | None = None) -> str:
+    return dot_svg(dot, zoom / 100, owner=_owner)  # within NOTE [ dot's limits ] (ckpt_viz.render.svg)
 
 
 def snapshot_note(run: Run, seq: int) -> str:
-    """Which snapshot the graph at `seq` is, in words (a cursor before the first one says so)."""
-    snapshot = run.index.snapshot_at(seq)
+    """Which snapshot the graph at `seq` is, as markdown whose trace text is escaped (a cursor before the first
+    snapshot says so); "" when the trace has none."""
+    snapshot = snapshot_before(run.trace, seq)
     if snapshot is None:
         return ""
-    what = f"snapshot **{snapshot.label}** (taken at seq {snapshot.seq}, {len(snapshot.nodes)} nodes)"
+    what = f"snapshot **{md(snapshot.label)}** (taken at seq {snapshot.seq}, {len(snapshot.nodes)} nodes)"
     if snapshot.seq > seq:
         note = (f"No snapshot was taken by seq {seq} yet: this is the first one, {what}. "
                 f"Handle states are as of seq {seq}.")
     else:
         note = f"Showing {what}; handle states as of seq {seq}."
-    if run.trace.count("exclude_saved") and not any(n.get("exclude") is not None for n in snapshot.nodes):
+    if run.trace.count("exclude_saved") and not any(n.exclude is not None for n in snapshot.nodes):
         note += (" This run has excluded regions, but none is in this snapshot: in a reentrant checkpoint they live "
                  "inside the replay, so they show in a snapshot taken while a replay is retained (before DW).")
     return note
 
 
-def show_svg(dot: str, zoom: int = 100, *, name: str = "graph") -> None:
-    """`dot` as an SVG at `zoom` percent (fixed font size) in a frame that scrolls to pan.
+def show_svg(graph: Any, zoom: int = 100, *, name: str = "graph") -> None:
+    """`graph` (a `graphviz.Digraph`, or DOT text of ours) as an inert SVG image at `zoom` percent, in a box that
+    scrolls to pan (NOTE [ A graph is an image ])."""
+    source = graph if isinstance(graph, str) else graph.source
+    owner = session_id()
+    on_end(owner, "dot", lambda: end_dot(owner), at_disconnect=True)  # NOTE [ Session end ]
+    try:
+        svg = _svg(source, zoom, owner)
+    except (CkptVizError, ValueError) as err:  # over NOTE [ dot's limits ], or dot wrote no SVG: say so
+        st.error(md(str(err)))
+        return
+    size = _SIZE.search(svg)
+    width, height = (float(size.group(1)) * 4 / 3, float(size.group(2)) * 4 / 3) if size else (800.0, 600.0)
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    box_height = int(min(max(height + 16, 120), 820))
+    st.html(f'<div class="ckpt-graph-box" style="overflow:auto;max-height:{box_height}px;border:1px solid #e6e6e6;'
+            f'border-radius:4px"><img class="ckpt-graph" data-graph="{html.escape(name)}" '
+            f'alt="{html.escape(name)}" src="data:image/svg+xml;base64,{data}" '
+            f'style="width:{width:.0f}px;height:{height:.0f}px;max-width:none;display:block"></div>')
 
-    The frame is an iframe document (st.html's sanitizer drops SVG elements), rebuilt on every
-    cursor move; the SVG is Graphviz's own output, whose text dot escapes.
-    """
-    svg = _svg(dot, zoom)
-    size = re.match(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
-    height = int(float(size.group(2)) * 4 / 3) + 16 if size else 600  # points -> CSS pixels
-    st.iframe(f'<body style="margin:0"><div class="ckpt-graph" data-graph="{html.escape(name)}">{svg}</div></body>',
-              height=min(max(height, 120), 820))
 
-
-def zoom_picker(key: str, container=st) -> int:
+def zoom_picker(key: str, container: Any = st) -> int:
     """A zoom percentage (100 = Graphviz's own size: labels about 13 px)."""
     return container.select_slider("Zoom", ZOOMS, value=100, key=key, format_func=lambda z: f"{z}%",
-                                   help="Scroll inside the frame to pan; 100% keeps labels at their natural size.")
+                                   help="Scroll inside the box to pan; 100% keeps labels at their natural size.")

@@ -4,8 +4,9 @@ Every session has its own `SessionSandbox` (in its session state, so two session
 each other's runs or files): its upload folder, its `WarmSandbox` (torch imported once, one
 forked child per run; NOTE [ Warm child ] in ckpt_viz.usermodel.warm), the runs it recorded,
 and at most one run in progress, in a thread, that the page shows with its elapsed time and a
-Cancel button. The session's folder and warm process go when the session ends (its state is
-dropped), when the app exits, or, for an app killed outright, at the next app's start.
+Cancel button. The session's folder and warm process go when Streamlit ends the session (NOTE
+[ Session end ] in ui/session_end.py), when the app exits, or, for an app killed outright, at the
+next app's start.
 
 NOTE [ Spare sandbox ]
   1. A warm sandbox takes seconds to start (Python, torch, a first recording: 3 s on an
@@ -41,8 +42,10 @@ from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import TraceIndex, WarmSandbox
+from ckpt_viz.usermodel.warm import WarmSandbox
 from ui.runs import Loaded, Run, RunConfig
+from ui.session_end import on_end
+from ui.text import md
 
 UPLOADS = Path(tempfile.gettempdir()) / "ckpt_viz_uploads"
 KEY = "sandbox_session"
@@ -75,6 +78,7 @@ class SessionSandbox:
         self.job: Job | None = None
         self.uploaded: dict[str, str] = {}  # kind -> the upload's file id
         self.ran = threading.Event()  # its first run is done (the next spare may start: NOTE rule 3)
+        self.closed = False
         _LIVE.add(self)
 
     def take_spare(self) -> None:
@@ -128,6 +132,7 @@ class SessionSandbox:
             self.job = None
 
     def close(self) -> None:
+        self.closed = True
         if self.job is not None:
             self.job.cancel.set()
         self.warm.close()
@@ -153,7 +158,7 @@ def _record(warm: WarmSandbox, job: Job) -> None:
         else:
             if config.name:  # the user's file name, not the temporary upload path
                 result.meta["model"] = f"{config.name}:{config.target.rpartition(':')[2]}"
-            job.results[config] = Loaded(run=Run(config, result, TraceIndex.of(result)))
+            job.results[config] = Loaded(run=Run(config, result))
     job.done.set()
 
 
@@ -245,16 +250,27 @@ def spares_ready(timeout_s: float) -> bool:
 def session_sandbox(*, warm: bool = False) -> SessionSandbox:
     """This session's `SessionSandbox`, made on first use; `warm`: it needs its warm process, which starts
     now (it imports torch while the user picks a file) unless a spare, started ahead, is there to take."""
-    if KEY not in st.session_state:
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
+    if KEY not in st.session_state or st.session_state[KEY].closed:
+        from ui.session_end import session_id
 
-        ctx = get_script_run_ctx()
-        st.session_state[KEY] = SessionSandbox(ctx.session_id if ctx is not None else str(id(st.session_state)))
+        session = session_id()
+        st.session_state[KEY] = SessionSandbox(session or str(id(st.session_state)))
+        on_end(session, "sandbox", _closer(st.session_state[KEY]))  # See NOTE [ Session end ]
     box: SessionSandbox = st.session_state[KEY]
     if warm:
         box.take_spare()
         box.warm.start()
     return box
+
+
+def _closer(box: SessionSandbox):
+    """`box.close`, held weakly: a session state freed sooner still closes its box (`__del__`)."""
+    ref = weakref.ref(box)
+
+    def close() -> None:
+        if (alive := ref()) is not None:
+            alive.close()
+    return close
 
 
 def obtain(configs: list[RunConfig]) -> dict[RunConfig, Loaded]:
@@ -286,10 +302,11 @@ def forget(config: RunConfig) -> None:
 def _progress(job: Job, warm: WarmSandbox) -> str:
     first = job.configs[0]
     modes = ", ".join(c.mode for c in job.configs)
-    text = (f"Running **{first.name or Path(first.target.rpartition(':')[0]).name}** in the sandbox ({modes}): "
+    text = (f"Running **{md(first.name or Path(first.target.rpartition(':')[0]).name)}** in the sandbox "
+            f"({md(modes)}): "
             f"{time.monotonic() - job.started:.1f} s (time limit {first.timeout_s:g} s per mode)")
     if warm.stage not in ("", "ready"):  # a silent wait would look like a slow model
-        text += (f"  \nThis session's sandbox is still starting: {warm.stage} ({warm.start_s:.1f} s so far, a "
+        text += (f"  \nThis session's sandbox is still starting: {md(warm.stage)} ({warm.start_s:.1f} s so far, a "
                  "few seconds to start Python and torch once); the file runs as soon as it is ready.")
     return text
 

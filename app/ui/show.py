@@ -1,9 +1,9 @@
 """Small helpers that put a thing on a page: an altair chart (fast, clickable), a line of the user's code.
 
 NOTE [ Charts cached per trace ]
-  1. A chart shown with `cache_on=trace` is built once per trace object (`ckpt_viz.derived`, as
-     every figure of a trace is: never by the session or its settings, so two sessions share a
-     chart only when they show the same trace object, which holds the same events).
+  1. A chart shown with `cache_on=trace` is built once per trace object (kept beside it, in a
+     weak dictionary: never by the session or its settings, so two sessions share a chart only
+     when they show the same trace object, which holds the same events; it goes with the trace).
   2. Its rows travel as named Arrow datasets (`_spec_and_datasets`), its cursor rule reads the
      dataset `CURSOR_DATA`. A cursor move rebuilds nothing on the server, and sends a spec
      equal to the last one: Streamlit's frontend then keeps the Vega view and replaces the one
@@ -11,21 +11,28 @@ NOTE [ Charts cached per trace ]
 """
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import streamlit as st
 
-from ckpt_viz import Trace, aligned_seq, derived, palette
+from ckpt_viz.analysis.passes import passes
+from ckpt_viz.render import palette
+from ckpt_viz.trace import Trace
 from ui.cursor import set_cursor
 
 CURSOR_DATA = "cursor"  # the named dataset of the cursor's rows, in a chart shown with `cache_on`
+# trace -> chart name -> (spec, datasets); nothing in a value refers to its trace (NOTE rule 1)
+_CHARTS: weakref.WeakKeyDictionary[Trace, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def show_chart(render: Callable[..., Any], *args: Any, pick: Any = None, key: str | None = None,
                cache_on: Trace | None = None, cursor_rows: list[dict] | None = None, **kwargs: Any) -> Any:
-    """Build an altair chart with `render(*args, **kwargs)`, show it, and return it (for a download).
+    """Build an altair chart with `render(*args, **kwargs)`, show it, and return it, or a function that builds it
+    (for a download).
 
     Same picture as st.altair_chart, without altair's JSON-schema validation of every
     data row (about 2 s for a 5,000-row chart, on each cursor move); the renderers'
@@ -45,9 +52,15 @@ def show_chart(render: Callable[..., Any], *args: Any, pick: Any = None, key: st
     if cache_on is not None:
         static = {k: v for k, v in kwargs.items() if k != "cursor"}
         name = f"app:chart:{render.__module__}.{render.__qualname__}:{key}:{sorted(static.items())!r}"
-        spec, datasets = derived(cache_on, name, lambda _trace: _spec_and_datasets(
-            render, *args, cursor_data=CURSOR_DATA, **static))
+        charts = _CHARTS.setdefault(cache_on, {})
+        if name not in charts:
+            charts[name] = _spec_and_datasets(render, *args, cursor_data=CURSOR_DATA, **static)
+        spec, datasets = charts[name]
         _show({**spec, "datasets": {**datasets, CURSOR_DATA: _arrow(cursor_rows or [])}}, pick, key)
+        return partial(render, *args, **kwargs)
+    if "datasets" in inspect.signature(render).parameters:  # rows by name, never walked by altair (rule 2)
+        spec, datasets = _spec_and_datasets(render, *args, **kwargs)
+        _show({**spec, "datasets": datasets}, pick, key)
         return partial(render, *args, **kwargs)
     chart, spec = _spec(render, *args, **kwargs)
     _show(spec, pick, key)
@@ -99,7 +112,13 @@ def _arrow(rows: list[dict]) -> bytes:
     """Rows as Arrow IPC stream bytes (as streamlit.dataframe_util serialises a pyarrow table)."""
     import pyarrow as pa
 
-    table = pa.Table.from_pylist(rows)
+    try:
+        table = pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column of mixed types (a trace's tags): as text, that column
+        mixed = {k for k in {k for r in rows for k in r}
+                 if len({type(r[k]) for r in rows if r.get(k) is not None}) > 1}
+        table = pa.Table.from_pylist([{k: str(v) if k in mixed and v is not None else v for k, v in r.items()}
+                                      for r in rows])
     sink = pa.BufferOutputStream()
     with pa.RecordBatchStreamWriter(sink, table.schema) as writer:
         writer.write_table(table)
@@ -124,7 +143,7 @@ def picked_seq(run: Any, selection: Any) -> int | None:
         if isinstance(point, dict) and isinstance(point.get("seq"), (int, float)):
             return int(point["seq"])
         if isinstance(point, dict) and isinstance(point.get("x"), (int, float)):
-            return aligned_seq(run.trace, float(point["x"]))
+            return passes(run.trace).aligned_seq(float(point["x"]))
     return None
 
 
@@ -136,7 +155,7 @@ def _on_pick(run: Any, key: str) -> None:
         set_cursor(run, seq)
 
 
-def source_line(site: str, trace: Any) -> str:
+def source_line(site: str, trace: Trace) -> str:
     """The line of code at `site` ("file:line"), numbered, as `trace` recorded it; plain text.
 
     Only what the trace holds (`trace.meta["sources"]`, kept when the recording closed: NOTE

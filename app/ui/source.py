@@ -2,8 +2,9 @@
 
 Drawn once, by the entrypoint (See NOTE [ State that survives page changes ] in cursor.py,
 rule 1). A built-in model, a model file (by path or uploaded; run in the sandbox), or a saved
-trace. The model list, modes and schedules come from torch-side modules, imported only when a
-model source is drawn, so a saved trace opens without torch.
+trace. The model list and the modes are `ckpt_viz.catalog`'s and `ckpt_viz.vocabulary`'s (no
+torch); the micro-batch counts a built-in splits into load torch, only when a model source is drawn,
+so a saved trace opens without torch.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def _trace_file(sb: Any) -> RunConfig | None:
 
 def _broken_run(sb: Any) -> RunConfig:
     """A broken run: one recorded mistake for the Debugger page; it runs in its own mode."""
-    from ckpt_viz import BROKEN_SCENARIO_NAMES
+    from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES
 
     name = sb.selectbox("Broken run", BROKEN_SCENARIO_NAMES, key="src_broken",
                         help="Each records one real mistake with the real runtime; open the Debugger page to see "
@@ -93,7 +94,8 @@ def _broken_run(sb: Any) -> RunConfig:
 @st.cache_data(show_spinner=False)
 def _microbatch_choices(model: str) -> tuple[int, ...]:
     """The micro-batch counts (1-16) the built-in `model` splits into; () when it has no pipeline stages."""
-    from ckpt_viz import build_builtin, microbatch_choices
+    from ckpt_viz.run.pipeline import microbatch_choices  # torch: first use
+    from ckpt_viz.run.zoo import build_builtin
 
     return microbatch_choices(build_builtin(model))
 
@@ -107,9 +109,9 @@ def source_sidebar() -> RunConfig | None:
     sb.subheader("Source")
     kind = sb.radio("Source", SOURCES, key="src_kind", label_visibility="collapsed")
     if kind == SOURCES[0]:
-        from ckpt_viz import BUILTIN_MODELS, DEFAULT_MODEL  # torch: first use
+        from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, DEFAULT_MODEL
 
-        names = list(BUILTIN_MODELS)
+        names = list(BUILTIN_MODEL_NAMES)
         model = sb.selectbox("Built-in model", names, index=names.index(DEFAULT_MODEL), key="src_model",
                              help="Small seeded models; each shows one thing about checkpointing.")
         config: RunConfig | None = RunConfig("builtin", model)
@@ -121,11 +123,12 @@ def source_sidebar() -> RunConfig | None:
     else:
         config = _trace_file(sb)
     if kind != SOURCES[2]:
-        from ckpt_viz import MODES, SCHEDULES
+        from ckpt_viz.run.schedules import SCHEDULES
+        from ckpt_viz.vocabulary import RUN_MODES
 
         # "pipeline" only for the built-ins split into stages, with the micro-batch counts that split their batch
         counts = _microbatch_choices(config.target) if config is not None and kind == SOURCES[0] else None
-        modes = [m for m in MODES if m != "pipeline" or kind != SOURCES[0] or counts]
+        modes = [m for m in RUN_MODES if m != "pipeline" or kind != SOURCES[0] or counts]
         mode = sb.selectbox("Mode", modes, index=modes.index(DEFAULT_MODE), key="src_mode",
                             help="How the checkpointed blocks run; split-* runs DX and DW as two passes."
                                  + ("" if "pipeline" in modes else " Mode 'pipeline' needs a model split into "

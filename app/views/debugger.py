@@ -1,11 +1,15 @@
 """The debugger: every problem of the run, what happened in order, the line of code, and the fix."""
 import streamlit as st
 
-from ckpt_viz import Trace, format_event, render_lifecycles, replay_checks_note
+from ckpt_viz.analysis.diagnosis import diagnose, replay_checks_note
+from ckpt_viz.render.graph import render_graph
+from ckpt_viz.render.swimlane import render_lifecycles
+from ckpt_viz.render.text import format_event
 from ui.cursor import cursor_bar, set_cursor
-from ui.graphview import checkpoint_dot, show_svg
-from ui.runs import current, run_diagnosis
+from ui.graphview import show_svg
+from ui.runs import current
 from ui.show import show_chart, source_line
+from ui.text import md
 
 FINDING = "debug_finding"
 
@@ -13,7 +17,7 @@ FINDING = "debug_finding"
 def _label(findings: list, i: int) -> str:
     f = findings[i]
     who = f"h{f.handle_id}" if f.handle_id is not None else "run"
-    return f"{i + 1}. {who}: {f.cause or f.summary}"
+    return md(f"{i + 1}. {who}: {f.cause or f.summary}")
 
 
 def _follow(run, findings: list) -> None:
@@ -23,14 +27,9 @@ def _follow(run, findings: list) -> None:
         set_cursor(run, findings[i].seq)
 
 
-def _lane(trace: Trace, handle: int) -> Trace:
-    """The handle's own events (its lane), with the run's meta."""
-    return Trace(events=trace.for_handle(handle), meta=dict(trace.meta))
-
-
 run = current()
 st.title("Debugger")
-findings = run.cached(run_diagnosis)
+findings = diagnose(run.trace)
 if findings and st.session_state.get(FINDING) is not None and st.session_state[FINDING] >= len(findings):
     st.session_state[FINDING] = 0  # another run has fewer findings
 seq = cursor_bar(run)
@@ -39,14 +38,14 @@ if not findings:
     st.success("No problem found in this run: every replay was served, every handle released, every session "
                "cleared.")
     if unchecked:
-        st.warning(unchecked)
+        st.warning(md(unchecked))
     st.caption("To see the debugger at work, pick **Broken runs to explore** in the sidebar's source picker.")
     st.stop()
 
 st.caption(f"{len(findings)} problem{'s' if len(findings) != 1 else ''} found. Choose one: the time cursor moves "
            "to the event that caused it.")
 if unchecked:
-    st.warning(unchecked)
+    st.warning(md(unchecked))
 i = st.radio("Findings", range(len(findings)), key=FINDING, format_func=lambda i: _label(findings, i),
              on_change=_follow, args=(run, findings), label_visibility="collapsed")
 f = findings[i or 0]
@@ -54,20 +53,21 @@ at = f" (event #{f.seq})" if f.seq is not None else ""
 st.button(f"Move the cursor to this finding's event{at}", key="debug_goto", on_click=set_cursor,
           args=(run, f.seq), disabled=f.seq is None or f.seq == seq)
 
-st.error(f"**{f.cause or f.summary}**")
+st.error(f"**{md(f.cause or f.summary)}**")
 st.subheader("What happened")
 st.code(f.explanation, language=None, wrap_lines=True)
 if f.site:
-    st.markdown(f"**Your line of code:** `{f.site}`")
+    st.markdown("**Your line of code:**")
+    st.code(f.site, language=None, wrap_lines=True)
     st.code(source_line(f.site, run.trace), language="python", wrap_lines=True)
-st.info(f"**Fix:** {f.fix}")
+st.info(f"**Fix:** {md(f.fix)}")
 
 if f.handle_id is not None:
     st.subheader(f"h{f.handle_id}: its lane")
-    show_chart(render_lifecycles, run.cached(_lane, f.handle_id), cursor=seq)
-    dot = checkpoint_dot(run, seq, highlight=f.handle_id)
-    if dot is not None:
+    show_chart(render_lifecycles, run.trace, cursor=seq, handles=(f.handle_id,))
+    graph = render_graph(run.trace, seq, highlight=f.handle_id, collapse=False)
+    if graph is not None:
         with st.expander(f"Autograd graph at the cursor, h{f.handle_id} highlighted"):
-            show_svg(dot, name=f"debugger h{f.handle_id}")
+            show_svg(graph, name=f"debugger h{f.handle_id}")
 with st.expander(f"The events of this finding ({len(f.events)})"):
     st.code("\n".join(format_event(e, site=True) for e in f.events) or "(none)", language=None, wrap_lines=True)

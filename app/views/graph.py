@@ -1,16 +1,17 @@
 """Autograd graph at the cursor: checkpoint regions, their handle states, and what DX and DW reach."""
 import streamlit as st
 
-from ckpt_viz import GRAPH_LEGEND, TORCHVIZ_LEGEND, collapse_runs, render_torchviz_view
+from ckpt_viz.analysis.routing import snapshot_before
+from ckpt_viz.render.graph import GRAPH_LEGEND, TORCHVIZ_LEGEND, collapse_runs, render_graph, render_torchviz_view
 from ui.cursor import cursor_bar
 from ui.downloads import download_svg_button
-from ui.graphview import checkpoint_dot, show_svg, snapshot_note, zoom_picker
+from ui.graphview import show_svg, snapshot_note, zoom_picker
 from ui.runs import current
 
 run = current()
 st.title("Autograd graph")
 seq = cursor_bar(run)
-snapshot = run.index.snapshot_at(seq)
+snapshot = snapshot_before(run.trace, seq)
 if snapshot is None:
     st.info("This trace has no graph snapshots (recorded without graphs=True).")
     st.stop()
@@ -25,21 +26,20 @@ if view == "Checkpoint regions":
     collapse = b.toggle("Collapse repeated blocks", False, key="graph_collapse",
                         help="Draw each run of 3 or more identical regions (same ops, shapes and state) as one node")
     if collapse:
-        runs = collapse_runs(snapshot, states=run.index.handle_states(seq))
+        runs = collapse_runs(run.trace, seq)
         st.caption("Collapsed: " + "; ".join(f"h{r[0]}–h{r[-1]} ({len(r)} identical regions)" for r in runs)
                    if runs else "Nothing to collapse here: no 3 consecutive regions are identical (same ops, "
                    "shapes and state at the cursor).")
-    dot = checkpoint_dot(run, seq, collapse=collapse, rankdir=rankdir)
+    graph = render_graph(run.trace, seq, collapse=collapse, collapse_above=0, rankdir=rankdir)
     legend = GRAPH_LEGEND
 else:
     b.caption("Collapse applies to the checkpoint view only: torchviz draws every node.")
-    dot = render_torchviz_view(snapshot, rankdir=rankdir)
+    graph = render_torchviz_view(run.trace, seq, rankdir=rankdir)
     legend = TORCHVIZ_LEGEND
-if dot is None:
-    st.info("This trace does not store torchviz's drawing (it was recorded before ckpt_viz kept "
-            "torchviz.make_dot's output, or without torchviz installed). Re-record it to see this view; "
-            "the checkpoint view shows the same graph.")
+if graph is None:
+    st.info("This trace does not store torchviz's drawing (it was recorded without torchviz installed). "
+            "Re-record it with torchviz to see this view; the checkpoint view shows the same graph.")
     st.stop()
-show_svg(dot, zoom, name=f"{view} seq {snapshot.seq}")
+show_svg(graph, zoom, name=f"{view} seq {snapshot.seq}")
 st.caption(legend.replace("\n", "  \n"))
-download_svg_button(dot, f"graph_seq{seq}", key="dl_graph_svg")
+download_svg_button(graph.source, f"graph_seq{seq}", key="dl_graph_svg")

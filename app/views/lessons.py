@@ -1,21 +1,20 @@
 """Lessons: pick one, step with Next and Back; the prose beside the live views of the step's own run, at its cursor."""
 import streamlit as st
 
-from ckpt_viz import (
-    TraceIndex,
-    event_rows,
-    lessons,
-    render_lifecycles,
-    render_memory,
-    render_routing,
-    rows_text,
-)
-from ui.cursor import cursor_bar, set_cursor
-from ui.graphview import checkpoint_dot, show_svg
+from ckpt_viz.lessons.loader import load_lessons
+from ckpt_viz.lessons.runner import check_step, run_source, step_trace
+from ckpt_viz.render.eventlog import event_rows, rows_text
+from ckpt_viz.render.graph import render_graph
+from ckpt_viz.render.memory import render_memory
+from ckpt_viz.render.routing import render_routing
+from ckpt_viz.render.swimlane import render_lifecycles
+from ui.cursor import cursor_bar, position_of, set_cursor
+from ui.graphview import show_svg
 from ui.runs import Run, RunConfig
 from ui.show import show_chart
+from ui.text import md
 
-LESSONS = {f"{le.number}. {le.title}": le for le in lessons.load_lessons()}
+LESSONS = {f"{le.number}. {le.title}": le for le in load_lessons()}
 st.title("Lessons")
 name = st.selectbox("Lesson", list(LESSONS), key="lesson_pick")
 lesson = LESSONS[name]
@@ -30,11 +29,11 @@ def _move(by: int) -> None:
 
 
 with st.spinner("Recording this step's run..."):
-    result = lessons.check_step(lesson, step)
-    trace = lessons.step_trace(lesson, step)
+    result = check_step(lesson, step)
+    trace = step_trace(lesson, step)
 # The lesson's own run, on the shared cursor; a step opens at its cursor, and the learner may move it.
 config = RunConfig("trace", f"lesson {lesson.number} step {i + 1}", mode=trace.meta.get("mode", ""))
-run = Run(config, trace, TraceIndex.of(trace))
+run = Run(config, trace)
 if st.session_state.get("lesson_cursor_for") != config:
     st.session_state["lesson_cursor_for"] = config
     set_cursor(run, result.seq)
@@ -42,7 +41,7 @@ left, right = st.columns([2, 3], gap="large")
 with left:
     st.markdown(step.prose)
     with st.expander("The code this step runs", expanded=False):
-        st.code(lessons.run_source(lesson, step), language="python")
+        st.code(run_source(lesson, step), language="python")
     if step.question:
         q = step.question
         pick = st.radio(q.ask, q.choices, index=None, key=f"answer_{lesson.number}_{i}")
@@ -60,7 +59,7 @@ with left:
     else:
         nxt.success("End of the lesson.")
 with right:
-    st.caption(f"This step's own run ({trace.meta.get('model', 'a run')}, {trace.meta.get('mode', '')}); "
+    st.caption(f"This step's own run ({md(trace.meta.get('model') or 'a run')}, {md(trace.meta.get('mode') or '')}); "
                f"the step's cursor is seq {result.seq}")
     seq = cursor_bar(run)
     for view in step.views:
@@ -71,8 +70,7 @@ with right:
         elif view == "routing" and trace.handle_ids():
             show_svg(render_routing(trace, seq), name=f"lesson routing seq {seq}")
         elif view == "graph" and trace.graphs:
-            show_svg(checkpoint_dot(run, seq), name=f"lesson graph seq {seq}")
+            show_svg(render_graph(trace, seq, collapse=False), name=f"lesson graph seq {seq}")
         elif view == "events":
-            events = trace.events
-            at = next((k for k, e in enumerate(events) if e.seq >= seq), len(events) - 1)
-            st.code(rows_text(event_rows(events[max(0, at - 8): at + 9]), marker=seq), language=None)
+            at = position_of(run, seq)
+            st.code(rows_text(event_rows(trace.events[max(0, at - 8): at + 9]), marker=seq), language=None)

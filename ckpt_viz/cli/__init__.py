@@ -8,6 +8,7 @@
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
     ckpt-viz lesson [N]                                            list the lessons, or walk lesson N
+    ckpt-viz plan trace.json --budget 1.5GiB                       what to checkpoint to fit a budget
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
 Start-up imports no torch: `info` and `export` never load it; `record` and `demo` load it when they run.
@@ -20,13 +21,15 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT_MODEL, MODES
+from ckpt_viz.catalog import BROKEN_SCENARIO_NAMES, BUILTIN_MODEL_NAMES, DEFAULT_MODEL
 from ckpt_viz.cli.app import app_command, app_path, demo_command
 from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
 from ckpt_viz.cli.lesson import lesson_command
 from ckpt_viz.cli.merge import merge_command
+from ckpt_viz.cli.plan import add_plan_command
 from ckpt_viz.cli.record import record_command
+from ckpt_viz.vocabulary import RUN_MODES
 
 __all__ = ["app_path", "build_parser", "main", "summarize"]
 
@@ -40,19 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
                          description=f"MODEL is a built-in ({', '.join(sorted(BUILTIN_MODEL_NAMES))}), "
                                      "path/to/file.py:factory or package.module:factory, or a broken run to "
                                      f"explore ({', '.join(BROKEN_SCENARIO_NAMES)}).")
-    rec.add_argument("model")
-    rec.add_argument("--mode", default="split-reentrant", choices=MODES)
-    rec.add_argument("-o", "--output", default="trace.json", help="trace file (.json or .json.gz)")
-    rec.add_argument("--schedule", default="1F1B", help="pipeline schedule: GPipe, 1F1B, ZB-H1")
-    rec.add_argument("--microbatches", type=int, default=4)
-    rec.add_argument("--seed", type=int, default=0)
-    rec.add_argument("--no-memory", action="store_true", help="skip memory sampling")
-    rec.add_argument("--no-graphs", action="store_true", help="skip graph snapshots")
-    rec.add_argument("--timeout", type=float, default=120.0, help="user models: seconds before the run is stopped")
-    rec.add_argument("--memory-mb", type=int, default=8192, help="user models: address-space limit in MiB")
+    rec.add_argument("model", help="what to run (see above)")
+    rec.add_argument("--mode", default="split-reentrant", choices=RUN_MODES,
+                     help="how the model's blocks are checkpointed (default: %(default)s)")
+    rec.add_argument("-o", "--output", default="trace.json",
+                     help="trace file, .json or .json.gz (default: %(default)s)")
+    rec.add_argument("--schedule", default="1F1B", help="pipeline schedule: GPipe, 1F1B, ZB-H1 (default: %(default)s)")
+    rec.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (default: %(default)s)")
+    rec.add_argument("--seed", type=int, default=0, help="seed of the model's weights and inputs "
+                                                         "(default: %(default)s)")
+    rec.add_argument("--no-memory", action="store_true", help="skip memory sampling (default: memory is sampled)")
+    rec.add_argument("--no-graphs", action="store_true", help="skip graph snapshots (default: graphs are taken)")
+    rec.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                     help="user models: seconds before the run is stopped; the trace recorded until then is kept, "
+                          "marked partial (default: %(default)g s)")
+    rec.add_argument("--memory-mb", type=int, default=8192, metavar="MIB",
+                     help="user models: address-space limit in MiB (default: %(default)s)")
     rec.add_argument("--distributed", action="store_true",
                      help="`record --distributed --nproc-per-node N SCRIPT ...`: run SCRIPT under torchrun, one "
-                          "trace per rank, merged (see `ckpt-viz record --distributed --help`)")
+                          "trace per rank, merged (see `ckpt-viz record --distributed --help`; default: off)")
     rec.set_defaults(run=record_command)
 
     info = sub.add_parser("info", help="summarize a trace file")
@@ -77,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "pipeline's send-before-receive order (exit status 1 when it fails).")
     merge.add_argument("dir")
     merge.add_argument("-o", "--output", help="merged trace file (default: <run folder>/merged.json)")
+    merge.add_argument("--partial", action="store_true",
+                       help="merge the ranks that wrote a file and mark the others missing (a crashed or killed run)")
     merge.set_defaults(run=merge_command)
 
     app = sub.add_parser("app", help="start the Streamlit app")
@@ -87,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a built-in model and print its events")
     demo.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(BUILTIN_MODEL_NAMES))
-    demo.add_argument("--mode", default="split-reentrant", choices=[m for m in MODES if m != "pipeline"])
+    demo.add_argument("--mode", default="split-reentrant", choices=[m for m in RUN_MODES if m != "pipeline"])
     demo.add_argument("--site", action="store_true", help="show the user's file:line of each event")
     demo.set_defaults(run=demo_command)
 
@@ -95,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     lesson.add_argument("number", type=int, nargs="?", metavar="N")
     lesson.add_argument("--no-pause", action="store_true", help="run straight through, even on a terminal")
     lesson.set_defaults(run=lesson_command)
+    add_plan_command(sub)
     return parser
 
 

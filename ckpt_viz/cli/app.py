@@ -27,6 +27,7 @@ def app_command(args: argparse.Namespace) -> int:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    from ckpt_viz.analysis.summary import summary
     from ckpt_viz.render.text import render_text
     from ckpt_viz.run.scenarios import run_scenario
     from ckpt_viz.run.zoo import build_builtin
@@ -35,7 +36,6 @@ def demo_command(args: argparse.Namespace) -> int:
     trace = run_scenario(spec, args.mode)
     print(f"ckpt_viz demo: model {spec.name!r} ({spec.description}), mode {args.mode!r}")
     print(render_text(trace.events, site=args.site), end="")
-    handles = len({e.handle_id for e in trace.of_kind("handle_created")})
-    print(f"\n{handles} handles, {trace.count('replay_started')} replays, {trace.count('released')} released, "
-          f"{len(trace)} events")
+    s = summary(trace)  # the figures `ckpt-viz info` and the app's pages state
+    print(f"\n{s.handles} handles, {s.replays} replays, {s.released} released, {s.events} events")
     return 0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 import time
 from typing import Any
+
+from ckpt_viz.errors import CkptVizError
 
 __all__ = ["record_command"]
 
@@ -52,6 +55,32 @@ class _Progress:
         if self.enabled:
             self._draw({}, done=True)
             self.stream.write("\n")
+
+
+# The API's argument names in the sandbox's tips, and the flags `ckpt-viz record` takes for them.
+_FLAGS = {"timeout_s": "--timeout", "memory_mb": "--memory-mb"}
+
+
+def _in_cli_words(exc: CkptVizError, args: argparse.Namespace) -> CkptVizError:
+    """`exc` as the CLI says it: the flags the user typed in its tip (not `timeout_s`); a run stopped at its time
+    limit keeps the trace it had (`partial_trace`, meta "partial"), saved to --output and named here."""
+    text = str(exc)
+    head, sep, tip = text.rpartition("\nTip: ")
+    if sep:
+        for word, flag in _FLAGS.items():
+            tip = re.sub(rf"\b{word}\b", flag, tip)
+        text = f"{head}{sep}{tip}"
+    partial = getattr(exc, "partial_trace", None)
+    if partial is not None:
+        partial.save(args.output)
+        kept = (f"The trace recorded until then is in {args.output}: {len(partial.events)} events, marked partial "
+                f"(`ckpt-viz info {args.output}` says so).")
+        head, sep, tip = text.rpartition("\nTip: ")
+        text = f"{head}\n{kept}{sep}{tip}" if sep else f"{text}\n{kept}"
+    if sep and "--timeout" in tip:
+        text += f" (this run: --timeout {args.timeout:g})"
+    exc.args = (text, *exc.args[1:])
+    return exc
 
 
 def record_command(args: argparse.Namespace) -> int:
@@ -100,6 +129,8 @@ def record_command(args: argparse.Namespace) -> int:
         ticker.start()
         try:
             trace = obtain_trace(request)
+        except CkptVizError as exc:
+            raise _in_cli_words(exc, args) from None
         finally:
             stop.set()
             ticker.join()
@@ -167,15 +198,16 @@ def record_distributed_command(argv: list[str]) -> int:
     env = {**os.environ, "CKPT_VIZ_DISTRIBUTED_DIR": out}
     env.setdefault("OMP_NUM_THREADS", "1")
     done = subprocess.run(torchrun_argv(args), env=env)
+    new = sorted(set(os.listdir(out)) - before)
     if done.returncode != 0:
         print(f"ckpt-viz record --distributed: torchrun exited with status {done.returncode}; rank files so far "
-              f"are in {out}.", file=sys.stderr)
-        return done.returncode
-    new = sorted(set(os.listdir(out)) - before)
+              f"are in {out}" + ("; merging what exists (--partial)." if len(new) == 1 else "."), file=sys.stderr)
     if args.no_merge or args.torchrun_nnodes not in (None, "1") or len(new) != 1:
         print(f"rank traces in {out}" + (f"/{new[0]}" if len(new) == 1 else "") +
               "; merge them with `ckpt-viz merge <folder>`")
-        return 0
+        return done.returncode
     from ckpt_viz.cli.merge import merge_command
 
-    return merge_command(argparse.Namespace(dir=os.path.join(out, new[0]), output=None))
+    merged = merge_command(argparse.Namespace(dir=os.path.join(out, new[0]), output=None,
+                                              partial=done.returncode != 0))
+    return done.returncode or merged

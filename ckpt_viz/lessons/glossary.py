@@ -1,8 +1,8 @@
 """The short glossary of the app's Glossary page and the lessons: words a student meets on every page.
 
 Plain data and the standard library (never torch or a UI): memory categories and handle
-states come from their one table each (`ckpt_viz.render.palette.CATEGORY_MEANINGS`,
-`ckpt_viz.trace.lifecycle.STATE_MEANINGS`); the terms and `SPLIT_COST` are said here once,
+states come from their one table each (`ckpt_viz.analysis.words.CATEGORY_MEANINGS`,
+`ckpt_viz.vocabulary.STATE_MEANINGS`); the terms and `SPLIT_COST` are said here once,
 for the glossary, the memory page and the lessons alike.
 """
 from __future__ import annotations
@@ -41,8 +41,10 @@ TERMS: dict[str, str] = {
 
 def glossary() -> dict[str, dict[str, str]]:
     """Sections of the glossary: {"Memory categories": {...}, "Handle states": {...}, "Terms": {...}}."""
-    from ckpt_viz.render.palette import CATEGORY_MEANINGS
-    from ckpt_viz.trace.lifecycle import STATE_MEANINGS
+    from ckpt_viz.analysis.words import CATEGORY_MEANINGS, CATEGORY_WORDS, STATE_WORDS
+    from ckpt_viz.vocabulary import STATE_MEANINGS
 
-    return {"Terms": dict(TERMS), "Memory categories": dict(CATEGORY_MEANINGS),
-            "Handle states": dict(STATE_MEANINGS), "Why split modes peak higher": {"split modes": SPLIT_COST}}
+    return {"Terms": dict(TERMS),
+            "Memory categories": {CATEGORY_WORDS[c]: meaning for c, meaning in CATEGORY_MEANINGS.items()},
+            "Handle states": {STATE_WORDS[s]: meaning for s, meaning in STATE_MEANINGS.items()},
+            "Why split modes peak higher": {"split modes": SPLIT_COST}}

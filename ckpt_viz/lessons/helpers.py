@@ -1,9 +1,15 @@
-"""What the lessons' scripts share: record a built-in model, read a trace's peak and replays. Torch-free at import."""
+"""What the lessons' scripts share: record a built-in model, read a trace's peak and replays. Torch-free at import.
+
+The figures are the analysis's (`ckpt_viz.analysis`), the ones the app's pages state beside a lesson.
+"""
 from __future__ import annotations
 
-from collections import Counter
 from functools import lru_cache
 
+from ckpt_viz.analysis.lifecycle import lifecycle
+from ckpt_viz.analysis.memory import MemoryPeak, memory
+from ckpt_viz.analysis.words import format_bytes
+from ckpt_viz.errors import LessonError
 from ckpt_viz.trace import Trace
 
 __all__ = ["builtin", "kib", "peak", "peak_by_category", "replays"]
@@ -18,23 +24,30 @@ def builtin(model: str, mode: str, **options) -> Trace:
     return obtain_trace(RunRequest("builtin", model, mode=mode, **options))
 
 
+def _peak(trace: Trace) -> MemoryPeak:
+    found = memory(trace).peak
+    if found is None:
+        raise LessonError("ckpt_viz.lessons: the run has no memory samples, so it has no peak.\n"
+                          "Tip: record it with memory=True (lessons.builtin does).")
+    return found
+
+
 def peak(trace: Trace) -> int:
-    """The largest total of live bytes over the run."""
-    return max(sum(s.bytes_by_category.values()) for s in trace.memory)
+    """The largest total of live bytes over the run (`ckpt_viz.analysis.memory`'s peak)."""
+    return _peak(trace).total
 
 
 def peak_by_category(trace: Trace) -> dict[str, int]:
     """The bytes of each memory category at the run's peak."""
-    best = max(trace.memory, key=lambda s: sum(s.bytes_by_category.values()))
-    return dict(best.bytes_by_category)
+    return dict(_peak(trace).by_category)
 
 
-def replays(trace: Trace) -> Counter:
-    """How many times each handle replayed: {handle id: count}."""
-    return Counter(e.handle_id for e in trace.of_kind("replay_started"))
+def replays(trace: Trace) -> dict[int, int]:
+    """How many times each handle that replayed did: {handle id: count} (the lifecycle's counts)."""
+    life = lifecycle(trace)
+    return {h: n for h in life.handle_ids if (n := life.replays(h))}
 
 
 def kib(nbytes: int) -> str:
-    from ckpt_viz.render.memory import format_bytes
-
+    """Bytes in words: 1536 -> "1.5 KiB"."""
     return format_bytes(nbytes)

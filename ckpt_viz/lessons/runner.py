@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ckpt_viz.analysis.memory import memory
 from ckpt_viz.lessons.loader import Lesson, LessonError, Step
 from ckpt_viz.trace import Trace
 
@@ -93,16 +94,16 @@ def resolve_cursor(trace: Trace, cursor: int | str) -> int:
     if cursor == "end":
         return seqs[-1]
     if cursor == "peak":
-        if not len(trace.memory):
+        peak = memory(trace).peak
+        if peak is None:
             raise LessonError(f"{_API}: cursor 'peak' needs memory samples.\nTip: record with memory=True.")
-        best = max(trace.memory, key=lambda s: sum(s.bytes_by_category.values()))
-        return best.seq
+        return peak.seq
     which, kind, *handle = cursor.split()
     hits = [e.seq for e in trace.events if e.kind == kind
             and (not handle or e.handle_id == int(handle[0][1:]))]
     if not hits:
         raise LessonError(f"{_API}: cursor {cursor!r}: the trace has no such event.\nTip: kinds in this trace: "
-                          f"{', '.join(sorted(set(trace.kinds())))}.")
+                          f"{', '.join(sorted({e.kind for e in trace.events}))}.")
     return hits[0] if which == "first" else hits[-1]
 
 

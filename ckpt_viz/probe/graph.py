@@ -16,9 +16,9 @@ NOTE [ Snapshots never replay ]
      as `tape`); it is drawn
      as a node of its handle's region with `exclude` set, and the region's own local
      graph (the tape's outputs, e.g. the LayerNorm kept from the forward) hangs off it.
-  4. The snapshot also keeps `torchviz.make_dot`'s own DOT of the same roots (the
-     app's "plain autograd (torchviz)" view), drawn without a replay: see NOTE
-     [ make_dot without a replay ] in `ckpt_viz.probe.makedot`.
+  4. The snapshot also keeps `torchviz.make_dot`'s own drawing of the same roots (the
+     app's "plain autograd (torchviz)" view) as data, drawn without a replay: see NOTE
+     [ make_dot without a replay ] and NOTE [ make_dot as data ] in `ckpt_viz.probe.makedot`.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ckpt_viz.probe.makedot import make_dot_source
+from ckpt_viz.probe.makedot import make_dot_graph
 from ckpt_viz.runtime.graphmark import EXCLUDE_KEY, HANDLE_KEY
 from ckpt_viz.runtime.reentrant import ReentrantCheckpointHandle
-from ckpt_viz.trace import GraphSnapshot
+from ckpt_viz.trace import GraphNode, GraphSnapshot
 
 __all__ = ["capture_graph"]
 
@@ -49,13 +49,13 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
         label: what the snapshot shows, e.g. "before backward".
         seq: the event seq it belongs to.
         names: id(parameter) -> qualified name, e.g. from `model.named_parameters()`.
-        torchviz: also keep `torchviz.make_dot`'s DOT of the roots (NOTE rule 4).
+        torchviz: also keep `torchviz.make_dot`'s drawing of the roots (NOTE rule 4).
 
     Returns:
         A `GraphSnapshot`; nodes carry id, name, kind, handle_id, dx_reached,
         dw_reached, shape, and where known `exclude` (the excluded region's id) and
         `replay` (True for nodes of a retained reentrant replay); `torchviz` holds
-        make_dot's DOT source (None when torchviz is not installed).
+        make_dot's drawing as data (None when torchviz is not installed).
     """
     names = names or {}
     ids: dict[int, int] = {}
@@ -134,14 +134,26 @@ def capture_graph(roots: Any, *, label: str, seq: int = -1, names: dict[int, str
             if variable is not None and id(variable) in triggers:
                 entry.update(kind="trigger", handle_id=triggers[id(variable)], name="backward_trigger")
         if torchviz:
-            dot = make_dot_source(_with_grad_fn(roots), params)
+            dot = make_dot_graph(_with_grad_fn(roots), params)
     finally:
         # `add` refers to itself (a reference cycle that holds `keep_alive`): without this the graph's nodes
         # would live until the garbage collector ran, so their node_collected events and freed bytes
         # landed at a different point on every run.
         keep_alive.clear()
     _mark_reached(nodes, edges)
-    return GraphSnapshot(seq=seq, label=label, nodes=nodes, edges=edges, torchviz=dot)
+    return GraphSnapshot(seq=seq, label=label[:1024], nodes=tuple(_node(n) for n in nodes),
+                         edges=tuple((a, b) for a, b in edges), torchviz=dot)
+
+
+_NODE_FIELDS = frozenset(GraphNode.__struct_fields__)
+
+
+def _node(entry: dict[str, Any]) -> GraphNode:
+    fields = {k: v for k, v in entry.items() if k in _NODE_FIELDS and v is not None}
+    if "shape" in fields:
+        fields["shape"] = tuple(fields["shape"])
+    fields["name"] = str(fields["name"])[:1024]
+    return GraphNode(**fields)
 
 
 def _with_grad_fn(roots: Any) -> list[torch.Tensor]:

@@ -1,8 +1,8 @@
 """torchviz's own drawing of a snapshot: `torchviz.make_dot` at snapshot time, with no replay.
 
-Owns `make_dot_source`: the DOT text `torchviz.make_dot(roots, params=...)` draws,
-renumbered so it is the same on every run, for `GraphSnapshot.torchviz`. Imports torch
-and torchviz when called; never the UI.
+Owns `make_dot_graph`: what `torchviz.make_dot(roots, params=...)` draws, as data
+(`TorchvizGraph`), renumbered so it is the same on every run, for `GraphSnapshot.torchviz`.
+Imports torch, graphviz and torchviz when called; never the UI.
 
 NOTE [ make_dot without a replay ]
   1. `show_saved` and `show_attrs` read every node's `_saved_*` attributes; on a
@@ -19,22 +19,32 @@ NOTE [ make_dot without a replay ]
      make_dot's own (its shapes, colours, labels, param names); the only difference
      is that custom Functions' saved tensors (orange in torchviz) are not drawn.
   4. make_dot names nodes by `id()`; they are renumbered n0, n1, ... in order of
-     first appearance, so two runs of the same model give the same text.
+     first appearance, so two runs of the same model give the same drawing.
   5. make_dot's recursive inner function is a reference cycle whose `seen` set holds
      the views and the parameters (AccumulateGrad's `variable`). Left to the garbage
      collector it would free them at a collector-dependent moment of a later run (its
      node_collected events and its "other" bytes would move). So make_dot runs with
      the collector paused, every view is hollowed and the params dict emptied once
      drawn, and the youngest generation, which holds the whole cycle, is collected.
+
+NOTE [ make_dot as data ]
+  1. A trace never carries DOT text: DOT from a file handed to `dot` can write markup of its choosing into
+     the SVG (fonts, URLs, HTML-like labels). make_dot runs with its `Digraph` swapped for one that records
+     each `node(name, label, fillcolor=...)` and `edge(tail, head, ...)` call, and the snapshot keeps those
+     as `TorchvizGraph`: labels as text, fills from torchviz's four colours, edge styles from two.
+  2. `ckpt_viz.render.graph.render_torchviz_view` rebuilds the drawing with graphviz's `Digraph`, which
+     quotes every label, in make_dot's own node style.
 """
 from __future__ import annotations
 
 import gc
-import re
+import threading
 import warnings
 from typing import Any
 
-__all__ = ["make_dot_source"]
+from ckpt_viz.trace import TorchvizEdge, TorchvizGraph, TorchvizNode
+
+__all__ = ["make_dot_graph"]
 
 _TYPES: dict[str, type] = {}
 
@@ -84,30 +94,58 @@ class _Root:
         return _Root(self._tensor._base, self._views, self._made)
 
 
-_NAME = re.compile(r"^(\s*)(\d+)( -> (\d+))?(?=[\s\[;]|$)")
+class _Capture:
+    """What make_dot draws, kept as data: a `graphviz.Digraph` whose `node` and `edge` calls are recorded
+    (NOTE [ make_dot as data ]). Built on first use, as a subclass of the Digraph torchviz imports."""
+
+    cls: Any = None
+
+    @classmethod
+    def digraph(cls) -> Any:
+        if cls.cls is None:
+            from graphviz import Digraph
+
+            class Recorded(Digraph):  # type: ignore[misc, valid-type]
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    super().__init__(*args, **kwargs)
+                    self.drawn_nodes: dict[str, tuple[str, str | None]] = {}
+                    self.drawn_edges: list[tuple[str, str, str | None]] = []
+
+                def node(self, name: str, label: str | None = None, _attributes: Any = None, **attrs: Any) -> None:
+                    self.drawn_nodes[str(name)] = (str(label if label is not None else name), attrs.get("fillcolor"))
+
+                def edge(self, tail_name: str, head_name: str, label: str | None = None, _attributes: Any = None,
+                         **attrs: Any) -> None:
+                    style = "dotted" if attrs.get("style") == "dotted" else (
+                        "undirected" if attrs.get("dir") == "none" else None)
+                    self.drawn_edges.append((str(tail_name), str(head_name), style))
+
+            cls.cls = Recorded
+        return cls.cls
 
 
-def _renumber(source: str) -> str:
-    """make_dot's id() node names become n0, n1, ... (NOTE rule 4); the size line torchviz adds is dropped."""
+_LOCK = threading.Lock()  # make_dot's module attribute Digraph is swapped for the call
+
+
+def _as_data(drawn: Any) -> TorchvizGraph:
+    """The recorded drawing, node names renumbered n0, n1, ... in order of first appearance (NOTE rule 4)."""
     names: dict[str, str] = {}
 
     def rename(name: str) -> str:
         return names.setdefault(name, f"n{len(names)}")
 
-    def line_of(match: re.Match[str]) -> str:
-        edge = f" -> {rename(match.group(4))}" if match.group(4) else ""
-        return f"{match.group(1)}{rename(match.group(2))}{edge}"
-
-    lines = []
-    for line in source.splitlines():
-        if line.strip().startswith("graph [") and "size=" in line:
-            continue  # make_dot's `size` shrinks a big graph to 12 inches; the app sets the size itself
-        lines.append(_NAME.sub(line_of, line, count=1))
-    return "\n".join(lines) + "\n"
+    nodes = tuple(TorchvizNode(id=rename(name), label=label[:1024], fill=fill if fill in _FILLS else None)
+                  for name, (label, fill) in drawn.drawn_nodes.items())
+    edges = tuple(TorchvizEdge(tail=rename(tail), head=rename(head), style=style)
+                  for tail, head, style in drawn.drawn_edges)
+    return TorchvizGraph(nodes=nodes, edges=edges)
 
 
-def make_dot_source(tensors: list[Any], params: dict[str, Any]) -> str | None:
-    """The DOT source of `torchviz.make_dot(tensors, params=params)`, without a replay; None without torchviz.
+_FILLS = frozenset(("lightblue", "orange", "darkolivegreen1", "darkolivegreen3"))
+
+
+def make_dot_graph(tensors: list[Any], params: dict[str, Any]) -> TorchvizGraph | None:
+    """What `torchviz.make_dot(tensors, params=params)` draws, as data, without a replay; None without torchviz.
 
     Args:
         tensors: the snapshot's root tensors (those with a grad_fn).
@@ -116,7 +154,7 @@ def make_dot_source(tensors: list[Any], params: dict[str, Any]) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchviz 0.0.3 imports distutils' LooseVersion
-            from torchviz import make_dot
+            from torchviz import dot as torchviz_dot
     except ImportError:  # an optional extra at run time: the snapshot keeps its own graph
         return None
     views: dict[int, Any] = {}
@@ -128,11 +166,16 @@ def make_dot_source(tensors: list[Any], params: dict[str, Any]) -> str | None:
     collecting = gc.isenabled()
     gc.disable()  # make_dot's cycle stays in the youngest generation, collected below (NOTE rule 5)
     try:
-        with warnings.catch_warnings():
+        with _LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchviz 0.0.3 imports distutils' LooseVersion
-            dot = make_dot(tuple(roots) if len(roots) > 1 else roots[0], params=params,
-                           show_attrs=False, show_saved=False)
-        return _renumber(dot.source)
+            original = torchviz_dot.Digraph
+            torchviz_dot.Digraph = _Capture.digraph()
+            try:
+                drawn = torchviz_dot.make_dot(tuple(roots) if len(roots) > 1 else roots[0], params=params,
+                                              show_attrs=False, show_saved=False)
+            finally:
+                torchviz_dot.Digraph = original
+        return _as_data(drawn)
     except RecursionError:  # make_dot recurses once per node: a graph thousands of nodes deep
         return None
     finally:

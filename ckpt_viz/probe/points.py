@@ -24,9 +24,8 @@ NOTE [ Sampling points ]
      inside a backward (a checkpoint's recompute) is a point and nothing more.
   3. Events: where a pass opens the hooks emit a `memory_sampled` event (data `at`:
      "<name> forward" at a depth-0 module's entry, where <name> is the module's
-     qualified name in the recorded model or else its class; "autograd backward" as a
-     top-level `torch.autograd.backward` / `grad` call begins; "<Optimizer>.step" as a
-     step begins), so a loop with no checkpoint still has an event to tie each pass's
+     qualified name in the recorded model or else its class; "<Optimizer>.step" as a step begins; a top-level `torch.autograd.backward` / `grad`
+     call has its own `backward_called` event, emitted by the recording's autograd watch), so a loop with no checkpoint still has an event to tie each pass's
      samples to. Where a pass closes there is a sampling point and no event: what
      follows is tied to the pass's last event until the next one.
   4. Hooks stay installed while any sampler is attached anywhere in the process (a
@@ -44,6 +43,7 @@ from typing import Any, Protocol
 import torch
 
 from ckpt_viz import bus
+from ckpt_viz.events import EventBase, MemorySampled
 from ckpt_viz.runtime import memtags
 
 __all__ = ["Sampler", "Sampling", "Steps", "attach", "backward_ended", "backward_started", "model_inputs",
@@ -137,7 +137,7 @@ def _label(samplers: tuple[Sampler, ...], module: torch.nn.Module) -> str:
 
 
 def _emit(at: str) -> None:
-    bus.emit("memory_sampled", capture_site=False, data={"at": at})
+    bus.emit(MemorySampled, capture_site=False, at=at)
 
 
 def _hold(value: Any, category: str) -> None:
@@ -217,9 +217,8 @@ def _step_ended(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> 
 def backward_started() -> None:
     """A top-level `torch.autograd.backward` / `grad` call begins (the recording's autograd watch)."""
     samplers = _here()
-    if samplers:
+    if samplers:  # its event is the recording's backward_called, emitted just before
         _set_phase(samplers, "backward")
-        _emit("autograd backward")
 
 
 def backward_ended() -> None:
@@ -250,7 +249,7 @@ class Sampling:
 
     Args:
         probe: the block's open probe (`open_probe` in probe/allocations.py).
-        keep: where a reading goes, keep(seq, t_ns, totals, device, by_stage) (the trace's RecordedMemory.keep).
+        keep: where a reading goes, keep(seq, t_ns, totals, device, by_stage) (the recording's `_keep_sample`).
         names: id(module) -> its qualified name in the recorded model.
     """
 
@@ -262,10 +261,10 @@ class Sampling:
         if probe.deferred:  # its readings come as the stream is replayed (probe/allocations.py NOTE rule 1)
             probe.keep = self._keep
 
-    def on_event(self, row: Any) -> None:
-        """Read memory right after the event `row` (the recording's channel calls it in seq order)."""
-        self.last_seq = seq = row[0]
-        self._read(seq, row[1][0])
+    def on_event(self, event: EventBase) -> None:
+        """Read memory right after `event` (the recording's channel calls it in seq order)."""
+        self.last_seq = event.seq
+        self._read(event.seq, event.t_ns)
 
     def point(self) -> None:
         if self.last_seq is not None:  # no event yet: nothing to tie a reading to

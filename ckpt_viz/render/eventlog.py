@@ -1,25 +1,32 @@
-"""The event log: filter a trace's events, turn them into table rows, plain text, and a line in words.
+"""The event log: filter a trace's events, turn them into table rows, plain text and CSV.
 
-Pure functions of the trace; standard library only.
+Pure functions of the typed events; standard library and msgspec only. An event in words (the
+cursor's line) is `ckpt_viz.analysis.words.describe_event`.
 
     filter_events(trace, kinds={"released", "replay_refused"}, handles={3})
     event_rows(events) -> [{"seq": 49, "kind": "released", "handle": "h3", ...}, ...]
     rows_text(rows)    -> the same rows as aligned plain text: every column, nothing cut
-    describe_event(e, names={3: "blocks.3"})
-                       -> "seq 49 · released · h3 blocks.3 · DW pass · because DW finished · train.py:77"
+    rows_csv(rows)     -> the same rows as CSV, no cell a spreadsheet reads as a formula
+
+NOTE [ CSV cells ]
+  1. A trace's text (a site, a tag, an error message) is data. A spreadsheet runs a text cell
+     that starts with "=", "+", "-", "@", a tab or a carriage return as a formula, so `rows_csv`
+     prefixes such a cell with a single quote; numbers and every other cell are written as they are.
 """
 from __future__ import annotations
 
+import csv
+import io
+from bisect import bisect_left
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from ckpt_viz.events import Event
-from ckpt_viz.render import palette
+from ckpt_viz.events import Event, fields_of
 from ckpt_viz.render.text import format_event
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace.index import TraceIndex, event_column
 
-__all__ = ["ROW_COLUMNS", "describe_event", "event_rows", "filter_events", "rows_text"]
+__all__ = ["ROW_COLUMNS", "csv_cell", "event_details", "event_fields", "event_rows", "filter_events", "rows_csv",
+           "rows_text"]
 
 
 def filter_events(trace: Trace, *, kinds: Collection[str] | None = None, handles: Collection[int] | None = None,
@@ -35,26 +42,23 @@ def filter_events(trace: Trace, *, kinds: Collection[str] | None = None, handles
             with its site), e.g. "dw_complete" or "test_x.py:12".
         start, stop: keep start <= seq < stop.
     """
-    window = TraceIndex.of(trace).window(start, stop)
-    kind_col = event_column(trace, "kind") if kinds is not None else None
-    handle_col = event_column(trace, "handle_id") if handles is not None else None
-    phase_col = event_column(trace, "phase") if phases is not None else None
-    kinds_set = set(kinds) if kinds is not None else None
-    handles_set = set(handles) if handles is not None else None
-    phases_set = set(phases) if phases is not None else None
-    positions: Iterable[int] = window
-    if kind_col is not None:
-        positions = (i for i in positions if kind_col[i] in kinds_set)  # type: ignore[operator]
-    if handle_col is not None:
-        positions = (i for i in positions if handle_col[i] in handles_set)  # type: ignore[operator]
-    if phase_col is not None:
-        positions = (i for i in positions if phase_col[i] in phases_set)  # type: ignore[operator]
     events = trace.events
-    picked = [events[i] for i in positions]
+    lo = 0 if start is None else bisect_left(events, start, key=lambda e: e.seq)
+    hi = len(events) if stop is None else bisect_left(events, stop, key=lambda e: e.seq)
+    picked: Iterable[Event] = events[lo:hi] if (lo, hi) != (0, len(events)) else events
+    if kinds is not None:
+        wanted_kinds = set(kinds)
+        picked = [e for e in picked if e.kind in wanted_kinds]
+    if handles is not None:
+        wanted_handles = set(handles)
+        picked = [e for e in picked if e.handle_id in wanted_handles]
+    if phases is not None:
+        wanted_phases = set(phases)
+        picked = [e for e in picked if e.phase in wanted_phases]
     if text:
         needle = text.lower()
         picked = [e for e in picked if needle in format_event(e, site=True).lower()]
-    return picked
+    return list(picked)
 
 
 ROW_COLUMNS: tuple[str, ...] = ("seq", "kind", "handle", "phase", "session", "tags", "site", "details")
@@ -63,15 +67,32 @@ ROW_COLUMNS: tuple[str, ...] = ("seq", "kind", "handle", "phase", "session", "ta
 def _short(value: Any) -> str:
     """A compact, complete form: lists as [a,b], dicts as {k:v}; a multi-line string joined with " | "."""
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_short(v) for v in value) + "]"
+        return "[" + ",".join(_short(_field(v)) for v in value) + "]"
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{_short(v)}" for k, v in value.items()) + "}"
     return " | ".join(line.strip() for line in str(value).splitlines() if line.strip())
 
 
+def _field(value: Any) -> Any:
+    """A struct (a tensor's meta, a captured parameter) as its fields."""
+    fields = getattr(type(value), "__struct_fields__", None)
+    return {k: getattr(value, k) for k in fields} if fields is not None else value
+
+
+def event_fields(event: Event) -> dict[str, str]:
+    """Every field of the event's kind (after the fields every event has), each value in its compact, complete
+    form."""
+    return {k: _short(_field(v)) for k, v in fields_of(event).items()}
+
+
+def event_details(event: Event) -> str:
+    """Every field of the event's kind, "name=value", two spaces apart, nothing cut."""
+    return "  ".join(f"{k}={v}" for k, v in event_fields(event).items())
+
+
 def event_rows(events: Iterable[Event]) -> list[dict[str, Any]]:
     """Table rows, one column per `ROW_COLUMNS`: seq, kind, handle ("h3" or ""), phase, session,
-    tags ("stage=0 microbatch=1"), site, details (every data field, nothing cut)."""
+    tags ("stage=0 microbatch=1"), site, details (every field of the event's kind, nothing cut)."""
     return [{
         "seq": e.seq,
         "kind": e.kind,
@@ -80,7 +101,7 @@ def event_rows(events: Iterable[Event]) -> list[dict[str, Any]]:
         "session": "" if e.session_id is None else str(e.session_id),
         "tags": " ".join(f"{k}={v}" for k, v in (e.tags or {}).items()),
         "site": e.site or "",
-        "details": "  ".join(f"{k}={_short(v)}" for k, v in (e.data or {}).items()),
+        "details": event_details(e),
     } for e in events]
 
 
@@ -101,59 +122,25 @@ def rows_text(rows: list[dict[str, Any]], *, marker: int | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-# What `describe_event` says about an event's data, per kind: (data key, how to say it).
-_WORDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "handle_created": (("split", "split DX/DW"),),
-    "phase_set": (("new", "phase set to {}"),),
-    "replay_started": (("trigger", "for {}"),),
-    "replay_finished": (("trigger", "for {}"),),
-    "replay_refused": (("reason", "refused because {}"),),
-    "released": (("reason", "because {}"),),
-    "memory_sampled": (("at", "at {}"),),
-    "error": (("type", "{}"), ("message", "{}")),
-    "forward_failed": (("type", "{}"), ("message", "{}")),
-    "replay_failed": (("type", "{}"), ("message", "{}")),
-    "tensor_packed": (("nbytes", "{} bytes saved"),),
-}
-_TRIGGERS = {"backward": "a backward", "prefire": "a prefire (ahead of the backward)"}
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
-def _said(kind: str, key: str, template: str, value: Any) -> str | None:
-    if value is None or value is False or value == "":
-        return None
-    if key == "split":
-        return template
-    if key == "new":
-        value = palette.phase_word(str(value))
-    elif key == "trigger":
-        value = _TRIGGERS.get(str(value), str(value))
-    elif key == "reason":
-        value = palette.reason_word(str(value))
-    elif key == "message":
-        value = str(value).splitlines()[0] if str(value).strip() else ""
-    return template.format(value)
+def csv_cell(value: Any) -> str:
+    """A cell as CSV text a spreadsheet will not run (NOTE [ CSV cells ]): "=1+1" -> "'=1+1" (a number as it is)."""
+    if value is None:
+        return ""
+    if isinstance(value, (int, float)):
+        return str(value)
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA) else text
 
 
-def describe_event(event: Event, names: dict[int, str] | None = None) -> str:
-    """One event in words for the cursor line: seq, what happened, which handle (with its block's name),
-    the pass, the one or two facts that matter, the stage and micro-batch, the user's file:line.
-    No raw data keys (`collector=scope`, `input_count=1` stay in the Events table)."""
-    parts = [f"seq {event.seq}", event.kind.replace("_", " ")]
-    if event.handle_id is not None:
-        name = (names or {}).get(event.handle_id)
-        parts.append(f"h{event.handle_id} {name}" if name else f"h{event.handle_id}")
-    if event.phase in ("dx", "dw"):
-        parts.append(f"{palette.phase_word(event.phase)} pass")
-    data = event.data or {}
-    for key, template in _WORDS.get(event.kind, ()):
-        said = _said(event.kind, key, template, data.get(key))
-        if said:
-            parts.append(said)
-    tags = event.tags or {}
-    if tags.get("stage") is not None:
-        parts.append(f"stage {tags['stage']}")
-    if tags.get("microbatch") is not None:
-        parts.append(f"micro-batch {tags['microbatch']}")
-    if event.site:
-        parts.append(event.site)
-    return " · ".join(parts)
+def rows_csv(rows: list[dict[str, Any]], columns: Iterable[str] | None = None) -> bytes:
+    """Rows (e.g. `event_rows`) as UTF-8 CSV with a header, every cell through `csv_cell`."""
+    names = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows for k in r))
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow([csv_cell(n) for n in names])
+    for r in rows:
+        writer.writerow([csv_cell(r.get(n, "")) for n in names])
+    return out.getvalue().encode("utf-8")

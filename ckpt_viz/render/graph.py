@@ -1,8 +1,17 @@
-"""Graph snapshots as Graphviz DOT: the annotated checkpoint view and torchviz's own view.
+"""Graph snapshots as `graphviz.Digraph`: the annotated checkpoint view and torchviz's own view.
 
-Pure functions of a `GraphSnapshot` (see `ckpt_viz.probe.graph` for what a snapshot
-holds); they return DOT source text and never import torch, graphviz or a UI. Colours
-and words come from `ckpt_viz.render.palette`; `ckpt_viz.render.svg` draws the SVG.
+Each renderer takes the trace and the cursor and draws what `ckpt_viz.analysis` says about them:
+the snapshot shown at the cursor (`analysis.routing.snapshot_before`), each region's handle state
+(`analysis.lifecycle.region_states`) and the refused replays (`analysis.lifecycle.refused_handles`).
+Colours come from `ckpt_viz.render.palette`, words from `ckpt_viz.analysis.words`;
+`ckpt_viz.render.svg` draws the SVG. Never torch or a UI.
+
+NOTE [ Text in a graph ]
+  1. Every text drawn (a node's name, a label, a tooltip) is data from a trace or a model file. It
+     is passed to graphviz through `dot_text`, which escapes backslashes and marks it as no HTML
+     (`graphviz.escape`), so `graphviz.Digraph` quotes it: it is drawn as its characters, never read
+     as an HTML-like label, an escape sequence or DOT. The torchviz view is rebuilt from the
+     snapshot's `TorchvizGraph` data the same way, never from DOT text.
 
 NOTE [ Collapsing repeated blocks ]
   1. A region is one handle's nodes: nodes whose handle_id is set (non-reentrant
@@ -23,16 +32,13 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckpt_viz.render.palette import (
-    ACTION_COLOURS,
-    CATEGORY_COLOURS,
-    CURSOR_COLOUR,
-    MARK_COLOURS,
-    STATE_FILLS,
-    state_word,
-)
-from ckpt_viz.trace import GraphSnapshot, Trace
-from ckpt_viz.trace.cache import event_column
+import graphviz
+
+from ckpt_viz.analysis.lifecycle import refused_handles, region_states
+from ckpt_viz.analysis.routing import snapshot_before
+from ckpt_viz.analysis.words import state_word
+from ckpt_viz.render.palette import ACTION_COLOURS, CATEGORY_COLOURS, CURSOR_COLOUR, MARK_COLOURS, STATE_FILLS
+from ckpt_viz.trace import GraphNode, GraphSnapshot, Trace
 
 __all__ = [
     "EDGE_COLOURS",
@@ -40,11 +46,10 @@ __all__ = [
     "GRAPH_LEGEND",
     "NODE_COLOURS",
     "REGION_FILLS",
+    "TORCHVIZ_FILLS",
     "TORCHVIZ_LEGEND",
     "collapse_runs",
-    "dot_attrs",
-    "dot_quote",
-    "refused_handles",
+    "dot_text",
     "render_graph",
     "render_torchviz_view",
 ]
@@ -59,12 +64,14 @@ NODE_COLOURS: dict[str, str] = {
 }
 _NODE_SHAPES: dict[str, str] = {"backward": "box", "leaf": "box", "input": "ellipse", "trigger": "diamond",
                                 "checkpoint": "box3d", "block": "folder"}
-REGION_FILLS: dict[str, str] = STATE_FILLS  # one per `ckpt_viz.trace.lifecycle.STATES`: the light state colours
+REGION_FILLS: dict[str, str] = STATE_FILLS  # one per `ckpt_viz.vocabulary.STATES`: the light state colours
 EXCLUDED_FILL = "#eadccf"  # a light version of the excluded_outputs brown
 _DASHED_STATES = {"not_created", "released", "collected"}
 EDGE_COLOURS: dict[str, str] = {"dx": ACTION_COLOURS["DX"], "dw": ACTION_COLOURS["DW"], "both": ACTION_COLOURS["B"],
                                 "none": "#bdbdbd"}
-_FONT = {"fontname": "Helvetica", "fontsize": 10}
+# torchviz.make_dot's own fill colours (a `TorchvizNode.fill`), drawn as make_dot draws them.
+TORCHVIZ_FILLS: tuple[str, ...] = ("lightblue", "orange", "darkolivegreen1", "darkolivegreen3")
+_FONT = {"fontname": "Helvetica", "fontsize": "10"}
 
 GRAPH_LEGEND = "\n".join([
     "White box: backward node. Grey box: parameter (with its shape). Teal oval: input tensor.",
@@ -78,21 +85,16 @@ GRAPH_LEGEND = "\n".join([
     "Folder \"Block xN\": N identical regions drawn as one node.",
 ])
 TORCHVIZ_LEGEND = "\n".join([
-    "Drawn by torchviz.make_dot itself, at snapshot time (no replay): grey box: backward node;",
-    "blue box: a leaf tensor that requires grad (a parameter with its name, or an input), with its shape;",
-    "green box: the output (the loss); dark green: the base of an output that is a view.",
-    "No checkpoint regions and no DX/DW colours: this is the autograd graph as torch holds it.",
+    "Drawn in torchviz.make_dot's style, from its drawing kept at snapshot time (no replay): grey box:",
+    "backward node; blue box: a leaf tensor that requires grad (a parameter with its name, or an input), with its",
+    "shape; orange: a tensor saved for backward; green box: the output (the loss); dark green: the base of an",
+    "output that is a view. No checkpoint regions and no DX/DW colours: this is the autograd graph as torch holds it.",
 ])
 
 
-def dot_quote(text: Any) -> str:
-    """A DOT double-quoted string."""
-    s = str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{s}"'
-
-
-def dot_attrs(**attrs: Any) -> str:
-    return "[" + ", ".join(f"{k}={dot_quote(v)}" for k, v in attrs.items() if v is not None) + "]"
+def dot_text(*lines: Any) -> str:
+    """Lines of data as one graphviz label or tooltip: each drawn as its characters (NOTE [ Text in a graph ])."""
+    return graphviz.nohtml("\\n".join(graphviz.escape(str(line)) for line in lines))
 
 
 def _shape_text(shape: Any) -> str:
@@ -108,166 +110,145 @@ def _numel(shape: Any) -> int:
     return n
 
 
-def _label(node: Mapping[str, Any]) -> str:
-    kind, name = node.get("kind"), str(node.get("name", "?"))
-    h = node.get("handle_id")
+def _label(node: GraphNode) -> str:
+    kind, name, h = node.kind, node.name, node.handle_id
     if kind == "checkpoint":
-        phase = node.get("phase")
-        return f"{name}\nh{h}" + (f" · {phase}" if phase in ("dx", "dw") else "")
+        return dot_text(name, f"h{h}" + (f" · {node.phase}" if node.phase in ("dx", "dw") else ""))
     if kind == "trigger":
-        return f"trigger h{h}"
-    if kind == "input" and _numel(node.get("shape")) == 0:
-        return "dummy\n(0)"  # the checkpoint's zero-size input that makes every output require grad
-    if kind in ("leaf", "input"):
-        return f"{name}\n{_shape_text(node.get('shape'))}".rstrip()
-    return name
+        return dot_text(f"trigger h{h}")
+    if kind == "input" and _numel(node.shape) == 0:
+        return dot_text("dummy", "(0)")  # the checkpoint's zero-size input that makes every output require grad
+    if kind in ("leaf", "input") and node.shape is not None:
+        return dot_text(name, _shape_text(node.shape))
+    return dot_text(name)
 
 
 def _edge_kind(dx: bool, dw: bool) -> str:
     return "both" if dx and dw else "dx" if dx else "dw" if dw else "none"
 
 
-def _region_of(node: Mapping[str, Any]) -> int | None:
-    return node.get("handle_id") if node.get("kind") != "trigger" else None
-
-
-def _default_state(members: Iterable[Mapping[str, Any]]) -> str:
-    members = list(members)
-    for n in members:
-        if n.get("kind") == "checkpoint":
-            if n.get("released"):
-                return "released"
-            if n.get("replayed"):
-                return "replayed"
-            return "recorded"
-    return "replayed" if any(n.get("replay") for n in members) else "recorded"
+def _region_of(node: GraphNode) -> int | None:
+    return node.handle_id if node.kind != "trigger" else None
 
 
 _DIGITS = re.compile(r"\d+")
 
 
-def render_graph(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = None, collapse: bool = True,
-                 rankdir: str = "TB", collapse_above: int = 100, min_repeat: int = 3, highlight: int | None = None,
-                 refused: Iterable[int] = ()) -> str:
-    """Draw one autograd graph snapshot with its checkpoint regions as DOT source.
+def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapshot | None = None,
+                 collapse: bool = True, rankdir: str = "TB", collapse_above: int = 100, min_repeat: int = 3,
+                 highlight: int | None = None) -> graphviz.Digraph | None:
+    """Draw the autograd graph shown at the cursor with its checkpoint regions in their states.
 
     Args:
-        snapshot: the graph (see `ckpt_viz.probe.graph.capture_graph`).
-        states: handle id -> state at the cursor (`Lifecycle.states_at`, one of
-            `ckpt_viz.trace.lifecycle.STATES`); without it the state comes from the
-            checkpoint node's own flags.
+        trace: the run.
+        seq: the cursor (None: the end of the run): which snapshot, which states, which refusals.
+        snapshot: draw this snapshot instead of the one shown at `seq` (states still as of `seq`).
         collapse: collapse runs of identical regions (see NOTE [ Collapsing repeated blocks ]).
         rankdir: "TB" (loss at the top) or "LR".
         collapse_above: collapse only graphs with more nodes than this (0: any graph).
         min_repeat: the shortest run of identical regions that is collapsed.
         highlight: a handle id to point out (a magenta border), e.g. the Debugger's handle.
-        refused: handle ids whose replay was refused (`refused_handles`): a dark red border.
 
     Returns:
-        DOT source: clusters "cluster_h<id>" labelled "h<id> · <state word>", excluded
-        regions "cluster_x<id>_h<handle>" inside them, nodes "n<index>", collapsed runs
-        "block<k>".
+        The graph (None when the trace has no snapshot): clusters "cluster_h<id>" labelled
+        "h<id> · <state word>", excluded regions "cluster_x<id>_h<handle>" inside them, nodes
+        "n<index>", collapsed runs "block<k>".
 
     Legend:
     """
+    snapshot = snapshot if snapshot is not None else snapshot_before(trace, seq if seq is not None else _end(trace))
+    if snapshot is None:
+        return None
+    states = region_states(trace, snapshot, seq)
     nodes = list(snapshot.nodes)
     edges = _edges(snapshot, nodes)
-    regions, region_state = _regions(nodes, states)
-    refused = {h for h in refused if h in regions}
+    regions = _regions(nodes)
+    refused = {h for h in refused_handles(trace, seq) if h in regions}
     keep = refused | ({highlight} if highlight in regions else set())
     block_of: dict[int, int] = {}  # node index -> block number
     blocks: list[tuple[list[int], int]] = []  # (handle ids, nodes per region)
     if collapse and len(nodes) > collapse_above and len(regions) >= min_repeat:
-        block_of, blocks = _collapse(nodes, edges, regions, region_state, min_repeat, keep)
+        block_of, blocks = _collapse(nodes, edges, regions, states, min_repeat, keep)
     collapsed = {h for handles, _ in blocks for h in handles}
 
-    graph = dot_attrs(rankdir=rankdir, label=snapshot.label, labelloc="t", fontname="Helvetica", fontsize=12)
-    out = ["digraph autograd {", f"  graph {graph};", f"  node {dot_attrs(**_FONT, style='filled')};",
-           f"  edge {dot_attrs(arrowsize='0.6')};"]
-    for h in sorted(regions, key=_sort_key):
+    graph = graphviz.Digraph("autograd", graph_attr={"rankdir": rankdir, "label": dot_text(snapshot.label),
+                                                     "labelloc": "t", "fontname": "Helvetica", "fontsize": "12"},
+                             node_attr={**_FONT, "style": "filled"}, edge_attr={"arrowsize": "0.6"})
+    for h in sorted(regions):
         if h not in collapsed:
-            out.extend(_region_lines(h, nodes, regions[h], region_state[h], h in refused, h == highlight))
+            _region(graph, h, nodes, regions[h], states.get(h, "recorded"), h in refused, h == highlight)
     for i, n in enumerate(nodes):
         if _region_of(n) is None and i not in block_of:
-            out.append("  " + _node_line(i, n))
+            _node(graph, i, n)
     for k, (handles, size) in enumerate(blocks):
-        state = region_state[handles[0]]
-        label = f"Block x{len(handles)}\nh{handles[0]} – h{handles[-1]} · {state_word(state)}\n{size} nodes each"
-        out.append(f"  block{k} " + dot_attrs(label=label, shape=_NODE_SHAPES["block"],
-                                           fillcolor=REGION_FILLS.get(state, NODE_COLOURS["block"]),
-                                           tooltip=", ".join(f"h{h}" for h in handles)) + ";")
-    out.extend(_edge_lines(nodes, edges, block_of))
-    out.append("}")
-    return "\n".join(out) + "\n"
+        state = states.get(handles[0], "recorded")
+        graph.node(f"block{k}", label=dot_text(f"Block x{len(handles)}",
+                                            f"h{handles[0]} – h{handles[-1]} · {state_word(state)}",
+                                            f"{size} nodes each"),
+                   shape=_NODE_SHAPES["block"], fillcolor=REGION_FILLS.get(state, NODE_COLOURS["block"]),
+                   tooltip=dot_text(", ".join(f"h{h}" for h in handles)))
+    _edge_lines(graph, nodes, edges, block_of)
+    return graph
 
 
-def collapse_runs(snapshot: GraphSnapshot, *, states: Mapping[int, str] | None = None, min_repeat: int = 3,
-                  keep: Iterable[int] = ()) -> list[list[int]]:
-    """The runs of identical regions `render_graph(collapse=True)` would draw as one block, as handle-id lists."""
+def collapse_runs(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapshot | None = None,
+                  min_repeat: int = 3, keep: Iterable[int] = ()) -> list[list[int]]:
+    """The runs of identical regions `render_graph(collapse=True)` would draw as one block, as handle-id lists
+    (refused handles and `keep` stay out of every run)."""
+    snapshot = snapshot if snapshot is not None else snapshot_before(trace, seq if seq is not None else _end(trace))
+    if snapshot is None:
+        return []
     nodes = list(snapshot.nodes)
-    regions, region_state = _regions(nodes, states)
+    regions = _regions(nodes)
     if len(regions) < min_repeat:
         return []
-    _, blocks = _collapse(nodes, _edges(snapshot, nodes), regions, region_state, min_repeat, set(keep))
+    kept = set(keep) | set(refused_handles(trace, seq))
+    _, blocks = _collapse(nodes, _edges(snapshot, nodes), regions, region_states(trace, snapshot, seq), min_repeat,
+                          kept)
     return [handles for handles, _ in blocks]
 
 
-def refused_handles(trace: Trace, seq: int | None) -> list[int]:
-    """The handles whose replay was refused at or before `seq` (all of them when seq is None), in order."""
-    found: list[int] = []
-    for s, kind, h in zip(event_column(trace, "seq"), event_column(trace, "kind"), event_column(trace, "handle_id")):
-        if seq is not None and s > seq:
-            break
-        if kind == "replay_refused" and h is not None and h not in found:
-            found.append(h)
-    return found
+def _end(trace: Trace) -> int:
+    return trace.events[-1].seq if trace.events else (trace.graphs[-1].seq if trace.graphs else 0)
 
 
-def _edges(snapshot: GraphSnapshot, nodes: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    index = {n["id"]: i for i, n in enumerate(nodes)}
+def _edges(snapshot: GraphSnapshot, nodes: list[GraphNode]) -> list[tuple[int, int]]:
+    index = {n.id: i for i, n in enumerate(nodes)}
     return [(index[s], index[d]) for s, d in snapshot.edges if s in index and d in index]
 
 
-def _regions(nodes: list[dict[str, Any]], states: Mapping[int, str] | None) -> tuple[dict, dict]:
+def _regions(nodes: list[GraphNode]) -> dict[int, list[int]]:
     regions: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         h = _region_of(n)
         if h is not None:
             regions.setdefault(h, []).append(i)
-    region_state = {h: (states.get(h) if states is not None and h in states else None)
-                    or _default_state(nodes[i] for i in members) for h, members in regions.items()}
-    return regions, region_state
+    return regions
 
 
-def _region_lines(h: int, nodes: list[dict[str, Any]], members: list[int], state: str, refused: bool,
-                  highlight: bool) -> list[str]:
+def _region(graph: graphviz.Digraph, h: int, nodes: list[GraphNode], members: list[int], state: str,
+            refused: bool, highlight: bool) -> None:
     style = "filled,dashed" if state in _DASHED_STATES else "filled,rounded"
     label = ("▶ " if highlight else "") + f"h{h} · {state_word(state)}" + (" · replay refused" if refused else "")
     colour = CURSOR_COLOUR if highlight else MARK_COLOURS["refused"] if refused else "#636363"
-    cluster = dot_attrs(label=label, style=style, fillcolor=REGION_FILLS.get(state, "#ffffff"), color=colour,
-                        penwidth="3" if highlight or refused else "1", fontcolor=colour if refused else None,
-                        tooltip=f"h{h}: {state}")
-    out = [f"  subgraph cluster_h{h} {{", f"    graph {cluster};"]
-    excluded: dict[Any, list[int]] = {}
-    for i in members:
-        if nodes[i].get("exclude") is not None:
-            excluded.setdefault(nodes[i]["exclude"], []).append(i)
-        else:
-            out.append("    " + _node_line(i, nodes[i]))
-    for x, inner in excluded.items():  # an excluded region inside the checkpoint: kept, not recomputed
-        box = dot_attrs(label=f"excluded region {x} · kept, not recomputed", style="filled,dashed",
-                        fillcolor=EXCLUDED_FILL, color=CATEGORY_COLOURS["excluded_outputs"], penwidth="2",
-                        fontcolor=CATEGORY_COLOURS["excluded_outputs"])
-        out.append(f"    subgraph cluster_x{_ident(x)}_h{h} {{")
-        out.append(f"      graph {box};")
-        out.extend("      " + _node_line(i, nodes[i]) for i in inner)
-        out.append("    }")
-    out.append("  }")
-    return out
-
-
-def _ident(value: Any) -> str:
-    return re.sub(r"\W", "_", str(value))
+    with graph.subgraph(name=f"cluster_h{h}") as cluster:
+        cluster.attr(label=dot_text(label), style=style, fillcolor=REGION_FILLS.get(state, "#ffffff"), color=colour,
+                     penwidth="3" if highlight or refused else "1", tooltip=dot_text(f"h{h}: {state_word(state)}"))
+        if refused:
+            cluster.attr(fontcolor=colour)
+        excluded: dict[int, list[int]] = {}
+        for i in members:
+            if nodes[i].exclude is not None:
+                excluded.setdefault(nodes[i].exclude, []).append(i)
+            else:
+                _node(cluster, i, nodes[i])
+        for x, inner in excluded.items():  # an excluded region inside the checkpoint: kept, not recomputed
+            with cluster.subgraph(name=f"cluster_x{x}_h{h}") as box:
+                box.attr(label=dot_text(f"excluded region {x} · kept, not recomputed"), style="filled,dashed",
+                         fillcolor=EXCLUDED_FILL, color=CATEGORY_COLOURS["excluded_outputs"], penwidth="2",
+                         fontcolor=CATEGORY_COLOURS["excluded_outputs"])
+                for i in inner:
+                    _node(box, i, nodes[i])
 
 
 # The legend lives in the docstring (pytorchviz style) and in GRAPH_LEGEND, the app's caption.
@@ -275,23 +256,19 @@ render_graph.__doc__ = (render_graph.__doc__ or "").rstrip() + "\n" + "".join(
     f"        {line}\n" for line in GRAPH_LEGEND.splitlines()) + "    "
 
 
-def _sort_key(h: Any) -> tuple[int, Any]:
-    return (0, h) if isinstance(h, int) else (1, str(h))
+def _node(graph: graphviz.Digraph, i: int, node: GraphNode) -> None:
+    kind = node.kind
+    owner = f" · h{node.handle_id}" if node.handle_id is not None else ""
+    owner += f" · excluded region {node.exclude}" if node.exclude is not None else ""
+    reached = f" · dx {'yes' if node.dx_reached else 'no'} · dw {'yes' if node.dw_reached else 'no'}"
+    graph.node(f"n{i}", label=_label(node), shape=_NODE_SHAPES.get(kind, "box"),
+               fillcolor=NODE_COLOURS.get(kind, NODE_COLOURS["backward"]),
+               style="filled,rounded" if kind == "leaf" else "filled", tooltip=dot_text(f"{node.name} · {kind}{owner}"
+                                                                                     f"{reached}"))
 
 
-def _node_line(i: int, node: Mapping[str, Any]) -> str:
-    kind = node.get("kind", "backward")
-    style = "filled,rounded" if kind == "leaf" else "filled"
-    owner = f" · h{node['handle_id']}" if node.get("handle_id") is not None else ""
-    owner += f" · excluded region {node['exclude']}" if node.get("exclude") is not None else ""
-    reached = f" · dx {'yes' if node.get('dx_reached') else 'no'} · dw {'yes' if node.get('dw_reached') else 'no'}"
-    tooltip = f"{node.get('name')} · {kind}{owner}{reached}"
-    return f"n{i} " + dot_attrs(label=_label(node), shape=_NODE_SHAPES.get(kind, "box"),
-                             fillcolor=NODE_COLOURS.get(kind, NODE_COLOURS["backward"]), style=style,
-                             tooltip=tooltip) + ";"
-
-
-def _edge_lines(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], block_of: dict[int, int]) -> list[str]:
+def _edge_lines(graph: graphviz.Digraph, nodes: list[GraphNode], edges: list[tuple[int, int]],
+                block_of: dict[int, int]) -> None:
     merged: dict[tuple[str, str], list[bool]] = {}
     for s, d in edges:
         src = f"block{block_of[s]}" if s in block_of else f"n{s}"
@@ -299,18 +276,15 @@ def _edge_lines(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], block
         if src == dst:
             continue
         flags = merged.setdefault((src, dst), [False, False])
-        flags[0] |= bool(nodes[s].get("dx_reached") and nodes[d].get("dx_reached"))
-        flags[1] |= bool(nodes[s].get("dw_reached") and nodes[d].get("dw_reached"))
-    lines = []
+        flags[0] |= nodes[s].dx_reached and nodes[d].dx_reached
+        flags[1] |= nodes[s].dw_reached and nodes[d].dw_reached
     for (src, dst), (dx, dw) in merged.items():
         kind = _edge_kind(dx, dw)
-        lines.append(f"  {src} -> {dst} " + dot_attrs(color=EDGE_COLOURS[kind],
-                                                   penwidth="1.6" if kind != "none" else "1.0") + ";")
-    return lines
+        graph.edge(src, dst, color=EDGE_COLOURS[kind], penwidth="1.6" if kind != "none" else "1.0")
 
 
-def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions: dict[int, list[int]],
-              region_state: dict[int, str], min_repeat: int,
+def _collapse(nodes: list[GraphNode], edges: list[tuple[int, int]], regions: dict[int, list[int]],
+              states: Mapping[int, str], min_repeat: int,
               keep: set[int]) -> tuple[dict[int, int], list[tuple[list[int], int]]]:
     """See NOTE [ Collapsing repeated blocks ]."""
     member_of = {i: h for h, members in regions.items() for i in members}
@@ -330,15 +304,14 @@ def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions
         if len(owners) != 1:
             continue
         (owner,) = owners
-        if owner in regions and (n.get("kind") in ("leaf", "trigger") or _numel(n.get("shape")) == 0):
+        if owner in regions and (n.kind in ("leaf", "trigger") or _numel(n.shape) == 0):
             satellites[owner].append(i)
 
     def signature(h: int) -> tuple:
-        items = sorted((str(nodes[i].get("kind")), _DIGITS.sub("#", str(nodes[i].get("name"))),
-                        tuple(nodes[i].get("shape") or ())) for i in [*regions[h], *satellites[h]])
-        return (region_state[h], internal[h], tuple(items))
+        items = sorted((nodes[i].kind, _DIGITS.sub("#", nodes[i].name), tuple(nodes[i].shape or ()))
+                       for i in [*regions[h], *satellites[h]])
+        return (states.get(h), internal[h], tuple(items))
 
-    ordered = sorted(h for h in regions if isinstance(h, int))
     block_of: dict[int, int] = {}
     blocks: list[tuple[list[int], int]] = []
     run: list[int] = []
@@ -352,7 +325,7 @@ def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions
                     block_of[i] = k
 
     previous = None
-    for h in ordered:
+    for h in sorted(regions):
         sig = signature(h) if h not in keep else ("kept", h)  # NOTE rule 3: kept handles break a run
         if run and sig == previous and h == run[-1] + 1:
             run.append(h)
@@ -364,17 +337,30 @@ def _collapse(nodes: list[dict[str, Any]], edges: list[tuple[int, int]], regions
     return block_of, blocks
 
 
-def render_torchviz_view(snapshot: GraphSnapshot, *, rankdir: str = "TB") -> str | None:
-    """torchviz's own drawing of the snapshot (`GraphSnapshot.torchviz`), labelled and laid out in `rankdir`.
+_TORCHVIZ_STYLES = {"dotted": {"style": "dotted"}, "undirected": {"dir": "none"}}
 
-    Returns None when the snapshot holds no make_dot DOT (a trace recorded before it
-    was kept, or without torchviz installed). See TORCHVIZ_LEGEND for its colours.
+
+def render_torchviz_view(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapshot | None = None,
+                         rankdir: str = "TB") -> graphviz.Digraph | None:
+    """torchviz's own drawing of the snapshot shown at `seq` (`GraphSnapshot.torchviz`), in make_dot's node style,
+    labelled and laid out in `rankdir`; rebuilt from its nodes and edges (NOTE [ Text in a graph ]).
+
+    Returns None when the snapshot holds no make_dot drawing (recorded without torchviz installed).
+    See TORCHVIZ_LEGEND for its colours.
     """
-    source = snapshot.torchviz
-    if not source:
+    snapshot = snapshot if snapshot is not None else snapshot_before(trace, seq if seq is not None else _end(trace))
+    drawing = snapshot.torchviz if snapshot is not None else None
+    if drawing is None:
         return None
-    head, sep, body = source.partition("{")
-    if not sep:
-        return None
-    graph = dot_attrs(rankdir=rankdir, label=snapshot.label, labelloc="t", fontname="Helvetica", fontsize=12)
-    return f"{head}{{\n\tgraph {graph};{body}"
+    graph = graphviz.Digraph("torchviz", graph_attr={"rankdir": rankdir, "label": dot_text(snapshot.label),
+                                                     "labelloc": "t", "fontname": "Helvetica", "fontsize": "12"},
+                             node_attr={"style": "filled", "shape": "box", "align": "left", "fontsize": "10",
+                                        "ranksep": "0.1", "height": "0.2", "fontname": "monospace"})
+    known = set()
+    for node in drawing.nodes:
+        known.add(node.id)
+        graph.node(node.id, label=dot_text(*node.label.split("\n")), **({"fillcolor": node.fill} if node.fill else {}))
+    for edge in drawing.edges:
+        if edge.tail in known and edge.head in known:
+            graph.edge(edge.tail, edge.head, **_TORCHVIZ_STYLES.get(edge.style or "", {}))
+    return graph

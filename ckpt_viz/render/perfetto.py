@@ -16,7 +16,11 @@ Layout:
   that triggered it; a track never holds two slices that overlap without nesting;
 - a flow arrow from a `released` event to every later `replay_refused` of the same
   handle (why the replay was refused);
-- one counter track ("C") per memory category when the trace has memory samples.
+- memory counters ("C") when the trace has memory samples: one per category in a "memory"
+  process; a merged trace's samples carry their rank, and each rank's counters are its own,
+  in its process ("memory: activations" of rank 1), never summed over ranks; a sample's
+  bytes per pipeline stage are one more counter per stage ("memory of stage 2"), in the
+  stage's process (in-process runs) or its rank's.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import functools
 from typing import Any
 
 from ckpt_viz.events import Event
+from ckpt_viz.trace import Trace
 
 __all__ = ["TRACKS", "render_perfetto"]
 
@@ -108,9 +113,9 @@ def _action_spans(events: list[Event]) -> tuple[dict[int, tuple], dict[int, tupl
     return {v: k for k, v in first.items()}, {v: k for k, v in last.items()}
 
 
-def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return the Chrome trace-event JSON object (a dict with "traceEvents")."""
-    events = list(events)
+def render_perfetto(trace: Trace) -> dict[str, Any]:
+    """The Chrome trace-event JSON object (a dict with "traceEvents") of `trace`: its events and memory counters."""
+    events, memory, meta = list(trace.events), trace.memory, trace.meta
     if not events:
         return {"traceEvents": [], "displayTimeUnit": "ms", "metadata": dict(meta or {})}
     origin = events[0].t_ns
@@ -153,13 +158,13 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
         elif e.kind == "replay_started":
             if h in visits:
                 where = visits[h]
-            elif e.data.get("trigger") == "prefire":
+            elif getattr(e, "trigger", None) == "prefire":
                 where = (pid, tid_of("prefire"))
             else:  # a non-reentrant recompute inside the outer backward
                 where = (pid, tid_of(e.phase if e.phase in ("dx", "dw") else "ordinary"))
             replays[h] = where
             tracks.open(*where, ("replay", h), f"replay {_label(e)}", e.t_ns,
-                        {**args, "trigger": e.data.get("trigger")})
+                        {**args, "trigger": getattr(e, "trigger", None)})
         elif e.kind in ("replay_finished", "replay_failed") and h in replays:
             tracks.close(*replays.pop(h), ("replay", h), e.t_ns, {"end": e.kind})
         elif e.kind in ("grads_routed", "released", "error") and h in visits:
@@ -168,11 +173,13 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
             releases[h] = e.seq
             flows.append({"ph": "s", "id": e.seq, "name": "released", "cat": "release", "pid": pid,
                           "tid": tid_of("forward"), "ts": ts})
+            reason = getattr(e, "reason", None)
             tracks.events.append({"ph": "i", "s": "t", "name": f"released {_label(e)}", "pid": pid,
-                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": reason}})
         elif e.kind == "replay_refused":
+            reason = getattr(e, "reason", None)
             tracks.events.append({"ph": "i", "s": "t", "name": f"replay refused {_label(e)}", "pid": pid,
-                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": e.data.get("reason")}})
+                                  "tid": tid_of("forward"), "ts": ts, "args": {**args, "reason": reason}})
             if h in releases:
                 flows.append({"ph": "f", "bp": "e", "id": releases[h], "name": "released", "cat": "release",
                               "pid": pid, "tid": tid_of("forward"), "ts": ts})
@@ -180,10 +187,20 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
             tracks.close(pid, lane, ("action", closes[e.seq]), e.t_ns)
     tracks.finish(events[-1].t_ns)
     out = tracks.events + flows
+    pooled = False  # a counter in the "memory" process
     for sample in memory or ():
+        rank = getattr(sample, "rank", None)
+        ts = _us(sample.t_ns, origin)
+        pid = int(rank) if ranked and isinstance(rank, int) else _MEMORY_PID
+        pooled = pooled or pid == _MEMORY_PID
         for category, nbytes in sample.bytes_by_category.items():
-            out.append({"ph": "C", "name": f"memory: {category}", "pid": _MEMORY_PID, "tid": 0,
-                        "ts": _us(sample.t_ns, origin), "args": {"bytes": nbytes}})
+            out.append({"ph": "C", "name": f"memory: {category}", "pid": pid, "tid": 0, "ts": ts,
+                        "args": {"bytes": nbytes}})
+        for stage, cats in (getattr(sample, "by_stage", None) or {}).items():
+            where = pid if pid != _MEMORY_PID else (int(stage) if str(stage).isdigit() else _MEMORY_PID)
+            pooled = pooled or where == _MEMORY_PID
+            out.append({"ph": "C", "name": f"memory of stage {stage}", "pid": where, "tid": 0, "ts": ts,
+                        "args": {"bytes": sum(cats.values())}})
     if ranked:
         names = [{"ph": "M", "name": "process_name", "pid": r, "tid": 0,
                   "args": {"name": f"rank {r} (stages {', '.join(str(s) for s in sorted(lanes[r]) if s >= 0)})"}}
@@ -196,6 +213,6 @@ def render_perfetto(events: list[Event], memory: list[Any] = (), meta: dict[str,
                  for s in sorted(stages)]
         names += [{"ph": "M", "name": "thread_name", "pid": s, "tid": _tid(t), "args": {"name": t}}
                   for s in sorted(stages) for t in TRACKS]
-    if memory:
+    if pooled:
         names.append({"ph": "M", "name": "process_name", "pid": _MEMORY_PID, "tid": 0, "args": {"name": "memory"}})
     return {"traceEvents": names + out, "displayTimeUnit": "ms", "metadata": dict(meta or {})}

@@ -1,9 +1,10 @@
 """Handle lifecycles as lanes: one lane per handle, one coloured bar per state, marks where replays were refused.
 
-The states, their order and their meanings are `ckpt_viz.trace.lifecycle`'s (see NOTE
+The states, their order and their meanings are `ckpt_viz.analysis.lifecycle`'s (see NOTE
 [ Handle states ] there): a lane is that module's transitions laid end to end, so the
-lanes, the index and the tables name the same state at every seq. Pure functions of
-the trace; they import altair for the chart and never torch or a UI runtime.
+lanes and the tables name the same state at every seq; a lane's name is
+`ckpt_viz.analysis.handles.handle_labels`', its words `ckpt_viz.analysis.words`'. They
+import altair for the chart and never torch or a UI runtime.
 
 NOTE [ Lanes ]
   1. A lane's intervals are half-open [start_seq, end_seq) between consecutive
@@ -16,26 +17,30 @@ NOTE [ Lanes ]
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Collection
 from typing import Any
 
 import altair as alt
 
+from ckpt_viz.analysis.handles import created_events, handle_labels
+from ckpt_viz.analysis.lifecycle import Lifecycle, lifecycle
+from ckpt_viz.analysis.words import STATE_WORDS, reason_word, state_word
 from ckpt_viz.render import palette
+from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace.cache import derived, event_column
-from ckpt_viz.trace.lifecycle import STATES, lifecycle
+from ckpt_viz.vocabulary import STATES
 
 __all__ = ["LIFECYCLE_COLOURS", "lane_label", "lifecycle_intervals", "render_lifecycles"]
 
 LIFECYCLE_COLOURS: dict[str, str] = palette.STATE_COLOURS  # one per `STATES`, in its order (the one palette)
-_LEGEND_WORDS = "{" + ", ".join(f"'{k}': '{v}'" for k, v in palette.STATE_WORDS.items()) + "}"
+_LEGEND_WORDS = "{" + ", ".join(f"'{k}': '{v}'" for k, v in STATE_WORDS.items()) + "}"
 
 
 def lane_label(handle_id: int, tags: Any, name: str | None = None) -> str:
     """"h3 transformer.h.2 · stage 0 · mb 1" (the parts that are known).
 
-    `name` is what `handle_created` reports as the checkpointed function: the module's
-    qualified name for the runs ckpt_viz makes (a shared module gets a call index, `layer#1`).
+    `name` is the handle's region (`analysis.handles.handle_label`): the module's qualified name
+    when known (a shared module gets a call index, `layer#1`), else the checkpointed function.
     """
     tags = tags or {}
     parts = [f"h{handle_id} {name}" if name else f"h{handle_id}"]
@@ -46,28 +51,33 @@ def lane_label(handle_id: int, tags: Any, name: str | None = None) -> str:
     return " · ".join(parts)
 
 
-def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
-    """Rows for the lanes (the whole trace's are computed once per trace).
+def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | None = None,
+                        handles: Collection[int] | None = None) -> list[dict[str, Any]]:
+    """Rows for the lanes.
 
     Args:
         start, stop: keep only the handles with an event in [start, stop), clipped to it
             (see NOTE [ Lanes ], rule 3); None: unbounded.
+        handles: only these handles' lanes (their states still the whole trace's).
 
     Returns:
-        Interval rows {kind: "interval", handle_id, lane, state, start_seq, end_seq, reason?}
-        (state in `STATES`, never "not_created"; reason for "released") and point rows
-        {kind: "refused", handle_id, lane, seq, reason} for each refused replay, ordered
-        by lane (stage, micro-batch, first appearance) and then by seq, refusals last.
+        Interval rows {kind: "interval", handle_id, lane, state, what, start_seq, end_seq, reason?, because?}
+        (state in `STATES`, never "not_created"; what its words; for "released" its reason, and in words)
+        and point rows {kind: "refused", handle_id, lane, seq, reason, because} for each refused replay,
+        ordered by lane (stage, micro-batch, first appearance) and then by seq, refusals last.
     """
     life = lifecycle(trace)
     if start is None and stop is None:
-        handles = life.handle_ids
+        shown = life.handle_ids
     else:
-        seqs, ids = event_column(trace, "seq"), event_column(trace, "handle_id")
-        lo = 0 if start is None else bisect_left(seqs, start)
-        hi = len(seqs) if stop is None else bisect_left(seqs, stop)
-        handles = [h for h in dict.fromkeys(ids[lo:hi]) if h is not None]
-    lanes = _lanes(trace, handles)
+        events = trace.events
+        lo = 0 if start is None else bisect_left(events, start, key=lambda e: e.seq)
+        hi = len(events) if stop is None else bisect_left(events, stop, key=lambda e: e.seq)
+        shown = [h for h in dict.fromkeys(e.handle_id for e in events[lo:hi]) if h is not None]
+    if handles is not None:
+        wanted = set(handles)
+        shown = [h for h in shown if h in wanted]
+    lanes = _lanes(trace, shown)
     intervals: list[dict[str, Any]] = []
     points: list[dict[str, Any]] = []
     for _, bars, refused in lanes:
@@ -83,20 +93,18 @@ def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | N
 
 def _lanes(trace: Trace, handles: list[int]) -> list[tuple[tuple, list[dict[str, Any]], list[dict[str, Any]]]]:
     """(sort key, interval rows, refusal rows) of each handle, in lane order; each lane built once per trace."""
-    built: dict[int, tuple] = derived(trace, "swimlane:lanes", lambda _trace: {})
-    missing = [h for h in handles if h not in built]
-    if missing:
-        life = lifecycle(trace)
-        tags, kinds, data = event_column(trace, "tags"), event_column(trace, "kind"), event_column(trace, "data")
-        end = life.end_seq + 1 if life.end_seq is not None else 0
-        for h in missing:
-            first = life.first_position(h)  # also the order of first appearance
-            name = (data[first] or {}).get("function") if kinds[first] == "handle_created" else None
-            built[h] = _lane(life, h, tags[first] or {}, end, first, name if isinstance(name, str) else None)
-    return sorted((built[h] for h in handles), key=lambda lane: lane[0])
+    life = lifecycle(trace)
+    created, names = created_events(trace), handle_labels(trace)
+    order = {h: i for i, h in enumerate(life.handle_ids)}  # the order of first appearance
+    end = life.end_seq + 1 if life.end_seq is not None else 0
+    lanes = []
+    for h in handles:
+        first = created.get(h)
+        lanes.append(_lane(life, h, first.tags if first is not None else {}, end, order[h], names.get(h)))
+    return sorted(lanes, key=lambda lane: lane[0])
 
 
-def _lane(life: Any, h: int, tags: Any, end: int, order: int, name: str | None) -> tuple:
+def _lane(life: Lifecycle, h: int, tags: Any, end: int, order: int, name: str | None) -> tuple:
     """One handle's lane. See NOTE [ Lanes ]."""
     stage, mb = tags.get("stage"), tags.get("microbatch")
     key = (stage is None, stage if isinstance(stage, int) else 0, mb is None, mb if isinstance(mb, int) else 0, order)
@@ -106,44 +114,55 @@ def _lane(life: Any, h: int, tags: Any, end: int, order: int, name: str | None) 
     for k, t in enumerate(changes):
         stop = changes[k + 1].seq if k + 1 < len(changes) else max(end, t.seq + 1)
         if stop > t.seq:
-            row = {"kind": "interval", "handle_id": h, "lane": lane, "state": t.state, "start_seq": t.seq,
-                   "end_seq": stop}
+            row = {"kind": "interval", "handle_id": h, "lane": lane, "state": t.state, "what": state_word(t.state),
+                   "start_seq": t.seq, "end_seq": stop}
             if t.state == "released" and t.reason is not None:
-                row["reason"] = t.reason
+                row["reason"], row["because"] = t.reason, reason_word(t.reason)
             bars.append(row)
-    refused = [{"kind": "refused", "handle_id": h, "lane": lane, "seq": r.seq, "reason": r.reason}
-               for r in life.refusals(h)]
+    refused = [{"kind": "refused", "handle_id": h, "lane": lane, "seq": r.seq, "reason": r.reason,
+                "because": "replay refused: " + reason_word(r.reason)} for r in life.refusals(h)]
     return key, bars, refused
 
 
 def render_lifecycles(trace: Trace, *, cursor: int | None = None, start: int | None = None,
-                      stop: int | None = None) -> alt.Chart:
+                      stop: int | None = None, handles: Collection[int] | None = None,
+                      datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
     """One lane per handle (grouped by stage and micro-batch), bars by state, dark red crosses at refused replays.
 
     Args:
         cursor: an event seq, drawn as a rule.
         start, stop: draw only the seqs in [start, stop) (see `lifecycle_intervals`).
+        handles: draw only these handles' lanes.
+        datasets: a dict to fill with the layers' rows, by name (`ckpt_viz.render.chartdata`).
     """
-    rows = lifecycle_intervals(trace, start=start, stop=stop)
+    with collecting(datasets):
+        return _lanes_chart(lifecycle_intervals(trace, start=start, stop=stop, handles=handles), cursor)
+
+
+def _lanes_chart(rows: list[dict[str, Any]], cursor: int | None) -> alt.LayerChart:
     intervals = [r for r in rows if r["kind"] == "interval"]
     refused = [r for r in rows if r["kind"] == "refused"]
     lanes = list(dict.fromkeys(r["lane"] for r in intervals))
     y = alt.Y("lane:N", sort=lanes, title=None)
-    bars = alt.Chart(alt.Data(values=intervals)).mark_bar(height={"band": 0.7}).encode(
+    bars = alt.Chart(rows_data(intervals)).mark_bar(height={"band": 0.7}).encode(
         x=alt.X("start_seq:Q", title="event seq", scale=alt.Scale(zero=False)),  # a window need not start at 0
         x2="end_seq:Q",
         y=y,
         color=alt.Color("state:N", scale=alt.Scale(domain=list(STATES),
                                                    range=[LIFECYCLE_COLOURS[s] for s in STATES]),
                         legend=alt.Legend(title="handle state", labelExpr=f"{_LEGEND_WORDS}[datum.label]")),
-        tooltip=["lane:N", "state:N", "start_seq:Q", "end_seq:Q", "reason:N"],
+        tooltip=[alt.Tooltip("lane:N", title="handle"), alt.Tooltip("what:N", title="state"),
+                 alt.Tooltip("start_seq:Q", title="from seq"), alt.Tooltip("end_seq:Q", title="to seq"),
+                 alt.Tooltip("because:N", title="because")],
     )
     layers: list[Any] = [bars]
     if refused:
-        cross = alt.Chart(alt.Data(values=refused)).mark_point(shape="cross", color=palette.MARK_COLOURS["refused"],
+        cross = alt.Chart(rows_data(refused)).mark_point(shape="cross", color=palette.MARK_COLOURS["refused"],
                                                                size=120, filled=True)
-        layers.append(cross.encode(x="seq:Q", y=y, tooltip=["lane:N", "seq:Q", "reason:N"]))
+        layers.append(cross.encode(x="seq:Q", y=y, tooltip=[alt.Tooltip("lane:N", title="handle"),
+                                                            alt.Tooltip("seq:Q", title="seq"),
+                                                            alt.Tooltip("because:N", title="what")]))
     if cursor is not None:
-        rule = alt.Chart(alt.Data(values=[{"seq": cursor}])).mark_rule(color=palette.CURSOR_COLOUR, strokeWidth=2)
+        rule = alt.Chart(rows_data([{"seq": cursor}])).mark_rule(color=palette.CURSOR_COLOUR, strokeWidth=2)
         layers.append(rule.encode(x="seq:Q"))
     return alt.layer(*layers).properties(height=max(24 * len(lanes), 48), title="handle lifecycles")

@@ -1,20 +1,21 @@
 """`render_text`: one line per event, for terminals, lessons, bug reports and golden tests.
 
-Pure function of the events; standard library only.
+Pure function of the typed events (`ckpt_viz.events`); standard library and msgspec only.
 
     seq  kind              handle  phase  details
       7  replay_started    h3      dx     trigger=backward
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from ckpt_viz.events import Event
 
 __all__ = ["format_event", "render_text"]
 
-# The data keys worth a column, per kind, in this order; other keys are left out to keep one line short.
+# The fields worth a column, per kind, in this order, each shown unless it is None or an empty list; the others are
+# left out to keep one line short (the Events page's table shows every field).
 _DETAILS: dict[str, tuple[str, ...]] = {
     "handle_created": ("function", "split", "collector", "input_count"),
     "forward_finished": ("saved_count", "non_differentiable", "exclude_entries"),
@@ -38,8 +39,9 @@ _DETAILS: dict[str, tuple[str, ...]] = {
     "prefired": ("path",),
     "exclude_saved": ("wrapper", "call_index", "save_output", "cached_nbytes"),
     "exclude_reused": ("wrapper", "call_index", "placeholder"),
-    "memory_sampled": ("total",),
-    "error": ("where", "type", "message"),
+    "replay_diverged": ("divergence", "code", "region", "count"),
+    "memory_sampled": ("at",),
+    "error": ("where", "type", "message", "code"),
 }
 
 
@@ -51,9 +53,9 @@ def _value(value: Any) -> str:
     return first_line if len(first_line) <= 60 else first_line[:57] + "..."
 
 
-def _details(kind: str, data: Mapping[str, Any]) -> str:
-    keys = _DETAILS.get(kind, tuple(data))
-    return "  ".join(f"{k}={_value(data[k])}" for k in keys if k in data)
+def _details(event: Event) -> str:
+    values = ((k, getattr(event, k)) for k in _DETAILS.get(event.kind, ()) if hasattr(event, k))
+    return "  ".join(f"{k}={_value(v)}" for k, v in values if v is not None and v != ())
 
 
 def format_event(event: Event, *, site: bool = False) -> str:
@@ -62,7 +64,7 @@ def format_event(event: Event, *, site: bool = False) -> str:
     tags = "".join(f" {k}={v}" for k, v in event.tags.items())
     session = f" sid={event.session_id}" if event.session_id is not None else ""
     line = (f"{event.seq:5d}  {event.kind:<19} {handle:<5} {event.phase or '-':<8} "
-            f"{_details(event.kind, event.data)}{session}{tags}").rstrip()
+            f"{_details(event)}{session}{tags}").rstrip()
     if site and event.site:
         line += f"  @ {event.site}"
     return line

@@ -1,29 +1,25 @@
 """The schedule timeline: stage (or rank and stage) by time, one box per F / DX / DW / B action with its micro-batch.
 
-Pure functions of the trace, read from the recorded events (their `action`, `stage`,
-`microbatch`, `step` and `rank` tags), so the same picture comes from a saved trace, the
-in-process pipeline mode and a merged multi-rank trace (`ckpt-viz merge`). They import
-altair for the charts and never torch or a UI runtime. Colours: `ckpt_viz.render.palette`.
+Draws `ckpt_viz.analysis.actions` (the executed actions, NOTE [ Timeline boxes ] there) and the
+bytes per stage of `ckpt_viz.analysis.memory.stage_memory`, so the same picture comes from a saved
+trace, the in-process pipeline mode and a merged multi-rank trace (`ckpt-viz merge`). Imports
+altair and never torch or a UI runtime. Colours: `ckpt_viz.render.palette`; words:
+`ckpt_viz.analysis.words`.
 
-    timeline_actions(trace)  -> [{lane, rank, stage, step, microbatch, action, start_seq, end_seq,
-                                  start_us, end_us, tick, replays}, ...]
-    planned_vs_executed(trace) -> [{lane, planned, executed, same, first_difference}, ...] or []
     render_timeline(trace, cursor=seq, x="time" | "tick" | "events")
-    render_stage_memory(trace, cursor=seq)
+    render_stage_memory(trace, cursor=seq, x=...)   bytes per stage on the same x as the timeline
+    render_bubbles(trace, step=...)                  busy and idle time per rank and stage in a step (the words:
+                                                     `analysis.actions.bubble_lines`, `bubble_rows`)
 
-NOTE [ Timeline boxes ]
-  1. An action is the events tagged with one (rank, step, stage, microbatch, action); its
-     box runs from its first event to its last. torch's I is drawn as DX and W as DW (they
-     run `backward_input` and `backward_weight`); metadata inference (META) is left out.
-  2. x = "time": microseconds from the first event (the merged trace's aligned clock);
+NOTE [ Timeline x ]
+  1. x = "time": microseconds from the first event (the merged trace's aligned clock);
      "tick": the in-process schedule's unit ticks (`meta["actions"]`), an action's box
-     one tick long (B two); "events": event positions.
-  3. Replays (replay_started -> replay_finished of a handle) are thin green boxes inside
-     the action box they ran in, on the same lane.
-  4. Lanes: "rank r · stage s" when events carry a rank, else "stage s".
-  5. The plan: a merged trace's `meta["distributed"]["planned_order"]` (torch's "0F1" per
-     rank, compute actions only) or the in-process `meta["actions"]`; the executed order is
-     each lane's actions in time order, of the first recorded step.
+     one tick long (B two); "events": event seqs.
+  2. Replays are thin green boxes inside the action box they ran in, on the same lane.
+  3. The timeline and the memory per stage share their x: the same domain (`x_domain`), the
+     same width of y labels (`_LABELS` pixels) and their legends above the plot, so one
+     point of the run is at one place in both when the page draws them one above the other.
+     A memory reading is placed at its time, its seq, or its tick (`analysis.actions.tick_at`).
 """
 from __future__ import annotations
 
@@ -33,136 +29,57 @@ from typing import Any
 
 import altair as alt
 
+from ckpt_viz.analysis.actions import Action, actions, bubbles, tick_at
+from ckpt_viz.analysis.memory import stage_memory
+from ckpt_viz.analysis.passes import PARTS
+from ckpt_viz.analysis.words import format_bytes, part_word
 from ckpt_viz.render import palette
+from ckpt_viz.render.chartdata import collecting, rows_data
+from ckpt_viz.render.memory import bytes_y
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace.cache import derived, event_column
 
-__all__ = ["TORCH_ACTIONS", "default_x", "planned_vs_executed", "render_stage_memory", "render_timeline",
-           "stage_memory_rows", "timeline_actions"]
+__all__ = ["default_x", "render_bubbles", "render_stage_memory", "render_timeline", "stage_memory_rows", "x_domain"]
 
-TORCH_ACTIONS: dict[str, str] = {"F": "F", "I": "DX", "W": "DW", "B": "B", "DX": "DX", "DW": "DW"}
-_PLANNED = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
 _BOX, _REPLAY = 18, 6  # bar heights in pixels
+_LABELS = 130  # the width of the y labels of the timeline and the memory per stage (NOTE [ Timeline x ], rule 3)
+_AXIS_TITLES = {"time": "time (µs from the first event)", "tick": "schedule tick", "events": "event position"}
 
 
-def _lane(rank: Any, stage: Any) -> str:
-    return f"rank {rank} · stage {stage}" if rank is not None else f"stage {stage}"
-
-
-def timeline_actions(trace: Trace) -> list[dict[str, Any]]:
-    """One row per executed action, in order of its first event (NOTE [ Timeline boxes ]); once per trace."""
-    return [dict(r) for r in derived(trace, "timeline:actions", _actions)]
-
-
-def _actions(trace: Trace) -> list[dict[str, Any]]:
-    # Only events tagged with an action and a stage make boxes: they are found from the tags column alone (a loaded
-    # trace's tags are shared objects, read without building an Event), and only their other fields are read.
-    tags_column = event_column(trace, "tags")
-    if not len(tags_column):
-        return []
-    acting = [i for i, tags in enumerate(tags_column)
-              if tags and tags.get("action") in TORCH_ACTIONS and tags.get("stage") is not None]
-    if not acting:
-        return []
-    t_ns, seqs = event_column(trace, "t_ns"), event_column(trace, "seq")
-    kinds, handles = event_column(trace, "kind"), event_column(trace, "handle_id")
-    origin = t_ns[0]
-    rows: dict[tuple, dict[str, Any]] = {}
-    open_replays: dict[Any, tuple] = {}
-    for i in acting:
-        tags, seq, kind, handle = tags_column[i], seqs[i], kinds[i], handles[i]
-        action = TORCH_ACTIONS[tags["action"]]
-        rank = tags.get("rank")
-        key = (rank, tags.get("step"), tags.get("stage"), tags.get("microbatch"), action)
-        row = rows.get(key)
-        us = (t_ns[i] - origin) / 1000.0
-        if row is None:
-            row = rows[key] = {"lane": _lane(rank, tags["stage"]), "rank": rank, "stage": tags["stage"],
-                               "step": tags.get("step"), "microbatch": tags.get("microbatch"), "action": action,
-                               "torch_action": tags.get("action"), "start_seq": seq, "end_seq": seq,
-                               "start_us": us, "end_us": us, "replays": 0, "replay_spans": []}
-        row["end_seq"], row["end_us"] = max(row["end_seq"], seq), max(row["end_us"], us)
-        if kind == "replay_started":
-            row["replays"] += 1
-            open_replays[rank, handle] = (key, seq, us)
-        elif kind in ("replay_finished", "replay_failed") and (rank, handle) in open_replays:
-            where, start_seq, start = open_replays.pop((rank, handle))
-            rows[where]["replay_spans"].append((handle, start_seq, seq, start, us))
-    out = sorted(rows.values(), key=lambda r: r["start_seq"])
-    ticks = _ticks(trace)
-    for row in out:
-        tick = ticks.get((row["stage"], row["microbatch"], row["action"])) if row["step"] in (None, 0) else None
-        row["tick"] = tick
-    return out
-
-
-def _ticks(trace: Trace) -> dict[tuple, int]:
-    """(stage, microbatch, action) -> start tick of the in-process schedule (`meta["actions"]`)."""
-    ticks = {}
-    for item in trace.meta.get("actions") or ():
-        if isinstance(item, (list, tuple)) and len(item) >= 4:
-            ticks[item[1], item[2], item[0]] = item[3]
-    return ticks
-
-
-def planned_vs_executed(trace: Trace) -> list[dict[str, Any]]:
-    """Per lane group (rank, or stage in-process): the planned and the executed action order (NOTE rule 5)."""
-    actions = timeline_actions(trace)
-    steps = sorted({a["step"] for a in actions if a["step"] is not None})
-    first = [a for a in actions if a["step"] == (steps[0] if steps else None)]
-    dist = trace.meta.get("distributed") or {}
-    planned_order = dist.get("planned_order")
-    rows = []
-    if isinstance(planned_order, dict):
-        for rank, plan in sorted(planned_order.items(), key=lambda kv: int(kv[0])):
-            planned = []
-            for text in plan or ():
-                match = _PLANNED.match(str(text)) if text is not None else None
-                if match:
-                    planned.append(f"{match.group(1)}{TORCH_ACTIONS[match.group(2)]}{match.group(3)}")
-            executed = [f"{a['stage']}{a['action']}{a['microbatch']}" for a in first if str(a["rank"]) == str(rank)]
-            rows.append(_compare(f"rank {rank}", planned, executed))
-    elif trace.meta.get("actions"):
-        stages = sorted({int(item[1]) for item in trace.meta["actions"]})
-        for stage in stages:
-            planned = [f"{s}{k}{m}" for k, s, m, *_ in trace.meta["actions"] if s == stage]
-            executed = [f"{a['stage']}{a['action']}{a['microbatch']}" for a in first if a["stage"] == stage]
-            rows.append(_compare(f"stage {stage}", planned, executed))
-    return rows
-
-
-def _compare(lane: str, planned: list[str], executed: list[str]) -> dict[str, Any]:
-    diff = next((i for i, (p, e) in enumerate(zip(planned, executed)) if p != e), None)
-    if diff is None and len(planned) != len(executed):
-        diff = min(len(planned), len(executed))
-    return {"lane": lane, "planned": " ".join(planned), "executed": " ".join(executed), "same": diff is None,
-            "first_difference": diff}
-
-
-def _x_of(row: dict[str, Any], x: str) -> tuple[float, float] | None:
+def _x_of(a: Action, x: str) -> tuple[float, float] | None:
     if x == "tick":
-        if row["tick"] is None:
+        if a.tick is None or a.tick_end is None:
             return None
-        return float(row["tick"]), float(row["tick"] + (2 if row["action"] == "B" else 1))
+        return float(a.tick), float(a.tick_end)
     if x == "events":
-        return float(row["start_seq"]), float(row["end_seq"] + 1)
-    return row["start_us"], max(row["end_us"], row["start_us"] + 1.0)
+        return float(a.start_seq), float(a.end_seq + 1)
+    return a.start_us, max(a.end_us, a.start_us + 1.0)
 
 
-def _cursor_x(trace: Trace, actions: list[dict[str, Any]], cursor: int | None, x: str) -> float | None:
+def _cursor_x(trace: Trace, done: tuple[Action, ...], cursor: int | None, x: str) -> float | None:
     if cursor is None:
         return None
     if x == "events":
         return float(cursor)
-    started = [a for a in actions if a["start_seq"] <= cursor]
     if x == "tick":
-        inside = [a for a in started if a["tick"] is not None]
-        return float(inside[-1]["tick"]) + 0.5 if inside else None
-    seqs, times = event_column(trace, "seq"), event_column(trace, "t_ns")
-    if not len(seqs):
+        return tick_at(trace, cursor)
+    events = trace.events
+    if not events:
         return None
-    index = min(max(bisect_right(seqs, cursor) - 1, 0), len(seqs) - 1)
-    return (times[index] - times[0]) / 1000.0
+    index = min(max(bisect_right(events, cursor, key=lambda e: e.seq) - 1, 0), len(events) - 1)
+    return (events[index].t_ns - events[0].t_ns) / 1000.0
+
+
+def x_domain(trace: Trace, x: str) -> list[float]:
+    """The x range of the timeline and the memory per stage: the whole run (time, events) or every tick."""
+    events = trace.events
+    if not events:
+        return [0.0, 1.0]
+    if x == "events":
+        return [float(events[0].seq), float(events[-1].seq + 1)]
+    if x == "tick":
+        ends = [a.tick_end for a in actions(trace) if a.tick_end is not None]
+        return [0.0, float(max(ends, default=1))]
+    return [0.0, max((events[-1].t_ns - events[0].t_ns) / 1000.0, 1.0)]
 
 
 def default_x(trace: Trace) -> str:
@@ -170,82 +87,163 @@ def default_x(trace: Trace) -> str:
     return "tick" if trace.meta.get("actions") and not trace.meta.get("distributed") else "time"
 
 
-def render_timeline(trace: Trace, *, cursor: int | None = None, x: str | None = None,
-                    title: str | None = None) -> alt.LayerChart:
-    """Stage (or rank and stage) by x, one box per action coloured by kind, replays nested, the cursor marked."""
-    x = x or default_x(trace)
-    actions = timeline_actions(trace)
+def render_timeline(trace: Trace, *, cursor: int | None = None, x: str | None = None, title: str | None = None,
+                    datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
+    """Stage (or rank and stage) by x, one box per action coloured by kind, replays nested, the cursor marked.
+
+    Args:
+        cursor: an event seq, drawn as a rule.
+        x: "time", "tick" or "events" (NOTE [ Timeline x ]); default `default_x(trace)`.
+        title: the chart's title (default: the schedule).
+        datasets: a dict to fill with the layers' rows, by name (`ckpt_viz.render.chartdata`).
+    """
+    with collecting(datasets):
+        return _timeline(trace, cursor, x or default_x(trace), title)
+
+
+def _timeline(trace: Trace, cursor: int | None, x: str, title: str | None) -> alt.LayerChart:
+    done = actions(trace)
     rows, replays = [], []
-    for a in actions:
+    for a in done:
         span = _x_of(a, x)
         if span is None:
             continue
-        label = f"{a['action']}{a['microbatch']}"
-        rows.append({"lane": a["lane"], "x0": span[0], "x1": span[1], "action": a["action"], "label": label,
-                     "what": palette.action_word(a["action"]) + (f" (torch {a['torch_action']})"
-                                                                  if a["torch_action"] in ("I", "W") else ""),
-                     "microbatch": a["microbatch"], "step": a["step"], "replays": a["replays"],
-                     "seqs": f"{a['start_seq']}-{a['end_seq']}"})
-        for handle, s0, s1, t0, t1 in a["replay_spans"]:
+        label = f"{a.action}{a.microbatch}"
+        rows.append({"lane": a.lane, "x0": span[0], "x1": span[1], "action": a.action, "label": label,
+                     "what": part_word(a.action) + (f" (torch {a.torch_action})" if a.torch_action in ("I", "W")
+                                                    else ""),
+                     "microbatch": a.microbatch, "step": a.step, "replays": a.replays,
+                     "seqs": f"{a.start_seq}-{a.end_seq}", "took": _took(a, x)})
+        for i, (handle, s0, s1, t0, t1) in enumerate(a.replay_spans):
             if x == "time":
                 r0, r1 = t0, max(t1, t0 + 0.5)
             elif x == "events":
                 r0, r1 = float(s0), float(s1 + 1)
             else:  # ticks: spread the replays of the action across its box
-                n, i = len(a["replay_spans"]), a["replay_spans"].index((handle, s0, s1, t0, t1))
-                width = (span[1] - span[0]) / max(n, 1)
+                width = (span[1] - span[0]) / max(len(a.replay_spans), 1)
                 r0, r1 = span[0] + i * width + 0.05, span[0] + (i + 1) * width - 0.05
-            replays.append({"lane": a["lane"], "x0": r0, "x1": r1, "what": f"replay of h{handle}",
+            replays.append({"lane": a.lane, "x0": r0, "x1": r1, "what": f"replay of h{handle}",
                             "seqs": f"{s0}-{s1}"})
     lanes = sorted({r["lane"] for r in rows}, key=_lane_key)
-    axis_title = {"time": "time (µs)", "tick": "schedule tick", "events": "event position"}[x]
-    y = alt.Y("lane:N", sort=lanes, title=None)
-    scale = alt.Scale(domain=list(palette.ACTIONS), range=[palette.ACTION_COLOURS[a] for a in palette.ACTIONS])
-    base = alt.Chart(alt.Data(values=rows))
+    y = alt.Y("lane:N", sort=lanes, title=None, axis=alt.Axis(minExtent=_LABELS, maxExtent=_LABELS))
+    scale = alt.Scale(domain=list(PARTS), range=[palette.ACTION_COLOURS[a] for a in PARTS])
+    base = alt.Chart(rows_data(rows))
     boxes = base.mark_bar(height=_BOX, stroke="white", strokeWidth=0.5).encode(
-        x=alt.X("x0:Q", title=axis_title), x2="x1:Q", y=y,
-        color=alt.Color("action:N", scale=scale, title="action"),
-        tooltip=["lane:N", "label:N", "what:N", "step:O", "replays:Q", "seqs:N"])
+        x=alt.X("x0:Q", title=_AXIS_TITLES[x], scale=alt.Scale(domain=x_domain(trace, x), nice=False, zero=False)),
+        x2="x1:Q", y=y,
+        color=alt.Color("action:N", scale=scale, title="action", legend=alt.Legend(orient="top")),
+        tooltip=[alt.Tooltip("lane:N", title="lane"), alt.Tooltip("label:N", title="action"),
+                 alt.Tooltip("what:N", title="what"), alt.Tooltip("took:N", title="took"),
+                 alt.Tooltip("step:O", title="step"),
+                 alt.Tooltip("replays:Q", title="replays"), alt.Tooltip("seqs:N", title="events")])
     text = base.mark_text(fontSize=9, color="white", baseline="middle").encode(
         x=alt.X("xm:Q"), y=y, text="label:N").transform_calculate(xm="(datum.x0 + datum.x1) / 2")
     layers: list[Any] = [boxes, text]
     if replays:
-        layers.append(alt.Chart(alt.Data(values=replays)).mark_bar(
+        layers.append(alt.Chart(rows_data(replays)).mark_bar(
             height=_REPLAY, color=palette.STATE_COLOURS["replaying"], yOffset=_BOX / 2 - _REPLAY / 2 - 1).encode(
             x="x0:Q", x2="x1:Q", y=y, tooltip=["lane:N", "what:N", "seqs:N"]))
-    at = _cursor_x(trace, actions, cursor, x)
+    at = _cursor_x(trace, done, cursor, x)
     if at is not None:
-        layers.append(alt.Chart(alt.Data(values=[{"x": at, "cursor": f"cursor (seq {cursor})"}])).mark_rule(
+        layers.append(alt.Chart(rows_data([{"x": at, "cursor": f"cursor (seq {cursor})"}])).mark_rule(
             color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x="x:Q", tooltip=["cursor:N"]))
     return alt.layer(*layers).properties(height=max(60, 30 * len(lanes)),
-                                         title=title or trace.meta.get("schedule") or "schedule")
+                                         title=title or str(trace.meta.get("schedule") or "schedule"))
 
 
 def _lane_key(lane: str) -> tuple:
     return tuple(int(n) for n in re.findall(r"\d+", lane))
 
 
-def stage_memory_rows(trace: Trace) -> list[dict[str, Any]]:
-    """Bytes held per stage after each memory sample with a by-stage reading: {seq, stage, bytes}; in a merged
-    trace the stage is named with its rank ("rank 1 · stage 2")."""
-    by_rank = (trace.meta.get("distributed") or {}).get("stages_by_rank") or {}
-    rank_of = {str(stage): rank for rank, stages in by_rank.items() for stage in stages or ()}
+def _took(a: Action, x: str) -> str:
+    """An action's length in words: its ticks on the tick axis, else its recorded time."""
+    if x == "tick" and a.tick is not None and a.tick_end is not None:
+        n = a.tick_end - a.tick
+        return f"{n} tick" + ("" if n == 1 else "s")
+    us = a.end_us - a.start_us
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def stage_memory_rows(trace: Trace, x: str = "time") -> list[dict[str, Any]]:
+    """The chart rows of `analysis.memory.stage_memory`: {x, seq, stage, bytes, size}, x on the timeline's axis
+    (NOTE [ Timeline x ], rule 3; a reading without a tick is left out on the tick axis); in a merged trace the
+    stage is named with its rank ("rank 1 · stage 2")."""
     rows = []
-    for sample in trace.memory:
-        for stage, cats in (sample.by_stage or {}).items():
-            lane = _lane(rank_of.get(str(stage)), stage)
-            rows.append({"seq": sample.seq, "stage": lane, "bytes": sum(cats.values())})
+    for r in stage_memory(trace):
+        at = r.us if x == "time" else float(r.seq) if x == "events" else tick_at(trace, r.seq)
+        if at is None:
+            continue
+        rows.append({"x": at, "seq": r.seq, "bytes": r.nbytes, "size": format_bytes(r.nbytes),
+                     "stage": f"rank {r.rank} · stage {r.stage}" if r.rank is not None else f"stage {r.stage}"})
     return rows
 
 
-def render_stage_memory(trace: Trace, *, cursor: int | None = None) -> alt.LayerChart:
-    """Bytes held per pipeline stage over the run (a line per stage, x = event seq), the cursor marked."""
-    rows = stage_memory_rows(trace)
-    line = alt.Chart(alt.Data(values=rows)).mark_line(interpolate="step-after").encode(
-        x=alt.X("seq:Q", title="event seq"), y=alt.Y("bytes:Q", title="bytes held"),
-        color=alt.Color("stage:N", title="stage"), tooltip=["stage:N", "seq:Q", "bytes:Q"])
+def render_stage_memory(trace: Trace, *, cursor: int | None = None, x: str | None = None,
+                        datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
+    """Bytes held per pipeline stage over the run (a line per stage) on the timeline's x (NOTE [ Timeline x ]),
+    in KiB/MiB, the cursor marked."""
+    x = x or default_x(trace)
+    with collecting(datasets):
+        return _stage_memory(trace, stage_memory_rows(trace, x), cursor, x)
+
+
+def _stage_memory(trace: Trace, rows: list[dict[str, Any]], cursor: int | None, x: str) -> alt.LayerChart:
+    stages = sorted({r["stage"] for r in rows}, key=_lane_key)
+    top = max((r["bytes"] for r in rows), default=0)
+    y = bytes_y("bytes", top, title=None, extent=_LABELS)
+    line = alt.Chart(rows_data(rows)).mark_line(interpolate="step-after").encode(
+        x=alt.X("x:Q", title=_AXIS_TITLES[x], scale=alt.Scale(domain=x_domain(trace, x), nice=False, zero=False)),
+        y=y, color=alt.Color("stage:N", sort=stages, title="stage", legend=alt.Legend(orient="top")),
+        tooltip=[alt.Tooltip("stage:N", title="stage"), alt.Tooltip("seq:Q", title="event seq"),
+                 alt.Tooltip("size:N", title="held")])
     layers: list[Any] = [line]
-    if cursor is not None:
-        layers.append(alt.Chart(alt.Data(values=[{"seq": cursor}])).mark_rule(
-            color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x="seq:Q"))
-    return alt.layer(*layers).properties(height=220)
+    at = _cursor_x(trace, actions(trace), cursor, x)
+    if at is not None:
+        layers.append(alt.Chart(rows_data([{"x": at}])).mark_rule(
+            color=palette.CURSOR_COLOUR, strokeWidth=2).encode(x="x:Q"))
+    return alt.layer(*layers).properties(height=220, title="memory held per stage")
+
+
+def render_bubbles(trace: Trace, *, step: Any = None, datasets: dict[str, list[dict]] | None = None) -> alt.Chart:
+    """One bar per rank and per stage over a step (`analysis.actions.bubbles`): its busy time, then its idle time
+    (the bubble), labelled with the bubble's share. `step`: the step tag (default: the first recorded step)."""
+    with collecting(datasets):
+        return _bubbles(trace, step)
+
+
+def _bubbles(trace: Trace, step: Any) -> alt.Chart:
+    found = bubbles(trace)
+    index = next((i for i, s in enumerate(found.steps) if s.step == step), 0)
+    figures = found.steps[index] if found.steps else None
+    rows: list[dict[str, Any]] = []
+    lanes: list[str] = []
+    length = figures.length if figures else 1.0
+    scale_by, unit = (1.0, "schedule ticks") if found.unit == "tick" else (1000.0, "ms") if length >= 1000 else (
+        1.0, "µs")
+    for word, group in (("rank", figures.by_rank if figures else {}), ("stage", figures.by_stage if figures else {})):
+        for key, b in group.items():
+            lane = f"{word} {key}"
+            lanes.append(lane)
+            share = f"bubble {100 * b.bubble:.0f}%"
+            rows.append({"lane": lane, "part": "busy", "order": 0, "amount": b.busy / scale_by, "share": share,
+                         "actions": b.actions})
+            rows.append({"lane": lane, "part": "idle", "order": 1, "amount": b.idle / scale_by, "share": share,
+                         "actions": b.actions})
+    scale = alt.Scale(domain=list(palette.BUBBLE_COLOURS), range=list(palette.BUBBLE_COLOURS.values()))
+    base = alt.Chart(rows_data(rows))
+    bars = base.mark_bar(height=16).encode(
+        y=alt.Y("lane:N", sort=lanes, title=None, axis=alt.Axis(minExtent=_LABELS, maxExtent=_LABELS)),
+        x=alt.X("amount:Q", stack="zero", title=f"time in the step ({unit})",
+                scale=alt.Scale(domain=[0, max(length / scale_by, 1e-9)], nice=False)),
+        color=alt.Color("part:N", scale=scale, title=None, legend=alt.Legend(
+            orient="top", labelExpr="datum.value == 'busy' ? 'in an action' : 'idle (the bubble)'")),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("lane:N", title="device" if found.unit != "tick" else "stage"),
+                 alt.Tooltip("part:N", title="time"), alt.Tooltip("amount:Q", title=unit, format=",.2f"),
+                 alt.Tooltip("share:N", title="bubble"), alt.Tooltip("actions:Q", title="actions")])
+    labels = base.transform_filter("datum.part == 'idle'").mark_text(
+        align="right", dx=-4, fontSize=11, color=palette.PEAK_COLOUR).encode(
+        y=alt.Y("lane:N", sort=lanes), x=alt.value("width"), text="share:N")
+    title = "no pipeline actions" if figures is None else \
+        f"{'the step' if figures.step is None else f'step {figures.step}'}: busy and idle time per rank and stage"
+    return alt.layer(bars, labels).properties(height=max(60, 26 * len(lanes)), title=title)

@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CkptVizError
+from ckpt_viz.events import MemorySampled
 from ckpt_viz.runtime import checkpoint
 
 __all__ = ["checkpointed", "labelled"]
@@ -61,11 +62,11 @@ class _Calls:
 
 def _mark(out: Any, name: str) -> None:
     """Memory sampling points: after `name`'s forward, and when its output's gradient arrives."""
-    bus.emit("memory_sampled", capture_site=False, data={"at": f"{name} forward"})
+    bus.emit(MemorySampled, capture_site=False, at=f"{name} forward")
     for t in tree_flatten(out)[0]:
         if isinstance(t, torch.Tensor) and t.requires_grad:
             def on_grad(grad: torch.Tensor, _name: str = name) -> None:
-                bus.emit("memory_sampled", capture_site=False, data={"at": f"{_name} backward"})
+                bus.emit(MemorySampled, capture_site=False, at=f"{_name} backward")
 
             t.register_hook(on_grad)
             break

@@ -19,6 +19,7 @@ import gc
 import torch
 
 from ckpt_viz import bus
+from ckpt_viz.events import MemorySampled
 from ckpt_viz.run.blocks import checkpointed  # how named blocks are checkpointed, and their labels
 from ckpt_viz.runtime.reentrant_handle import restart_handle_ids
 
@@ -65,7 +66,7 @@ def grad_digest(model: torch.nn.Module) -> str:
 def milestone(enabled: bool, label: str) -> None:
     """A named memory sampling point (the loss, after DX, the end), when memory is recorded."""
     if enabled:
-        bus.emit("memory_sampled", capture_site=False, data={"at": label})
+        bus.emit(MemorySampled, capture_site=False, at=label)
 
 
 def inputs_requiring_grad(inputs: tuple) -> tuple:

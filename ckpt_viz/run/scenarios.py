@@ -9,7 +9,7 @@ Imports torch; never the UI.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -34,11 +34,11 @@ from ckpt_viz.runtime import (
     reentrant_checkpoint_scope,
 )
 from ckpt_viz.trace import Trace, run_meta
+from ckpt_viz.vocabulary import RUN_MODES
 
-__all__ = ["MODES", "RunMode", "checkpointed", "fresh_handle_ids", "run_scenario"]
+__all__ = ["MODES", "checkpointed", "fresh_handle_ids", "run_scenario"]
 
-RunMode = Literal["none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant", "pipeline"]
-MODES: tuple[str, ...] = ("none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant", "pipeline")
+MODES: tuple[str, ...] = RUN_MODES  # the one table: ckpt_viz.vocabulary (RunMode is its type)
 
 
 def _check_mode(mode: str) -> None:

@@ -13,9 +13,8 @@ NOTE [ Debug stories ]
      among those that were not alive when the call began: ids are per recording
      and may repeat), and gives it a story of its own.
   2. From then on the handle's own `_emit` also writes each of its events into its
-     story, and so do the reentrant handle's hot sites that call `bus.emit_row`
-     themselves (through `handle._story`, set here); nothing else does, so a story
-     never mixes two handles.
+     story (`handle._story`, set here); nothing else does, so a story never mixes
+     two handles.
   3. The listener stays subscribed (so the bus is on and events are built) only
      while a debug handle is alive; otherwise spec D8 holds.
   4. A story keeps the first 8 and the last 24 lines; runs of `tensor_packed` /
@@ -32,7 +31,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckpt_viz import bus
-from ckpt_viz.events import Event
+from ckpt_viz.events import (
+    EarlyStopped,
+    Error,
+    EventBase,
+    ForwardFailed,
+    ForwardFinished,
+    HandleCreated,
+    PhaseSet,
+    Prefired,
+    Released,
+    ReplayFailed,
+    ReplayFinished,
+    ReplayRefused,
+    ReplayStarted,
+    SessionBound,
+)
 
 __all__ = ["annotate", "collecting", "is_debug_handle", "story", "unpack_hook"]
 
@@ -53,67 +67,52 @@ class _Story:
         self.tail: deque[tuple] = deque(maxlen=_TAIL)
         self.count = 0
 
-    def add(self, event: Event) -> None:
+    def add(self, event: EventBase) -> None:
         line = (event.seq, event.kind, _details(event), event.phase, event.site)
         self.count += 1
         (self.head.append if len(self.head) < _HEAD else self.tail.append)(line)
 
 
-def _details(event: Event) -> str:
-    data = event.data
-    if event.kind == "handle_created":
-        return f"{event.mode} {data.get('function', '?')}" + (f" split={data['split']}" if "split" in data else "")
-    if event.kind in ("replay_started", "replay_finished"):
-        extra = f" key={data['key_source']}" if "key_source" in data else ""
-        return f"trigger={data.get('trigger')}{extra}"
-    if event.kind in ("replay_failed", "forward_failed"):
-        first = str(data.get("message") or "").splitlines()
-        return f"{data.get('type')}: {first[0][:100] if first else ''}"
-    if event.kind == "error":
-        return f"{data.get('type')} in {data.get('where')}"
-    if event.kind == "released":
-        return f"reason={data.get('reason')}"
-    if event.kind == "replay_refused":
-        return f"reason={data.get('reason')}"
-    if event.kind == "phase_set":
-        return f"{data.get('old')} -> {data.get('new')}"
-    if event.kind in ("session_bound", "prefired"):
+def _details(event: EventBase) -> str:
+    if isinstance(event, HandleCreated):
+        return f"{event.mode} {event.function or '?'}" + (f" split={event.split}" if event.mode == "reentrant" else "")
+    if isinstance(event, (ReplayStarted, ReplayFinished)):
+        extra = f" key={event.key_source}" if event.key_source is not None else ""
+        return f"trigger={event.trigger}{extra}"
+    if isinstance(event, (ReplayFailed, ForwardFailed)):
+        first = event.message.splitlines()
+        return f"{event.type}: {first[0][:100] if first else ''}"
+    if isinstance(event, Error):
+        return f"{event.type} in {event.where}"
+    if isinstance(event, (Released, ReplayRefused)):
+        return f"reason={event.reason}"
+    if isinstance(event, PhaseSet):
+        return f"{event.old} -> {event.new}"
+    if isinstance(event, (SessionBound, Prefired)):
         return f"session={event.session_id!r}"
-    if event.kind == "early_stopped":
-        return f"after {data.get('saved_count')} saved tensors"
-    if event.kind == "forward_finished" and "saved_count" in data:
-        return f"saved {data['saved_count']} tensors"
+    if isinstance(event, EarlyStopped):
+        return f"after {event.saved_count} saved tensors"
+    if isinstance(event, ForwardFinished) and event.saved_count is not None:
+        return f"saved {event.saved_count} tensors"
     return ""
 
 
-def _on_event(event: Event) -> None:
+def _on_event(event: EventBase) -> None:
     pending = _pending.get()
-    if pending is None or event.kind != "handle_created" or event.handle_id is None:
+    if pending is None or not isinstance(event, HandleCreated) or event.handle_id is None:
         return
     before, live_handles = pending
     for handle in list(live_handles):
         if (getattr(handle, "handle_id", None) == event.handle_id and id(handle) not in before
-                and not hasattr(handle, "_debug_story")):
+                and getattr(handle, "_story", None) is None):
             _adopt(handle, event)
             return
 
 
-def _adopt(handle: Any, created: Event) -> None:
-    """Give `handle` a story and make its own `_emit` write into it (see NOTE rule 2)."""
+def _adopt(handle: Any, created: EventBase) -> None:
+    """Give `handle` a story; its own `_emit` writes into it from now on (see NOTE rule 2)."""
     global _live
-    handle._debug_story = handle._story = _Story()  # `_story`: what the reentrant handle's inlined emits add to
-    handle._debug_story.add(created)
-    original = type(handle)._emit
-    ref = weakref.ref(handle)  # no cycle: the wrapper does not keep the handle alive
-
-    def emit_and_tell(kind: str, capture_site: bool = True, **data: Any) -> Any:
-        owner = ref()
-        event = original(owner, kind, capture_site=capture_site, **data)
-        if event is not None:
-            owner._debug_story.add(event)
-        return event
-
-    handle._emit = emit_and_tell
+    handle._story = _Story()  # `created` goes in when the handle's own `_emit` that emitted it returns (rule 2)
     with _lock:
         _live += 1
     weakref.finalize(handle, _forget)
@@ -151,7 +150,7 @@ def collecting(live_handles: Any) -> Iterator[None]:
 
 
 def is_debug_handle(handle: Any) -> bool:
-    return hasattr(handle, "_debug_story")
+    return getattr(handle, "_story", None) is not None
 
 
 def _render(line: tuple) -> str:
@@ -192,7 +191,7 @@ def _fold(lines: list) -> list[str]:
 
 def story(handle: Any) -> str | None:
     """The story of one debug handle, or None when it is not one."""
-    told = getattr(handle, "_debug_story", None)
+    told = getattr(handle, "_story", None)
     if told is None:
         return None
     lines = _fold(told.head)

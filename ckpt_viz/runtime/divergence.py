@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from ckpt_viz import bus
+from ckpt_viz.events import ReplayDiverged
 from ckpt_viz.runtime import divergence_sampling as sampling
 from ckpt_viz.runtime import fingerprints as fp
 from ckpt_viz.runtime import owners
@@ -273,8 +274,16 @@ class ReplayWatch:
                 continue
             self.reported.add(kind)
             self.region.found()  # from now on every run of this region is checked
-            emit("replay_diverged", divergence=kind, code=DIVERGENCES[kind], region=self.name,
-                 details=details[:_MAX_DETAILS], count=len(details))
+            emit(ReplayDiverged, divergence=kind, code=DIVERGENCES[kind], region=self.name,
+                 details=tuple(details[:_MAX_DETAILS]), count=len(details), mutable_inputs=self._mutable_inputs())
+
+    def _mutable_inputs(self) -> tuple[str, ...]:
+        """The mutable non-tensor inputs the block was handed (what a replay can read the forward's values from)."""
+        found = []
+        for name, held in self.objects[:8]:
+            value = held()
+            found.append(f"{name} ({type(value).__name__})" if value is not None else name)
+        return tuple(found)
 
     def _name(self, p: torch.Tensor, function: Any) -> str:
         return bus.name_of(p) or fp.names_in(function, "parameters").get(id(p)) or fp.tensor_label(p)

@@ -14,6 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ckpt_viz import bus
+from ckpt_viz.events import ExcludeReused, ExcludeSaved
 
 __all__ = ["ExcludeCache"]
 
@@ -85,7 +86,7 @@ def placeholders(count: int) -> Any:
     return tuple(torch.empty(0) for _ in range(count))
 
 
-def emit(wrapper: Any, kind: str, handle_id: int | None, **data: Any) -> None:
+def emit(wrapper: Any, cls: type[ExcludeSaved | ExcludeReused], handle_id: int | None, **fields: Any) -> None:
     """An `exclude_saved` / `exclude_reused` event about `wrapper`."""
-    bus.emit(kind, handle_id=handle_id, mode="exclude", capture_site=False,
-             data={"wrapper": wrapper._name, "wrapper_id": wrapper.exclude_id, **data})
+    bus.emit(cls, handle_id=handle_id, mode="exclude", capture_site=False, wrapper=wrapper._name,
+             wrapper_id=wrapper.exclude_id, **fields)

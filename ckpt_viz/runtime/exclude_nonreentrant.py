@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
 from ckpt_viz.errors import ExcludedRegionError
+from ckpt_viz.events import ExcludeReused, ExcludeSaved
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.exclude_common import (
     CACHE_KEY,
@@ -187,9 +188,9 @@ def record_region(wrapper: Any, state: Any, args: tuple, kwargs: dict) -> Any:
             memtags.hold(entry, value, "excluded_outputs")
     cache.save(wrapper.exclude_id, entry)
     if bus.enabled:
-        emit(wrapper, "exclude_saved", None, call_index=call_index, checkpoint_mode="nonreentrant",
+        emit(wrapper, ExcludeSaved, None, call_index=call_index, checkpoint_mode="nonreentrant",
                    save_output=wrapper.save_output, output_tensor_count=len(out_leaves),
-                   used_inputs=[b.leaf_index for b in used], boundary_added=bool(used),
+                   used_inputs=tuple(b.leaf_index for b in used), boundary_added=bool(used),
                    cached_nbytes=nbytes(out) if wrapper.save_output else 0, saved_nbytes=saved_nbytes[0])
     return out
 
@@ -219,7 +220,7 @@ def replay_region(wrapper: Any, state: Any, args: tuple, kwargs: dict) -> Any:
     if entry.rng_after is not None:
         set_rng_state(entry.rng_after)
     if bus.enabled:
-        emit(wrapper, "exclude_reused", None, call_index=entry.call_index, checkpoint_mode="nonreentrant",
+        emit(wrapper, ExcludeReused, None, call_index=entry.call_index, checkpoint_mode="nonreentrant",
                    placeholder=not wrapper.save_output, materialized_inputs=len(entry.bindings))
     return out
 

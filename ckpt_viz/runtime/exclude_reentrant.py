@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointUsageError, ExcludedRegionError
+from ckpt_viz.events import ExcludeReused, ExcludeSaved
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.exclude_common import (
     SOURCE_ATTR,
@@ -192,9 +193,9 @@ def record_region(wrapper: Any, frame: Any, args: tuple, kwargs: dict) -> Any:
     frame.exclude_cache.save(wrapper.exclude_id, tape)
     frame.entries.append(tape)
     if bus.enabled:
-        emit(wrapper, "exclude_saved", frame.handle_id, call_index=tape.call_index, checkpoint_mode="reentrant",
+        emit(wrapper, ExcludeSaved, frame.handle_id, call_index=tape.call_index, checkpoint_mode="reentrant",
                    save_output=wrapper.save_output, output_tensor_count=len(tensors),
-                   used_inputs=tape.input_leaves, boundary_added=False,
+                   used_inputs=tuple(tape.input_leaves), boundary_added=False,
                    cached_nbytes=nbytes(tensors) if wrapper.save_output else 0)
     it = iter(detached)
     return tree_unflatten([next(it) if isinstance(v, torch.Tensor) else v for v in out_leaves], out_spec)
@@ -222,7 +223,7 @@ def replay_region(wrapper: Any, frame: Any, args: tuple, kwargs: dict) -> Any:
     if tape.rng_after is not None:
         set_rng_state(tape.rng_after)
     if bus.enabled:
-        emit(wrapper, "exclude_reused", frame.handle_id, call_index=tape.call_index, checkpoint_mode="reentrant",
+        emit(wrapper, ExcludeReused, frame.handle_id, call_index=tape.call_index, checkpoint_mode="reentrant",
                    placeholder=not wrapper.save_output, materialized_inputs=len(values), bridge=True)
     if not wrapper.save_output:
         return placeholders(tape.output_count)

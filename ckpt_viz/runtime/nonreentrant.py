@@ -29,22 +29,39 @@ import functools
 import uuid
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError
+from ckpt_viz.events import (
+    EarlyStopped,
+    EventBase,
+    ForwardFailed,
+    ForwardFinished,
+    ForwardStarted,
+    HandleCreated,
+    ReplayFailed,
+    ReplayFinished,
+    ReplayStarted,
+    TensorPacked,
+    TensorUnpacked,
+)
 from ckpt_viz.runtime import compat, divergence, memtags
 from ckpt_viz.runtime import debug as _debug
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
+from ckpt_viz.runtime.labels import label_of
+from ckpt_viz.runtime.owners import qualname
 from ckpt_viz.runtime.recompute_state import compose_context_fns, create_recompute_contexts
 from ckpt_viz.runtime.reentrant import new_handle_id
 from ckpt_viz.runtime.state import ExecutionState
+from ckpt_viz.runtime.tensor_meta import meta
 
 __all__ = ["NonReentrantFrame", "nonreentrant_checkpoint"]
 
+E = TypeVar("E", bound=EventBase)
 _API = "ckpt_viz.checkpoint"
 
 
@@ -107,9 +124,15 @@ class NonReentrantFrame:
     def __repr__(self) -> str:
         return f"<NonReentrantFrame h{self.handle_id} saved={len(self.weak_holders)}>"
 
-    def _emit(self, kind: str, capture_site: bool = True, **data: Any) -> Any:
-        return bus.emit(kind, handle_id=self.handle_id, mode="nonreentrant", session_id=self.session_id,
-                        capture_site=capture_site, data=data)
+    _story: Any = None  # debug.py's story of this frame once adopted (runtime/debug.py NOTE rule 2)
+
+    def _emit(self, cls: type[E], *, site: str | None = None, capture_site: bool = True, **fields: Any) -> E | None:
+        """Emit an event about this frame (its id and session), into its debug story too."""
+        event = bus.emit(cls, handle_id=self.handle_id, mode="nonreentrant", session_id=self.session_id, site=site,
+                         capture_site=capture_site, **fields)
+        if self._story is not None and event is not None:
+            self._story.add(event)
+        return event
 
     def get_inputs(self) -> list:
         node = self.input_saver.grad_fn
@@ -124,7 +147,7 @@ class NonReentrantFrame:
             with torch.no_grad():
                 self.x_metadatas.append(self.metadata_fn(x))
         if bus.enabled:
-            self._emit("tensor_packed", capture_site=False, index=holder.index, shape=list(x.shape),
+            self._emit(TensorPacked, capture_site=False, index=holder.index, shape=tuple(x.shape),
                        dtype=str(x.dtype).replace("torch.", ""), nbytes=_nbytes(x),
                        is_parameter=isinstance(x, torch.nn.Parameter))
             self.divergence.packed(holder.index, x)
@@ -174,8 +197,8 @@ class NonReentrantFrame:
         if not retain:
             holder.handles[key] = None
         if bus.enabled:
-            self._emit("tensor_unpacked", capture_site=False, index=holder.index, key_source=source,
-                       retain=retain, consumed=not retain, shape=list(tensor.shape), nbytes=_nbytes(tensor))
+            self._emit(TensorUnpacked, capture_site=False, index=holder.index, key_source=source,
+                       retain=retain, consumed=not retain, shape=tuple(tensor.shape), nbytes=_nbytes(tensor))
         return tensor
 
     # ------------------------------------------------------------ recompute
@@ -217,7 +240,7 @@ class NonReentrantFrame:
         trigger = "backward" if in_backward else "prefire"
         self.replay_count += 1
         if bus.enabled:
-            self._emit("replay_started", trigger=trigger, key_source=source, replay_index=self.replay_count)
+            self._emit(ReplayStarted, trigger=trigger, key_source=source, replay_index=self.replay_count)
         self.recomputed.setdefault(key, weakref.WeakKeyDictionary())
         self.recomp_counter[key] = 0  # a retry after a failed recompute starts over (and then meets its handles)
         self._api = f"{_API} (backward)" if in_backward else "ckpt_viz.recompute_handle"
@@ -241,7 +264,7 @@ class NonReentrantFrame:
             self.divergence.replay_done(self._emit, None)
         except BaseException as exc:
             if bus.enabled:
-                self._emit("replay_failed", type=type(exc).__name__, message=str(exc))
+                self._emit(ReplayFailed, type=type(exc).__name__, message=str(exc)[:65536])
                 bus.emit_error(exc, "backward" if in_backward else "recompute_handle", handle_id=self.handle_id,
                                mode="nonreentrant", session_id=self.session_id)
                 _debug.annotate(exc, self)
@@ -252,8 +275,8 @@ class NonReentrantFrame:
         if bus.enabled:
             saved = self.recomp_counter.get(key, 0)
             if early_stopped:
-                self._emit("early_stopped", capture_site=False, saved_count=saved)
-            self._emit("replay_finished", trigger=trigger, key_source=source, saved_count=saved,
+                self._emit(EarlyStopped, capture_site=False, saved_count=saved)
+            self._emit(ReplayFinished, trigger=trigger, key_source=source, saved_count=saved,
                        early_stopped=early_stopped, ignore_saved_mismatch=self.ignore_saved_mismatch)
 
     def _check_recomputed(self, key: Hashable) -> None:
@@ -364,13 +387,13 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
     if collector is not None:
         collector.append(frame)
     if bus.enabled:
-        event = frame._emit("handle_created", function=getattr(function, "__qualname__", type(function).__name__),
+        event = frame._emit(HandleCreated, function=qualname(function), label=label_of(function),
                             collector="unified" if collector is not None else "none",
                             preserve_rng_state=preserve_rng_state, early_stop=early_stop,
-                            inputs=[{"shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""),
-                                     "nbytes": _nbytes(a)} for a in args if isinstance(a, torch.Tensor)])
+                            input_count=sum(isinstance(a, torch.Tensor) for a in args),
+                            inputs=tuple(meta(a) for a in args if isinstance(a, torch.Tensor)))
         frame.site = event.site if event is not None else None
-        frame._emit("forward_started", capture_site=False, device_type=state.device_type)
+        frame._emit(ForwardStarted, site=frame.site, capture_site=False, device_type=state.device_type)
         frame.divergence = divergence.watch(frame, args, kwargs, (*args, *kwargs.values())) or divergence.OFF
     try:
         unpack = _debug.unpack_hook(frame) if _debug.is_debug_handle(frame) else frame._unpack
@@ -383,11 +406,13 @@ def nonreentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: 
         if collector is not None and frame in collector:
             collector.remove(frame)
         if bus.enabled:
-            frame._emit("forward_failed", type=type(exc).__name__, message=str(exc))
+            frame._emit(ForwardFailed, site=frame.site, capture_site=False, type=type(exc).__name__,
+                        message=str(exc)[:65536])
         raise _error(exc, frame)  # noqa: B904  (see above)
     if bus.enabled:
         marked = mark_new_nodes(output, args, HANDLE_KEY, frame.handle_id)
-        frame._emit("forward_finished", capture_site=False, saved_count=len(frame.weak_holders), graph_nodes=marked)
+        frame._emit(ForwardFinished, site=frame.site, capture_site=False, saved_count=len(frame.weak_holders),
+                    graph_nodes=marked)
     return output
 
 

@@ -26,33 +26,25 @@ NOTE [ Captured report cache ]
      into its `.grad`. Those three facts are read at every backward (shapes and names
      too: `p.data = ...` changes a shape, each recording names its own model), in
      C-level passes (`map`) where no name is given.
-  2. The report is a pure function of those facts, so the list of dicts built for them
-     is kept (bounded, `_MAX_REPORTS`) and the same list is the field of every later
-     event with the same facts. Events are read-only facts: nothing writes into their
-     data (a trace built by hand or loaded has its own objects).
-  3. (Both caches.) The cache check of `facts`, `grad_states` and the report's key are
-     also in C (ckpt_viz/csrc/ownersfast.c, NOTE [ C speed-ups ] in ckpt_viz/cext.py):
-     C answers for plain modules and tensors and says "none" for anything odd, and the
-     Python here, the reference, then does it (tests/runtime/test_owners_native.py runs
-     both on the same inputs).
+  2. The report is a pure function of those facts, so the tuple of `CapturedParam`s built
+     for them is kept (bounded, `_MAX_REPORTS`) and shared by every later event with the
+     same facts: events and their fields are frozen.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 import weakref
 from collections.abc import Iterable
 from operator import and_, is_not, ne, or_
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ckpt_viz import bus, cext
+from ckpt_viz import bus
+from ckpt_viz.events import CapturedParam
 
-__all__ = ["OwnerFacts", "captured_leaves", "captured_report", "captured_states", "facts", "grad_states",
-           "owned_parameters", "qualname"]
+__all__ = ["OwnerFacts", "captured_leaves", "captured_report", "facts", "grad_states", "owned_parameters", "qualname"]
 
 _DICTS = operator.attrgetter("_parameters", "_buffers", "_modules")
 _chain = itertools.chain.from_iterable
@@ -96,10 +88,6 @@ def facts(module: torch.nn.Module) -> OwnerFacts:
     """The module's parameters and buffers, from the cache when its tree is unchanged (NOTE rule 2)."""
     key = id(module)
     entry = _CACHE.get(key)
-    if entry is not None and _native is not None:  # in C; None: Python decides (NOTE [ Captured ... ], rule 3)
-        found = _native.current_facts(entry, module)
-        if found is not None:
-            return found
     try:
         if entry is not None and entry[0]() is module:
             found = entry[1]
@@ -135,40 +123,37 @@ def captured_leaves(values: tuple, replay_inputs: tuple) -> list[torch.Tensor]:
     return found
 
 
-def _grad_states(params: Iterable[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]]:
+def grad_states(params: Iterable[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]]:
     """The parameters that require grad, each one's `.grad` and its version counter (-1 without one), read before
-    a backward; `captured_report` reads them again after it (`grad_states`: C where built, NOTE [ Captured
-    report cache ], rule 3)."""
+    a backward; `captured_report` reads them again after it."""
     params = tuple(params)
     params = tuple(_compress(params, map(_REQUIRES_GRAD, params)))
     grads = tuple(map(_GRAD, params))
     return params, grads, tuple(map(getattr, grads, _VERSION, _NO_VERSION))
 
 
-_REPORTS: dict[tuple, list[dict[str, Any]]] = {}  # (shapes, names, accumulated) -> the report (NOTE rule 2)
+_REPORTS: dict[tuple, tuple[CapturedParam, ...]] = {}  # (shapes, names, accumulated) -> the report (NOTE rule 2)
 _MAX_REPORTS = 4096
 
 
 def captured_report(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]]
-                    ) -> list[dict[str, Any]]:
+                    ) -> tuple[CapturedParam, ...]:
     """The `captured` field of `grads_routed` from `grad_states` read before the backward: each parameter's shape,
     recorded name and whether the backward accumulated into it (NOTE [ Captured report cache ])."""
-    key = _native.report_key(before, bus.current_scope().channels) if _native is not None else None
-    if key is None:
-        key = _report_key(before, bus.current_scope().channels)
+    key = _report_key(before, bus.current_scope().channels)
     report = _REPORTS.get(key)
     if report is None:
         if len(_REPORTS) >= _MAX_REPORTS:
             _REPORTS.clear()
-        report = _REPORTS[key] = [{"shape": list(shape), "name": name, "accumulated": hit}
-                                  for shape, name, hit in zip(key[0], key[1] or _NONE, key[2])]
+        report = _REPORTS[key] = tuple(CapturedParam(shape=tuple(shape), name=name, accumulated=hit)
+                                       for shape, name, hit in zip(key[0], key[1] or _NONE, key[2]))
     return report
 
 
 def _report_key(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[int, ...]],
                 channels: tuple[Any, ...]) -> tuple[tuple, tuple, tuple[bool, ...]]:
     """`captured_report`'s key, (shapes, names, accumulated), from `grad_states` read before the backward and the
-    channels of this context (innermost last): the reference of its C twin (NOTE rule 3)."""
+    channels of this context (innermost last)."""
     params, old, versions = before
     grads = tuple(map(_GRAD, params))
     # accumulated: a .grad now, and a new one or the old one written in place (its version moved)
@@ -181,19 +166,9 @@ def _report_key(before: tuple[tuple[torch.Tensor, ...], tuple[Any, ...], tuple[i
     return tuple(map(_SHAPE, params)), names, accumulated
 
 
-def _no_states(function: Any) -> None:
-    return None
-
-
-_native = cext.extension(Path(__file__).resolve().parent.parent / "csrc" / "ownersfast.c")
-grad_states = _native.grad_states if _native is not None else _grad_states
-# captured_states(function): grad_states(facts(owner).params) for the module owning `function` when its cached facts
-# are current, else None (then: grad_states of ReentrantCheckpointHandle._captured); C only (NOTE [ Captured ... ], 3)
-captured_states = functools.partial(_native.captured_states, _CACHE, torch.nn.Module) if _native else _no_states
-
-
 def qualname(function: Any) -> str:
-    """The name of a checkpointed function: its `__qualname__`, else its type's name (a module's class)."""
+    """The name of a checkpointed function: its `__qualname__`, else its type's name (a module's class). The
+    region's name (the module's qualified name) is `ckpt_viz.runtime.labels.label_of`."""
     if isinstance(function, torch.nn.Module):  # getattr would go through Module.__getattr__ and fail
         return function.__dict__.get("__qualname__") or type(function).__name__
     return getattr(function, "__qualname__", None) or type(function).__name__

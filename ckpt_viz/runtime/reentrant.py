@@ -51,9 +51,18 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError, CheckpointUsageError, PhaseNotSetError
+from ckpt_viz.events import (
+    BackwardEntered,
+    ForwardFailed,
+    ForwardFinished,
+    ForwardStarted,
+    GradsRouted,
+    HandleCreated,
+)
 from ckpt_viz.runtime import divergence, memtags
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handover import carried
+from ckpt_viz.runtime.labels import label_of
 from ckpt_viz.runtime.reentrant_handle import (
     InputSlot,
     ReentrantCheckpointHandle,
@@ -65,6 +74,7 @@ from ckpt_viz.runtime.reentrant_handle import (
     qualname,
     tensors_of,
 )
+from ckpt_viz.runtime.split import running_helper
 from ckpt_viz.runtime.state import ExecutionState, noop_context_fn
 
 __all__ = [
@@ -98,10 +108,10 @@ class _Checkpoint(torch.autograd.Function):
         ctx.save_for_backward(*inputs)
         frame.context_ref = weakref.ref(ctx, _collected_callback(weakref.ref(frame)))
         frame.state = ExecutionState.capture(frame.context_fn, frame.preserve_rng_state, inputs, api=_API)
-        if bus.enabled:  # the hot sites call bus.emit_for (C where built): see ReentrantCheckpointHandle._emit
+        if bus.enabled:
             state = frame.state
-            bus.emit_for(frame, "forward_started", None, False,  # a new handle: no backward site yet
-                         {"device_type": state.device_type, "rng_captured": state.cpu_rng_state is not None})
+            frame._emit(ForwardStarted, site=frame.site, capture_site=False,  # the creation's site
+                        device_type=state.device_type, rng_captured=state.cpu_rng_state is not None)
         watch = frame.divergence  # See NOTE [ Replay divergence checks ] in divergence.py.
         context = frame.state.forward_context
         if watch is None and type(context) is contextlib.nullcontext:  # autograd runs forward without grad
@@ -145,9 +155,8 @@ class _Checkpoint(torch.autograd.Function):
         if watch is not None:
             watch.forward_done(outputs)
         if bus.enabled:
-            bus.emit_for(frame, "forward_finished", None, False,
-                         {"outputs": list(map(meta, outputs)), "non_differentiable": non_diff,
-                          "exclude_entries": len(frame.entries)})
+            frame._emit(ForwardFinished, site=frame.site, capture_site=False, outputs=tuple(map(meta, outputs)),
+                        non_differentiable=tuple(non_diff), exclude_entries=len(frame.entries))
         return outputs
 
     @staticmethod
@@ -178,9 +187,8 @@ def _site_of_backward() -> str | None:
 def _backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tuple:
     if bus.enabled:
         frame._backward_site = _site_of_backward()
-        bus.emit_for(frame, "backward_entered", frame._backward_site, True,
-                     {"split": frame.split, "retain_graph": frame.retain_graph, "grad_count": len(grad_outputs),
-                      "none_grads": sum(map(is_, grad_outputs, _NONES))})
+        frame._emit(BackwardEntered, split=frame.split, retain_graph=frame.retain_graph, grad_count=len(grad_outputs),
+                    none_grads=sum(map(is_, grad_outputs, _NONES)))
     try:
         return _run_backward(frame, grad_outputs)
     except BaseException as exc:
@@ -199,7 +207,7 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
             f"h{frame.handle_id}): its gradients come from a replay inside backward and would not be "
             "differentiable.\nTip: use use_reentrant=False for higher-order gradients, or drop create_graph=True.")
     if frame.split and frame.phase == "ordinary":
-        raise PhaseNotSetError(frame.handle_id)
+        raise PhaseNotSetError(frame.handle_id, running_helper())
     frame.recompute()
     outputs = tensors_of(frame.replay_outputs)
     if not any(v.requires_grad for v in outputs):
@@ -212,14 +220,10 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
     input_grads = frame._gradients(*zip(*selected)) if selected else (None,) * frame.input_count
     if bus.enabled:
         key = (tuple(map(is_not, input_grads, _NONES)), frame.param_input_mask, frame.split and frame.phase == "dw")
-        data = _ROUTED.get(key) or _routed(key)
-        captured = frame._captured_report
-        if captured is not None:
-            frame._captured_report = None
-            data = {**data, "captured": captured}
-        else:
-            data = {**data}  # the event's own dict, never the cached one
-        bus.emit_for(frame, "grads_routed", frame._backward_site, True, data)
+        routing = _ROUTED.get(key) or _routed(key)
+        captured = frame._captured_report or ()
+        frame._captured_report = None
+        frame._emit(GradsRouted, captured=captured, **routing)
     if frame.split:
         if frame.phase == "dw":
             frame._release("dw_complete")
@@ -228,21 +232,23 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
     return (None, None, *input_grads, None)
 
 
-_CREATED: dict[int, tuple[Any, tuple, dict[str, Any]]] = {}  # id(function) -> (weakref to it, key, data)
+_CREATED: dict[int, tuple[Any, tuple, dict[str, Any]]] = {}  # id(function) -> (weakref to it, key, fields)
 _TENSOR_KEY = operator.attrgetter("shape", "dtype", "requires_grad", "is_cpu")  # what meta() reads, on the CPU
 
 
 def _created(function: Callable, frame: ReentrantCheckpointHandle, collector: str, inputs: tuple) -> dict[str, Any]:
-    """`handle_created`'s data: kept per function (weakly) while its calls look the same, and then shared by
-    their events (facts nobody writes to; the function's name is read once); a function without weak references,
-    or inputs off the CPU, build it each call."""
-    key = (frame.split, frame.param_input_mask, collector, frame.preserve_rng_state, *map(_TENSOR_KEY, inputs))
+    """`handle_created`'s fields: kept per function (weakly) while its calls look the same, and then shared by
+    their events (immutable facts; the function's name is read once); a function without weak references, or
+    inputs off the CPU, build them each call."""
+    label = label_of(function)
+    key = (frame.split, frame.param_input_mask, collector, frame.preserve_rng_state, label,
+           *map(_TENSOR_KEY, inputs))
     entry = _CREATED.get(id(function))
     if entry is not None and entry[0]() is function and entry[1] == key:
         return entry[2]
-    data = {"split": frame.split, "input_count": frame.input_count, "param_input_mask": list(frame.param_input_mask),
+    data = {"split": frame.split, "input_count": frame.input_count, "param_input_mask": frame.param_input_mask,
             "collector": collector, "preserve_rng_state": frame.preserve_rng_state, "function": qualname(function),
-            "inputs": [meta(t) for t in inputs]}
+            "label": label, "inputs": tuple([meta(t) for t in inputs])}
     if all(t.is_cpu for t in inputs):
         try:
             ref = weakref.ref(function)
@@ -254,16 +260,16 @@ def _created(function: Callable, frame: ReentrantCheckpointHandle, collector: st
     return data
 
 
-_ROUTED: dict[tuple, dict[str, list[int]]] = {}  # (got a grad, param_input_mask, in DW) -> grads_routed's routing
+_ROUTED: dict[tuple, dict[str, tuple[int, ...]]] = {}  # (got a grad, param_input_mask, in DW) -> grads_routed's routing
 _NONES = itertools.repeat(None)
 
 
-def _routed(key: tuple[tuple[bool, ...], tuple[bool, ...], bool]) -> dict[str, list[int]]:
+def _routed(key: tuple[tuple[bool, ...], tuple[bool, ...], bool]) -> dict[str, tuple[int, ...]]:
     """`grads_routed`'s routing fields, a function of which inputs got a gradient, which are parameters, and DW."""
     present, mask, dw = key
-    got = [i for i, hit in enumerate(present) if hit]
-    params = [i for i in got if mask[i]]
-    acts = [i for i in got if not mask[i]]
+    got = tuple(i for i, hit in enumerate(present) if hit)
+    params = tuple(i for i in got if mask[i])
+    acts = tuple(i for i in got if not mask[i])
     if len(_ROUTED) >= 1024:
         _ROUTED.clear()
     # In DW the activation grads are returned but the engine drops them (they are not DW targets).
@@ -369,9 +375,9 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
         collector.append(frame)
     if bus.enabled:  # the site walk starts at our caller (the runtime's frames below it are never the user's)
         site = bus.call_site(2)
-        event = bus.emit_row("handle_created", frame.handle_id, "reentrant", frame.phase, frame.session_id, site,
-                             False, _created(function, frame, collector_name, inputs))
-        frame.site = site if event is not None else None  # the event's site: given, never captured (False)
+        event = frame._emit(HandleCreated, site=site, capture_site=False,
+                            **_created(function, frame, collector_name, inputs))
+        frame.site = site if event is not None else None  # the event's site: given, never captured
         if divergence._checks_on:  # watch() would say None at once otherwise
             frame.divergence = divergence.watch(frame, args, kwargs, inputs, frame._home)
     try:
@@ -379,7 +385,8 @@ def reentrant_checkpoint(function: Callable, *args: Any, preserve_rng_state: boo
             result = _Checkpoint.apply(frame, torch.empty(0, requires_grad=True), *inputs, frame.backward_trigger)
     except BaseException as exc:
         if bus.enabled:
-            frame._emit("forward_failed", type=type(exc).__name__, message=str(exc))
+            frame._emit(ForwardFailed, site=frame.site, capture_site=False, type=type(exc).__name__,
+                        message=str(exc)[:65536])
         frame._release("forward_exception")
         if collector is not None:
             collector.remove(frame)

@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -24,8 +24,18 @@ from ckpt_viz.errors import (
     HandleReleasedError,
     SessionMismatchError,
 )
+from ckpt_viz.events import (
+    EventBase,
+    NodeCollected,
+    PhaseSet,
+    Released,
+    ReplayFailed,
+    ReplayFinished,
+    ReplayRefused,
+    ReplayStarted,
+)
 from ckpt_viz.runtime import debug as _debug
-from ckpt_viz.runtime import memtags, owners
+from ckpt_viz.runtime import memtags, owners, unasked
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.owners import qualname
@@ -35,6 +45,7 @@ from ckpt_viz.runtime.tensor_meta import meta
 __all__ = ["InputSlot", "ReentrantCheckpointHandle", "current_frame", "execution_frame", "fail", "input_slot", "meta",
            "new_handle_id", "qualname", "restart_handle_ids", "tensors_of"]
 
+E = TypeVar("E", bound=EventBase)
 _CURRENT_FRAME: contextvars.ContextVar[Any] = contextvars.ContextVar("ckpt_viz_reentrant_frame", default=None)
 _API = "ckpt_viz.checkpoint"
 
@@ -119,12 +130,12 @@ class ReentrantCheckpointHandle:
     release_reason: str | None = None
     release_site: str | None = None
     node_collected: bool = False
-    _release_row: Any = None  # the recording's `released` / `node_collected` rows: their seq is found when read
-    _collected_row: Any = None
+    _release_event: Any = None  # the innermost recording's `released` / `node_collected` events
+    _collected_event: Any = None
     replay_count: int = 0
     _backward_site: str | None = None
     _story: Any = None  # debug.py's story of this handle once adopted (runtime/debug.py NOTE rule 2)
-    _captured_report: list | None = None  # `grads_routed`'s captured field, between the backward and its event
+    _captured_report: tuple | None = None  # `grads_routed`'s captured field, between the backward and its event
     divergence: Any = None  # a ReplayWatch while a recording checks this region's replay
 
     def __init__(self, function: Callable, template: list, spec: Any, params: tuple | None,
@@ -148,20 +159,27 @@ class ReentrantCheckpointHandle:
     @property
     def release_seq(self) -> int | None:
         """The seq of this handle's `released` event in the innermost recording that got it, else None."""
-        return self._release_row.seq if self._release_row is not None else None
+        return self._release_event.seq if self._release_event is not None else None
 
     @property
     def collected_seq(self) -> int | None:
         """The seq of this handle's `node_collected` event in the innermost recording that got it, else None."""
-        return self._collected_row.seq if self._collected_row is not None else None
+        return self._collected_event.seq if self._collected_event is not None else None
 
     # ------------------------------------------------------------ events
 
-    def _emit(self, kind: str, capture_site: bool = True, **data: Any) -> Any:
-        # Inside one engine callback every event has the same user line: walk the stack once (see backward).
-        # Each step's events call bus.emit_for themselves (a frame less; C where built: it adds to `_story` too).
-        return bus.emit_row(kind, self.handle_id, "reentrant", self.phase, self.session_id, self._backward_site,
-                            capture_site, data)
+    def _emit(self, cls: type[E], *, site: str | None = None, capture_site: bool = True, scope: Any = None,
+              **fields: Any) -> E | None:
+        """Emit an event about this handle (its id, mode, phase and session), into its debug story too.
+
+        Inside one engine callback every event has the same user line: the backward's, walked once (see backward).
+        """
+        event = bus.emit(cls, handle_id=self.handle_id, mode="reentrant", phase=self.phase, session_id=self.session_id,
+                         site=site or self._backward_site, capture_site=capture_site, scope=scope, **fields)
+        story = self._story
+        if story is not None and event is not None:
+            story.add(event)
+        return event
 
     # ------------------------------------------------------------ running the function
 
@@ -192,6 +210,8 @@ class ReentrantCheckpointHandle:
                 item.grad = None
         if bus.enabled:
             return self._recorded_gradients(values, grads)
+        if unasked.pending and not self.split:  # See NOTE [ Unasked accumulation ] in unasked.py, rule 4.
+            return unasked.checked_gradients(self, values, grads)
         watch, self.divergence = self.divergence, None
         with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
@@ -199,8 +219,9 @@ class ReentrantCheckpointHandle:
 
     def _recorded_gradients(self, values: tuple, grads: tuple) -> tuple:
         """`_gradients`' ordinary or DW pass while somebody listens: the same backward, and the captured-parameter
-        report around it (a module's cached parameters in one C call where it can: owners.captured_states)."""
-        before = owners.captured_states(self.function) or owners.grad_states(self._captured(values))
+        report around it."""
+        before = owners.grad_states(self._captured(values))
+        states = unasked.before(self, values) if not self.split else None  # unasked.py NOTE rule 4: every time
         watch, self.divergence = self.divergence, None
         backward = torch.autograd.backward  # a recording's wrapper passes an inner pass through: call what it wraps
         backward = getattr(backward, "_ckpt_viz_original", backward)  # (ckpt_viz/recording.py, `_watched`)
@@ -208,6 +229,7 @@ class ReentrantCheckpointHandle:
             backward(values, grads, retain_graph=self.retain_graph)
         if before[0]:
             self._captured_report = owners.captured_report(before)
+        unasked.after(self, states)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _captured(self, values: tuple) -> Sequence[torch.Tensor]:
@@ -232,7 +254,7 @@ class ReentrantCheckpointHandle:
         api = f"{_API} (backward)" if in_backward else "ckpt_viz.recompute_handle"
         if self.released:
             if bus.enabled:
-                self._emit("replay_refused", reason="released", last_release_reason=self.release_reason,
+                self._emit(ReplayRefused, reason="released", last_release_reason=self.release_reason,
                            last_release_seq=self.release_seq)
             raise HandleReleasedError(api, "Cannot replay a released reentrant checkpoint", self.handle_id,
                                       self.release_reason, self.release_seq, self.release_site)
@@ -241,7 +263,7 @@ class ReentrantCheckpointHandle:
         ctx = self.context_ref() if self.context_ref is not None else None
         if ctx is None:
             if bus.enabled:
-                self._emit("replay_refused", reason="node_collected", collected_seq=self.collected_seq)
+                self._emit(ReplayRefused, reason="node_collected", collected_seq=self.collected_seq)
             raise GraphReleasedError(api, self.handle_id, self.collected_seq)
         inputs = ctx.saved_tensors
         self.replay_inputs = tuple([
@@ -250,9 +272,8 @@ class ReentrantCheckpointHandle:
         ])
         self.replay_count += 1
         if bus.enabled:
-            bus.emit_for(self, "replay_started", self._backward_site, True,
-                         {"trigger": "backward" if in_backward else "prefire", "retain_graph": self.retain_graph,
-                          "replay_index": self.replay_count})
+            self._emit(ReplayStarted, trigger="backward" if in_backward else "prefire", retain_graph=self.retain_graph,
+                       replay_index=self.replay_count)
         watch = self.divergence
         if watch is not None:
             watch.replay_starting()
@@ -268,13 +289,12 @@ class ReentrantCheckpointHandle:
         except BaseException as exc:
             self.replay_outputs = None
             if bus.enabled:
-                self._emit("replay_failed", type=type(exc).__name__, message=str(exc))
+                self._emit(ReplayFailed, type=type(exc).__name__, message=str(exc)[:65536])
             raise
         finally:
             self.replaying = False
         if bus.enabled:
-            bus.emit_for(self, "replay_finished", self._backward_site, True,
-                         {"trigger": "backward" if in_backward else "prefire"})
+            self._emit(ReplayFinished, trigger="backward" if in_backward else "prefire")
         if watch is not None:
             watch.replay_done(self._emit, tensors_of(self.replay_outputs))
 
@@ -297,8 +317,8 @@ class ReentrantCheckpointHandle:
                 self.handle_id, self.release_reason, self.release_seq, self.release_site), "set_phase", self)
         old, self.phase = self.phase, phase
         if bus.enabled:  # to dw: the fact that tells a DW without the trigger from a DX without retain_graph
-            extra = {"outer_graph_freed": self._outer_graph_freed()} if phase == "dw" else {}
-            self._emit("phase_set", old=old, new=phase, **extra)
+            self._emit(PhaseSet, old=old, new=phase,
+                       outer_graph_freed=self._outer_graph_freed() if phase == "dw" else None)
 
     def _outer_graph_freed(self) -> bool:
         """Whether a backward without retain_graph freed this checkpoint's saved inputs (read, never unpacked)."""
@@ -331,11 +351,10 @@ class ReentrantCheckpointHandle:
         self.released = True
         self.release_reason = reason
         if bus.enabled:
-            data = {"reason": reason, "was_replayed": was_replayed, "entries_released": entries,
-                    "exclude_cache_size": cache_size}
-            event = bus.emit_for(self, "released", self._backward_site, True, data)
-            if event is not None:  # the seq is looked up only if an error quotes it (bus NOTE [ Cost ... ], 5)
-                self._release_row, self.release_site = event, event.site
+            event = self._emit(Released, reason=reason, was_replayed=was_replayed, entries_released=entries,
+                               exclude_cache_size=cache_size)
+            if event is not None:  # an error about this handle quotes its seq and site
+                self._release_event, self.release_site = event, event.site
 
     def bind_session(self, session_id: Hashable) -> None:
         """Register this handle under `session_id` for activation and clearing; does not replay.
@@ -378,10 +397,10 @@ class ReentrantCheckpointHandle:
     def _on_node_collected(self) -> None:
         self.node_collected = True
         if bus.enabled:
-            event = bus.emit_row("node_collected", self.handle_id, "reentrant", self.phase, self.session_id, None,
-                                 False, {"was_replayed": self.replay_count > 0, "released": self.released}, self._home)
+            event = self._emit(NodeCollected, site=None, capture_site=False, scope=self._home,
+                               was_replayed=self.replay_count > 0, released=self.released)
             if event is not None:
-                self._collected_row = event
+                self._collected_event = event
 
 
 def fail(exc: BaseException, where: str, handle: ReentrantCheckpointHandle | None = None) -> BaseException:

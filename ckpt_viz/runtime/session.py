@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError, CheckpointUsageError
+from ckpt_viz.events import Prefired, SessionActivated, SessionBound, SessionCleared, SessionDeactivated
 
 __all__ = [
     "SessionActivation",
@@ -100,9 +101,10 @@ def validate_session_id(session_id: Any, api: str) -> None:
         ), api) from None
 
 
-def emit_error(exc: BaseException, where: str, **data: Any) -> BaseException:
+def emit_error(exc: BaseException, where: str, **fields: Any) -> BaseException:
+    """Emit the `error` event of `exc` (with `fields`, such as handle_id) while recording; return `exc` to raise."""
     if bus.enabled:
-        bus.emit_error(exc, where, data=data)
+        bus.emit_error(exc, where, **fields)
     return exc
 
 
@@ -131,10 +133,9 @@ def register(member: Any, session_id: Hashable) -> None:
         if activation is not None and activation.session_id == session_id:
             _bind(member, activation)
     if bus.enabled:
-        bus.emit("session_bound", handle_id=member.handle_id, mode=member.mode, session_id=session_id,
-                 data={"activation_present": activation is not None and activation.session_id == session_id,
-                       "retain": bool(activation and activation.session_id == session_id
-                                      and activation.retain_on_unpack)})
+        bus.emit(SessionBound, handle_id=member.handle_id, mode=member.mode, session_id=session_id,
+                 activation_present=activation is not None and activation.session_id == session_id,
+                 retain=bool(activation and activation.session_id == session_id and activation.retain_on_unpack))
 
 
 def _bind(member: Any, activation: SessionActivation) -> None:
@@ -196,8 +197,8 @@ def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) 
             _SESSION.reset(token)
             raise emit_error(exc, api)  # noqa: B904  (emit_error returns exc itself)
     if bus.enabled:
-        bus.emit("session_activated", session_id=session_id,
-                 data={"retain_on_unpack": retain_on_unpack, "handles": sorted(m.handle_id for m in bound)})
+        bus.emit(SessionActivated, session_id=session_id, retain_on_unpack=retain_on_unpack,
+                 handles=tuple(sorted(m.handle_id for m in bound)))
     try:
         yield session_id
     finally:
@@ -207,8 +208,8 @@ def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) 
                 member._bind_activation(None)
             _SESSION.reset(token)
         if bus.enabled:
-            bus.emit("session_deactivated", session_id=session_id,
-                     data={"retain_on_unpack": retain_on_unpack, "handles": sorted(m.handle_id for m in released)})
+            bus.emit(SessionDeactivated, session_id=session_id, retain_on_unpack=retain_on_unpack,
+                     handles=tuple(sorted(m.handle_id for m in released)))
 
 
 def clear_recompute_session(session_id: Hashable) -> None:
@@ -222,9 +223,9 @@ def clear_recompute_session(session_id: Hashable) -> None:
     for member in popped:
         member._session_cleared(session_id)
     if bus.enabled:
-        bus.emit("session_cleared", session_id=session_id,
-                 data={"handles": sorted(m.handle_id for m in popped if m.mode == "reentrant"),
-                       "frames": sorted(m.handle_id for m in popped if m.mode != "reentrant")})
+        bus.emit(SessionCleared, session_id=session_id,
+                 handles=tuple(sorted(m.handle_id for m in popped if m.mode == "reentrant")),
+                 frames=tuple(sorted(m.handle_id for m in popped if m.mode != "reentrant")))
 
 
 def recompute_handle(handle: Any, session_id: Hashable) -> None:
@@ -256,8 +257,7 @@ def recompute_handle(handle: Any, session_id: Hashable) -> None:
     else:
         path = "temporary_session"
     if bus.enabled:
-        bus.emit("prefired", handle_id=handle.handle_id, mode=handle.mode, session_id=session_id,
-                 data={"path": path, "handle_kind": handle.mode})
+        bus.emit(Prefired, handle_id=handle.handle_id, mode=handle.mode, session_id=session_id, path=path)
     if path == "in_session":
         register(handle, session_id)
         handle._prefire()

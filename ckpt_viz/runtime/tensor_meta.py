@@ -3,10 +3,9 @@
 Imports torch; never the UI.
 
 NOTE [ Shared tensor facts ]
-  A plain CPU tensor's facts are a function of (type, shape, dtype, requires_grad, layout), so the dict made
-  for them is kept (bounded) and the same dict is the fact of every later event with the same key: events are
-  read-only facts (as the captured report, NOTE [ Captured report cache ] in owners.py). Other tensors (off the
-  CPU, a subclass) get a dict of their own each time.
+  A plain CPU tensor's facts are a function of (type, shape, dtype, requires_grad, layout), so the `TensorMeta`
+  made for them is kept (bounded) and shared by every later event with the same key: it is frozen. Other tensors
+  (off the CPU, a subclass) get one of their own each time.
 """
 from __future__ import annotations
 
@@ -15,11 +14,13 @@ from typing import Any
 
 import torch
 
+from ckpt_viz.events import TensorMeta
+
 __all__ = ["meta"]
 
 _NAMES: dict[Any, str] = {}  # dtype or device -> its name: str() of either costs a microsecond per event
 _KEY = operator.attrgetter("__class__", "shape", "dtype", "requires_grad", "layout", "is_cpu")
-_METAS: dict[tuple, dict[str, Any]] = {}  # _KEY(t) of a plain CPU tensor -> its meta (NOTE)
+_METAS: dict[tuple, TensorMeta] = {}  # _KEY(t) of a plain CPU tensor -> its meta (NOTE)
 _MAX_METAS = 4096
 
 
@@ -30,7 +31,7 @@ def _name(value: Any, prefix: str = "") -> str:
     return name
 
 
-def meta(t: torch.Tensor) -> dict[str, Any]:
+def meta(t: torch.Tensor) -> TensorMeta:
     """The tensor as an event's data gives it (`handle_created` inputs, `forward_finished` outputs)."""
     key = _KEY(t)
     found = _METAS.get(key)
@@ -43,9 +44,9 @@ def meta(t: torch.Tensor) -> dict[str, Any]:
     return found
 
 
-def _meta(t: torch.Tensor) -> dict[str, Any]:
+def _meta(t: torch.Tensor) -> TensorMeta:
     dtype = t.dtype
-    return {"shape": list(t.shape), "dtype": _NAMES.get(dtype) or _name(dtype, "torch."),
-            # a CPU tensor's device without building its torch.device
-            "device": "cpu" if t.is_cpu else (_NAMES.get(device := t.device) or _name(device)),
-            "requires_grad": t.requires_grad, "nbytes": t.nbytes}  # numel() * element_size()
+    return TensorMeta(shape=tuple(t.shape), dtype=_NAMES.get(dtype) or _name(dtype, "torch."),
+                      # a CPU tensor's device without building its torch.device
+                      device="cpu" if t.is_cpu else (_NAMES.get(device := t.device) or _name(device)),
+                      requires_grad=t.requires_grad, nbytes=t.nbytes)  # numel() * element_size()

@@ -45,7 +45,8 @@ import zlib
 from typing import NoReturn
 
 from ckpt_viz.errors import TraceError, TraceFileError
-from ckpt_viz.trace.schema import MAX_EVENTS_ENV
+
+MAX_EVENTS_ENV = "CKPT_VIZ_TRACE_MAX_EVENTS"
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

@@ -9,6 +9,7 @@ forks one such run per request, torch already imported, and calls `run_child` in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import linecache
@@ -22,15 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_viz.errors import CkptVizError, ModelLoadError
+from ckpt_viz.usermodel import runfolder
 from ckpt_viz.usermodel.load import user_frame
 
-__all__ = ["MEMORY_MARKERS", "apply_limits", "main", "run_child"]
+__all__ = ["MEMORY_MARKERS", "TimeLimitReached", "apply_limits", "main", "run_child"]
 
 _API = "ckpt_viz.record_in_subprocess"
 # Text of a failed allocation: in torch's RuntimeError, or in the log of a child that died of one.
 MEMORY_MARKERS = ("can't allocate memory", "Cannot allocate memory", "std::bad_alloc", "out of memory",
                   "Memory allocation still failed")  # the last: OpenBLAS, when the limit is below torch's needs
 
+
+_RESERVE, _RESERVE_BYTES = ".reserve", 1 << 20
 
 # -- limits: the first thing the child does --
 
@@ -72,7 +76,7 @@ def _user_tasks(uid: int) -> int:
 
 
 def apply_limits(limits: dict[str, int | None], parent_pid: int) -> None:
-    """The child's first act: die with the parent, hard limits (soft = hard), no capabilities."""
+    """The child's first act: die with the parent, hard limits (soft = hard), no capabilities, the seccomp filter."""
     import ctypes
     import resource
 
@@ -93,6 +97,11 @@ def apply_limits(limits: dict[str, int | None], parent_pid: int) -> None:
         resource.setrlimit(which, (int(value), int(value)))  # type: ignore[arg-type]
     if os.getuid() == 0 and sys.platform.startswith("linux"):
         _drop_capabilities()
+    if sys.platform.startswith("linux"):
+        from ckpt_viz.usermodel import confine
+
+        if confine.problem() is None:  # (the parent warned once where it cannot be applied)
+            confine.confine()  # See NOTE [ Seccomp filter ] in ckpt_viz.usermodel.confine
 
 
 # -- reports --
@@ -173,6 +182,42 @@ def _stack_on_sigusr1() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
+def _reserve(path: Path) -> None:
+    """Set `_RESERVE_BYTES` aside in the run's folder (a tmpfs of `disk_mb` under bubblewrap), freed for the error
+    report: a model that fills the folder still gets its error said."""
+    with contextlib.suppress(OSError), open(path, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, _RESERVE_BYTES)
+
+
+class TimeLimitReached(BaseException):
+    """The parent's SIGUSR2: the run is out of time; stop here and keep the trace recorded so far.
+
+    A BaseException, like KeyboardInterrupt, so a model's `except Exception` does not swallow it.
+    """
+
+
+def _stop_on_sigusr2() -> None:
+    def time_is_up(signum: int, frame: Any) -> None:
+        raise TimeLimitReached("the parent's time limit was reached")
+
+    if hasattr(signal, "SIGUSR2"):
+        with contextlib.suppress(ValueError):  # not the main thread (a fork from another one): no partial trace
+            signal.signal(signal.SIGUSR2, time_is_up)
+
+
+def _save_partial(workdir: Path, index: int, before: Any) -> None:
+    """The trace of the record() block that TimeLimitReached closed, marked partial, as trace-N.json."""
+    from ckpt_viz.recording import last_trace
+
+    trace = last_trace()
+    if trace is None or trace is before:  # time ran out before this mode's recording opened
+        return
+    trace.meta["partial"] = True
+    trace.meta["partial_reason"] = "the run was stopped at its time limit"
+    trace.save(workdir / f"partial-{index}.json")
+    os.replace(workdir / f"partial-{index}.json", workdir / f"trace-{index}.json")
+
+
 def run_child(workdir: Path, parent_pid: int | None = None) -> int:
     """One run's whole life: limits, load, run each mode, save. See NOTE [ Sandbox protocol ], rule 2.
 
@@ -180,6 +225,7 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
     (a child forked by the warm process, NOTE [ Warm child ] in `ckpt_viz.usermodel.warm`).
     """
     _stack_on_sigusr1()
+    _stop_on_sigusr2()
     request = json.loads((workdir / "request.json").read_text())
     ref, modes, extra = request["ref"], request["modes"], request["extra"]
     memory_mb = request["limits"].get("memory_mb")
@@ -193,8 +239,11 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
 
     def failed(exc: BaseException, name: str) -> None:
         report = _report(exc, stage=stage, ref=ref, mode=mode, memory_mb=memory_mb, user_file=user_file)
+        with contextlib.suppress(OSError):
+            os.unlink(workdir / _RESERVE)  # room for the report in a folder the model filled
         (workdir / name).write_text(json.dumps(report, default=str))
 
+    _reserve(workdir / _RESERVE)
     try:
         reached(stage)
         apply_limits(request["limits"], request["parent_pid"] if parent_pid is None else parent_pid)
@@ -204,6 +253,7 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
         stage = reached("importing torch")
         import torch  # noqa: F401  (after the limit, so that it counts; already imported in a warm child)
 
+        from ckpt_viz.recording import last_trace
         from ckpt_viz.run.scenarios import run_scenario
         from ckpt_viz.usermodel.load import load_model
 
@@ -223,7 +273,12 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
                 spec = load_model(request["load_ref"], seed=extra.get("seed", 0))
                 spec.name = spec.extra["ref"] = ref
             stage = reached(f"running mode {mode!r}")
-            trace = run_scenario(spec, mode, **extra)
+            before = last_trace()
+            try:
+                trace = run_scenario(spec, mode, **extra)
+            except TimeLimitReached:
+                _save_partial(workdir, i, before)
+                return 1
             trace.meta["sandbox"] = {"memory_mb": memory_mb, "ref": ref, "isolation": "bubblewrap" if
                                      request["limits"].get("isolated") else "limits only"}
             trace.save(workdir / f"partial-{i}.json")
@@ -237,14 +292,48 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
     return code
 
 
+def _collect_cold(workdir: Path, host_fd: int) -> int:
+    """PID 1 of a cold child's sandbox: fork the run, wait for it, copy its results out, and exit with its code
+    (128 + n when signal n ended it, as bubblewrap reports it). SIGTERM from the parent (a timeout) ends the
+    run's processes first, so that its stage is still copied out."""
+    runfolder.guard_pid1()
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the parent's "print your stack" is for the run
+    signal.signal(signal.SIGTERM, lambda signum, frame: runfolder.end_namespace())
+    request = runfolder.copy_in(host_fd, "request.json", workdir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            runfolder.unguard_run(host_fd)
+            code = run_child(workdir)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)  # (retried after the SIGTERM handler ran: PEP 475)
+    runfolder.end_namespace()
+    runfolder.collect(workdir, host_fd, len(request.get("modes", [])), int(request["limits"]["file_bytes"]))
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckpt_viz.usermodel.child",
                                      description="Child side of ckpt_viz.usermodel.sandbox.record_in_subprocess.")
     parser.add_argument("workdir", type=Path, help="folder holding request.json; receives trace-N.json or "
                         "error(-N).json")
+    parser.add_argument("--host-fd", type=int, help="under bubblewrap: the host's run folder, open; this process is "
+                        "then PID 1 of the sandbox and forks the run (NOTE [ Run folder ] in "
+                        "ckpt_viz.usermodel.isolation)")
     args = parser.parse_args(argv)
     start = time.monotonic()
-    code = run_child(args.workdir)
+    if args.host_fd is not None:
+        code = _collect_cold(args.workdir, args.host_fd)
+    else:
+        code = run_child(args.workdir)
     print(f"ckpt_viz.usermodel.child: finished with code {code} in {time.monotonic() - start:.2f} s "
           f"(pid {os.getpid()})", file=sys.stderr)
     return code

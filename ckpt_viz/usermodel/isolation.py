@@ -9,27 +9,54 @@ NOTE [ What the sandbox guarantees ]
   With bubblewrap (Linux, `bwrap` installed, namespaces allowed):
     - new user, PID, network, IPC, UTS and cgroup namespaces: the model sees only its own
       processes (it cannot signal the caller), has no network (loopback only, its own), and
-      no capabilities (`--cap-drop ALL`), so it cannot raise its hard limits;
-    - `--die-with-parent`: when the caller dies (any signal, SIGKILL included) the kernel
-      kills the whole sandbox; ending the namespace's first process ends every process in
-      it, new sessions (setsid) included;
-    - a read-only view of the system (`--ro-bind / /`), fresh /tmp, /dev, /dev/shm and
-      /proc, the model's folder read-only, and only its own temporary folder writable;
+      no capabilities (`--cap-drop ALL`), so it cannot raise its hard limits; no user
+      namespace can be made inside (`--disable-userns`);
+    - `--as-pid-1`: PID 1 of the sandbox is ckpt_viz's own process (the warm process, or a
+      cold child's collector: NOTE [ Run folder ]), never bubblewrap's init. It is
+      undumpable before any run exists, so no process of a run can ptrace it, write its
+      memory (/proc/1/mem) or take its descriptors; the kernel ignores signals from inside
+      the namespace that it has no handler for, SIGKILL included; and when it ends, the
+      kernel kills every process of its namespace, new sessions and daemons included;
+    - `--die-with-parent`: when the caller dies (SIGKILL included) the whole sandbox dies;
+    - a read-only view of the system (`--ro-bind / /`), fresh /proc and /dev, the model's
+      folder read-only; the only writable places are size-limited tmpfs: the run's folder
+      (`Limits.disk_mb`), and /tmp, /var/tmp and /dev/shm (`MASK_MB` each). Their pages
+      also count in the run's memory cgroup. No host folder is writable: results leave
+      through PID 1 (NOTE [ Run folder ]). /run is an empty read-only tmpfs: the usual host
+      sockets (Docker, D-Bus, databases) are not in view, and the seccomp filter refuses
+      Unix sockets anywhere;
     - an environment rebuilt from `ENV_ALLOWLIST` (the caller's secrets never reach it).
   Always (with or without bubblewrap):
     - hard resource limits, soft = hard, set before torch is imported: address space
       (RLIMIT_AS), CPU seconds (RLIMIT_CPU), file size (RLIMIT_FSIZE), tasks
       (RLIMIT_NPROC; the kernel does not apply it to root, so a cgroup does) and no core
       files; as root, all capabilities are dropped so those limits stay;
+    - a seccomp filter (NOTE [ Seccomp filter ] in ckpt_viz.usermodel.confine, where
+      libseccomp is installed): no ptrace, process_vm_readv/writev, pidfd_getfd, io_uring,
+      and no Unix sockets (socketpair aside), for every process of the run;
     - a cgroup (v2 or v1, where /sys/fs/cgroup lets this user create one): one memory
       limit for all the model's processes together, a task limit, and a kill that reaches
       every process in it (forks, new sessions) when the run ends;
     - the cleared environment, a working directory and HOME inside its own folder.
   Not guaranteed: without bubblewrap the model can read what the caller can read, use the
-  network, write where the caller can write and signal the caller's processes; a warning
-  says so once per process. The sandbox does not hide the file system from reading
-  (secrets in files the caller can read are readable), limit disk I/O bandwidth, or stop
-  a kernel exploit.
+  network, write where the caller can write (a full disk included), signal the caller's
+  processes and open their /proc/PID/mem; a warning says so once per process. The sandbox
+  does not hide the file system from reading (secrets in files the caller can read are
+  readable), limit disk I/O bandwidth, or stop a kernel exploit.
+
+NOTE [ Run folder ]
+  1. The parent makes the run's folder on the host and writes `request.json` there; in the
+     sandbox the same path is a new tmpfs of `Limits.disk_mb` (a disk-fill ends in ENOSPC
+     there, never on the host). The host folder is not in the sandbox's view at all: PID 1
+     gets it as an open directory descriptor (`--host-fd N`, inherited through bubblewrap).
+  2. PID 1 copies `request.json` in, forks the run (which closes the descriptor before any
+     code of the model runs), waits for it and copies the results out (`stage`, reports,
+     traces): regular files only, never through a link, each at most its cap.
+  3. The run's stdout and stderr are `output.log` on the host (the parent reads the stack
+     dump there live): the one host file a run writes, capped by RLIMIT_FSIZE.
+  4. So a run's writes are bounded: `disk_mb` plus 3 x `MASK_MB` of tmpfs (also counted
+     in its memory cgroup) and one log of `file_bytes`; on the host, that log and copies of
+     at most `2 + modes` result files, each within its cap.
 """
 from __future__ import annotations
 
@@ -47,8 +74,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["ENV_ALLOWLIST", "Cgroup", "Limits", "SandboxWarning", "binds", "bwrap_problem", "child_env",
-           "command", "not_isolated"]
+__all__ = ["DEFAULT_DISK_MB", "ENV_ALLOWLIST", "MASK_MB", "Cgroup", "Limits", "SandboxWarning", "binds",
+           "bwrap_problem", "child_env", "command", "not_isolated"]
 
 _API = "ckpt_viz.record_in_subprocess"
 # Passed through from the caller when set: locale and thread counts, never credentials.
@@ -56,8 +83,11 @@ ENV_ALLOWLIST = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM
                  "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MALLOC_ARENA_MAX")
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _MASKED = ("/tmp", "/var/tmp", "/dev/shm")  # replaced by empty tmpfs in the sandbox
-_NAMESPACES = ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-               "--unshare-cgroup-try")
+_HIDDEN = ("/run",)  # replaced by an empty read-only tmpfs: where the system's sockets live (Docker, D-Bus)
+_NAMESPACES = ("--unshare-user", "--disable-userns", "--unshare-pid", "--as-pid-1", "--unshare-net",
+               "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+DEFAULT_DISK_MB = 1024  # the run's folder (a tmpfs): See NOTE [ Run folder ]
+MASK_MB = 64  # each of /tmp, /var/tmp and /dev/shm in the sandbox
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -74,6 +104,7 @@ class Limits:
     max_trace_mb: int
     max_events: int
     max_tasks: int = dataclasses.field(default_factory=lambda: max(512, 16 * (os.cpu_count() or 1)))  # threads too
+    disk_mb: int = DEFAULT_DISK_MB  # the run's folder under bubblewrap: See NOTE [ Run folder ]
 
     @property
     def cpu_s(self) -> int:
@@ -87,7 +118,7 @@ class Limits:
 
     @classmethod
     def check(cls, *, timeout_s: object, memory_mb: object, max_trace_mb: object, max_events: object,
-              error: type[Exception]) -> Limits:
+              error: type[Exception], disk_mb: object = DEFAULT_DISK_MB) -> Limits:
         """Refuse limits that are not positive and finite (nan, inf, 0, -5 used to disable them silently)."""
         def number(name: str, value: object, integer: bool, tip: str) -> None:
             ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
@@ -102,8 +133,9 @@ class Limits:
                    "or memory_mb=None for no address-space limit (a model on a GPU needs that).")
         number("max_trace_mb", max_trace_mb, True, "the default is 512 MiB of trace file.")
         number("max_events", max_events, True, "the default is 2,000,000 events.")
+        number("disk_mb", disk_mb, True, f"the default is {DEFAULT_DISK_MB} MiB for the run's folder (a tmpfs).")
         return cls(float(timeout_s), None if memory_mb is None else int(memory_mb),  # type: ignore[arg-type]
-                   int(max_trace_mb), int(max_events))  # type: ignore[arg-type]
+                   int(max_trace_mb), int(max_events), disk_mb=int(disk_mb))  # type: ignore[arg-type]
 
 
 # -- environment and command --
@@ -132,7 +164,8 @@ def bwrap_problem() -> str | None:
         return "bubblewrap (bwrap) is not installed"
     try:
         done = subprocess.run([exe, *_NAMESPACES, "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                               "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"],
+                               "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--size", str(MASK_MB << 20),
+                               "--tmpfs", "/tmp", "true"],
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=20)  # the flags `command` uses
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not run ({exc})"
@@ -146,21 +179,28 @@ def binds(paths: Sequence[str]) -> list[str]:
     """--ro-bind for the given paths that the masked folders would hide (the model's folder, sys.path entries)."""
     out: list[str] = []
     for path in dict.fromkeys(os.path.realpath(p) for p in paths if p):
-        if os.path.exists(path) and any(path == m or path.startswith(m + "/") for m in _MASKED):
+        if os.path.exists(path) and any(path == m or path.startswith(m + "/") for m in (*_MASKED, *_HIDDEN)):
             out += ["--ro-bind", path, path]
     return out
 
 
 def command(python_argv: list[str], *, workdir: Path, readable: Sequence[str], cgroup_files: Sequence[str],
-            isolate: bool) -> list[str]:
-    """The argv that starts the child: in bubblewrap when `isolate`, joined to the cgroup first."""
+            isolate: bool, disk_mb: int = DEFAULT_DISK_MB) -> list[str]:
+    """The argv that starts the child: in bubblewrap when `isolate`, joined to the cgroup first.
+
+    Under bubblewrap `workdir` is a new tmpfs of `disk_mb` in the sandbox, not the host folder (NOTE [ Run
+    folder ]): pass the host folder to the child as an inherited descriptor.
+    """
     argv = list(python_argv)
     if isolate:
         devices = [a for d in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(d), str(d))]
         argv = [shutil.which("bwrap") or "bwrap", *_NAMESPACES, "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", *devices,
-                *[a for m in _MASKED if os.path.isdir(m) for a in ("--tmpfs", m)],
-                *binds(readable), "--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--", *argv]
+                *[a for m in _MASKED if os.path.isdir(m) for a in ("--size", str(MASK_MB << 20), "--tmpfs", m)],
+                *[a for m in _HIDDEN if os.path.isdir(m) and not os.path.islink(m)
+                  for a in ("--size", "65536", "--tmpfs", m, "--remount-ro", m)],
+                *binds(readable), "--size", str(disk_mb << 20), "--tmpfs", str(workdir), "--chdir", str(workdir),
+                "--", *argv]
     if cgroup_files:  # the shell joins the cgroup, then becomes the child: nothing runs outside it
         script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
         argv = ["/bin/sh", "-c", script, "sh", *cgroup_files, "--", *argv]
@@ -173,7 +213,8 @@ def not_isolated(problem: str, cgroup: Cgroup | None) -> str:
              cgroup.memory else "no cgroup could be created, so its own subprocesses are limited one by one "
              "and one started in a new session can outlive the run")
     return (f"{_API}: {problem}, so model files run without isolation: they can read any file you can, "
-            "write where you can, use the network and signal your processes (the app's included). Only the "
+            "write where you can (until the disk is full), use the network and signal your processes (the app's "
+            "included). Only the "
             f"hard limits apply (time, address space, CPU time, file size, tasks), its environment is cleared, "
             f"and {group}.\nTip: install bubblewrap (Debian: apt-get install bubblewrap) and allow user "
             "namespaces (sysctl kernel.unprivileged_userns_clone=1) to isolate them.")

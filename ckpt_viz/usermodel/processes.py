@@ -21,11 +21,12 @@ from typing import Any, NoReturn
 
 from ckpt_viz.usermodel.isolation import Cgroup
 
-__all__ = ["PREFIX", "child_pids", "dump_stack", "ending_signals", "host_pid", "kill_group", "namespace_strays",
-           "signal_stack", "signals_held", "sweep"]
+__all__ = ["PREFIX", "child_pids", "dump_stack", "end_run", "ending_signals", "host_pid", "kill_group",
+           "namespace_strays", "signal_stack", "signals_held", "sweep"]
 
 PREFIX = "ckpt_viz_sandbox_"
 _STACK_GRACE_S = 3.0  # the longest a timed-out child gets to print its stack before the kill
+_PARTIAL_GRACE_S = 5.0  # the longest it then gets to close its recording and save the trace so far
 
 
 class _Ended(BaseException):
@@ -44,9 +45,10 @@ def kill_group(pid: int) -> None:
 
 
 def child_pids(workdir: Path) -> list[int]:
-    """Host pids of the Python child (and its forks) for `workdir`, found by their whole command line.
+    """Host pids of the Python child (and its forks) for `workdir`, found by the start of their command line.
 
-    The whole line: bubblewrap's own processes end with the same words, and SIGUSR1 would kill them.
+    From its start: bubblewrap's own processes end with the same words, and SIGUSR1 would kill them. Under
+    bubblewrap that is PID 1 (which ignores SIGUSR1) and the run it forked.
     """
     cmdline = f"{sys.executable}\0-m\0ckpt_viz.usermodel.child\0{workdir}\0".encode()
     found = []
@@ -54,7 +56,7 @@ def child_pids(workdir: Path) -> list[int]:
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError):
-                    if Path(f"/proc/{entry}/cmdline").read_bytes() == cmdline:
+                    if Path(f"/proc/{entry}/cmdline").read_bytes().startswith(cmdline):
                         found.append(int(entry))
     return found
 
@@ -76,6 +78,30 @@ def dump_stack(proc: subprocess.Popen, workdir: Path) -> None:
                 time.sleep(0.05)  # the rest of the stack, written in the same handler
                 return
         time.sleep(0.02)
+
+
+def end_run(proc: subprocess.Popen, wait_s: float = _STACK_GRACE_S) -> None:
+    """Ask PID 1 of a cold child's sandbox to end the run (SIGTERM) and copy its results out; wait for that at
+    most `wait_s` (NOTE [ Run folder ] in ckpt_viz.usermodel.isolation). The caller kills what is left."""
+    pid1 = host_pid(proc.pid, 1)
+    if pid1 <= 0 or pid1 == 1:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid1, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=wait_s)
+
+
+def ask_partial(proc: subprocess.Popen, workdir: Path) -> None:
+    """Ask a child that ran out of time to stop and save the trace it has (SIGUSR2; NOTE [ Sandbox protocol ],
+    rule 3, in sandbox.py); wait until it exits, at most `_PARTIAL_GRACE_S`."""
+    if not hasattr(signal, "SIGUSR2"):
+        return
+    for pid in child_pids(workdir):  # never bwrap itself
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGUSR2)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_PARTIAL_GRACE_S)
 
 
 def _tree() -> dict[int, tuple[int, list[int]]]:

@@ -1,17 +1,18 @@
 """What a sandboxed child leaves in its folder, read back with bounds.
 
 Only regular files (opened without following a link, never blocking on a FIFO), each within
-a size cap; a trace also within an event cap, checked from the count in the file before it
-is parsed, and never gzip (the child writes plain JSON, so a compressed file was put there
+a size cap; a trace also within an event cap, checked from the length of its lists before an
+event is built, and never gzip (the child writes plain JSON, so a compressed file was put there
 by the model's code). Every refusal is a `SandboxCrashError` that says what was found.
-Standard library and ckpt_viz's torch-free modules only.
+Standard library, msgspec and ckpt_viz's torch-free modules only.
 """
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
+
+import msgspec
 
 from ckpt_viz.errors import SandboxCrashError, TraceError
 from ckpt_viz.trace import Trace
@@ -59,26 +60,36 @@ def tail(path: Path) -> str:
 
 
 def load_trace(path: Path, limits: Limits) -> Trace:
-    """The child's trace, refused when over the size or event cap (before it is parsed, where the file says)."""
-    raw = read(path, limits.max_trace_mb * 2**20, "a trace file")
+    """The child's trace, refused when over the size or event cap (the count read before the events are built)."""
+    cap = limits.max_trace_mb * 2**20
+    raw = read(path, cap, "a trace file")
     assert raw is not None
     if raw[:2] == b"\x1f\x8b":
         raise SandboxCrashError(f"{_API}: the child's trace.json is gzip-compressed; the child writes plain "
                                 "JSON, so it was replaced by the model's code and was not read.\nTip: make the "
                                 "model write its files elsewhere.")
-    head = re.search(rb'"events"\s*:\s*\{\s*"count"\s*:\s*(\d+)', raw[:1 << 16]) or \
-        re.search(rb'"events"\s*:\s*\{\s*"count"\s*:\s*(\d+)', raw)
-    counted = int(head.group(1)) if head else None
-    if counted is not None and counted > limits.max_events:
-        raise _too_many(counted, limits)
+    try:  # only the lengths of the two lists: no event is built (a malformed file is Trace.load's to explain)
+        outline = msgspec.json.decode(raw, type=_Outline)
+    except msgspec.MsgspecError:
+        outline = None
     del raw
+    if outline is not None and len(outline.events) + len(outline.memory) > limits.max_events:
+        raise _too_many(len(outline.events) + len(outline.memory), limits)
+    del outline
     try:
-        trace = Trace.load(path)
+        trace = Trace.load(path, max_bytes=cap, max_events=limits.max_events)
     except TraceError as exc:
         raise SandboxCrashError(f"{_API}: the child wrote a trace that does not load: {exc}") from None
     if len(trace.events) + len(trace.memory) > limits.max_events:
         raise _too_many(len(trace.events) + len(trace.memory), limits)
     return trace
+
+
+class _Outline(msgspec.Struct):
+    """A trace file's lists, each element left undecoded."""
+
+    events: list[msgspec.Raw] = []
+    memory: list[msgspec.Raw] = []
 
 
 def _too_many(count: int, limits: Limits) -> SandboxCrashError:

@@ -11,7 +11,9 @@ NOTE [ Sandbox protocol ]
      writes `request.json` (the reference, the limits, sys.path) and starts
      `python -m ckpt_viz.usermodel.child FOLDER` in a new session, with the environment of
      `isolation.child_env` and the folder as working directory; stdout and stderr go to
-     `output.log` there. Under bubblewrap that folder is the only writable one.
+     `output.log` there. Under bubblewrap the child sees a tmpfs at that path instead, and
+     PID 1 of the sandbox copies the request in and the results out (NOTE [ Run folder ] in
+     `ckpt_viz.usermodel.isolation`).
   2. The child applies its hard limits, writes each step it reaches to `stage`, imports
      torch, runs `load_model` and `run_scenario` for each mode of the request (a fresh model
      per mode), and writes mode N's `trace-N.json` with `Trace.save` (JSON; never pickle;
@@ -21,7 +23,10 @@ NOTE [ Sandbox protocol ]
      with the message already written for people, and exits 1.
   3. The parent waits at most `timeout_s`; on expiry it sends SIGUSR1 to the child
      (faulthandler prints its Python stack, which locates the model file's line), waits
-     until the stack is in the log (at most 3 s), then kills everything: the session,
+     until the stack is in the log (at most 3 s), then sends SIGUSR2, on which the child stops its
+     run (TimeLimitReached) and saves the trace recorded so far as `trace-N.json`, meta "partial"
+     True (at most 5 s; `SandboxTimeoutError.partial_trace`), asks PID 1 to end the run and copy its
+     stage out (SIGTERM, at most 3 s), then kills everything: the session,
      the sandbox (its PID namespace), the cgroup. It reads only regular files of
      bounded size from the folder (never through a link), refuses a trace over
      `max_trace_mb` or `max_events`, and removes the folder.
@@ -59,6 +64,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ckpt_viz.errors import (  # the Sandbox* errors are re-exported: defined with the whole error tree
+    CkptVizError,
     SandboxCrashError,
     SandboxError,
     SandboxMemoryError,
@@ -66,8 +72,10 @@ from ckpt_viz.errors import (  # the Sandbox* errors are re-exported: defined wi
     SandboxTimeoutError,
 )
 from ckpt_viz.trace import Trace
+from ckpt_viz.usermodel import confine
 from ckpt_viz.usermodel.child import MEMORY_MARKERS
 from ckpt_viz.usermodel.isolation import (
+    DEFAULT_DISK_MB,
     Cgroup,
     Limits,
     SandboxWarning,
@@ -78,7 +86,16 @@ from ckpt_viz.usermodel.isolation import (
     package_root,
 )
 from ckpt_viz.usermodel.load import ModelLoadError, parse_ref
-from ckpt_viz.usermodel.processes import PREFIX, dump_stack, ending_signals, kill_group, signals_held, sweep
+from ckpt_viz.usermodel.processes import (
+    PREFIX,
+    ask_partial,
+    dump_stack,
+    end_run,
+    ending_signals,
+    kill_group,
+    signals_held,
+    sweep,
+)
 from ckpt_viz.usermodel.readback import load_trace, read, tail
 
 __all__ = [
@@ -126,7 +143,8 @@ def _check_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                          memory_mb: int | None = DEFAULT_MEMORY_MB, extra: Mapping[str, Any] | None = None,
-                         max_trace_mb: int = DEFAULT_MAX_TRACE_MB, max_events: int = DEFAULT_MAX_EVENTS) -> Trace:
+                         max_trace_mb: int = DEFAULT_MAX_TRACE_MB, max_events: int = DEFAULT_MAX_EVENTS,
+                         disk_mb: int = DEFAULT_DISK_MB) -> Trace:
     """Load the user model `ref` and run it in `mode` in a contained child process; return its trace.
 
     See NOTE [ Sandbox protocol ], NOTE [ Memory limit ], and NOTE [ What the sandbox
@@ -143,6 +161,8 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
         extra: keyword arguments of `run_scenario` (and of `load_model` for "seed"): seed, microbatches,
             schedule, memory, graphs.
         max_trace_mb, max_events: caps on the trace coming back (file size; events plus memory samples).
+        disk_mb: under bubblewrap, the size of the run's folder, a tmpfs (NOTE [ Run folder ] in
+            `ckpt_viz.usermodel.isolation`); the traces are written there before they are copied out.
 
     Returns:
         The trace the child recorded, read back from JSON.
@@ -155,7 +175,7 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
     parsed = parse_ref(ref)  # a malformed reference fails here, without starting a process
     extra = _check_extra(extra)
     limits = Limits.check(timeout_s=timeout_s, memory_mb=memory_mb, max_trace_mb=max_trace_mb,
-                          max_events=max_events, error=SandboxError)
+                          max_events=max_events, error=SandboxError, disk_mb=disk_mb)
     target = os.path.abspath(parsed.target) if parsed.is_file else parsed.target
     load_ref = f"{target}:{parsed.factory}" if parsed.is_file else ref.strip()
     tmp = tempfile.gettempdir()
@@ -179,7 +199,14 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
 
 
 def warn_isolation(problem: str | None, cgroup: Cgroup | None, memory_mb: int | None, *, stacklevel: int) -> None:
-    """Say once per process what is not contained: no bubblewrap, or no memory cgroup."""
+    """Say once per process what is not contained: no bubblewrap, no seccomp filter, or no memory cgroup."""
+    seccomp = confine.problem() if sys.platform.startswith("linux") and not problem else None
+    if seccomp and "seccomp" not in _warned:
+        _warned.add("seccomp")
+        warnings.warn(f"{_API}: {seccomp}, so a model file's processes can ptrace each other and connect to Unix "
+                      "sockets outside /run that they can see (PID 1 of the sandbox stays out of reach: it is "
+                      "undumpable).\nTip: install libseccomp (Debian: apt-get install libseccomp2) and pyseccomp.",
+                      SandboxWarning, stacklevel=stacklevel)
     if problem and problem not in _warned:
         _warned.add(problem)
         warnings.warn(not_isolated(problem, cgroup), SandboxWarning, stacklevel=stacklevel)
@@ -200,18 +227,27 @@ def _run(ref: str, load_ref: str, mode: str, extra: dict[str, Any], limits: Limi
                           "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes, "max_tasks": limits.max_tasks,
                           "isolated": isolate}}
     (workdir / "request.json").write_text(json.dumps(request))
-    argv = command([sys.executable, "-m", "ckpt_viz.usermodel.child", str(workdir)], workdir=workdir,
-                   readable=[*readable, *sys_path], cgroup_files=cgroup.procs_files if cgroup else (),
-                   isolate=isolate)
-    with open(workdir / "output.log", "wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=workdir, env=child_env(workdir), start_new_session=True)
+    host_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)  # See NOTE [ Run folder ] in isolation
+    python = [sys.executable, "-m", "ckpt_viz.usermodel.child", str(workdir), *(["--host-fd", str(host_fd)] *
+                                                                               isolate)]
+    argv = command(python, workdir=workdir, readable=[*readable, *sys_path],
+                   cgroup_files=cgroup.procs_files if cgroup else (), isolate=isolate, disk_mb=limits.disk_mb)
+    try:
+        with open(workdir / "output.log", "wb") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=workdir, env=child_env(workdir), start_new_session=True,
+                                    pass_fds=(host_fd,) if isolate else ())
+    finally:
+        os.close(host_fd)
     try:
         try:
             returncode: int | None = proc.wait(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
             returncode = None
             dump_stack(proc, workdir)
+            ask_partial(proc, workdir)  # the trace so far, for SandboxTimeoutError.partial_trace
+            if isolate:
+                end_run(proc)  # PID 1 ends the run, then copies its stage out
     finally:  # on timeout, success, or the caller's KeyboardInterrupt: no process of the run survives
         with signals_held():
             kill_group(proc.pid)
@@ -253,12 +289,14 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
     if returncode is None and not done:
         file, line = _last_user_line(output, ref)
         at = f'\n  File "{file}", line {line} (where the model file was when time ran out)' if line else ""
-        raise SandboxTimeoutError(_with_output(
+        error = SandboxTimeoutError(_with_output(
             f"{_API}: {ref} did not finish within {limits.timeout_s:g} s (mode {mode!r}, while {stage}); the "
             f"child process (pid {pid}) and every process it started were killed.{at}", output) +
             "\nTip: look for a loop or a wait that never ends; if the model is just slow, make it smaller or "
             "pass a larger timeout_s (starting Python and importing torch alone takes a few seconds).",
             file=file, line=line, traceback=output, **where)
+        error.partial_trace = _partial(workdir, index, limits, mode)
+        raise error
     raw = read(workdir / "error.json", _REPORT_BYTES, "an error report")
     if raw is None:
         raw = read(workdir / f"error-{index}.json", _REPORT_BYTES, "an error report")
@@ -300,6 +338,21 @@ def _outcome(workdir: Path, ref: str, mode: str, pid: int, returncode: int | Non
         "\nTip: the model's code ended the process (os._exit, a signal, a crash in C code); any output above "
         "shows its last words, and a crash prints the Python stack.", traceback=output, file=file, line=line,
         **where)
+
+
+def _partial(workdir: Path, index: int, limits: Limits, mode: str) -> Trace | None:
+    """The trace a timed-out child saved when asked (NOTE [ Sandbox protocol ], rule 3), marked with why; or None."""
+    path = workdir / f"trace-{index}.json"
+    if not path.exists():
+        return None
+    try:
+        trace = load_trace(path, limits)
+    except CkptVizError:  # over a cap, or cut short: the timeout error stands alone
+        return None
+    trace.meta["partial"] = True
+    trace.meta["partial_reason"] = (f"the run of mode {mode!r} was stopped at its time limit of {limits.timeout_s:g} "
+                                    "s; what came after is missing")
+    return trace
 
 
 def _raise_report(report: dict[str, Any], *, pid: int, returncode: int | None, output: str) -> NoReturn:

@@ -10,7 +10,7 @@ NOTE [ Warm child ]
      NOTE [ Sandbox protocol ], rule 4, removes it if the parent is killed outright) and
      starts `python -m ckpt_viz.usermodel.forked FOLDER` in bubblewrap (where it
      runs), exactly as a cold child is started: same namespaces, read-only system, the
-     folder as the only writable place, the cleared environment, `--die-with-parent`,
+     folder a tmpfs (NOTE [ Run folder ]), the cleared environment, `--die-with-parent`,
      in a cgroup of its own (no memory limit: it runs none of the user's code). It
      imports torch and the runner, then torch._dynamo (most of a first recording's
      lazy set-up: its first dispatch imports it), records a built-in model once in each
@@ -27,20 +27,18 @@ NOTE [ Warm child ]
      one intra-op thread unless OMP_NUM_THREADS (passed through) says more: the app runs
      one child per session, often several at once, and on a busy 2-core machine a small
      model's run took 2.2-2.6 s with 2 threads against 0.6-0.7 s with one.
-  3. The parent waits at most the time limit (per mode), or until `cancel` is set; then
-     it asks for the stack (SIGUSR1, on a timeout), kills the run's cgroup, the child's
-     session and, under bubblewrap, every other process left in the sandbox's PID
-     namespace except the warm process and bubblewrap's own. It reads the run's folder
-     as `record_in_subprocess` does (bounded, never through a link) and removes it.
+  3. The parent waits at most the time limit (per mode), or `cancel`; then it asks for the
+     stack (SIGUSR1, on a timeout) and kills the run's cgroup, session and every process
+     of the sandbox but the warm process; it reads the run's folder as a cold run's.
   4. Memory: pages the warm process touched before the fork (torch's libraries) stay
      charged to its own cgroup, so the run's cgroup counts only what the run allocates;
      RLIMIT_AS still counts the whole address space, torch's included.
   5. The warm process is started from one thread that lasts as long as the parent:
      `--die-with-parent` (PR_SET_PDEATHSIG) fires when the *thread* that started it
      ends, and a Streamlit script run's thread ends with the run.
-  6. A run that kills the warm process (it shares its PID namespace) or crashes only
-     ends its own run: the next `record` starts a fresh warm process. A run can reach
-     only its own session's warm process, never another session's.
+  6. The warm process is PID 1 of its sandbox, undumpable: a run cannot ptrace, write or
+     kill it (NOTE [ What the sandbox guarantees ]); one that dies all the same is replaced
+     by the next `record`. It empties the tmpfs folders the last run wrote before each run.
   7. The start is read on a thread of its own (`warmstart.Start`) from the moment the
      process is started: `stage importing torch`, `stage warming up`, then `ready PID`.
      `stage` and `start_s` show its progress to a caller that did not wait for it (the
@@ -69,6 +67,7 @@ from typing import Any
 from ckpt_viz.errors import CkptVizError, SandboxCrashError, SandboxError
 from ckpt_viz.trace import Trace
 from ckpt_viz.usermodel.isolation import (
+    DEFAULT_DISK_MB,
     Cgroup,
     Limits,
     binds,
@@ -107,7 +106,7 @@ class WarmSandbox:
     parent's exit) ends it and removes its folder.
     """
 
-    def __init__(self, readable: Sequence[str] = ()) -> None:
+    def __init__(self, readable: Sequence[str] = (), *, disk_mb: int = DEFAULT_DISK_MB) -> None:
         self._readable = [os.path.abspath(p) for p in readable]
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -119,6 +118,7 @@ class WarmSandbox:
         self._runs, self._dead = 0, False
         self.starts = 0  # how many warm processes this sandbox started (a test reads it)
         self._bound: list[str] = []  # the folders the running warm process was started with in view
+        self.disk_mb = disk_mb  # its folder's size, a tmpfs under bubblewrap (NOTE [ Run folder ] in isolation)
         _ALL.add(self)
 
     # -- the warm process --
@@ -150,14 +150,20 @@ class WarmSandbox:
                                                       "isolated": problem is None}))
         self._bound = [*self._readable, *sys_path, package_root(), sys.prefix, sys.base_prefix,  # the package
                        os.path.dirname(sys.executable)]  # root too: an editable install is not on sys.path
-        argv = command([sys.executable, "-m", "ckpt_viz.usermodel.forked", str(folder)], workdir=folder,
-                       readable=self._bound,
-                       cgroup_files=self._group.procs_files if self._group else (), isolate=problem is None)
-        self._isolated = problem is None
-        with open(folder / "warm.log", "wb") as log:  # started by a thread that lives as long as the process:
-            self._proc = _LAUNCHER.submit(  # --die-with-parent follows the thread that started it, and a
-                subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,  # Streamlit
-                cwd=folder, env=child_env(folder), start_new_session=True).result()  # run's thread soon ends
+        self._isolated = isolate = problem is None
+        host_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # See NOTE [ Run folder ] in isolation
+        python = [sys.executable, "-m", "ckpt_viz.usermodel.forked", str(folder),
+                  *(["--host-fd", str(host_fd)] if isolate else [])]
+        argv = command(python, workdir=folder, readable=self._bound, disk_mb=self.disk_mb,
+                       cgroup_files=self._group.procs_files if self._group else (), isolate=isolate)
+        try:
+            with open(folder / "warm.log", "wb") as log:  # started by a thread that lives as long as the process:
+                self._proc = _LAUNCHER.submit(  # --die-with-parent follows the thread that started it, and a
+                    subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,  # Streamlit
+                    cwd=folder, env=child_env(folder), start_new_session=True,  # run's thread soon ends
+                    pass_fds=(host_fd,) if isolate else ()).result()
+        finally:
+            os.close(host_fd)
         assert self._proc.stdout is not None
         self._lines = Lines(self._proc.stdout.fileno())
         self._pid = 0
@@ -287,11 +293,10 @@ class WarmSandbox:
         try:
             sys_path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
             request = {"ref": ref, "load_ref": load_ref, "modes": modes, "extra": extra, "sys_path": sys_path,
-                       "parent_pid": 0,
-                       "limits": {"memory_mb": limits.memory_mb,
-                                  "memory_bytes": (limits.memory_mb or 0) * 2**20 or None,
-                                  "cpu_s": limits.cpu_s * len(modes), "file_bytes": limits.file_bytes,
-                                  "max_tasks": limits.max_tasks, "isolated": self._isolated}}
+                       "parent_pid": 0, "limits": {
+                           "memory_mb": limits.memory_mb, "memory_bytes": (limits.memory_mb or 0) * 2**20 or None,
+                           "cpu_s": limits.cpu_s * len(modes), "file_bytes": limits.file_bytes,
+                           "max_tasks": limits.max_tasks, "isolated": self._isolated}}
             (rundir / "request.json").write_text(json.dumps(request))
             group = Cgroup.create(f"{self._folder.name}_{rundir.name}", limits)
             if self._isolated:  # (without bubblewrap, the start said what is not contained)

@@ -17,7 +17,7 @@ def record_none():
 def check_dx_then_dw(trace, runs):
     phases = [e.phase for e in trace.of_kind("backward_entered")]
     assert phases == ["dx"] * 4 + ["dw"] * 4, phases
-    reasons = {e.data["reason"] for e in trace.of_kind("released")}
+    reasons = {e.reason for e in trace.of_kind("released")}
     assert reasons == {"dw_complete"}, reasons
     return "4 DX backwards, then 4 DW backwards; every handle released when its DW completed"
 

@@ -8,14 +8,14 @@ def record_closure():
 
 def check_phases(trace, runs):
     for h in trace.handle_ids():
-        moves = [(e.data["old"], e.data["new"]) for e in trace.for_handle(h) if e.kind == "phase_set"]
+        moves = [(e.old, e.new) for e in trace.for_handle(h) if e.kind == "phase_set"]
         assert moves == [("ordinary", "dx"), ("dx", "dw")], f"h{h}: {moves}"
     return f"{len(trace.handle_ids())} handles, each set ordinary -> dx -> dw"
 
 
 def check_captured_through_trigger(trace, runs):
     dw = [e for e in trace.of_kind("grads_routed") if e.phase == "dw"]
-    assert len(dw) == 3 and all(e.data["targets"] == [] for e in dw)
-    names = sorted(c["name"] for e in dw for c in e.data["captured"] if c["accumulated"])
+    assert len(dw) == 3 and all(e.targets == () for e in dw)
+    names = sorted(c.name for e in dw for c in e.captured if c.accumulated)
     assert len(names) == 6, names
     return "DW accumulated the captured " + ", ".join(names)

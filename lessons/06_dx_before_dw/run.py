@@ -22,6 +22,6 @@ def check_refused_after_release(trace, runs):
     (error,) = trace.of_kind("error")
     (released,) = trace.of_kind("released")
     assert released.handle_id == error.handle_id and released.seq < error.seq
-    assert released.data["reason"] == "dw_complete", released.data
-    assert error.data["type"] == "HandleReleasedError", error.data
+    assert released.reason == "dw_complete", released
+    assert error.type == "HandleReleasedError", error
     return f"h{error.handle_id} released by DW at seq {released.seq}; the DX after it raised HandleReleasedError"

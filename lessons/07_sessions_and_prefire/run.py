@@ -13,7 +13,7 @@ def check_one_replay_two_passes(trace, runs):
     counts = lessons.replays(trace)
     assert sorted(counts) == [0, 1, 2, 3] and set(counts.values()) == {1}, counts
     activations = trace.of_kind("session_activated")
-    assert [e.data["retain_on_unpack"] for e in activations] == [True, False]
+    assert [e.retain_on_unpack for e in activations] == [True, False]
     assert trace.count("tensor_unpacked") == 2 * trace.count("tensor_packed")
     return (f"{len(counts)} replays for 2 passes; {trace.count('tensor_unpacked')} unpacks of "
             f"{trace.count('tensor_packed')} holders (each twice)")
@@ -21,7 +21,7 @@ def check_one_replay_two_passes(trace, runs):
 
 def check_prefire_before_backward(trace, runs):
     fired = trace.of_kind("prefired")
-    assert len(fired) == 2 and {e.data["path"] for e in fired} == {"in_session"}
+    assert len(fired) == 2 and {e.path for e in fired} == {"in_session"}
     counts = lessons.replays(trace)
     assert len(counts) == 2 and set(counts.values()) == {1}, counts
     first_unpack = trace.of_kind("tensor_unpacked")[0].seq

@@ -1,9 +1,9 @@
 """Lesson 8: the debugger's broken runs (ckpt_viz.run.broken) and their fixes, recorded with the runtime."""
-from ckpt_viz import diagnose_all, lessons
+from ckpt_viz import diagnose, lessons
 
 
 def _codes(trace):
-    return {d.code for d in diagnose_all(trace)}
+    return {d.code for d in diagnose(trace)}
 
 
 def record_dx_after_dw():
@@ -33,17 +33,17 @@ def _released_then_error(trace, name):
 
 def check_dx_after_dw(trace, runs):
     error, released = _released_then_error(trace, "dx-after-dw")
-    return f"released at seq {released.seq} ({released.data['reason']}), error at seq {error.seq}: {error.data['type']}"
+    return f"released at seq {released.seq} ({released.reason}), error at seq {error.seq}: {error.type}"
 
 
 def check_second_backward(trace, runs):
     error, released = _released_then_error(trace, "second-backward")
-    return f"released at seq {released.seq} ({released.data['reason']}), the second backward failed at seq {error.seq}"
+    return f"released at seq {released.seq} ({released.reason}), the second backward failed at seq {error.seq}"
 
 
 def check_prefire_after_backward(trace, runs):
     error, released = _released_then_error(trace, "prefire-after-backward")
-    return f"released at seq {released.seq} ({released.data['reason']}), the late prefire failed at seq {error.seq}"
+    return f"released at seq {released.seq} ({released.reason}), the late prefire failed at seq {error.seq}"
 
 
 def check_fixed_release(trace, runs):
@@ -51,4 +51,4 @@ def check_fixed_release(trace, runs):
     assert trace.count("replay_started") == 1 and trace.count("released") == 1
     assert not _codes(trace) - {"ok"}, _codes(trace)
     (released,) = trace.of_kind("released")
-    return f"no error; one replay; released with reason {released.data['reason']}"
+    return f"no error; one replay; released with reason {released.reason}"

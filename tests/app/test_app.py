@@ -6,18 +6,23 @@ for the first recording (torch import, or the sandbox child for a model file).
 """
 from __future__ import annotations
 
+import base64
 import gzip
 import json
+import re
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ckpt_viz import Trace, TraceError
+from ckpt_viz.analysis.words import state_word
+from ckpt_viz.errors import TraceError
+from ckpt_viz.events import EventBase
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import build_builtin
-from ckpt_viz.trace.index import TraceIndex
+from ckpt_viz.trace import Trace
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 APP = str(ROOT / "app" / "streamlit_app.py")
@@ -26,10 +31,12 @@ PAGES = {
     "views/graph.py": "Autograd graph",
     "views/memory.py": "Memory",
     "views/handles.py": "Handles",
+    "views/debugger.py": "Debugger",
     "views/routing.py": "Routing (DX/DW)",
     "views/timeline.py": "Schedule timeline",
     "views/events.py": "Events",
     "views/compare.py": "Compare modes",
+    "views/glossary.py": "Glossary",
 }
 USER_MODEL = "examples/user_model.py:make_model"
 BAD_MODELS = ROOT / "tests" / "data" / "bad_models"
@@ -47,22 +54,30 @@ def _app(**state: object) -> AppTest:
     return at.run()
 
 
-def _shown_errors(at: AppTest) -> list[str]:
-    """The error boxes' text as the user reads it: the page writes the message as markdown, with hard breaks
-    ("  \\n") for its lines and markdown's punctuation escaped ("\\["), which the browser shows plainly."""
-    import re
+def shown_text(markdown: str) -> str:
+    """What the browser shows of markdown written by `ui.text.md`: its escapes and word joiners gone, its hard
+    breaks back to line breaks (NOTE [ Text as text ] in app/ui/text.py)."""
+    plain = re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown.replace("  \n", "\n"))
+    return plain.replace("\u2060", "").replace("\u00a0", " ")
 
-    return [re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", e.value.replace("  \n", "\n")) for e in at.error]
+
+def _shown_errors(at: AppTest) -> list[str]:
+    """The error boxes' text as the user reads it."""
+    return [shown_text(e.value) for e in at.error]
 
 
 def _errors(at: AppTest) -> list[str]:
     return [str(e.value) for e in at.exception] + [str(e.value) for e in at.error]
 
 
-def _visit_every_page(at: AppTest) -> None:
-    for page, title in PAGES.items():
+def _visit_every_page(at: AppTest, pages: dict[str, str] = PAGES) -> None:
+    for page, title in pages.items():
         at.switch_page(page).run()
-        assert not _errors(at), (page, _errors(at))
+        errors = [e for e in _errors(at) if page != "views/debugger.py" and page != "views/handles.py"] \
+            if at.session_state["run_config"].source == "broken" else _errors(at)
+        assert not errors and not at.exception, (page, _errors(at))
+        if page == "views/compare.py" and not at.session_state["run_config"].runs_model:
+            title = "Compare two runs"  # a saved trace or a broken run holds one mode: Compare opens on two runs
         assert [t.value for t in at.title] == [title], page
 
 
@@ -71,19 +86,43 @@ def _metric(at: AppTest, label: str) -> str:
 
 
 def _handle_table(at: AppTest) -> dict[str, str]:
-    """The Handles page's last table: handle -> state at the cursor."""
+    """The Handles page's last table: handle -> state at the cursor, in words."""
     df = at.dataframe[-1].value
     return dict(zip(df["handle"], df["state"]))
 
 
+def charts(at: AppTest) -> list[tuple[dict, dict[str, list[dict]]]]:
+    """Every chart on the page: (its Vega-Lite spec, its named datasets' rows, decoded from Arrow)."""
+    import pyarrow as pa
+
+    out = []
+    for chart in at.get("vega_lite_chart"):
+        rows = {d.name: pa.ipc.open_stream(d.data.data).read_all().to_pylist() for d in chart.proto.datasets}
+        out.append((json.loads(chart.proto.spec), rows))
+    return out
+
+
+def layer_rows(layer: dict, datasets: dict[str, list[dict]]) -> list[dict]:
+    data = layer.get("data", {})
+    return datasets[data["name"]] if "name" in data else data.get("values", [])
+
+
 def _lane_states(at: AppTest) -> dict[str, str]:
-    """The Handles page's lanes: handle -> the state of the bar under the cursor rule."""
-    spec = next(s for s in (json.loads(c.proto.spec) for c in at.get("vega_lite_chart"))
-                if s.get("title") == "handle lifecycles")
+    """The Handles page's lanes: handle -> the state of the bar under the cursor rule, in words."""
+    spec, datasets = next(c for c in charts(at) if c[0].get("title") == "handle lifecycles")
     bars, *rest = spec["layer"]
-    cursor = next(layer["data"]["values"][0]["seq"] for layer in rest if layer["mark"]["type"] == "rule")
-    return {r["lane"].split(" ")[0]: r["state"] for r in bars["data"]["values"]
+    cursor = next(layer_rows(layer, datasets)[0]["seq"] for layer in rest if layer["mark"]["type"] == "rule")
+    return {r["lane"].split(" ")[0]: state_word(r["state"]) for r in layer_rows(bars, datasets)
             if r["start_seq"] <= cursor < r["end_seq"]}
+
+
+def graph_svgs(at: AppTest) -> list[str]:
+    """The graphs on the page: each an SVG image (a data: URL in an <img>, app/ui/graphview.py), decoded."""
+    found = []
+    for element in at.get("html"):
+        for data in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', element.proto.body):
+            found.append(base64.b64decode(data).decode("utf-8"))
+    return found
 
 
 def _shown_trace(at: AppTest) -> Trace:
@@ -93,11 +132,16 @@ def _shown_trace(at: AppTest) -> Trace:
     return runs.load_run(at.session_state["run_config"]).run.trace
 
 
+def _stable(trace: Trace) -> list[tuple]:
+    """Each event without its clock and thread: what a deterministic recording repeats."""
+    common = set(EventBase.__struct_fields__) - {"t_ns", "thread_id"}
+    return [(e.kind, {k: v for k, v in msgspec.structs.asdict(e).items() if k in common or k not in
+                      EventBase.__struct_fields__}) for e in trace]
+
+
 def _same_recording(shown: Trace, expected: Trace) -> None:
     """Same events as an independent run: recordings are deterministic (tests/run/test_determinism.py)."""
-    def stable(trace: Trace) -> list[tuple]:
-        return [(e.seq, e.kind, e.handle_id, e.phase, e.session_id, e.data) for e in trace]
-    assert stable(shown) == stable(expected)
+    assert _stable(shown) == _stable(expected)
     assert [m.bytes_by_category for m in shown.memory] == [m.bytes_by_category for m in expected.memory]
 
 
@@ -146,7 +190,10 @@ def test_every_page_renders_for_a_saved_trace_path(tmp_path: Path) -> None:
     assert not _errors(at), _errors(at)
     assert _metric(at, "Events") == f"{len(trace):,}"
     _visit_every_page(at)
-    # Compare modes needs a model: a saved trace holds one mode.
+    # Compare opens on two runs for a saved trace (it holds one mode), and asks for the other one
+    at.switch_page("views/compare.py").run()
+    assert any("Pick the run to compare this one with" in i.value for i in at.info)
+    at.radio(key="compare_view").set_value("Modes of this model").run()
     assert any("a saved trace holds one mode" in i.value for i in at.info)
 
 
@@ -200,15 +247,15 @@ def test_moving_the_cursor_changes_what_the_pages_show() -> None:
     assert list(_handle_table(at).values()) == ["released"] * 4
     _move(at, "first")
     assert at.slider(key="cursor_slider").value == 0  # the memory sample as the model's forward opens
-    assert list(_handle_table(at).values()) == ["not_created"] * 4
+    assert list(_handle_table(at).values()) == ["not created yet"] * 4
     _move(at, "next")  # the first checkpoint's handle
-    assert list(_handle_table(at).values()) == ["recorded", "not_created", "not_created", "not_created"]
+    assert list(_handle_table(at).values()) == ["recorded", "not created yet", "not created yet", "not created yet"]
     # Next replay: the first replay_started of the run; DX replays the last block first, every handle set to dx
     _move(at, "next_replay")
-    assert list(_handle_table(at).values()) == ["phase_dx", "phase_dx", "phase_dx", "replaying"]
+    assert list(_handle_table(at).values()) == ["waiting for DX", "waiting for DX", "waiting for DX", "replaying"]
     assert _lane_states(at) == _handle_table(at)  # the lanes and the table read one lifecycle
     _move(at, "next")
-    assert list(_handle_table(at).values()) == ["phase_dx", "phase_dx", "phase_dx", "replayed"]
+    assert list(_handle_table(at).values()) == ["waiting for DX", "waiting for DX", "waiting for DX", "replayed"]
     assert _lane_states(at) == _handle_table(at)
 
     at.switch_page("views/events.py").run()
@@ -234,7 +281,8 @@ def test_nonreentrant_frames_count_as_released_on_the_overview_and_the_handles_p
     assert table["meaning"][0].startswith("Its rebuilt activations are freed")
     at.switch_page("views/handles.py").run()
     df = at.dataframe[-1].value
-    assert list(df["state"]) == ["released"] * 4 and list(df["reason"]) == ["consumed"] * 4
+    assert list(df["state"]) == ["released"] * 4
+    assert list(df["reason"]) == ["the backward used every recomputed tensor"] * 4  # words, not "consumed"
     assert _lane_states(at) == _handle_table(at)
     _move(at, "first")
     _move(at, "next_replay")
@@ -249,19 +297,18 @@ def test_the_cursor_survives_a_page_change_and_drives_the_graph() -> None:
     at = _app()
     at.switch_page("views/graph.py").run()
     _move(at, "last")
-    dot_end = _graphviz(at)
+    svg_end = _graphviz(at)
     at.slider(key="cursor_slider").set_value(20).run()
-    dot_20 = _graphviz(at)
-    assert dot_end != dot_20
-    assert "released" in dot_end and "released" not in dot_20
+    svg_20 = _graphviz(at)
+    assert svg_end != svg_20
+    assert "released" in svg_end and "released" not in svg_20
     at.switch_page("views/memory.py").run()
     assert at.slider(key="cursor_slider").value == 20
     assert any("seq 20" in h.value for h in at.subheader)
-    from ckpt_viz.render.memory import format_bytes
-    from ckpt_viz.trace.index import TraceIndex
+    from ckpt_viz.analysis.words import format_bytes
 
     shown = _shown_trace(at)
-    at_20 = TraceIndex(shown).memory_at(shown.events[20].seq)
+    at_20 = [m for m in shown.memory if m.seq <= shown.events[20].seq][-1]
     assert _metric(at, "Total") == format_bytes(at_20.total_nbytes)
     _move(at, "last")
     assert _metric(at, "Total") == format_bytes(shown.memory[-1].total_nbytes)
@@ -276,10 +323,10 @@ def test_the_cursor_survives_a_page_change_and_drives_the_graph() -> None:
 
 
 def _graphviz(at: AppTest) -> str:
-    """The graph page's drawing: an SVG drawn on the server by `dot` (app/ui/graphview.py), in an iframe document."""
-    charts = [f.proto.srcdoc for f in at.get("iframe") if 'class="ckpt-graph"' in f.proto.srcdoc]
-    assert charts, "no graph on the page"
-    return charts[0]
+    """The graph page's drawing: an SVG drawn on the server by `dot`, shown as an image (app/ui/graphview.py)."""
+    svgs = graph_svgs(at)
+    assert svgs, "no graph on the page"
+    return svgs[0]
 
 
 def test_a_new_source_resets_the_cursor_to_the_start_of_its_run() -> None:
@@ -298,7 +345,7 @@ def test_a_broken_model_file_shows_its_error_and_the_app_recovers() -> None:
     at = _app(src_kind="Model file (.py)", src_file_how="Path", src_ref=f"{BAD_MODELS / 'factory_raises.py'}")
     assert not at.exception
     assert len(at.error) == 1
-    message = at.error[0].value
+    message = _shown_errors(at)[0]
     assert "factory_raises.py" in message and "ckpt_viz" in message
     assert [e.label for e in at.expander if e.label == "Traceback"] == ["Traceback"]
     assert any("Traceback (most recent call last)" in c.value for c in at.code)
@@ -312,7 +359,7 @@ def test_a_model_file_that_runs_too_long_is_stopped_by_the_time_limit() -> None:
     at = _app(src_kind="Model file (.py)", src_file_how="Path", src_ref=f"{BAD_MODELS / 'sleeps_forever.py'}",
               src_timeout=5)
     assert not at.exception
-    assert "did not finish within 5 s" in at.error[0].value
+    assert "did not finish within 5 s" in _shown_errors(at)[0]
 
 
 def test_a_bad_trace_file_shows_the_trace_error(tmp_path: Path) -> None:
@@ -350,23 +397,28 @@ def downloads():
 
 
 def test_download_builders_make_real_files(downloads, tmp_path: Path) -> None:
+    from ckpt_viz.render.eventlog import event_rows
     from ckpt_viz.render.graph import render_graph
     from ckpt_viz.render.memory import render_memory
     from ui.runs import Run, RunConfig  # on sys.path (the fixture), as downloads imports it
 
     trace = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
-    run = Run(RunConfig("builtin", "mlp"), trace, TraceIndex(trace))
+    run = Run(RunConfig("builtin", "mlp"), trace)
 
     saved = tmp_path / "down.json"
     saved.write_bytes(downloads._trace_bytes(run))
-    assert Trace.load(saved).kinds() == trace.kinds()
+    assert [e.kind for e in Trace.load(saved)] == [e.kind for e in trace]
 
     perfetto = json.loads(downloads.perfetto_bytes(run))
     assert any(e.get("name", "").startswith("replay h") for e in perfetto["traceEvents"])
 
-    svg = downloads.svg_bytes(render_graph(trace.graphs[0]))
+    svg = downloads.svg_bytes(render_graph(trace, trace.graphs[0].seq).source)
     first_handle = trace.handle_ids()[0]
-    assert svg.lstrip().startswith(b"<?xml") and b"<svg" in svg and f"cluster_h{first_handle}".encode() in svg
+    assert svg.lstrip().startswith(b"<?xml") and b"<svg" in svg and f"h{first_handle} · ".encode() in svg
+    assert b"<a " not in svg and b"xlink:href" not in svg and b"<script" not in svg
+
+    rows = event_rows(trace.events[:5])
+    assert downloads.rows_csv(rows).decode().splitlines()[0] == ",".join(rows[0])
 
     png = downloads.png_bytes(render_memory({"mlp": trace}, cursor=10))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
@@ -398,7 +450,7 @@ def _memory_page_peaks(at: AppTest) -> tuple[str, str]:
     """The Memory page's peak as the chart's subtitle says it, and as the table's metric says it."""
     at.switch_page("views/memory.py").run()
     assert not _errors(at), _errors(at)
-    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    specs = [spec for spec, _ in charts(at)]
     subtitles = [s["title"]["subtitle"][0] for s in specs if isinstance(s.get("title"), dict)]
     assert len(subtitles) == 1, specs
     return subtitles[0], _metric(at, "Total at the peak")
@@ -407,11 +459,12 @@ def _memory_page_peaks(at: AppTest) -> tuple[str, str]:
 def test_chart_and_table_agree_after_more_than_16_sources(tmp_path: Path) -> None:
     import os
 
-    from ckpt_viz import format_bytes, memory_peak
+    from ckpt_viz.analysis.memory import memory
+    from ckpt_viz.analysis.words import format_bytes
 
     first = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
     second = run_scenario(build_builtin("transformer"), "split-reentrant", memory=True, graphs=True)
-    first_peak, second_peak = (format_bytes(memory_peak(t)["total"]) for t in (first, second))
+    first_peak, second_peak = (format_bytes(memory(t).peak.total) for t in (first, second))
     assert first_peak != second_peak
     first.save(tmp_path / "first.json")
     second.save(tmp_path / "second.json")
@@ -446,11 +499,11 @@ def test_hostile_saved_traces_show_a_clear_error_and_the_app_keeps_working(tmp_p
     import resource
     import zlib
 
-    from ckpt_viz.trace.files import DEFAULT_MAX_BYTES
+    max_bytes = 1 << 30  # Trace.load's default cap on the JSON read (after gzip)
 
     bomb = tmp_path / "bomb.json.gz"  # 1 MiB that inflates past the 1 GiB cap
     packer, block = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS), b" " * (16 << 20)
-    bomb.write_bytes(b"".join([*(packer.compress(block) for _ in range((DEFAULT_MAX_BYTES >> 24) + 4)),
+    bomb.write_bytes(b"".join([*(packer.compress(block) for _ in range((max_bytes >> 24) + 4)),
                                packer.flush()]))
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
@@ -459,7 +512,7 @@ def test_hostile_saved_traces_show_a_clear_error_and_the_app_keeps_working(tmp_p
     good = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
     good.save(tmp_path / "good.json")
     doc = json.loads((tmp_path / "good.json").read_text())
-    doc["memory"]["bytes_by_category"]["activations"][1] = 10**40
+    doc["memory"][1]["bytes_by_category"]["activations"] = 10**40
     huge = tmp_path / "huge.json"
     huge.write_text(json.dumps(doc))
 
@@ -472,7 +525,7 @@ def test_hostile_saved_traces_show_a_clear_error_and_the_app_keeps_working(tmp_p
         at.text_input(key="src_trace_path").set_value(str(path)).run(timeout=60)
         assert not at.exception, at.exception
         assert _shown_errors(at) == [str(expected.value)], path
-        assert str(expected.value).startswith(f"ckpt_viz.Trace.load: cannot read '{path}': ")
+        assert str(expected.value).startswith("ckpt_viz.Trace.load: ") and str(path) in str(expected.value)
         at.switch_page("views/memory.py").run()
         assert _shown_errors(at) == [str(expected.value)], path
         at.switch_page("views/overview.py").run()
@@ -487,8 +540,8 @@ def test_a_site_pointing_at_etc_passwd_shows_no_line_of_it(tmp_path: Path) -> No
     trace = run_scenario(build_builtin("mlp"), "split-reentrant", memory=True, graphs=True)
     trace.save(tmp_path / "t.json")
     doc = json.loads((tmp_path / "t.json").read_text())
-    for row in doc["events"]["tables"]["context"]:
-        row[3] = "/etc/passwd:1"  # the site of every event
+    for event in doc["events"]:
+        event["site"] = "/etc/passwd:1"  # the site of every event
     doc["meta"].pop("sources", None)
     (tmp_path / "t.json").write_text(json.dumps(doc))
     secret = Path("/etc/passwd").read_text().splitlines()[0] if Path("/etc/passwd").is_file() else "root:x:0:0"

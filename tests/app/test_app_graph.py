@@ -1,14 +1,15 @@
 """The graph page headless (AppTest): which snapshot it says it shows, torchviz's own view, Collapse, zoom,
-an old trace without make_dot's drawing, and the excluded model's excluded regions."""
+a trace without make_dot's drawing, and the excluded model's excluded regions; each graph an inert SVG image."""
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ckpt_viz import RunRequest, obtain_trace
+from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 APP = str(ROOT / "app" / "streamlit_app.py")
@@ -30,17 +31,26 @@ def _graph_page(**state: object) -> AppTest:
 
 
 def _svg(at: AppTest) -> str:
-    frames = [f.proto.srcdoc for f in at.get("iframe") if 'class="ckpt-graph"' in f.proto.srcdoc]
-    assert len(frames) == 1
-    return frames[0]
+    """The page's one graph: an <img> whose source is the SVG as a data: URL (NOTE [ A graph is an image ])."""
+    images = [(m.group(1), m.group(2)) for element in at.get("html")
+              for m in re.finditer(r'<img class="ckpt-graph"[^>]*src="data:image/svg\+xml;base64,([^"]+)" '
+                                   r'style="([^"]*)"', element.proto.body)]
+    assert len(images) == 1 and not at.get("iframe")
+    svg = base64.b64decode(images[0][0]).decode("utf-8")
+    width, height = _size(svg)  # the image keeps the SVG's own size: 1 pt is 4/3 px
+    assert f"width:{width * 4 / 3:.0f}px;height:{height * 4 / 3:.0f}px" in images[0][1]
+    assert "<script" not in svg and "<a " not in svg and "href" not in svg
+    return svg
 
 
 def _captions(at: AppTest) -> str:
-    return "\n".join(c.value for c in at.caption)
+    """The captions as the browser shows them: trace text written by `ui.text.md`, unescaped."""
+    text = "\n".join(c.value for c in at.caption)
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text).replace("\u2060", "")
 
 
 def _size(svg: str) -> tuple[float, float]:
-    w, h = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups()
+    w, h = re.search(r'<svg [^>]*width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups()
     return float(w), float(h)
 
 
@@ -64,7 +74,7 @@ def test_torchviz_view_is_make_dots_drawing_with_direction_and_its_own_legend() 
     at.radio(key="graph_view").set_value("Plain autograd (torchviz)").run()
     svg = _svg(at)
     assert "AccumulateGrad" in svg and 'fill="lightblue"' in svg and "cluster" not in svg
-    assert "torchviz.make_dot itself" in _captions(at) and "Region h<id>" not in _captions(at)
+    assert "torchviz.make_dot's style" in _captions(at) and "Region h<id>" not in _captions(at)
     assert "White box" not in _captions(at)
     assert not [t for t in at.toggle if t.key == "graph_collapse"]  # Collapse is hidden, and says why
     assert "Collapse applies to the checkpoint view only" in _captions(at)
@@ -76,14 +86,12 @@ def test_torchviz_view_is_make_dots_drawing_with_direction_and_its_own_legend() 
 
 def test_collapse_says_what_it_collapsed() -> None:
     from ckpt_viz.render.graph import collapse_runs
-    from ckpt_viz.trace.index import TraceIndex
 
     trace = obtain_trace(RunRequest("builtin", "mlp", mode="split-reentrant"))
     at = _graph_page()
     at.button(key="cursor_last").click().run()
     at.toggle(key="graph_collapse").set_value(True).run()
-    seq = trace.events[-1].seq
-    runs = collapse_runs(trace.graphs[-1], states=TraceIndex(trace).handle_states(seq))
+    runs = collapse_runs(trace, None)
     if runs:
         # handle ids count on from earlier recordings in the process: compare the run's length
         assert re.search(rf"Collapsed: h\d+–h\d+ \({len(runs[0])} identical regions\)", _captions(at))
@@ -92,7 +100,7 @@ def test_collapse_says_what_it_collapsed() -> None:
         assert "Nothing to collapse here" in _captions(at) and "Block x" not in _svg(at)
 
 
-def test_an_old_trace_without_make_dots_drawing_still_opens(tmp_path: Path) -> None:
+def test_a_trace_without_make_dots_drawing_still_opens(tmp_path: Path) -> None:
     trace = obtain_trace(RunRequest("builtin", "mlp", mode="split-reentrant"))
     old = type(trace)(events=list(trace.events), memory=list(trace.memory), meta=dict(trace.meta),
                       graphs=[type(g)(seq=g.seq, label=g.label, nodes=g.nodes, edges=g.edges) for g in trace.graphs])
@@ -100,7 +108,7 @@ def test_an_old_trace_without_make_dots_drawing_still_opens(tmp_path: Path) -> N
     old.save(path)
     assert '"torchviz"' not in path.read_text()
     at = _graph_page(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(path))
-    assert re.search(r"<title>cluster_h\d+</title>", _svg(at))
+    assert re.search(r"<title>cluster_h\d+</title>", _svg(at))  # the checkpoint view needs no make_dot
     at.radio(key="graph_view").set_value("Plain autograd (torchviz)").run()
     assert any("does not store torchviz's drawing" in i.value for i in at.info)
     assert not at.exception

@@ -22,7 +22,7 @@ PAGES = [  # (navigation label, page title, file name of its screenshot)
     ("Handles", "Handles", "04_handles.png"),
     ("Routing (DX/DW)", "Routing (DX/DW)", "05_routing.png"),
     ("Events", "Events", "06_events.png"),
-    ("Compare modes", "Compare modes", "07_compare.png"),
+    ("Compare", "Compare modes", "07_compare_modes.png"),  # 07_compare.png: two runs (test_browser_compare)
 ]
 
 pytestmark = [pytest.mark.browser,
@@ -35,24 +35,28 @@ def _handle_picker_agrees_with_the_lifecycle(page) -> None:
     the cursor, which must be what the lifecycle of the same default run (recorded here, independently) says."""
     import re
 
-    from ckpt_viz import DEFAULT_MODEL, RunRequest, lifecycle, obtain_trace
+    from ckpt_viz.analysis.handles import handle_labels
+    from ckpt_viz.analysis.lifecycle import lifecycle
+    from ckpt_viz.analysis.words import state_word
+    from ckpt_viz.catalog import DEFAULT_MODEL
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').first
     shown = " ".join(i.input_value() for i in picker.locator("input").all())  # the chosen option is the input's value
-    match = re.search(r"h0 · (\S+) · (\w+) at seq (\d+)", shown)
+    match = re.search(r"h0 · (\S+) · (.+) at seq (\d+)", shown)
     assert match, shown
     trace = obtain_trace(RunRequest("builtin", DEFAULT_MODEL, mode="split-reentrant"))
-    name = next(e.data["function"] for e in trace.of_kind("handle_created") if e.handle_id == 0)
-    assert match[1] == name == "blocks.0"
-    assert match[2] == lifecycle(trace).state_at(0, int(match[3])), shown
+    assert match[1] == handle_labels(trace)[0] == "blocks.0"
+    cursor = re.match(r"seq (\d+) · ", page.locator('[data-testid="stCode"]').first.inner_text())
+    assert int(match[3]) == int(cursor[1]), (shown, cursor)  # the state is the one at the cursor
+    assert match[2] == state_word(lifecycle(trace).state_at(0, int(match[3]))), shown
     _handle_finding_agrees_with_diagnose(page, trace)
 
 
 def _handle_finding_agrees_with_diagnose(page, trace) -> None:
     """What the browser draws as h0's answer to "why was this handle released?": the default run has no problem,
-    so the page reads it from h0's own events (ui.runs.handle_diagnosis); it must say what
-    ckpt_viz.diagnose_handle says of the whole trace, with the same releasing event."""
-    from ckpt_viz import diagnose_handle
+    so the page shows `diagnose_handle`'s answer for h0, with its releasing event."""
+    from ckpt_viz.analysis.diagnosis import diagnose_handle
 
     finding = diagnose_handle(trace, 0)
     assert finding.ok and finding.release_event is not None  # the default run ends cleanly: DW released h0

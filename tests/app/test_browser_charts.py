@@ -40,7 +40,8 @@ def _to_first_event(page) -> None:
 
 
 def _default_run():
-    from ckpt_viz import DEFAULT_MODEL, RunRequest, obtain_trace
+    from ckpt_viz.catalog import DEFAULT_MODEL
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     return obtain_trace(RunRequest("builtin", DEFAULT_MODEL, mode="split-reentrant"))
 
@@ -82,25 +83,26 @@ def test_clicking_a_chart_and_an_event_row_moves_the_cursor(browser_page) -> Non
     expect(page.locator('[data-testid="stSliderThumbValue"]').first).to_have_text(str(row), timeout=30_000)
     settle(page)
     assert _cursor_seq(page) == seqs[row]
-    event = trace.events[row]  # the cursor line names the event's handle by its function, as drawn
+    event = trace.events[row]  # the cursor line names the event's handle by its region, as drawn
     assert event.handle_id is not None, event
-    function = [e.data["function"] for e in trace.events
-                if e.kind == "handle_created" and e.handle_id == event.handle_id and e.data.get("function")][-1]
-    assert function in page.locator('[data-testid="stCode"]').first.inner_text()
+    from ckpt_viz.analysis.handles import handle_labels
+
+    assert f"h{event.handle_id} {handle_labels(trace)[event.handle_id]} · " in \
+        page.locator('[data-testid="stCode"]').first.inner_text()
     assert page.locator('[data-testid="stMain"]').get_by_text(f"showing 15 around seq {seqs[row]}").count() == 1
 
-    # Compare lines runs up by pass: a click in the middle of the DX band puts the cursor in this run's DX pass.
-    from ckpt_viz import phase_spans
+    # Compare lines runs up by part: a click in the middle of the DX band puts the cursor in this run's DX part.
+    from ckpt_viz.analysis.passes import passes
 
-    goto_page(page, "Compare modes")
+    goto_page(page, "Compare", "Compare modes")
     chart = page.locator(".st-key-compare_chart")
     chart.scroll_into_view_if_needed()
     box = chart.bounding_box()
     page.mouse.click(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.6)
     expect(page.locator('[data-testid="stSliderThumbValue"]').first).not_to_have_text(str(row), timeout=30_000)
     settle(page)
-    dx = next(s for s in phase_spans(trace) if s["action"] == "DX")
-    assert dx["start_seq"] <= _cursor_seq(page) < dx["end_seq"], (_cursor_seq(page), dx)
+    dx = next(s for s in passes(trace).spans if s.part == "DX")
+    assert dx.start_seq <= _cursor_seq(page) < dx.end_seq, (_cursor_seq(page), dx)
     assert not page.errors, page.errors
 
 
@@ -108,7 +110,7 @@ def test_no_request_leaves_the_local_server_on_any_page(browser_page, server) ->
     page = browser_page
     nav = page.locator('[data-testid="stSidebarNav"]')
     labels = [link.inner_text().strip().splitlines()[-1] for link in nav.get_by_role("link").all()]  # after the icon
-    assert {"Overview", "Memory", "Events", "Compare modes"} <= set(labels), labels
+    assert {"Overview", "Memory", "Events", "Compare"} <= set(labels), labels
     for label in labels:
         nav.get_by_role("link", name=label, exact=True).click()
         settle(page)

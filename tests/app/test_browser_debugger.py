@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.browser,
 def test_follow_a_finding_of_a_broken_run_to_its_event(browser_page) -> None:
     from playwright.sync_api import expect
 
-    from ckpt_viz import diagnose
-    from ckpt_viz.events import DIAGNOSIS_CODES
+    from ckpt_viz.analysis.diagnosis import diagnose
+    from ckpt_viz.codes import DIAGNOSIS_CODES
     from ckpt_viz.run.broken import record_broken
 
     (expected,) = diagnose(record_broken("dx-after-dw"))

@@ -2,11 +2,12 @@
 
 The bug this guards: Streamlit's graphviz_chart animates from one graph to the next in the browser
 (d3-graphviz), so stepping the cursor from one snapshot to another left nodes with `<polygon cx=
-rx=>` and regions without their fill. The page now shows an SVG drawn on the server, in an iframe
-document that is rebuilt on every cursor move; this walks the default run (default model, default
-mode) on the graph page with the default clicks (First, then Next replay until there is none, then
-Last, which reaches every snapshot) and reads the SVG in the page at each stop. It also checks that
-no request left the local server during the whole walk.
+rx=>` and regions without their fill. The page now shows an SVG drawn on the server, as an image (a
+data: URL, so nothing in it can run) made anew on every cursor move; this walks the default run
+(default model, default mode) on the graph page with the default clicks (First, then Next replay
+until there is none, then Last, which reaches every snapshot), decodes the image's SVG in the page at
+each stop and checks that the browser drew it. It also checks that no request left the local server
+during the whole walk, and that no iframe shows a graph.
 """
 from __future__ import annotations
 
@@ -23,19 +24,22 @@ pytestmark = [pytest.mark.browser,
 
 # What the page's SVG holds, read in the browser: per node its shape element and attributes, per region its fill.
 _READ_SVG = """() => {
-  const svg = document.querySelector('div.ckpt-graph svg');
-  if (!svg) return null;
-  // A node's or region's first shape (inside the <a> that a tooltip wraps it in)
-  const first = g => g.querySelector(':scope > polygon, :scope > ellipse, :scope > path, :scope > g > a > polygon,'
-                                     + ' :scope > g > a > ellipse, :scope > g > a > path');
+  const img = document.querySelector('img.ckpt-graph');
+  if (!img || !img.complete || !img.naturalWidth) return null;  // the browser drew the image
+  const text = new TextDecoder().decode(Uint8Array.from(atob(img.src.split(',')[1]), c => c.charCodeAt(0)));
+  const svg = new DOMParser().parseFromString(text, 'image/svg+xml').documentElement;
+  if (svg.tagName !== 'svg') return null;
+  // A node's or region's first shape (inside the <g> that a tooltip wraps it in; its link is gone: NOTE [ Inert SVG ])
+  const first = g => g.querySelector(':scope > polygon, :scope > ellipse, :scope > path, :scope > g > polygon,'
+                                     + ' :scope > g > ellipse, :scope > g > path');
   const attrs = el => el ? Object.fromEntries([...el.attributes].map(a => [a.name, a.value])) : null;
   return {
-    graph: document.querySelector('div.ckpt-graph').dataset.graph,
+    graph: img.dataset.graph,
     nodes: [...svg.querySelectorAll('g.node')].map(g => ({
       title: g.querySelector(':scope > title')?.textContent, tag: first(g)?.tagName, attrs: attrs(first(g))})),
     clusters: [...svg.querySelectorAll('g.cluster')].map(g => ({
       title: g.querySelector(':scope > title')?.textContent,
-      label: [...g.querySelectorAll(':scope > text, :scope > g > a > text')].map(t => t.textContent).join(' '),
+      label: [...g.querySelectorAll(':scope > text, :scope > g > text')].map(t => t.textContent).join(' '),
       tag: first(g)?.tagName, fill: first(g)?.getAttribute('fill')})),
   };
 }"""
@@ -59,9 +63,10 @@ def _check_shape(node: dict, where: str) -> None:
 
 
 def test_every_snapshot_keeps_its_shapes_and_colours_and_nothing_leaves_the_server(browser_page, server) -> None:
-    from ckpt_viz import DEFAULT_MODEL, RunRequest, obtain_trace
+    from ckpt_viz.analysis.words import STATE_WORDS
+    from ckpt_viz.catalog import DEFAULT_MODEL
     from ckpt_viz.render.graph import EXCLUDED_FILL, NODE_COLOURS, REGION_FILLS
-    from ckpt_viz.render.palette import STATE_WORDS
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     page = browser_page
     trace = obtain_trace(RunRequest("builtin", DEFAULT_MODEL, mode="split-reentrant"))  # the app's default run
@@ -73,9 +78,9 @@ def test_every_snapshot_keeps_its_shapes_and_colours_and_nothing_leaves_the_serv
     stops, seen = [], set()
 
     def read(where: str) -> None:
-        frames = [f for f in page.frames if f != page.main_frame and f.locator("div.ckpt-graph svg").count()]
-        assert len(frames) == 1, f"{where}: {len(frames)} graph frames on the page"
-        svg = frames[0].evaluate(_READ_SVG)
+        assert page.locator("img.ckpt-graph").count() == 1, f"{where}: not one graph image on the page"
+        assert page.locator('[data-testid="stMain"] iframe').count() == 0, f"{where}: a frame on the page"
+        svg = page.evaluate(_READ_SVG)
         assert svg is not None, f"{where}: no graph SVG on the page"
         snapshot = re.search(r"seq \d+$", svg["graph"]).group(0)
         seen.add(snapshot)
@@ -120,3 +125,13 @@ def test_every_snapshot_keeps_its_shapes_and_colours_and_nothing_leaves_the_serv
     outside = [url for url in page.requests
                if not url.startswith((server, "data:", "blob:", "about:"))]
     assert not outside, f"requests that left {server}: {outside[:10]}"
+    assert not svg_links(page), "a graph kept a link"
+
+
+def svg_links(page) -> list[str]:
+    """Any <a>, href or script left in the graph image's SVG."""
+    return page.evaluate("""() => {
+      const img = document.querySelector('img.ckpt-graph');
+      const text = new TextDecoder().decode(Uint8Array.from(atob(img.src.split(',')[1]), c => c.charCodeAt(0)));
+      return [...text.matchAll(/<a[ >]|href=|<script/g)].map(m => m[0]);
+    }""")

@@ -15,10 +15,11 @@ import sys
 import pytest
 
 from ckpt_viz import Trace, TraceError
+from ckpt_viz.analysis.actions import actions, planned_vs_executed
+from ckpt_viz.analysis.memory import memory, rank_memory
 from ckpt_viz.cli import main
 from ckpt_viz.cli.merge import merge_run, merge_traces
 from ckpt_viz.render.perfetto import render_perfetto
-from ckpt_viz.render.timeline import planned_vs_executed, timeline_actions
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "render"))
 from test_perfetto import nesting_errors
@@ -55,24 +56,24 @@ def test_merged_trace_of_a_real_run(out_dir: str, case: str, tmp_path) -> None:
     assert dist["alignment"]["edges_checked"] > 0 and dist["alignment"]["receives_before_send"] == 0
     assert (merged.meta["mode"], merged.meta["schedule"]) == ("pipeline", ranks[0].meta["distributed"]["schedule"])
     # the Perfetto export: one process per rank, every replay nested inside the action slice it ran in
-    doc = render_perfetto(merged.events, merged.memory, merged.meta)
+    doc = render_perfetto(merged)
     assert nesting_errors(doc) == []
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in slices} == {0, 1}
-    actions = [e for e in slices if "action" in e["args"]]
+    action_slices = [e for e in slices if "action" in e["args"]]
     replays = [e for e in slices if e["name"].startswith("replay")]
     assert len(replays) == merged.count("replay_started") > 0
     for replay in replays:
-        around = [a for a in actions if (a["pid"], a["tid"]) == (replay["pid"], replay["tid"])
+        around = [a for a in action_slices if (a["pid"], a["tid"]) == (replay["pid"], replay["tid"])
                   and a["ts"] <= replay["ts"] and replay["ts"] + replay["dur"] <= a["ts"] + a["dur"] + 1e-6]
         assert around and around[-1]["args"]["action"] in ("I", "W", "B", "META"), replay
         assert (around[-1]["args"]["action"] == "META") == (around[-1]["args"]["microbatch"] == -1)
     # the timeline reads the same actions: one per (rank, step, stage, microbatch, action)
-    rows = timeline_actions(merged)
-    keys = collections.Counter((r["rank"], r["step"], r["stage"], r["microbatch"], r["torch_action"]) for r in rows)
-    assert set(keys.values()) == {1} and len(rows) == len([a for a in actions if a["args"]["action"] != "META"])
+    rows = actions(merged)
+    keys = collections.Counter((r.rank, r.step, r.stage, r.microbatch, r.torch_action) for r in rows)
+    assert set(keys.values()) == {1} and len(rows) == len([a for a in action_slices if a["args"]["action"] != "META"])
     if case in RUNTIME:
-        assert [row["same"] for row in planned_vs_executed(merged)] == [True, True]
+        assert [row.same for row in planned_vs_executed(merged)] == [True, True]
 
 
 def test_merge_of_the_kept_run_and_its_folder_forms(tmp_path) -> None:
@@ -84,6 +85,29 @@ def test_merge_of_the_kept_run_and_its_folder_forms(tmp_path) -> None:
     assert merged.meta["distributed"]["alignment"]["receives_before_send"] == 0
     assert merged.meta["model"] == "pipelining_torchrun"
     assert len(merged.memory) and all(s.by_stage for s in merged.memory[-3:])
+
+
+def test_merged_memory_keeps_each_ranks_samples(tmp_path) -> None:
+    """NOTE [ Merging rank traces ], rule 4: every rank's samples as recorded, renumbered, with their rank; the
+    run's reading is the sum of every rank's latest one, each rank's own reading its file's."""
+    traces = _rank_traces(DATA)
+    merged = merge_traces(_rank_traces(DATA))
+    merged.save(tmp_path / "merged.json")
+    for trace in (merged, Trace.load(tmp_path / "merged.json")):
+        assert len(trace.memory) == sum(len(t.memory) for t in traces.values())
+        assert [s.seq for s in trace.memory] == sorted(s.seq for s in trace.memory)
+        for rank, own in traces.items():
+            mine = [s for s in trace.memory if s.rank == rank]
+            assert [(s.bytes_by_category, s.by_stage) for s in mine] == [
+                (s.bytes_by_category, s.by_stage) for s in own.memory]
+            assert {int(stage) for s in mine for stage in s.by_stage} <= set(own.meta["distributed"]["stages"])
+            assert rank_memory(trace)[rank].totals == memory(own).totals
+        latest = {}
+        for s in trace.memory:  # the run's total after each sample: every rank's latest reading, summed
+            latest[s.rank] = s.total_nbytes
+        assert memory(trace).totals[-1] == sum(latest.values())
+        assert memory(trace).peak.total <= sum(memory(t).peak.total for t in traces.values())
+        assert memory(trace).peak.total >= max(memory(t).peak.total for t in traces.values())
 
 
 def test_clock_check_catches_a_wrong_offset() -> None:

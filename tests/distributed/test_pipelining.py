@@ -112,7 +112,7 @@ def test_metadata_inference_is_tagged_and_computes_dx_only(out_dir: str, case: s
         assert {e.tags["microbatch"] for e in meta} == {-1}
         assert {e.tags["stage"] for e in meta if e.kind == "handle_created"} == set(trace.meta["distributed"]["stages"])
         assert {e.phase for e in meta} <= {"ordinary", "dx"}
-        released = [e.data["reason"] for e in meta if e.kind == "released"]
+        released = [e.reason for e in meta if e.kind == "released"]
         assert released and set(released) == {"explicit_release"}
     static = _traces(out_dir, "1F1B-static")
     assert not any(e.tags.get("action") == "META" for t in static for e in t)

@@ -74,7 +74,7 @@ def test_a_check_that_does_not_hold_fails_the_step(tmp_path: Path) -> None:
     from ckpt_viz.lessons.runner import script as module
     from ckpt_viz.trace import Trace
 
-    module(lesson).LESSON_TRACE = Trace.from_dict(step_trace(LESSONS[0], LESSONS[0].steps[0]).to_dict())
+    module(lesson).LESSON_TRACE = Trace.from_json(step_trace(LESSONS[0], LESSONS[0].steps[0]).to_json())
     with pytest.raises(LessonError, match=r"does not show what the prose claims: no release\.\nTip: "):
         check_step(lesson, lesson.steps[0])
 

@@ -152,7 +152,7 @@ def test_an_hf_llama_training_loop_in_categories_users_recognise(given: bool) ->
     assert all(s.bytes_by_category["optimizer_state"] == state for s in samples if s.seq >= 4)
     assert max(s.bytes_by_category["inputs"] for s in samples) == ids.untyped_storage().nbytes()
     logits = 4 * 32 * vocab * 4
-    forwards = [e.seq for e in rec.trace.events if e.kind == "memory_sampled" and e.data["at"].endswith(" forward")]
+    forwards = [e.seq for e in rec.trace.events if e.kind == "memory_sampled" and e.at.endswith(" forward")]
     assert len(forwards) == 3  # the forward's samples are tied to its event; its last one is after it returned
     assert all([s for s in samples if s.seq == seq][-1].bytes_by_category["outputs"] >= logits for seq in forwards)
 
@@ -174,10 +174,11 @@ def test_a_plain_loop_with_no_checkpoint_has_events_and_samples_in_every_pass() 
             loss.backward()
             opt.step()
             opt.zero_grad()
-    at = [e.data["at"] for e in rec.trace.events]
-    assert at == ["Sequential forward", "autograd backward", "SGD.step"] * 2  # one event as each pass opens
-    samples = list(rec.trace.memory)
-    passes = {e.seq: e.data["at"] for e in rec.trace.events}
+    # one event as each pass opens: memory_sampled for the forward and the step, backward_called for the backward
+    at = [e.at if e.kind == "memory_sampled" else e.kind for e in rec.trace.events]
+    assert at == ["Sequential forward", "backward_called", "SGD.step"] * 2
+    samples = rec.trace.memory
+    passes = {e.seq: name for e, name in zip(rec.trace.events, at)}
     assert {passes[s.seq] for s in samples} == set(at)
     in_forward = [s for s in samples if passes[s.seq] == "Sequential forward"]
     assert len(in_forward) >= 4  # module boundaries inside the forward
@@ -187,7 +188,7 @@ def test_a_plain_loop_with_no_checkpoint_has_events_and_samples_in_every_pass() 
     assert momentum == weights  # SGD's momentum buffers, found at its first step
     for seq, name in passes.items():
         last = [s for s in samples if s.seq == seq][-1].bytes_by_category
-        if name == "autograd backward":  # as the backward returns: every .grad, nothing in flight
+        if name == "backward_called":  # as the backward returns: every .grad, nothing in flight
             assert last["gradients"] == weights
         elif name == "SGD.step":  # as the step returns: its momentum buffers
             assert last["optimizer_state"] == weights

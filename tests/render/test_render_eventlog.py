@@ -1,9 +1,14 @@
-"""filter_events / event_rows on hand-built traces (and a loaded one)."""
+"""filter_events / event_rows / rows_text / rows_csv on hand-built traces (and a loaded one)."""
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
-from ckpt_viz.render.eventlog import ROW_COLUMNS, describe_event, event_rows, filter_events, rows_text
+import msgspec
+
+from ckpt_viz.analysis.words import describe_event
+from ckpt_viz.render.eventlog import ROW_COLUMNS, csv_cell, event_fields, event_rows, filter_events, rows_csv, rows_text
 from ckpt_viz.trace import Trace
 from traces import nonreentrant_trace, refused_trace, split_trace
 
@@ -36,24 +41,25 @@ def test_filters_combine_and_can_match_nothing() -> None:
     assert _seqs(filter_events(nonreentrant_trace(), handles={0}, kinds={"session_cleared"})) == []  # no handle
 
 
-def test_loaded_trace_filters_through_its_columns(tmp_path: Path) -> None:
+def test_a_loaded_trace_filters_to_the_same_events(tmp_path: Path) -> None:
     trace = refused_trace()
     trace.save(tmp_path / "t.json")
     loaded = Trace.load(tmp_path / "t.json")
-    picked = filter_events(loaded, kinds={"replay_refused", "error"})
-    assert picked == [trace.events[9], trace.events[10]]
-    assert not loaded.events.materialized
+    assert filter_events(loaded, kinds={"replay_refused", "error"}) == [trace.events[9], trace.events[10]]
 
 
 def test_rows_are_flat_strings_for_a_table() -> None:
     trace = split_trace()
     rows = event_rows([trace.events[0], trace.events[19]])
-    assert rows[0] == {"seq": 0, "kind": "handle_created", "handle": "h0", "phase": "ordinary", "session": "",
-                       "tags": "stage=0 microbatch=0", "site": "model.py:10",
-                       "details": "function=Block.forward  split=True  collector=scope  input_count=1"}
+    assert {k: v for k, v in rows[0].items() if k != "details"} == {
+        "seq": 0, "kind": "handle_created", "handle": "h0", "phase": "ordinary", "session": "",
+        "tags": "stage=0 microbatch=0", "site": "model.py:10"}
+    # every field of the kind, in its declared order, the defaults too
+    assert rows[0]["details"].startswith("function=Block.forward  label=None  runtime=ckpt_viz  split=True  "
+                                         "input_count=1  param_input_mask=[]  collector=scope")
     assert rows[1]["details"] == (
-        "targets=[]  explicit_params=[]  discarded_activations=[0]  "
-        "captured=[{name:blocks.1.weight,shape:[4,4],accumulated:True},{name:None,shape:[4],accumulated:False}]")
+        "targets=[]  explicit_params=[]  activations=[]  discarded_activations=[0]  "
+        "captured=[{shape:[4,4],accumulated:True,name:blocks.1.weight},{shape:[4],accumulated:False,name:None}]")
     session_row = event_rows([nonreentrant_trace().events[15]])[0]
     assert session_row["handle"] == "" and session_row["session"] == "s" and session_row["phase"] == ""
     long = event_rows([refused_trace().events[10]])[0]["details"]
@@ -63,10 +69,10 @@ def test_rows_are_flat_strings_for_a_table() -> None:
 def test_details_are_whole_and_the_plain_text_keeps_every_column_of_the_table() -> None:
     trace = refused_trace()
     message = "first line of a long message " * 6 + "\nsecond line"
-    error = trace.events[10]
-    long = type(error).from_dict({**error.to_dict(), "data": {**error.data, "message": message}})
+    long = msgspec.structs.replace(trace.events[10], message=message)
     rows = event_rows([trace.events[8], trace.events[9], long])
     assert f"message={message.splitlines()[0].strip()} | second line  code=" in rows[2]["details"]  # nothing cut
+    assert event_fields(long)["message"] == f"{message.splitlines()[0].strip()} | second line"
     text = rows_text(rows, marker=9)
     lines = text.splitlines()
     assert lines[0].split() == [c for c in ROW_COLUMNS if c != "session" and c != "tags"]  # empty columns dropped
@@ -74,6 +80,22 @@ def test_details_are_whole_and_the_plain_text_keeps_every_column_of_the_table() 
         for column in ROW_COLUMNS:
             assert str(row[column]) in line, (column, line)
     assert lines[2].startswith(">") and not lines[1].startswith(">")
+
+
+def test_csv_cells_a_spreadsheet_would_run_get_a_quote_and_nothing_else_changes() -> None:
+    assert [csv_cell(v) for v in ("=HYPERLINK(\"http://x\")", "+1", "-2", "@SUM(A1)", "\t=1", "\r=1")] == [
+        "'=HYPERLINK(\"http://x\")", "'+1", "'-2", "'@SUM(A1)", "'\t=1", "'\r=1"]
+    assert [csv_cell(v) for v in ("train.py:7", "a=b", "", None, -3, 2.5, True)] == [
+        "train.py:7", "a=b", "", "", "-3", "2.5", "True"]
+    trace = refused_trace()
+    hostile = msgspec.structs.replace(trace.events[10], site="=cmd|' /C calc'!A0", message="@evil")
+    rows = event_rows([trace.events[0], hostile])
+    table = list(csv.reader(io.StringIO(rows_csv(rows).decode("utf-8"))))
+    assert table[0] == list(rows[0])  # the header: the row keys
+    assert table[1] == [csv_cell(v) for v in rows[0].values()]
+    site = table[2][list(rows[1]).index("site")]
+    assert site == "'=cmd|' /C calc'!A0"
+    assert not any(cell.startswith(("=", "+", "-", "@")) for line in table for cell in line)
 
 
 def test_the_cursor_line_is_in_words() -> None:

@@ -1,22 +1,22 @@
-"""memory_series / memory_peak / render_memory / the tables on hand-built traces: rows, peak, chart layers."""
+"""memory_series / render_memory / render_peaks on hand-built traces: rows, peak, chart layers; and the memory
+facts they draw (`ckpt_viz.analysis.memory`: the peak, the tables in words)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from ckpt_viz.analysis.memory import memory, memory_table, other_note
+from ckpt_viz.analysis.words import CATEGORY_MEANINGS, category_word, format_bytes
 from ckpt_viz.render import palette
-from ckpt_viz.render.memory import (
-    CURSOR_PICK,
-    format_bytes,
-    memory_peak,
-    memory_series,
-    memory_table,
-    other_note,
-    render_memory,
-    render_peaks,
-)
+from ckpt_viz.render.memory import CURSOR_PICK, memory_series, render_memory, render_peaks
 from ckpt_viz.trace import MemorySample, Trace
 from traces import Builder, split_trace
+
+
+def memory_peak(trace: Trace) -> dict[str, Any] | None:
+    """The analysis's peak as the old renderer's dict (seq, total, top)."""
+    peak = memory(trace).peak
+    return None if peak is None else {"seq": peak.seq, "total": peak.total, "top": list(peak.top)}
 
 
 def _layers(chart: Any) -> list[Any]:
@@ -78,18 +78,19 @@ def test_single_trace_chart_parameters_at_the_base_in_the_palette_with_passes_cu
     assert [{k: r[k] for k in ("seq", "category", "bytes")} for r in rows] == memory_series(trace)
     # Parameters are the base band (stacked first), every category in its palette colour and word.
     assert {r["order"] for r in rows if r["category"] == "parameters"} == {0}
-    assert all(r["what"] == palette.category_word(r["category"]) for r in rows)
+    assert all(r["what"] == category_word(r["category"]) for r in rows)
     area_spec = next(layer for layer in spec["layer"] if layer.get("mark", {}).get("type") == "area")
     assert area_spec["encoding"]["y"]["stack"] == "zero" and area_spec["encoding"]["order"]["field"] == "order"
     scale = area_spec["encoding"]["color"]["scale"]
     assert dict(zip(scale["domain"], scale["range"])) == {
-        palette.category_word(c): palette.CATEGORY_COLOURS[c]
+        category_word(c): palette.CATEGORY_COLOURS[c]
         for c in ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")}
     # The x axis ends where the run ends.
     assert area_spec["encoding"]["x"]["scale"]["domain"] == [0, 25]
-    # Bands for the passes: forward 0-6, DX 6-16, DW 16-25.
+    # Bands for the parts of the step: forward 0-6, DX 6-16, DW 16-25, labelled in words.
     bands = _by_mark(chart, "rect")[0].data.values
     assert [(b["action"], b["start_seq"], b["end_seq"]) for b in bands] == [("F", 0, 6), ("DX", 6, 16), ("DW", 16, 25)]
+    assert [b["what"] for b in bands] == ["forward", "DX (input grads)", "DW (weight grads)"]
     (point,) = _by_mark(chart, "point")
     assert point.data.values[0]["seq"] == 22 and point.data.values[0]["bytes"] == 4864
     label = "peak 4.8 KiB: parameters 2.0 KiB, gradients 2.0 KiB, replay activations 512 B"
@@ -110,7 +111,7 @@ def test_hover_columns_explain_each_sample_and_a_click_selects_its_seq() -> None
     assert at_22["at"] == "grads routed (h0)" and at_22["next"] == 23
     hover = next(layer for layer in spec["layer"] if "y2" in layer.get("encoding", {}))
     titles = [t["title"] for t in hover["encoding"]["tooltip"]]
-    assert titles[:4] == ["event seq", "event", "pass", "total"] and "replay activations" in titles
+    assert titles[:4] == ["event seq", "event", "part of the step", "total"] and "replay activations" in titles
     values = {t["title"]: at_22[t["field"]] for t in hover["encoding"]["tooltip"]}
     assert values["gradients"] == "2.0 KiB" and values["replay activations"] == "512 B"
     params = {p["name"]: p for p in spec["params"]}
@@ -175,13 +176,12 @@ def test_chart_rows_stay_under_altairs_limit() -> None:
     assert len(rows) <= 5000 and max(r["bytes"] for r in rows) == 19_999  # the peak is the last sample
 
 
-def test_loaded_trace_reads_memory_columns(tmp_path: Path) -> None:
+def test_a_loaded_trace_draws_the_same_rows(tmp_path: Path) -> None:
     trace = split_trace()
     trace.save(tmp_path / "t.json")
     loaded = Trace.load(tmp_path / "t.json")
     assert memory_series(loaded) == memory_series(trace)
     assert memory_peak(loaded) == memory_peak(trace)
-    assert not loaded.memory.materialized
 
 
 def test_empty_trace_still_gives_a_valid_chart() -> None:
@@ -193,7 +193,7 @@ def test_empty_trace_still_gives_a_valid_chart() -> None:
 def test_tables_use_the_metric_units_and_other_is_explained_when_large() -> None:
     rows = memory_table({"parameters": 2048, "activations": 1024, "other": 1024})
     assert rows[0] == {"category": "parameters", "size": "2.0 KiB", "share": "50%",
-                       "what it is": palette.CATEGORY_MEANINGS["parameters"]}
+                       "what it is": CATEGORY_MEANINGS["parameters"]}
     assert [r["size"] for r in rows] == ["2.0 KiB", "1.0 KiB", "1.0 KiB"]
     note = other_note({"parameters": 2048, "activations": 1024, "other": 1024})
     assert note is not None and note.startswith('"other" is 25% of the total here (1.0 KiB)')
@@ -221,7 +221,7 @@ def test_peaks_by_category_use_the_palette_with_parameters_first() -> None:
     assert rows[0]["size"] == "2.0 KiB" and rows[0]["total"] == "4.8 KiB" and rows[0]["order"] == 0
     scale = spec["encoding"]["color"]["scale"]
     assert dict(zip(scale["domain"], scale["range"])) == {
-        palette.category_word(c): palette.CATEGORY_COLOURS[c]
+        category_word(c): palette.CATEGORY_COLOURS[c]
         for c in ("parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations")}
 
 
@@ -236,5 +236,5 @@ def test_many_interleaved_passes_draw_no_bands_and_few_hover_columns() -> None:
         b.mem(activations=i)
     chart = render_memory({"run": b.trace()})
     chart.to_dict()
-    (hover,) = _by_mark(chart, "rect")  # the passes' bands are left out
+    (hover,) = _by_mark(chart, "rect")  # the parts' bands are left out
     assert len(hover.data.values) <= 400 and not _by_mark(chart, "text")

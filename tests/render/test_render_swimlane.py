@@ -1,12 +1,13 @@
-"""lifecycle_intervals / render_lifecycles on hand-built traces: exact intervals, refusals, lane order, chart."""
+"""lifecycle_intervals / render_lifecycles on hand-built traces: exact intervals, refusals, lane order, chart; the
+lanes are the lifecycle's transitions (`ckpt_viz.analysis.lifecycle`), named by `analysis.handles`, in words."""
 from __future__ import annotations
 
 from itertools import pairwise
 
+from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.render import palette
 from ckpt_viz.render.swimlane import LIFECYCLE_COLOURS, lane_label, lifecycle_intervals, render_lifecycles
-from ckpt_viz.trace.index import TraceIndex
-from ckpt_viz.trace.lifecycle import STATES, lifecycle
+from ckpt_viz.vocabulary import STATES
 from traces import Builder, nonreentrant_trace, refused_trace, split_trace, synthetic_trace
 
 
@@ -32,12 +33,15 @@ def test_refused_replay_is_a_point_row_after_the_release() -> None:
     assert _bars(rows, 0) == [("recorded", 0, 4, None), ("replaying", 4, 5, None), ("replayed", 5, 7, None),
                               ("released", 7, 11, "ordinary_backward_complete")]
     assert [r for r in rows if r["kind"] == "refused"] == [
-        {"kind": "refused", "handle_id": 0, "lane": "h0 mlp", "seq": 9, "reason": "released"}]
+        {"kind": "refused", "handle_id": 0, "lane": "h0 mlp", "seq": 9, "reason": "released",
+         "because": "replay refused: it was already released"}]
+    released = next(r for r in rows if r["state"] == "released")
+    assert (released["what"], released["because"]) == ("released", "its backward finished")
 
 
 def test_phase_dw_before_any_replay_and_retained_ordinary_and_prefire() -> None:
     b = Builder()
-    b.ev("handle_created", 0)                                      # 0
+    b.ev("handle_created", 0, function="f")                        # 0
     b.ev("phase_set", 0, phase="dx", old="ordinary", new="dx")     # 1 first stage: DX skipped ...
     b.ev("phase_set", 0, phase="dw", old="dx", new="dw")           # 2
     b.ev("backward_entered", 0, phase="dw")                        # 3
@@ -79,11 +83,12 @@ def test_lanes_are_grouped_by_stage_then_microbatch() -> None:
 
 
 def test_lanes_of_a_recorded_run_carry_the_blocks_qualified_names() -> None:
-    from ckpt_viz import build_builtin, run_scenario
+    from ckpt_viz.run.scenarios import run_scenario
+    from ckpt_viz.run.zoo import build_builtin
 
     trace = run_scenario(build_builtin("mlp"), "split-reentrant", memory=False, graphs=False)
     names = {r["handle_id"]: r["lane"] for r in lifecycle_intervals(trace)}
-    created = {e.handle_id: e.data["function"] for e in trace.of_kind("handle_created")}
+    created = {e.handle_id: e.label or e.function for e in trace.of_kind("handle_created")}
     assert list(created.values()) == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
     assert names == {h: f"h{h} {n}" for h, n in created.items()}
 
@@ -130,8 +135,7 @@ def test_a_window_keeps_the_handles_with_events_in_it_clipped_with_the_whole_tra
     # Only h1 has an event in [8, 12): h0 waits in phase_dx without one, so its lane is left out.
     assert {r["handle_id"] for r in lifecycle_intervals(trace, start=8, stop=12)} == {1}
     refused = lifecycle_intervals(refused_trace(), start=8, stop=11)
-    assert [r for r in refused if r["kind"] == "refused"] == [
-        {"kind": "refused", "handle_id": 0, "lane": "h0 mlp", "seq": 9, "reason": "released"}]
+    assert [(r["seq"], r["reason"]) for r in refused if r["kind"] == "refused"] == [(9, "released")]
     assert _bars(refused, 0) == [("released", 8, 11, "ordinary_backward_complete")]
     assert render_lifecycles(trace, cursor=12, start=10, stop=16).layer[0].data.values == [
         r for r in rows if r["kind"] == "interval"]
@@ -147,18 +151,26 @@ def test_a_handle_collected_before_any_replay_shows_collected_then_the_refusal()
     assert [(r["seq"], r["reason"]) for r in rows if r["kind"] == "refused"] == [(2, "node_collected")]
 
 
-def test_a_window_on_a_long_trace_shows_the_same_states_as_the_index_at_the_cursor() -> None:
+def test_a_window_on_a_long_trace_shows_the_same_states_as_the_lifecycle_at_the_cursor() -> None:
     trace = synthetic_trace(39_000)  # 3 waves of 1,000 handles, 13 steps each
-    index = TraceIndex.of(trace)
+    life = lifecycle(trace)
     for cursor in (6_500, 20_000, 38_999):
         rows = lifecycle_intervals(trace, start=cursor - 600, stop=cursor + 601)
         at = {r["handle_id"]: r["state"] for r in rows
               if r["kind"] == "interval" and r["start_seq"] <= cursor < r["end_seq"]}
         assert len(at) >= 601  # every handle with an event within 600 events of the cursor
-        assert at == {h: index.handle_state(h, cursor) for h in at}
+        assert at == {h: life.state_at(h, cursor) for h in at}
     # Events 20,000..20,999 are step 7 (grads_routed, dx) of wave 1's handles 1,000..1,999: each is replayed
     # until its own event, retained after it; none is drawn "recorded" at the window's start.
     rows = lifecycle_intervals(trace, start=20_000, stop=21_000)
     assert {r["handle_id"] for r in rows} == set(range(1_000, 2_000))
     assert {r["state"] for r in rows} == {"replayed", "retained"}
     assert {r["state"] for r in rows if r["end_seq"] == 21_000} == {"retained"}
+
+
+def test_one_handles_lane_keeps_the_whole_runs_states() -> None:
+    trace = split_trace()
+    rows = lifecycle_intervals(trace, handles=(1,))
+    assert {r["handle_id"] for r in rows} == {1} and _bars(rows, 1) == _bars(lifecycle_intervals(trace), 1)
+    chart = render_lifecycles(trace, handles=(0,), cursor=3)
+    assert {r["handle_id"] for r in chart.layer[0].data.values} == {0}

@@ -20,8 +20,8 @@ import pytest
 
 import ckpt_viz
 from ckpt_viz import catalog
-from ckpt_viz.diagnose import diagnose, explain
-from ckpt_viz.events import DIAGNOSIS_CODES
+from ckpt_viz.analysis.diagnosis import diagnose, explain
+from ckpt_viz.codes import DIAGNOSIS_CODES
 from ckpt_viz.run.broken import BROKEN, broken_scenarios, record_broken
 from ckpt_viz.run.obtain import RunRequest, obtain_trace
 from ckpt_viz.trace import Trace
@@ -72,7 +72,7 @@ def test_stories_are_short_and_name_the_reason_and_the_recorded_line(broken: dic
             assert re.search(r"\bR\d+\b|\bS\d+\b", f.explanation) is None, name  # no spec ids
             assert [e.seq for e in f.events] == sorted({e.seq for e in f.events}), name
             if f.release_event is not None and f.release_event.kind == "released":
-                assert f"reason {f.release_event.data['reason']}" in f.explanation, name
+                assert f"reason {f.release_event.reason}" in f.explanation, name
                 assert f.release_event in f.events
             if f.site is not None and BROKEN[name].run.__module__ == "ckpt_viz.run.broken":
                 assert f.site.startswith(BROKEN_PY + ":"), (name, f.site)  # the scenario's line, not the runtime
@@ -87,7 +87,7 @@ def test_user_actions_are_among_the_events(broken: dict[str, Trace]) -> None:
     assert "prefired" in kinds["prefire-after-backward"]
     assert "released" in kinds["released-by-hand"]
     (f,) = diagnose(broken["released-by-hand"])
-    assert f.release_event.data["reason"] == "explicit_release"
+    assert f.release_event.reason == "explicit_release"
     assert f.refused_event.kind == "replay_refused" and f.seq == f.release_event.seq
 
 
@@ -96,8 +96,8 @@ def test_a_missing_trigger_and_a_dx_without_retain_graph_are_told_apart_by_the_r
     for name, code, freed in (("dw-without-trigger", "trigger_missing_in_dw", False),
                               ("dx-without-retain-graph", "dx_without_retain_graph", True)):
         trace = broken[name]
-        (mark,) = [e for e in trace.of_kind("phase_set") if e.data["new"] == "dw"]
-        assert mark.data["outer_graph_freed"] is freed
+        (mark,) = [e for e in trace.of_kind("phase_set") if e.new == "dw"]
+        assert mark.outer_graph_freed is freed
         # without torch's error (e.g. the user caught it outside the recording) the fact alone decides
         quiet = Trace(events=[e for e in trace.events if e.kind != "error"], meta=trace.meta)
         assert [f.code for f in diagnose(quiet)] == [code], name

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from ckpt_viz.run.scenarios import MODES, run_scenario
@@ -27,11 +28,11 @@ THREADS = 8
 
 
 def comparable(trace: Any) -> dict[str, Any]:
-    """The trace without timestamps and thread ids, as plain JSON values."""
-    events = [[e.seq, e.kind, e.handle_id, e.mode, e.phase, e.session_id, dict(e.tags), e.site, e.data]
+    """The trace without timestamps and thread ids, as plain JSON values (every other field of every event)."""
+    events = [msgspec.to_builtins(msgspec.structs.replace(e, t_ns=0, thread_id=0)) | {"kind": e.kind}
               for e in trace.events]
     memory = [[m.seq, m.bytes_by_category, m.device_allocated, m.by_stage] for m in trace.memory]
-    graphs = [[g.seq, g.label, g.nodes, g.edges] for g in trace.graphs]
+    graphs = [[g.seq, g.label, msgspec.to_builtins(g.nodes), g.edges] for g in trace.graphs]
     meta = {k: v for k, v in trace.meta.items() if k != "versions"}
     return json.loads(json.dumps({"events": events, "memory": memory, "graphs": graphs, "meta": meta},
                                  sort_keys=True, default=repr))

@@ -272,6 +272,6 @@ def test_handles_carry_qualified_name_call_index_and_call_site(tmp_path: Path, m
              if tag in line}
     spec = load_model(f"{path}:make_model")
     created = run_scenario(spec, mode).of_kind("handle_created")
-    assert [e.data["function"] for e in created] == ["encoder.layer", "encoder.layer#1", "encoder.layer#2", "head"]
+    assert [e.function for e in created] == ["encoder.layer", "encoder.layer#1", "encoder.layer#2", "head"]
     assert [e.site.rpartition(":")[2] for e in created] == [str(lines["LINE_SHARED"])] * 3 + [str(lines["LINE_HEAD"])]
     assert all(Path(e.site.rpartition(":")[0]).name == "shared.py" for e in created)

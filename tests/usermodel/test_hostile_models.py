@@ -1,4 +1,4 @@
-"""Containment: hostile model files (tests/data/hostile_models) against `record_in_subprocess`.
+"""Containment: hostile model files (tests/data/hostile) against `record_in_subprocess`.
 
 Each test asserts what actually happened: the parent alive, no process of the run left,
 nothing written or sent outside the sandbox, no secret inside it. Tests that need a
@@ -28,7 +28,7 @@ from ckpt_viz.usermodel.processes import sweep
 from ckpt_viz.usermodel.sandbox import SandboxMemoryError, SandboxWarning, record_in_subprocess
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-HOSTILE = ROOT / "tests" / "data" / "hostile_models"
+HOSTILE = ROOT / "tests" / "data" / "hostile"
 EXAMPLE = f"{ROOT / 'examples' / 'user_model.py'}:make_model"
 BWRAP = bwrap_problem()
 pytestmark = pytest.mark.slow  # every test here starts sandboxed children (2-10 s each)

@@ -296,7 +296,7 @@ def test_parse_ref_shapes() -> None:
 
 def test_trial_forward_runs_on_a_copy_of_the_inputs() -> None:
     """A forward that changes its input in place: the recorded run still gets the factory's zeros."""
-    spec = load_model(f"{ROOT / 'tests' / 'data' / 'hostile_models' / 'mutates_inputs.py'}:make_model")
+    spec = load_model(f"{ROOT / 'tests' / 'data' / 'hostile' / 'mutates_inputs.py'}:make_model")
     assert torch.equal(spec.inputs[0], torch.zeros(2, 3))
     seen = []
     spec.model.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))

@@ -1,0 +1,266 @@
+"""The passes of a run, defined once: which part of the step each event belongs to (forward, DX, DW or a
+full backward), the spans those parts make, and the backward passes (one engine run each).
+
+    step = passes(trace)
+    step.of_event[i]   -> "F" | "DX" | "DW" | "B"        the part of the step event i belongs to
+    step.spans         -> (Span("F", 0, 17), Span("DX", 17, 30), ...)
+    step.backwards     -> (BackwardPass(start_seq=17, end_seq=29, phase="dx", ...), ...)
+    step.aligned_x     -> x of every event on Compare's common axis: forward [0, 1), DX [1, 2), DW [2, 3]
+
+Standard library only. The memory chart draws the spans as bands, Compare lines runs up by them, the
+Routing page and the debugger read the backward passes.
+
+NOTE [ Parts of a step ]
+  1. Each event gets one of F, DX, DW, B. An event with phase "dx" or "dw" is DX or DW. A forward event
+     (a checkpoint built, its forward run, a tensor packed, an excluded op saved) is F. Another handle event
+     (a backward entered, a replay, an unpack, grads routed, a release) is B: a backward in phase "ordinary"
+     or without a phase does DX and DW at once; so does a backward called right after a forward (a run with no
+     checkpoint reached by it). Non-reentrant split runs set no phase: their DX activates a
+     retaining session (`session_activated` with retain_on_unpack) and their DW the next session; phase-less
+     events between stay in that part.
+  2. A memory sample taken "at ... forward" is F; one taken "at ... backward" right after a forward starts a
+     B (a run without checkpoints has only samples). Every other event (samples, errors, session events)
+     belongs to the part before it; events before any part belong to the forward. A pipeline action's
+     `action_started` starts the part of its action (torch's I is DX, W is DW); a B action's parts are
+     those of its events (our executors run its DX, then its DW).
+  3. A span is a run of consecutive events of one part: [start_seq, end_seq), the last one ending at the
+     last seq. Pipeline runs interleave parts, so they have many short spans.
+
+NOTE [ Backward passes ]
+  1. A backward pass is a run of engine-side events, from the user's call (`backward_called`) on:
+     backward_entered, replays triggered by a backward,
+     tensor_unpacked, grads_routed, the releases and refusals they cause, errors raised in a backward.
+  2. It ends at any forward-side or session event (phase_set, handle_created, session_*, prefired, an
+     explicit release), when the phase, the call site or the stage/micro-batch/rank tags change, or when a
+     handle enters a second time. memory_sampled and node_collected neither join nor end a pass.
+
+NOTE [ Phase alignment ]
+  1. Compare draws runs of different lengths on one axis: the forward on [0, 1), DX on [1, 2), DW on
+     [2, 3]; a full backward (DX and DW at once) on [1, 3]. Inside a part of n events, the k-th has
+     x = start + width * k / n (the part of the run's last event uses n - 1, so the run ends at 3).
+  2. A part met again after another (pipelines) continues its own share of the axis.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ckpt_viz.analysis._cache import derived
+from ckpt_viz.events import Error, Event, MemorySampled, Released, ReplayFinished, ReplayStarted, SessionActivated
+from ckpt_viz.trace import Trace
+
+__all__ = ["AXIS", "PARTS", "BackwardPass", "Part", "Passes", "Span", "passes"]
+
+Part = Literal["F", "DX", "DW", "B"]
+PARTS: tuple[Part, ...] = ("F", "DX", "DW", "B")
+# Where each part lies on Compare's common axis (NOTE [ Phase alignment ], rule 1).
+AXIS: dict[Part, tuple[float, float]] = {"F": (0.0, 1.0), "DX": (1.0, 2.0), "DW": (2.0, 3.0), "B": (1.0, 3.0)}
+
+_FORWARD_KINDS = frozenset(("handle_created", "forward_started", "forward_finished", "forward_failed",
+                            "tensor_packed", "exclude_saved"))
+_BACKWARD_KINDS = frozenset(("backward_entered", "replay_started", "replay_finished", "replay_failed",
+                             "early_stopped", "replay_refused", "grads_routed", "released", "node_collected",
+                             "tensor_unpacked", "exclude_reused", "prefired"))
+_JOIN = frozenset(("backward_called", "backward_entered", "replay_started", "replay_finished", "replay_failed",
+                   "early_stopped", "replay_refused", "grads_routed", "released", "tensor_unpacked", "exclude_reused",
+                   "error"))
+# an action_started opens its action's part; a B action's parts come from its events (DX then DW, or one backward)
+_ACTION_PARTS: dict[str, Part] = {"F": "F", "DX": "DX", "I": "DX", "DW": "DW", "W": "DW"}
+_NEUTRAL = frozenset(("memory_sampled", "node_collected"))
+_BACKWARD_RELEASES = frozenset(("ordinary_backward_complete", "dw_complete", "backward_exception"))
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Consecutive events of one part of the step: [start_seq, end_seq)."""
+
+    part: Part
+    start_seq: int
+    end_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackwardPass:
+    """One backward pass (NOTE [ Backward passes ]).
+
+    Attributes:
+        start_seq / end_seq: its first and last event.
+        phase: "dx", "dw", "ordinary" or None (no handle said).
+        site: the user's line that ran it, when known.
+        stage / microbatch / rank: the pipeline tags of its events, or None.
+        positions: the positions (indices in `trace.events`) of its events.
+    """
+
+    start_seq: int
+    end_seq: int
+    phase: str | None
+    site: str | None
+    stage: object
+    microbatch: object
+    rank: object
+    positions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Passes:
+    """The parts of a run's step and its backward passes; see the module docstring."""
+
+    seqs: tuple[int, ...]
+    of_event: tuple[Part, ...]
+    spans: tuple[Span, ...]
+    backwards: tuple[BackwardPass, ...]
+    aligned_x: tuple[float, ...]
+    backward_starts: tuple[int, ...]
+
+    def part_at(self, seq: int) -> Part | None:
+        """The part of the step of the event at (or last before) `seq`; None before the first event."""
+        i = bisect_right(self.seqs, seq) - 1
+        return self.of_event[i] if i >= 0 else None
+
+    def backward_at(self, seq: int) -> BackwardPass | None:
+        """The backward pass containing `seq`, or the last one before it; None if none started by then."""
+        i = bisect_right(self.backward_starts, seq) - 1
+        return self.backwards[i] if i >= 0 else None
+
+    def aligned_seq(self, x: float) -> int | None:
+        """The seq of the event whose aligned x is nearest to `x` (the first such); None for an empty run."""
+        if not self.seqs:
+            return None
+        order = sorted(range(len(self.aligned_x)), key=lambda i: (self.aligned_x[i], i))
+        keys = [self.aligned_x[i] for i in order]
+        at = bisect_left(keys, x)
+        best = min((j for j in (at - 1, at) if 0 <= j < len(order)), key=lambda j: (abs(keys[j] - x), j))
+        return self.seqs[order[best]]
+
+
+def _parts(events: Sequence[Event]) -> list[Part]:
+    current: Part = "F"
+    out: list[Part] = []
+    for e in events:
+        kind, phase = e.kind, e.phase
+        if phase == "dx":
+            current = "DX"
+        elif phase == "dw":
+            current = "DW"
+        elif kind in _FORWARD_KINDS:
+            current = "F"
+        elif kind == "action_started":
+            current = _ACTION_PARTS.get(str(e.tags.get("action")), current)
+        elif kind == "backward_called":
+            if current == "F":
+                current = "B"
+        elif isinstance(e, SessionActivated):
+            if e.retain_on_unpack:
+                current = "DX"
+            elif current == "DX":
+                current = "DW"
+        elif kind in _BACKWARD_KINDS and e.handle_id is not None and not (phase is None and current in ("DX", "DW")):
+            current = "B"
+        elif isinstance(e, MemorySampled):
+            at = e.at or ""
+            if at.endswith(" forward"):
+                current = "F"
+            elif at.endswith(" backward") and current == "F":
+                current = "B"
+        out.append(current)
+    return out
+
+
+def _spans(seqs: Sequence[int], parts: Sequence[Part]) -> list[Span]:
+    spans: list[Span] = []
+    for i, part in enumerate(parts):
+        if spans and spans[-1].part == part:
+            continue
+        if spans:
+            spans[-1] = Span(spans[-1].part, spans[-1].start_seq, seqs[i])
+        spans.append(Span(part, seqs[i], seqs[i]))
+    if spans:
+        spans[-1] = Span(spans[-1].part, spans[-1].start_seq, seqs[-1])
+    return spans
+
+
+def _joins(e: Event) -> bool:
+    if e.kind not in _JOIN:
+        return False
+    if isinstance(e, (ReplayStarted, ReplayFinished)):
+        return e.trigger != "prefire"
+    if isinstance(e, Released):
+        return e.reason in _BACKWARD_RELEASES
+    if isinstance(e, Error):
+        return e.where == "backward"
+    return True
+
+
+_NO_GROUP = (None, None, None)
+_CHECKED = frozenset(("replay_started", "replay_finished", "released", "error"))  # kinds that join by a field
+
+
+def _backwards(events: Sequence[Event]) -> list[BackwardPass]:
+    found: list[dict] = []
+    current: dict | None = None
+    entered: set[int | None] = set()
+    join, neutral, checked = _JOIN, _NEUTRAL, _CHECKED
+    for i, e in enumerate(events):
+        kind = e.kind
+        if kind not in join:
+            if kind not in neutral:
+                current = None
+            continue
+        if kind in checked and not _joins(e):
+            current = None
+            continue
+        phase = e.phase if kind != "tensor_unpacked" else None
+        tags = e.tags
+        group = (tags.get("stage"), tags.get("microbatch"), tags.get("rank")) if tags else _NO_GROUP
+        fresh = current is None or (
+            (phase is not None and current["phase"] is not None and phase != current["phase"])
+            or (e.site is not None and current["site"] is not None and e.site != current["site"])
+            or group != current["group"]
+            or (e.kind == "backward_entered" and e.handle_id in entered)
+            or e.kind == "backward_called")
+        if fresh:
+            current = {"start_seq": e.seq, "end_seq": e.seq, "phase": phase, "site": e.site, "group": group,
+                       "positions": []}
+            entered = set()
+            found.append(current)
+        assert current is not None
+        current["positions"].append(i)
+        current["end_seq"] = e.seq
+        current["phase"] = current["phase"] or phase
+        current["site"] = current["site"] or e.site
+        if e.kind == "backward_entered":
+            entered.add(e.handle_id)
+    return [BackwardPass(start_seq=p["start_seq"], end_seq=p["end_seq"], phase=p["phase"], site=p["site"],
+                         stage=p["group"][0], microbatch=p["group"][1], rank=p["group"][2],
+                         positions=tuple(p["positions"])) for p in found]
+
+
+def _aligned(parts: Sequence[Part]) -> list[float]:
+    totals = Counter(parts)
+    last = parts[-1] if parts else None
+    step = {}
+    for a, n in totals.items():
+        lo, hi = AXIS[a]
+        step[a] = (lo, hi - lo, n - 1 if a == last and n > 1 else n)  # the run's last event at its end
+    seen = dict.fromkeys(totals, 0)
+    xs: list[float] = []
+    for a in parts:
+        lo, width, n = step[a]
+        k = seen[a]
+        seen[a] = k + 1
+        xs.append(lo + width * k / n)
+    return xs
+
+
+def passes(trace: Trace) -> Passes:
+    """The parts and backward passes of `trace`, computed once per trace."""
+    def build(t: Trace) -> Passes:
+        seqs = tuple(e.seq for e in t.events)
+        parts = _parts(t.events)
+        backwards = tuple(_backwards(t.events))
+        return Passes(seqs=seqs, of_event=tuple(parts), spans=tuple(_spans(seqs, parts)), backwards=backwards,
+                      aligned_x=tuple(_aligned(parts)), backward_starts=tuple(b.start_seq for b in backwards))
+    return derived(trace, "passes", build)

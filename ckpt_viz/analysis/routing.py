@@ -1,0 +1,277 @@
+"""DX/DW routing of one backward pass, as of a cursor: which handles replayed, where their gradients
+went, what DW released; and who feeds whom among the checkpoint regions.
+
+    r = routing_at(trace, seq)      -> Routing(phase="dx", handles=(3, 2, 1, 0), targets={3: (0,)}, ...)
+    routing_rows(trace, seq)        -> one row per handle of that pass, in words
+    handle_flow(snapshot, handles)  -> [("loss", 3, True), (3, 2, True), ...]
+
+The backward passes themselves are `ckpt_viz.analysis.passes` (NOTE [ Backward passes ]). Standard
+library only; the drawing is `ckpt_viz.render.routing`.
+
+NOTE [ Routing at a cursor ]
+  1. `routing_at(trace, c)` describes the pass containing c, or the last one before c, as of c: a cursor
+     in the middle of DX shows the handles routed so far. A handle is "replayed" once its replay finished
+     (or stopped early), "replaying" before.
+  2. Before any backward pass there is none (`Routing.start_seq` is None); `waiting` then says what the
+     run is doing (the forward, or a backward of no checkpoint) so a page never calls a running backward
+     "not started".
+
+NOTE [ The flow of DX ]
+  1. DX goes from block to block: the gradient of one region's input is the gradient of the output of the
+     region that produced it. The graph snapshot taken last at or before the pass says who feeds whom: from
+     each region, follow the edges through nodes of no region until another region, the model input, or a
+     dead end.
+  2. Without a snapshot covering the pass's handles (graphs=False, a pipeline stage's own graph), the
+     handles are chained in the order the pass reached them, drawn dashed.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from ckpt_viz.analysis.handles import created_events
+from ckpt_viz.analysis.passes import passes
+from ckpt_viz.analysis.words import reason_word
+from ckpt_viz.events import GradsRouted, Released
+from ckpt_viz.trace import GraphSnapshot, Trace
+
+__all__ = ["Routing", "handle_flow", "input_words", "pass_title", "routing_at", "routing_rows", "snapshot_before"]
+
+_PHASE_TITLE = {"dx": "DX pass (input grads)", "dw": "DW pass (weight grads)", "ordinary": "full backward"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Routing:
+    """One backward pass as of a cursor (NOTE [ Routing at a cursor ]).
+
+    Attributes:
+        phase, start_seq, end_seq, site, stage, microbatch, rank: the pass (None when there is none yet).
+        complete: the pass ended by the cursor.
+        handles: entered or replayed, in order.
+        replaying / replayed: replay started and not finished by the cursor / finished.
+        targets: handle -> indices of its inputs that received gradients.
+        explicit_params: handle -> indices of its parameter inputs given gradients.
+        discarded: handle -> activation grads DW computed and dropped.
+        captured / captured_missed: handle -> parameter names (or shapes) whose .grad its inner backward
+            accumulated / did not.
+        released, release_reasons, refused: what the pass released (and why), and whose replay it refused.
+        waiting: with no pass yet, what the run is doing ("the forward", ...); else "".
+    """
+
+    phase: str | None = None
+    start_seq: int | None = None
+    end_seq: int | None = None
+    site: str | None = None
+    stage: Any = None
+    microbatch: Any = None
+    rank: Any = None
+    complete: bool = True
+    handles: tuple[int, ...] = ()
+    replaying: tuple[int, ...] = ()
+    replayed: tuple[int, ...] = ()
+    targets: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    explicit_params: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    discarded: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    captured: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    captured_missed: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    released: tuple[int, ...] = ()
+    release_reasons: dict[int, str] = field(default_factory=dict)
+    refused: tuple[int, ...] = ()
+    waiting: str = ""
+
+
+_WAITING = {"F": "the forward", "DX": "a DX pass that reached no checkpoint yet",
+            "DW": "a DW pass that reached no checkpoint yet", "B": "a backward that reached no checkpoint yet"}
+
+
+def routing_at(trace: Trace, cursor: int | None) -> Routing:
+    """The backward pass containing `cursor` (or the last one before it), as of `cursor`."""
+    step = passes(trace)
+    if cursor is None:
+        cursor = step.backwards[-1].end_seq if step.backwards else (step.seqs[-1] if step.seqs else 0)
+    chosen = step.backward_at(cursor)
+    if chosen is None:
+        part = step.part_at(cursor)
+        return Routing(waiting=_WAITING.get(part, "") if part is not None else "")
+    handles: list[int] = []
+    replaying: list[int] = []
+    replayed: list[int] = []
+    targets: dict[int, tuple[int, ...]] = {}
+    explicit: dict[int, tuple[int, ...]] = {}
+    discarded: dict[int, tuple[int, ...]] = {}
+    captured: dict[int, tuple[str, ...]] = {}
+    missed: dict[int, tuple[str, ...]] = {}
+    released: list[int] = []
+    reasons: dict[int, str] = {}
+    refused: list[int] = []
+    events = trace.events
+    for i in chosen.positions:
+        e = events[i]
+        if e.seq > cursor:
+            break
+        h = e.handle_id
+        if h is None:
+            continue
+        if h not in handles and e.kind in ("backward_entered", "replay_started", "grads_routed", "tensor_unpacked"):
+            handles.append(h)
+        if e.kind == "replay_started" and h not in replaying and h not in replayed:
+            replaying.append(h)
+        elif e.kind in ("replay_finished", "early_stopped") and h in replaying:
+            replaying.remove(h)
+            replayed.append(h)
+        elif isinstance(e, GradsRouted):
+            targets[h] = e.targets
+            explicit[h] = e.explicit_params
+            if e.discarded_activations:
+                discarded[h] = e.discarded_activations
+            names = [(c.name or f"tensor{tuple(c.shape)}", c.accumulated) for c in e.captured]
+            if names:
+                captured[h] = tuple(n for n, hit in names if hit)
+                missed[h] = tuple(n for n, hit in names if not hit)
+        elif isinstance(e, Released):
+            released.append(h)
+            reasons[h] = e.reason
+        elif e.kind == "replay_refused":
+            refused.append(h)
+    return Routing(phase=chosen.phase, start_seq=chosen.start_seq, end_seq=min(chosen.end_seq, cursor),
+                   site=chosen.site, stage=chosen.stage, microbatch=chosen.microbatch, rank=chosen.rank,
+                   complete=chosen.end_seq <= cursor, handles=tuple(handles), replaying=tuple(replaying),
+                   replayed=tuple(replayed), targets=targets, explicit_params=explicit, discarded=discarded,
+                   captured=captured, captured_missed=missed, released=tuple(released), release_reasons=reasons,
+                   refused=tuple(refused))
+
+
+def pass_title(r: Routing) -> str:
+    """What the pass is, in words: phase, pipeline rank, stage and micro-batch, events, call site."""
+    if r.start_seq is None:
+        return f"no backward pass yet ({r.waiting} is running)" if r.waiting else "no backward pass yet"
+    parts = [_PHASE_TITLE.get(r.phase or "ordinary", "backward pass")]
+    where = [f"{name} {value}" for name, value in (("rank", r.rank), ("stage", r.stage), ("micro-batch", r.microbatch))
+             if value is not None]
+    if where:
+        parts.append(", ".join(where))
+    parts.append(f"events {r.start_seq}–{r.end_seq}" + ("" if r.complete else " (running)"))
+    if r.site:
+        parts.append(r.site)
+    return " · ".join(parts)
+
+
+def input_words(trace: Trace, h: int, index: int, *, parameter: bool = False) -> str:
+    """A checkpoint input in words: "the block's input (512, 32)" or "input 2 of 3 (4, 4)"."""
+    created = created_events(trace).get(h)
+    inputs = created.inputs if created is not None else ()
+    mask = created.param_input_mask if created is not None else ()
+    shape = inputs[index].shape if index < len(inputs) else None
+    size = f"({', '.join(str(d) for d in shape)})" if shape is not None else ""
+    if parameter or (index < len(mask) and mask[index]):
+        return f"parameter input {index + 1} {size}".rstrip()
+    if len(inputs) <= 1:
+        return f"the block's input {size}".rstrip()
+    return f"input {index + 1} of {len(inputs)} {size}".rstrip()
+
+
+def snapshot_before(trace: Trace, seq: int) -> GraphSnapshot | None:
+    """The last graph snapshot at or before `seq` (the first one when none is)."""
+    before = [g for g in trace.graphs if g.seq <= seq]
+    return before[-1] if before else (trace.graphs[0] if trace.graphs else None)
+
+
+def handle_flow(snapshot: GraphSnapshot | None, handles: Sequence[int]) -> list[tuple[Any, Any, bool]]:
+    """Who feeds whom among `handles` (NOTE [ The flow of DX ]): (from, to, from the graph) triples.
+
+    `to` is a handle id or "input" (the model input). The first handle also gets ("loss", first, ...).
+    Triples from the graph have True; the fallback chain False.
+    """
+    if not handles:
+        return []
+    flow: list[tuple[Any, Any, bool]] = []
+    if snapshot is not None:
+        flow = _graph_flow(snapshot, set(handles))
+    if not flow or not {h for edge in flow for h in edge[:2]} >= set(handles):
+        chain: list[Any] = ["loss", *handles]
+        return [(a, b, False) for a, b in pairwise(chain)]
+    return flow
+
+
+def _graph_flow(snapshot: GraphSnapshot, wanted: set[int]) -> list[tuple[Any, Any, bool]]:
+    region = {n.id: n.handle_id for n in snapshot.nodes
+              if n.kind != "trigger" and n.handle_id is not None and not n.replay}
+    kind = {n.id: n.kind for n in snapshot.nodes}
+    inner = {n.id for n in snapshot.nodes if n.replay}  # a retained replay: not the outer graph
+    empty = {n.id for n in snapshot.nodes if n.shape is not None and 0 in n.shape}
+    children: dict[Any, list[Any]] = {}
+    has_parent: set[Any] = set()
+    for s, d in snapshot.edges:
+        children.setdefault(s, []).append(d)
+        has_parent.add(d)
+
+    def reached(starts: list[Any], owner: Any) -> list[Any]:
+        found, stack, seen = [], list(starts), set()
+        while stack:
+            nid = stack.pop()
+            if nid in seen or nid in inner:
+                continue
+            seen.add(nid)
+            h = region.get(nid)
+            if h is not None and h != owner:
+                found.append(h)
+            elif h is None and kind.get(nid) == "input" and nid not in empty:
+                found.append("input")
+            elif h is None or h == owner:
+                stack.extend(children.get(nid, ()))
+        return found
+
+    flow: list[tuple[Any, Any, bool]] = []
+    roots = [n for n in children if n not in has_parent and n not in region]
+    for h in reached(roots, None):
+        if h in wanted and ("loss", h, True) not in flow:
+            flow.append(("loss", h, True))
+    for h in sorted(wanted, key=str):
+        members = [nid for nid, owner in region.items() if owner == h]
+        for to in reached(members, h):
+            if (to in wanted or to == "input") and (h, to, True) not in flow:
+                flow.append((h, to, True))
+    return flow
+
+
+def _state(h: int, r: Routing) -> str:
+    if h in r.refused:
+        return "replay refused"
+    if h in r.released:
+        return "released: " + reason_word(r.release_reasons.get(h))
+    if h in r.replayed:
+        return "replayed here"
+    return "replaying" if h in r.replaying else "reached (no replay in this pass)"
+
+
+def routing_rows(trace: Trace, cursor: int | None) -> list[dict[str, str]]:
+    """Per handle of the pass at `cursor`: its state in the pass, where its DX went (and on to whom), its DW."""
+    r = routing_at(trace, cursor)
+    if r.start_seq is None:
+        return []
+    flow = handle_flow(snapshot_before(trace, r.start_seq), r.handles)
+    onward = {a: b for a, b, _ in flow if a != "loss"}
+    rows = []
+    for h in r.handles:
+        explicit = set(r.explicit_params.get(h, ()))
+        if r.phase == "dw":
+            dx = "none (DW pass)"
+        elif h not in r.targets:
+            dx = "not routed yet"
+        else:
+            words = [input_words(trace, h, i) for i in r.targets[h] if i not in explicit]
+            dx = ", ".join(words) if words else "no inputs got a gradient"
+            if words and h in onward:
+                dx += ", on to " + ("the model input" if onward[h] == "input" else f"h{onward[h]}")
+        rows.append({
+            "handle": f"h{h}",
+            "in this pass": _state(h, r),
+            "DX went to": dx,
+            "DW to parameter inputs": ", ".join(input_words(trace, h, i, parameter=True) for i in sorted(explicit))
+            or "none",
+            "parameters given .grad": ", ".join(r.captured.get(h, ())) or "none",
+            "DX dropped (DW pass)": ", ".join(input_words(trace, h, i) for i in r.discarded.get(h, ())) or "none",
+        })
+    return rows
