@@ -22,12 +22,14 @@ NOTE [ Sampling points ]
      counts from the start; new state at exit). The backward pass is opened by the
      recording's autograd watch (`backward_started` / `backward_ended`). A module run
      inside a backward (a checkpoint's recompute) is a point and nothing more.
-  3. Events: where a pass opens the hooks emit a `memory_sampled` event (data `at`:
+  3. Events: where a pass opens the hooks emit a `memory_sampled` event (its `at`:
      "<name> forward" at a depth-0 module's entry, where <name> is the module's
-     qualified name in the recorded model or else its class; "<Optimizer>.step" as a step begins; a top-level `torch.autograd.backward` / `grad`
-     call has its own `backward_called` event, emitted by the recording's autograd watch), so a loop with no checkpoint still has an event to tie each pass's
-     samples to. Where a pass closes there is a sampling point and no event: what
-     follows is tied to the pass's last event until the next one.
+     qualified name in the recorded model or else its class; "<Optimizer>.step" as a
+     step begins); a top-level `torch.autograd.backward` / `grad` call has its own
+     `backward_called` event from the recording's autograd watch. So a loop with no
+     checkpoint still has an event to tie each pass's samples to. Where a pass closes
+     there is a sampling point and no event: what follows is tied to the pass's last
+     event until the next one.
   4. Hooks stay installed while any sampler is attached anywhere in the process (a
      count); a hook does nothing on a thread whose context has no sampler, so other
      threads' modules pay one context-variable read per call.
