@@ -75,6 +75,7 @@ from typing import Any
 import torch
 
 from ckpt_viz import bus
+from ckpt_viz.errors import RecordingError
 from ckpt_viz.probe.ledger import PHASE_CATEGORIES, RANK, Ledger
 from ckpt_viz.probe.memory import MemoryProbe, join_layer, leave_layer
 from ckpt_viz.probe.stream import AllocationStream, Batch
@@ -414,7 +415,8 @@ class AllocationProbe:
 
     def __enter__(self) -> AllocationProbe:
         if self._stream is None:
-            raise RuntimeError("ckpt_viz.probe: an AllocationProbe needs its stream; open it with open_probe().")
+            raise RecordingError("ckpt_viz.probe.AllocationProbe: it has no allocation stream.\n"
+                                 "Tip: open it with ckpt_viz.probe.allocations.open_probe().")
         params, tensors, buffers = self._pending
         for p in params:
             self.add_param(p)

@@ -100,7 +100,7 @@ def test_the_recorded_peak_is_the_allocators(mode: str, vocab: int, batch: int) 
     got = sum(peak.bytes_by_category.values())
     assert abs(got - want) <= 0.01 * want, (mode, got, want)
     # the peaks of these configurations are where the ids say: in the optimizer's step or in the backward
-    where = {e.seq: e.data.get("at") for e in rec.trace.events if e.kind == "memory_sampled"}
+    where = {e.seq: e.at for e in rec.trace.events if e.kind == "memory_sampled"}
     if vocab == 4096:
         assert where.get(peak.seq) == "AdamW.step" and peak.bytes_by_category["optimizer_step"] > 0
     else:

@@ -55,14 +55,14 @@ def _side_by_side(model_name: str, mode: str, monkeypatch: pytest.MonkeyPatch,
     per_event: dict[int, int] = {}
     sampling = points.Sampling(oracle, lambda *reading: kept.append(_sample(*reading)), {})
 
-    def after(row: Any) -> None:
-        per_event[row[0]] = truth.total()
-        sampling.on_event(row)
+    def after(event: Any) -> None:
+        per_event[event.seq] = truth.total()
+        sampling.on_event(event)
 
     with truth:
         oracle.__enter__()
         detach = points.attach(sampling)
-        channel = bus.open_channel(rows=lambda row: None, after=after)
+        channel = bus.open_channel(after)
         try:
             trace = run_scenario(spec, mode, memory=True, **options)
         finally:
