@@ -64,7 +64,7 @@ def states() -> str:
 
 
 def reasons() -> str:
-    """Every release reason of `ckpt_viz.vocabulary.RELEASE_REASONS`: its words, and the code a refusal after it gets."""
+    """Every release reason (`ckpt_viz.vocabulary.RELEASE_REASONS`): its words, the code of a later refusal."""
     from ckpt_viz.analysis.words import reason_word
     from ckpt_viz.codes import CODE_FOR_REASON
     from ckpt_viz.vocabulary import RELEASE_REASONS
