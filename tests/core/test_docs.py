@@ -6,6 +6,7 @@
    block, in document order, all in one temporary folder (a later block reads what an earlier one wrote), with
    the repository on PYTHONPATH and `examples/` in view. In a bash block `ckpt-viz` is `python -m ckpt_viz`
    and the line `ckpt-viz app` is skipped. The torchrun start runs for real (gloo, 2 ranks, tiny sizes).
+   The examples of docs/*.md run the same way (marked slow: outside the inner loop).
 3. Every relative link and image of README.md and docs/*.md names a file that exists, and an `#anchor` a
    heading of that file.
 4. The tables of docs/ generated from the code are current (`scripts/docs_tables.py --check`).
@@ -71,7 +72,13 @@ def runnable(block: Block) -> bool:
     return block.lang == "bash" and first.startswith("ckpt-viz ") and not first.startswith("ckpt-viz app")
 
 
-RUNNABLE = [b for b in fenced_blocks(README.read_text()) if runnable(b)]
+@functools.cache
+def runnable_blocks(doc: Path) -> tuple[Block, ...]:
+    return tuple(b for b in fenced_blocks(doc.read_text()) if runnable(b))
+
+
+RUNNABLE = runnable_blocks(README)
+DOC_BLOCKS = [(doc, i) for doc in DOCS for i in range(len(runnable_blocks(doc)))]
 
 
 def run_block(block: Block, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -86,17 +93,20 @@ def run_block(block: Block, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def readme_runs(tmp_path_factory: pytest.TempPathFactory):
-    """Each README block's result, run once, in document order, in one folder (rule 2)."""
-    folder = tmp_path_factory.mktemp("readme")
-    (folder / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
-    results: dict[int, subprocess.CompletedProcess[str]] = {}
+def doc_runs(tmp_path_factory: pytest.TempPathFactory):
+    """`result(doc, index)`: that runnable block's result, each doc's blocks run once, in order, in one folder."""
+    folders: dict[Path, Path] = {}
+    results: dict[tuple[Path, int], subprocess.CompletedProcess[str]] = {}
 
-    def result(index: int) -> subprocess.CompletedProcess[str]:
+    def result(doc: Path, index: int) -> subprocess.CompletedProcess[str]:
+        if doc not in folders:
+            folders[doc] = tmp_path_factory.mktemp(doc.stem)
+            (folders[doc] / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+        blocks = runnable_blocks(doc)
         for i in range(index + 1):  # the blocks before it first: it may read what they wrote
-            if i not in results:
-                results[i] = run_block(RUNNABLE[i], folder)
-        return results[index]
+            if (doc, i) not in results:
+                results[doc, i] = run_block(blocks[i], folders[doc])
+        return results[doc, index]
 
     return result
 
@@ -129,11 +139,22 @@ def test_the_readme_has_the_three_starts() -> None:
 @pytest.mark.parametrize("index", [pytest.param(i, marks=[pytest.mark.slow] if _is_slow(b) else [])
                                    for i, b in enumerate(RUNNABLE)],
                          ids=[f"README.md:{b.line}:{b.lang}" for b in RUNNABLE])
-def test_readme_block_runs_as_it_is(readme_runs, index: int) -> None:
-    block = RUNNABLE[index]
-    done = readme_runs(index)
-    assert done.returncode == 0, (f"README.md line {block.line} ({block.lang}) exited {done.returncode}:\n"
-                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+def test_readme_block_runs_as_it_is(doc_runs, index: int) -> None:
+    _assert_ran(README, index, doc_runs(README, index))
+
+
+@pytest.mark.slow  # the examples of docs/ are checked like the README's, outside the inner loop
+@pytest.mark.parametrize(("doc", "index"), DOC_BLOCKS,
+                         ids=[f"{d.name}:{runnable_blocks(d)[i].line}:{runnable_blocks(d)[i].lang}"
+                              for d, i in DOC_BLOCKS])
+def test_doc_block_runs_as_it_is(doc_runs, doc: Path, index: int) -> None:
+    _assert_ran(doc, index, doc_runs(doc, index))
+
+
+def _assert_ran(doc: Path, index: int, done: subprocess.CompletedProcess[str]) -> None:
+    block = runnable_blocks(doc)[index]
+    assert done.returncode == 0, (f"{doc.relative_to(ROOT)} line {block.line} ({block.lang}) exited "
+                                  f"{done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
 def test_block_runner_sees_a_failing_block(tmp_path: Path) -> None:
