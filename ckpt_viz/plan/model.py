@@ -42,6 +42,12 @@ NOTE [ Plan timeline ]
      that keeps each frame (its inputs, its RNG state) until DW ends. A split step whose inputs need
      no grad (token ids) has nothing for DX to do: DW is then the whole backward with the replays,
      as in the plain kinds. Each of these was measured against the allocator (tests/plan).
+  8. Recompute time: a block's replay reruns its forward (up to its last saved tensor for the
+     non-reentrant kinds, which stop early), less the excluded regions and kept ops it takes from
+     caches, plus the runtime's own work for the replay: a fixed part, a part per tensor it saves
+     again and one per excluded region it passes, per kind, measured on the profile's machine
+     (ckpt_viz/plan/calibrate.py NOTE [ Replay cost ]; none when the profile has no
+     `replay_costs`). The figures are those of ckpt_viz's runtime; torch's checkpoint has its own.
 """
 from __future__ import annotations
 
@@ -59,9 +65,11 @@ from ckpt_viz.plan.schema import (
     ROLE_PARAM_GRAD,
     ROLE_PRIVATE,
     ROLE_SAVED,
+    BlockProfile,
     PlanProfile,
     Policy,
     Prediction,
+    ReplayCost,
     check_profile,
 )
 
@@ -164,10 +172,12 @@ class _Step:
         # non-reentrant step's session keeps its frames (inputs, RNG state) until DW ends
         self.rng_to_end = kind != "nonreentrant"
         self.session = kind == "split-nonreentrant"
+        self.region_saved = [0] * len(blocks)  # tensors the excluded regions saved: a replay does not save them
         for r in profile.regions:
             if r.name in exclude and r.block < len(blocks):
                 self.skipped[r.block].append((r.f0, r.f1))
                 self.kept_ns[r.block] += r.time_ns
+                self.region_saved[r.block] += r.saved_count
                 keep = set(r.saved_allocs) if reentrant else set(r.saved_allocs) - set(r.input_allocs)
                 keep |= set(r.output_allocs)
                 self.kept[r.block] |= {a for a in keep if 0 <= a < n and sizes[a] > 0}
@@ -465,13 +475,24 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
                "other": p.base.get("other", 0)}
     recompute = []
     flops = []
+    cost = p.replay_costs.get(kind)
     for b, blk in enumerate(blocks):
-        full = blk.time_ns  # a replay that stops early still costs about the whole forward (benchmarks/bench_plan.py)
-        recompute.append(max(0, full - step.kept_ns[b]))
+        recompute.append(_replay_ns(step, b, blk, cost, early_stop=not reentrant))
         flops.append(blk.flops)
     return Timeline(kind=kind, blocks=tuple(b.name for b in blocks), windows=tuple(windows),
                     base=sum(base_by.values()), base_by_category=base_by, recompute_ns=tuple(recompute),
                     recompute_flops=tuple(flops), step_ns=p.step_time_ns)
+
+
+def _replay_ns(step: _Step, b: int, blk: BlockProfile, cost: ReplayCost | None, *, early_stop: bool) -> int:
+    """NOTE rule 8: block b's replay time: the forward it reruns, less what it takes from caches, and the
+    runtime's own work for it (ckpt_viz/plan/calibrate.py NOTE [ Replay cost ])."""
+    forward = blk.time_to_last_pack_ns if early_stop and blk.time_to_last_pack_ns else blk.time_ns
+    ns = max(0, forward - step.kept_ns[b])
+    if cost is not None:
+        tensors = max(0, blk.saved_count - step.region_saved[b])
+        ns += cost.fixed_ns + cost.per_tensor_ns * tensors + cost.per_region_ns * len(step.skipped[b])
+    return ns
 
 
 @lru_cache(maxsize=64)
