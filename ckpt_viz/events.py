@@ -14,7 +14,7 @@ Standard library and msgspec only: never torch, never a UI.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -70,7 +70,7 @@ Text = Annotated[str, Meta(max_length=65536)]
 Site = Annotated[str, Meta(max_length=4096)]
 Shape = Annotated[tuple[Count, ...], Meta(max_length=64)]
 Indices = Annotated[tuple[Count, ...], Meta(max_length=65536)]
-Scalar = Union[Annotated[str, Meta(max_length=1024)], I64, float, bool, None]
+Scalar = Annotated[str, Meta(max_length=1024)] | I64 | float | bool | None
 Tags = Annotated[dict[Annotated[str, Meta(max_length=64)], Scalar], Meta(max_length=64)]
 
 
@@ -393,13 +393,11 @@ class Error(EventBase, tag="error"):
     retain_graph: bool | None = None
 
 
-Event = Union[
-    HandleCreated, ForwardStarted, ForwardFinished, ForwardFailed, TensorPacked, TensorUnpacked, PhaseSet,
-    BackwardCalled, BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
-    NodeCollected, SessionBound, SessionActivated, SessionDeactivated, SessionCleared, Prefired, ExcludeSaved,
-    ExcludeReused, ReplayDiverged, UnaskedGradsAccumulated, DwRunnerCalled, MemorySampled, ActionStarted,
-    ActionFinished, Error,
-]
+Event = (HandleCreated | ForwardStarted | ForwardFinished | ForwardFailed | TensorPacked | TensorUnpacked |
+    PhaseSet | BackwardCalled | BackwardEntered | ReplayStarted | ReplayFinished | ReplayFailed |
+    EarlyStopped | ReplayRefused | GradsRouted | Released | NodeCollected | SessionBound | SessionActivated |
+    SessionDeactivated | SessionCleared | Prefired | ExcludeSaved | ExcludeReused | ReplayDiverged |
+    UnaskedGradsAccumulated | DwRunnerCalled | MemorySampled | ActionStarted | ActionFinished | Error)
 
 EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in Event.__args__}  # type: ignore[attr-defined]
 

@@ -68,8 +68,8 @@ from torch import nn
 from torch.distributed import pipelining as _tp
 
 from ckpt_viz import bus
-from ckpt_viz.events import DwRunnerCalled
 from ckpt_viz.errors import CheckpointUsageError
+from ckpt_viz.events import DwRunnerCalled
 from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
 
 __all__ = ["PipelineStage", "pipeline"]

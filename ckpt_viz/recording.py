@@ -62,8 +62,7 @@ from typing import Any
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
 from ckpt_viz.events import BackwardCalled, EventBase
-from ckpt_viz.trace import MemorySample, Trace
-from ckpt_viz.trace._codec import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
+from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, MemorySample, Trace
 
 __all__ = ["Recording", "last_trace", "record"]
 

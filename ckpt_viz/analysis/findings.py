@@ -52,7 +52,7 @@ from ckpt_viz.analysis.handles import created_events, handle_label
 from ckpt_viz.analysis.lifecycle import Transition, lifecycle
 from ckpt_viz.analysis.passes import passes
 from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
-from ckpt_viz.events import Error, Event, HandleCreated, PhaseSet, Released, ReplayRefused, SessionActivated
+from ckpt_viz.events import Error, Event, PhaseSet, Released, ReplayRefused, SessionActivated
 from ckpt_viz.trace import Trace
 
 __all__ = ["STORY_KINDS", "Facts", "Finding", "code_of", "finding", "handle_finding"]

@@ -64,8 +64,9 @@ _FORWARD_KINDS = frozenset(("handle_created", "forward_started", "forward_finish
 _BACKWARD_KINDS = frozenset(("backward_entered", "replay_started", "replay_finished", "replay_failed",
                              "early_stopped", "replay_refused", "grads_routed", "released", "node_collected",
                              "tensor_unpacked", "exclude_reused", "prefired"))
-_JOIN = frozenset(("backward_called", "backward_entered", "replay_started", "replay_finished", "replay_failed", "early_stopped",
-                   "replay_refused", "grads_routed", "released", "tensor_unpacked", "exclude_reused", "error"))
+_JOIN = frozenset(("backward_called", "backward_entered", "replay_started", "replay_finished", "replay_failed",
+                   "early_stopped", "replay_refused", "grads_routed", "released", "tensor_unpacked", "exclude_reused",
+                   "error"))
 # an action_started opens its action's part; a B action's parts come from its events (DX then DW, or one backward)
 _ACTION_PARTS: dict[str, Part] = {"F": "F", "DX": "DX", "I": "DX", "DW": "DW", "W": "DW"}
 _NEUTRAL = frozenset(("memory_sampled", "node_collected"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar

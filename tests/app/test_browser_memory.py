@@ -7,7 +7,6 @@ for the sessions that end, tested in test_browser_session_end.py).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path

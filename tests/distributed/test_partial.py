@@ -13,8 +13,7 @@ import pytest
 
 from ckpt_viz import Trace, TraceError
 from ckpt_viz.cli import main
-from ckpt_viz.cli.merge import merge_run, merge_traces
-from ckpt_viz.cli.merge import MAX_WORLD_SIZE
+from ckpt_viz.cli.merge import MAX_WORLD_SIZE, merge_run, merge_traces
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "distributed")
 

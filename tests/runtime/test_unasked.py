@@ -13,6 +13,7 @@ import torch
 
 import ckpt_viz
 from ckpt_viz.errors import PhaseNotSetError
+from ckpt_viz.events import fields_of
 from ckpt_viz.runtime import backward_input, backward_weight, checkpoint, reentrant_checkpoint_scope, unasked
 from ckpt_viz.runtime.unasked import UnaskedAccumulationWarning
 
@@ -97,9 +98,10 @@ def test_recorded_runs_get_an_event_per_backward_and_one_warning_per_recording()
         assert len(caught) == 1
         events = rec.trace.of_kind("unasked_grads_accumulated")
         handles = [e.handle_id for e in rec.trace.of_kind("handle_created")]
-        assert [e.handle_id for e in events] == handles and [e.data["warned"] for e in events] == [True, False]
-        assert events[0].data == {"count": 4, "params": ["0.weight", "0.bias", "2.weight", "2.bias"],
-                                  "shapes": [[4, 4], [4], [4, 4], [4]], "function": "Sequential", "warned": True}
+        assert [e.handle_id for e in events] == handles and [e.warned for e in events] == [True, False]
+        assert fields_of(events[0]) == {"count": 4, "params": ("0.weight", "0.bias", "2.weight", "2.bias"),
+                                        "shapes": ((4, 4), (4,), (4, 4), (4,)), "function": "Sequential",
+                                        "warned": True}
         assert events[0].site.rsplit(":", 1)[0].endswith("test_unasked.py")  # the autograd.grad line
 
 
