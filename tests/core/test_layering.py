@@ -540,6 +540,7 @@ def test_all_is_sorted_and_lists_every_lazy_name() -> None:
     assert set(ckpt_viz._LAZY) <= set(names)
     # The TYPE_CHECKING block spells out the lazy names for type checkers: it must match _LAZY.
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
-    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in (getattr(n.test, "id", ""), getattr(n.test, "attr", "")))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in (getattr(n.test, "id", ""),
+                                                                         getattr(n.test, "attr", "")))
     spelled = {a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
     assert spelled == {**ckpt_viz._LAZY, **dict.fromkeys(ckpt_viz._SUBMODULES, "ckpt_viz")}
