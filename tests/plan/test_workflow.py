@@ -53,8 +53,8 @@ def _step(model: nn.Module, x: torch.Tensor) -> None:
 
 def test_profile_of_a_users_loop_inside_record_is_stored_and_predicts_its_runs(tmp_path: Path) -> None:
     model, x = _net()
-    seen: list[int] = []  # saved-tensor hooks below the profile's (a recording probe's) still see every tensor
-    with ckpt_viz.record(memory=True, model=model, tensors=(x,)) as rec, \
+    seen: list[int] = []  # saved-tensor hooks below the profile's still see every tensor
+    with ckpt_viz.record(model=model, tensors=(x,)) as rec, \
             torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(1) or t, lambda t: t):
         with plan.profiling(model, tensors=(x,)) as prof:
             _step(model, x)
@@ -76,6 +76,19 @@ def test_profile_of_a_users_loop_inside_record_is_stored_and_predicts_its_runs(t
             v = plan.verify(Policy(frozenset(blocks)), again, model=model, step=lambda: _step(model, x),
                             tensors=(x,), runtime=runtime)
             assert abs(v.error) <= 0.05, (blocks, runtime, v.words)
+
+
+def test_profiling_inside_a_memory_recording_is_refused_with_the_way_round() -> None:
+    # record(memory=True) reads the allocator through torch's profiler, and so does the plan: one at a time
+    model, x = _net()
+    with ckpt_viz.record(memory=True, model=model) as rec:
+        with pytest.raises(CkptVizError, match=r"one profiler at a time(.|\n)*Tip: .*ckpt_viz\.plan\.attach"):
+            with plan.profiling(model, tensors=(x,)):
+                _step(model, x)
+    with plan.profiling(model, tensors=(x,)) as prof:  # after the recording, as the tip says
+        _step(model, x)
+    plan.attach(rec.trace, prof.profile)
+    assert profile_of(rec.trace) == prof.profile
 
 
 def test_the_loops_own_checkpoints_are_suspended_for_the_profiled_step() -> None:
