@@ -37,10 +37,11 @@ NOTE [ Plan profile ]
      the last saved tensor, none in what follows) and of the profiled step. Each block counts the tensors its forward
      saved (`saved_count`), each excluded-region candidate likewise; with the replay costs of
      ckpt_viz/plan/calibrate.py (NOTE [ Replay cost ], stored in the profile) they give the recompute.
-  5. Inside `record(memory=True)`, whose memory probe keeps its own saved-tensor hooks, the
-     profile's hook notes each saved tensor and hands it on to the hooks that were on top when the
-     profile began (torch keeps one pair of hooks active, the innermost), so the recording still
-     sees what autograd saves.
+  5. Inside a `record()` that keeps saved-tensor hooks of its own, the profile's hook notes each
+     saved tensor and hands it on to the hooks that were on top when the profile began (torch keeps
+     one pair of hooks active, the innermost), so they still see what autograd saves. Inside
+     `record(memory=True)` the profile is refused: both read the allocator through torch's
+     profiler, and one runs at a time (ckpt_viz/plan/_alloc.py).
 """
 from __future__ import annotations
 
