@@ -70,7 +70,10 @@ def _errors(at: AppTest) -> list[str]:
     return [str(e.value) for e in at.exception] + [str(e.value) for e in at.error]
 
 
-def _visit_every_page(at: AppTest, pages: dict[str, str] = PAGES) -> None:
+VISITED = {**PAGES, "views/plan.py": "Plan"}  # and the Plan page, which has no cursor for bench_app to step
+
+
+def _visit_every_page(at: AppTest, pages: dict[str, str] = VISITED) -> None:
     for page, title in pages.items():
         at.switch_page(page).run()
         errors = [e for e in _errors(at) if page != "views/debugger.py" and page != "views/handles.py"] \
@@ -246,7 +249,9 @@ def test_moving_the_cursor_changes_what_the_pages_show() -> None:
     # Handles in order of first appearance: h_a, h_b, h_c, h_d (their ids depend on earlier recordings)
     assert list(_handle_table(at).values()) == ["released"] * 4
     _move(at, "first")
-    assert at.slider(key="cursor_slider").value == 0
+    assert at.slider(key="cursor_slider").value == 0  # the memory sample as the model's forward opens
+    assert list(_handle_table(at).values()) == ["not created yet"] * 4
+    _move(at, "next")  # the first checkpoint's handle
     assert list(_handle_table(at).values()) == ["recorded", "not created yet", "not created yet", "not created yet"]
     # Next replay: the first replay_started of the run; DX replays the last block first, every handle set to dx
     _move(at, "next_replay")
