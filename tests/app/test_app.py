@@ -136,9 +136,9 @@ def _shown_trace(at: AppTest) -> Trace:
 
 
 def _stable(trace: Trace) -> list[tuple]:
-    """Each event without its clock, thread and site: what a deterministic recording repeats (the site is the
-    first line outside ckpt_viz that made the call: the app's for its run, the test's for the one beside it)."""
-    common = set(EventBase.__struct_fields__) - {"t_ns", "thread_id", "site"}
+    """Each event without its clock and thread: what a deterministic recording repeats (its site too: a built-in
+    run's events name ckpt_viz's own step, whoever calls it, the app or a test; sites.py NOTE [ The user's line ])."""
+    common = set(EventBase.__struct_fields__) - {"t_ns", "thread_id"}
     return [(e.kind, {k: v for k, v in msgspec.structs.asdict(e).items() if k in common or k not in
                       EventBase.__struct_fields__}) for e in trace]
 
