@@ -109,6 +109,15 @@ def goto_page(page, label: str, title: str | None = None, *, pause_ms: int = 500
     settle(page, pause_ms=pause_ms)
 
 
+def pick_option(page, key: str, option: str) -> None:
+    """Pick `option` in the sidebar selectbox of widget key `key` (the caller waits for the run). The box is scrolled
+    into view first: the sidebar is taller than the window, and a box below the fold does not open its list."""
+    box = page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]')
+    box.scroll_into_view_if_needed()
+    box.click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
 def open_saved_trace(page, path: str) -> None:
     """Pick "Saved trace" by path in the sidebar and wait for the run."""
     sidebar = page.locator('[data-testid="stSidebar"]')

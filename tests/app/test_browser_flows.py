@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, cursor_text, goto_page, settle, shown_text
+from browser import CHROMIUM, cursor_text, goto_page, pick_option, settle, shown_text
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -37,9 +37,7 @@ def _picker(page):
 
 def _choose(page, key: str, option: str) -> None:
     """Pick `option` in the sidebar selectbox of widget key `key`, and wait for the run."""
-    box = page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]')
-    box.click()
-    page.get_by_role("option", name=option, exact=True).click()
+    pick_option(page, key, option)
     settle(page, 120_000)
 
 
@@ -51,7 +49,7 @@ def test_the_debugger_survives_the_broken_run_changed_twice_and_the_source_stays
     from playwright.sync_api import expect
 
     from ckpt_viz.analysis.diagnosis import diagnose
-    from ckpt_viz.run.broken import record_broken
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     page = browser_page
     page.locator('[data-testid="stSidebar"]').get_by_text("Broken runs to explore", exact=True).click()
@@ -65,7 +63,7 @@ def test_the_debugger_survives_the_broken_run_changed_twice_and_the_source_stays
         _no_exception(page, name)
         assert _picker(page).count() == 1, f"{name}: the source picker is gone"
         expect(page.get_by_role("heading", name="Debugger", exact=True)).to_be_visible()
-        findings = diagnose(record_broken(name))
+        findings = diagnose(obtain_trace(RunRequest("broken", name)))  # as the app records it: memory sampled
         radio = page.locator('[data-testid="stMain"] [data-testid="stRadio"]')
         for f in findings:  # the picker lists this run's findings, not the last run's
             expect(radio).to_contain_text(f.cause or f.summary)

@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
-from browser import CHROMIUM, CHROMIUM_ARGS, ROOT, goto_page, settle
+from browser import CHROMIUM, CHROMIUM_ARGS, ROOT, goto_page, pick_option, settle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -345,13 +345,7 @@ def _select(page, key: str, option: str, param: str) -> None:
     box = page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]')
     if box.locator("input").input_value() == option:
         return
-
-    def pick() -> None:
-        box.scroll_into_view_if_needed()  # the sidebar's last box opens its list only when in view
-        box.click()
-        page.get_by_role("option", name=option, exact=True).click()
-
-    _then(page, pick, lambda q: q.get(param) == option)
+    _then(page, lambda: pick_option(page, key, option), lambda q: q.get(param) == option)
 
 
 def _fill(page, key: str, text: str, param: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, cursor_text, goto_page, settle
+from browser import CHROMIUM, cursor_text, goto_page, pick_option, settle
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -29,9 +29,7 @@ def _view(page) -> tuple[str, str, str, str, str]:
 
 def _choose(page, key: str, option: str) -> None:
     """Pick `option` in the sidebar selectbox of widget key `key`, and wait for the run."""
-    box = page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]')
-    box.click()
-    page.get_by_role("option", name=option, exact=True).click()
+    pick_option(page, key, option)
     settle(page, 120_000)
 
 
