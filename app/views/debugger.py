@@ -5,13 +5,14 @@ from ckpt_viz.analysis.diagnosis import diagnose, replay_checks_note
 from ckpt_viz.render.graph import render_graph
 from ckpt_viz.render.swimlane import render_lifecycles
 from ckpt_viz.render.text import format_event
-from ui.cursor import cursor_bar, set_cursor
+from ui.cursor import cursor_bar, position_of, set_cursor
 from ui.graphview import show_svg
 from ui.runs import current
 from ui.show import show_chart, source_line
 from ui.text import md
 
 FINDING = "debug_finding"
+FINDING_RUN = "debug_finding_run"  # the run the choice was made on: a new run starts at its first finding
 
 
 def _label(findings: list, i: int) -> str:
@@ -30,8 +31,9 @@ def _follow(run, findings: list) -> None:
 run = current()
 st.title("Debugger")
 findings = diagnose(run.trace)
-if findings and st.session_state.get(FINDING) is not None and st.session_state[FINDING] >= len(findings):
-    st.session_state[FINDING] = 0  # another run has fewer findings
+if st.session_state.get(FINDING_RUN) != run.config:
+    st.session_state[FINDING_RUN] = run.config
+    st.session_state[FINDING] = 0  # a new run (its cursor at its first event): its first finding
 seq = cursor_bar(run)
 unchecked = replay_checks_note(run.trace)  # replays the sampled divergence checks skipped: never claim them clean
 if not findings:
@@ -51,9 +53,10 @@ i = st.radio("Findings", range(len(findings)), key=FINDING, format_func=lambda i
 f = findings[i or 0]
 at = f" (event #{f.seq})" if f.seq is not None else ""
 st.button(f"Move the cursor to this finding's event{at}", key="debug_goto", on_click=set_cursor,
-          args=(run, f.seq), disabled=f.seq is None or f.seq == seq)
+          args=(run, f.seq), disabled=f.seq is None or position_of(run, f.seq) == position_of(run, seq))
 
 st.error(f"**{md(f.cause or f.summary)}**")
+st.caption(f"Finding code: {md(f.code)}")
 st.subheader("What happened")
 st.code(f.explanation, language=None, wrap_lines=True)
 if f.site:
