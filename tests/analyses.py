@@ -54,6 +54,8 @@ def every_analysis(trace: Trace) -> dict[str, Any]:
         routing.routing_rows(trace, cursor)
         snapshot = routing.snapshot_before(trace, at)
         routing.handle_flow(snapshot, r.handles)
+        if snapshot is not None:
+            routing.reach_after(trace, snapshot, cursor)
         for h in r.handles[:4]:
             routing.input_words(trace, h, 0)
             routing.input_words(trace, h, 1, parameter=True)

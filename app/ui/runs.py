@@ -120,9 +120,9 @@ def load_run(config: RunConfig) -> Loaded:
 
 
 def run_key(config: RunConfig, name: str) -> str:
-    """The key of widget `name` for the run of `config`: a widget whose options are one run's own (its findings,
-    its handles) gets a key per run, so its value and its callback never reach another run's page (a picker
-    whose value outlived its run crashed the Debugger: issue 30)."""
+    """The key of widget `name` for the run of `config`: a widget whose options are one run's own (the Handles
+    page's handles) gets a key per run, so its value and its callback never reach another run's page (a picker
+    whose value outlived its run crashed the Debugger: issue 30; the Debugger resets its own for each new run)."""
     return f"{name}_{hashlib.sha1(repr(config).encode()).hexdigest()[:12]}"
 
 

@@ -39,6 +39,7 @@ class MemoryPeak:
         total: its bytes in all.
         by_category: its bytes by category.
         top: its three largest categories, largest first, as (category, bytes).
+        x: its place on the event axis (`MemoryFacts.x`).
     """
 
     seq: int
@@ -46,13 +47,21 @@ class MemoryPeak:
     total: int
     by_category: dict[str, int]
     top: tuple[tuple[str, int], ...]
+    x: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryFacts:
-    """Bytes by category at every sample of a run (or of one rank), in order."""
+    """Bytes by category at every sample of a run (or of one rank), in order.
+
+    `x` places each sample on the event axis: several samples share the seq of the event before them (module
+    boundaries, the allocator's high-water marks: ckpt_viz/recording.py NOTE rule 2), so the k-th of n samples
+    of seq s sits at s + k/n, in time order, between its event and the next; a chart drawn over x shows each
+    sample once, where a chart over seq would stack the samples of one event on each other.
+    """
 
     seqs: tuple[int, ...] = ()
+    x: tuple[float, ...] = ()
     t_ns: tuple[int, ...] = ()
     categories: tuple[str, ...] = ()  # measured somewhere, in `MEMORY_CATEGORIES` order
     by_category: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -106,9 +115,26 @@ def _facts(samples: list[MemorySample]) -> MemoryFacts:
     i = max(range(len(totals)), key=totals.__getitem__)
     reading: dict[str, int] = {c: by_category[c][i] for c in categories}
     top = tuple(sorted(((c, b) for c, b in reading.items() if b > 0), key=lambda cb: -cb[1])[:3])
-    peak = MemoryPeak(seq=samples[i].seq, t_ns=samples[i].t_ns, total=totals[i], by_category=reading, top=top)
-    return MemoryFacts(seqs=tuple(s.seq for s in samples), t_ns=tuple(s.t_ns for s in samples),
+    seqs = tuple(s.seq for s in samples)
+    x = _positions(seqs)
+    peak = MemoryPeak(seq=samples[i].seq, t_ns=samples[i].t_ns, total=totals[i], by_category=reading, top=top,
+                      x=x[i])
+    return MemoryFacts(seqs=seqs, x=x, t_ns=tuple(s.t_ns for s in samples),
                        categories=categories, by_category=by_category, totals=totals, peak=peak)
+
+
+def _positions(seqs: tuple[int, ...]) -> tuple[float, ...]:
+    """Each sample's place on the event axis: the k-th of n samples of one seq at seq + k/n."""
+    counts: dict[int, int] = {}
+    for s in seqs:
+        counts[s] = counts.get(s, 0) + 1
+    seen: dict[int, int] = {}
+    out = []
+    for s in seqs:
+        k = seen.get(s, 0)
+        seen[s] = k + 1
+        out.append(s + k / counts[s])
+    return tuple(out)
 
 
 def _summed(samples: list[MemorySample]) -> list[MemorySample]:

@@ -4,6 +4,7 @@ went, what DW released; and who feeds whom among the checkpoint regions.
     r = routing_at(trace, seq)      -> Routing(phase="dx", handles=(3, 2, 1, 0), targets={3: (0,)}, ...)
     routing_rows(trace, seq)        -> one row per handle of that pass, in words
     handle_flow(snapshot, handles)  -> [("loss", 3, True), (3, 2, True), ...]
+    reach_after(trace, snapshot)    -> Reach(dx={0, 1, ...}, dw={...}, missed_dw=(0, 1, 2))
 
 The backward passes themselves are `ckpt_viz.analysis.passes` (NOTE [ Backward passes ]). Standard
 library only; the drawing is `ckpt_viz.render.routing`.
@@ -23,6 +24,30 @@ NOTE [ The flow of DX ]
      dead end.
   2. Without a snapshot covering the pass's handles (graphs=False, a pipeline stage's own graph), the
      handles are chained in the order the pass reached them, drawn dashed.
+
+NOTE [ Reach that happened ]
+  1. A snapshot's `dx_reached` / `dw_reached` say what a DX / DW pass *would* reach, read from the graph
+     when the snapshot was taken, before the backward call it precedes. `reach_after(trace, snapshot, seq)`
+     says what the backward calls after it did reach, as of the cursor `seq`: the calls of its window, from
+     the snapshot to the next snapshot (or the end of the run).
+  2. Nodes of no handle keep the snapshot's flags; so do the nodes of a handle the trace never created (it
+     existed before the recording), of a non-reentrant frame that packed nothing (no unpack can show its
+     reach), of torch's own checkpoint (observed: it emits no routing) and of any other kind of handle.
+  3. A handle's nodes (its region and its backward trigger) were reached by DX (DW) when the window holds
+     the handle's DX (DW) work: a `grads_routed`, a release by the backward (`dw_complete`,
+     `ordinary_backward_complete`) or, for a non-reentrant frame, a `tensor_unpacked`; each counts in its
+     part of the step (`ckpt_viz.analysis.passes`: DX, DW, or B for both).
+  4. A window judges only what it was due to do for the handle. A split reentrant handle last set to phase
+     dw awaits DW; set to dx, DX until its DX ran, then DW (its DW call may forget to set the phase). Any
+     other handle (a split one still in phase ordinary too) awaits the parts the window's backward passes
+     ran (a full backward, B: both). So a pipeline's first stage, whose DX reaches nothing (its input needs
+     no gradient), is not blamed for it.
+  5. Nothing is judged before every backward pass of the window has ended at the cursor, nor in a window
+     without one: until then the snapshot's flags stand. A part awaited and not done is missed: its nodes
+     lose that flag. A flag is never added to a node the snapshot did not mark.
+  Example: tests/data/mistakes/missing-trigger. The snapshot before `torch.autograd.backward(loss,
+  inputs=params)` marks h0-h2's checkpoint nodes and triggers reached by DW; the call reached none of them
+  (no trigger among its inputs), so once it ended `missed_dw` is (0, 1, 2) and their nodes lose DW.
 """
 from __future__ import annotations
 
@@ -31,15 +56,16 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from ckpt_viz.analysis._cache import derived
 from ckpt_viz.analysis.handles import created_events
 from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.analysis.passes import passes
 from ckpt_viz.analysis.words import reason_word
-from ckpt_viz.events import GradsRouted, Released
+from ckpt_viz.events import GradsRouted, PhaseSet, Released
 from ckpt_viz.trace import GraphSnapshot, Trace
 
-__all__ = ["Routing", "handle_flow", "input_words", "no_pass_words", "pass_title", "routing_at", "routing_rows",
-           "snapshot_before", "snapshot_relation"]
+__all__ = ["Reach", "Routing", "handle_flow", "input_words", "no_pass_words", "pass_title", "reach_after", "routing_at",
+           "routing_rows", "snapshot_before", "snapshot_relation"]
 
 _PHASE_TITLE = {"dx": "DX pass (input grads)", "dw": "DW pass (weight grads)", "ordinary": "full backward"}
 
@@ -308,3 +334,104 @@ def snapshot_relation(trace: Trace, seq: int) -> str:
                 "taken by then")
     return (f"taken at seq {snapshot.seq}, {seq - snapshot.seq:,} seqs before the cursor (seq {seq}): the last one by "
             "then")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reach:
+    """What the backward calls after a graph snapshot reached, as of a cursor (NOTE [ Reach that happened ]).
+
+    Attributes:
+        dx / dw: the ids of the snapshot's nodes reached by DX (input grads) / by DW (weight grads).
+        missed_dx / missed_dw: the handles whose DX / DW the snapshot's flags promised and the run did not do.
+    """
+
+    dx: frozenset[Any]
+    dw: frozenset[Any]
+    missed_dx: tuple[int, ...] = ()
+    missed_dw: tuple[int, ...] = ()
+
+
+_DONE: dict[str, frozenset[str]] = {"DX": frozenset(("dx",)), "DW": frozenset(("dw",)), "B": frozenset(("dx", "dw"))}
+_REACHING_RELEASES = frozenset(("dw_complete", "ordinary_backward_complete"))
+
+
+def _work(trace: Trace) -> dict[str, Any]:
+    """Per handle, its backward work (rule 3) as (seq, parts done) and its phases as (seq, phase); the handles
+    that packed a tensor."""
+    def build(t: Trace) -> dict[str, Any]:
+        step = passes(t)
+        work: dict[int, list[tuple[int, frozenset[str]]]] = {}
+        phases: dict[int, list[tuple[int, str]]] = {}
+        packed: set[int] = set()
+        for i, e in enumerate(t.events):
+            h = e.handle_id
+            if h is None:
+                continue
+            if e.kind == "tensor_packed":
+                packed.add(h)
+            elif isinstance(e, PhaseSet):
+                phases.setdefault(h, []).append((e.seq, e.new))
+            elif isinstance(e, GradsRouted) or e.kind == "tensor_unpacked" or (
+                    isinstance(e, Released) and e.reason in _REACHING_RELEASES):
+                done = _DONE.get(step.of_event[i])
+                if done:
+                    work.setdefault(h, []).append((e.seq, done))
+        return {"work": work, "phases": phases, "packed": packed}
+    return derived(trace, "reach_work", build)
+
+
+def reach_after(trace: Trace, snapshot: GraphSnapshot, seq: int | None = None) -> Reach:
+    """Which of `snapshot`'s nodes the backward calls after it did reach by DX and by DW, as of `seq`.
+
+    See NOTE [ Reach that happened ]: a handle's nodes keep a flag only if the handle's DX (DW) ran when it was
+    due; every other node keeps the snapshot's flags.
+
+    Args:
+        trace: the run the snapshot belongs to.
+        snapshot: one of `trace.graphs` (e.g. `snapshot_before(trace, seq)`).
+        seq: the cursor (None: the end of the run).
+
+    Returns:
+        The nodes reached by DX and by DW, and the handles whose DX / DW was missed.
+    """
+    dx = {n.id for n in snapshot.nodes if n.dx_reached}
+    dw = {n.id for n in snapshot.nodes if n.dw_reached}
+    kept = Reach(dx=frozenset(dx), dw=frozenset(dw))
+    step = passes(trace)
+    end = min((g.seq for g in trace.graphs if g.seq > snapshot.seq), default=None)
+    window = [b for b in step.backwards if b.start_seq >= snapshot.seq and (end is None or b.start_seq < end)]
+    if not window or (seq is not None and max(b.end_seq for b in window) > seq):  # rule 5
+        return kept
+    ran: set[str] = set()
+    for b in window:
+        for i in b.positions:
+            ran |= _DONE.get(step.of_event[i], frozenset())
+    facts = _work(trace)
+    created = created_events(trace)
+    missed: dict[str, set[int]] = {"dx": set(), "dw": set()}
+    for h in {n.handle_id for n in snapshot.nodes if n.handle_id is not None}:
+        c = created.get(h)
+        if c is None or c.runtime != "ckpt_viz" or c.mode not in ("reentrant", "nonreentrant") or (
+                c.mode == "nonreentrant" and h not in facts["packed"]):  # rule 2
+            continue
+        work = facts["work"].get(h, ())
+        before = {p for s, done in work if s < snapshot.seq for p in done}
+        inside = {p for s, done in work if s >= snapshot.seq and (end is None or s < end) for p in done}
+        phase = next((new for s, new in reversed(facts["phases"].get(h, ())) if s < snapshot.seq), "ordinary")
+        if c.mode == "reentrant" and c.split and phase == "dw":  # rule 4
+            due = {"dw"}
+        elif c.mode == "reentrant" and c.split and phase == "dx":
+            due = {"dx"} if "dx" not in before else {"dw"}
+        else:
+            due = ran
+        for part in due - inside:
+            missed[part].add(h)
+    if not missed["dx"] and not missed["dw"]:
+        return kept
+    for n in snapshot.nodes:
+        if n.handle_id in missed["dx"]:
+            dx.discard(n.id)
+        if n.handle_id in missed["dw"]:
+            dw.discard(n.id)
+    return Reach(dx=frozenset(dx), dw=frozenset(dw), missed_dx=tuple(sorted(missed["dx"])),
+                 missed_dw=tuple(sorted(missed["dw"])))

@@ -1,8 +1,9 @@
 """Graph snapshots as `graphviz.Digraph`: the annotated checkpoint view and torchviz's own view.
 
 Each renderer takes the trace and the cursor and draws what `ckpt_viz.analysis` says about them:
-the snapshot shown at the cursor (`analysis.routing.snapshot_before`), each region's handle state
-(`analysis.lifecycle.region_states`) and the refused replays (`analysis.lifecycle.refused_handles`).
+the snapshot shown at the cursor (`analysis.routing.snapshot_before`), what DX and DW did reach of it
+(`analysis.routing.reach_after`), each region's handle state (`analysis.lifecycle.region_states`) and
+the refused replays (`analysis.lifecycle.refused_handles`).
 Colours come from `ckpt_viz.render.palette`, words from `ckpt_viz.analysis.words`;
 `ckpt_viz.render.svg` draws the SVG. Never torch or a UI.
 
@@ -20,7 +21,8 @@ NOTE [ Collapsing repeated blocks ]
      its backward trigger and its zero-size dummy input.
   2. Two regions are identical when their nodes and satellites have the same
      kinds, names (digits ignored: blocks.3.fc1 == blocks.7.fc1) and shapes, they
-     have as many internal edges, and they are in the same state.
+     have as many internal edges, they are in the same state, and the run missed
+     the same parts of their reach (`analysis.routing.reach_after`).
   3. When the graph is big (more than `collapse_above` nodes, or more than
      `collapse_regions_above` regions), each run of at least `min_repeat` identical regions
      with consecutive handle ids keeps its first region drawn in full (what the run
@@ -38,7 +40,7 @@ import graphviz
 
 from ckpt_viz.analysis.handles import handle_labels
 from ckpt_viz.analysis.lifecycle import refused_handles, region_states
-from ckpt_viz.analysis.routing import snapshot_before, snapshot_relation
+from ckpt_viz.analysis.routing import Reach, reach_after, snapshot_before, snapshot_relation
 from ckpt_viz.analysis.words import phase_word, state_word
 from ckpt_viz.render.palette import ACTION_COLOURS, CATEGORY_COLOURS, CURSOR_COLOUR, MARK_COLOURS, STATE_FILLS
 from ckpt_viz.trace import GraphNode, GraphSnapshot, Trace
@@ -89,7 +91,8 @@ GRAPH_LEGEND = "\n".join([
     "grey dashed released, red dashed collected. A dark red border: its replay was refused;",
     "a magenta border: the handle picked elsewhere (Debugger).",
     "Brown dashed box inside a region: an excluded region, kept from the forward and not recomputed.",
-    "Edges: blue reached by DX (input grads), orange reached by DW (weight grads), purple both, grey neither.",
+    "Edges: blue reached by DX (input grads), orange reached by DW (weight grads), purple both, grey neither;",
+    "a handle whose DX or DW the backward after the snapshot skipped is not coloured for it.",
     "Folder \"Block xN\": N more regions identical to the one drawn in full before them, as one node.",
 ])
 TORCHVIZ_LEGEND = "\n".join([
@@ -175,6 +178,7 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
         return None
     states = region_states(trace, snapshot, seq)
     names = handle_labels(trace)
+    reach = reach_after(trace, snapshot, seq)
     nodes = list(snapshot.nodes)
     edges = _edges(snapshot, nodes)
     regions = _regions(nodes)
@@ -184,7 +188,7 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
     blocks: list[tuple[list[int], int]] = []  # (handle ids, nodes per region)
     big = len(nodes) > collapse_above or len(regions) > collapse_regions_above
     if collapse and big and len(regions) >= min_repeat:
-        block_of, blocks = _collapse(nodes, edges, regions, states, min_repeat, keep)
+        block_of, blocks = _collapse(nodes, edges, regions, states, min_repeat, keep, reach)
     collapsed = {h for handles, _ in blocks for h in handles}
 
     where = snapshot_relation(trace, end) if snapshot is snapshot_before(trace, end) else f"taken at seq {snapshot.seq}"
@@ -195,10 +199,10 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
     for h in sorted(regions):
         if h not in collapsed:
             _region(graph, h, names.get(h), nodes, regions[h], states.get(h, "recorded"), h in refused,
-                    h == highlight)
+                    h == highlight, reach)
     for i, n in enumerate(nodes):
         if _region_of(n) is None and i not in block_of:
-            _node(graph, i, n)
+            _node(graph, i, n, reach)
     for k, (handles, size) in enumerate(blocks):
         state = states.get(handles[0], "recorded")
         first, last = names.get(handles[0]), names.get(handles[-1])
@@ -208,7 +212,7 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
                                             f"{size} nodes each, like h{handles[0] - 1}"),
                    shape=_NODE_SHAPES["block"], fillcolor=REGION_FILLS.get(state, NODE_COLOURS["block"]),
                    tooltip=dot_text(", ".join(f"h{h}" for h in handles)))
-    _edge_lines(graph, nodes, edges, block_of)
+    _edge_lines(graph, nodes, edges, block_of, reach)
     return graph
 
 
@@ -227,7 +231,7 @@ def collapse_runs(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsh
         return []
     kept = set(keep) | set(refused_handles(trace, seq))
     _, blocks = _collapse(nodes, _edges(snapshot, nodes), regions, region_states(trace, snapshot, seq), min_repeat,
-                          kept)
+                          kept, reach_after(trace, snapshot, seq))
     return [handles for handles, _ in blocks]
 
 
@@ -250,7 +254,7 @@ def _regions(nodes: list[GraphNode]) -> dict[int, list[int]]:
 
 
 def _region(graph: graphviz.Digraph, h: int, name: str | None, nodes: list[GraphNode], members: list[int],
-            state: str, refused: bool, highlight: bool) -> None:
+            state: str, refused: bool, highlight: bool, reach: Reach) -> None:
     style = "filled,dashed" if state in _DASHED_STATES else "filled,rounded"
     head = ("▶ " if highlight else "") + f"h{h}" + (f" · {name}" if name else "")
     words = state_word(state) + (" · replay refused" if refused else "")
@@ -267,14 +271,14 @@ def _region(graph: graphviz.Digraph, h: int, name: str | None, nodes: list[Graph
             if exclude is not None:
                 excluded.setdefault(exclude, []).append(i)
             else:
-                _node(cluster, i, nodes[i])
+                _node(cluster, i, nodes[i], reach)
         for x, inner in excluded.items():  # an excluded region inside the checkpoint: kept, not recomputed
             with cluster.subgraph(name=f"cluster_x{x}_h{h}") as box:
                 box.attr(label=dot_text(f"excluded region {x} · kept, not recomputed"), style="filled,dashed",
                          fillcolor=EXCLUDED_FILL, color=CATEGORY_COLOURS["excluded_outputs"], penwidth="2",
                          fontcolor=CATEGORY_COLOURS["excluded_outputs"])
                 for i in inner:
-                    _node(box, i, nodes[i])
+                    _node(box, i, nodes[i], reach)
 
 
 # The legend lives in the docstring (pytorchviz style) and in GRAPH_LEGEND, the app's caption.
@@ -282,11 +286,11 @@ render_graph.__doc__ = (render_graph.__doc__ or "").rstrip() + "\n" + "".join(
     f"        {line}\n" for line in GRAPH_LEGEND.splitlines()) + "    "
 
 
-def _node(graph: graphviz.Digraph, i: int, node: GraphNode) -> None:
+def _node(graph: graphviz.Digraph, i: int, node: GraphNode, reach: Reach) -> None:
     kind = node.kind
     owner = f" · h{node.handle_id}" if node.handle_id is not None else ""
     owner += f" · excluded region {node.exclude}" if node.exclude is not None else ""
-    reached = f" · dx {'yes' if node.dx_reached else 'no'} · dw {'yes' if node.dw_reached else 'no'}"
+    reached = f" · dx {'yes' if node.id in reach.dx else 'no'} · dw {'yes' if node.id in reach.dw else 'no'}"
     graph.node(f"n{i}", label=_label(node), shape=_NODE_SHAPES.get(kind, "box"),
                fillcolor=NODE_COLOURS.get(kind, NODE_COLOURS["backward"]),
                style="filled,rounded" if kind == "leaf" else "filled", tooltip=dot_text(f"{node.name} · {kind}{owner}"
@@ -294,7 +298,7 @@ def _node(graph: graphviz.Digraph, i: int, node: GraphNode) -> None:
 
 
 def _edge_lines(graph: graphviz.Digraph, nodes: list[GraphNode], edges: list[tuple[int, int]],
-                block_of: dict[int, int]) -> None:
+                block_of: dict[int, int], reach: Reach) -> None:
     merged: dict[tuple[str, str], list[bool]] = {}
     for s, d in edges:
         src = f"block{block_of[s]}" if s in block_of else f"n{s}"
@@ -302,16 +306,16 @@ def _edge_lines(graph: graphviz.Digraph, nodes: list[GraphNode], edges: list[tup
         if src == dst:
             continue
         flags = merged.setdefault((src, dst), [False, False])
-        flags[0] |= nodes[s].dx_reached and nodes[d].dx_reached
-        flags[1] |= nodes[s].dw_reached and nodes[d].dw_reached
+        flags[0] |= nodes[s].id in reach.dx and nodes[d].id in reach.dx
+        flags[1] |= nodes[s].id in reach.dw and nodes[d].id in reach.dw
     for (src, dst), (dx, dw) in merged.items():
         kind = _edge_kind(dx, dw)
         graph.edge(src, dst, color=EDGE_COLOURS[kind], penwidth="1.6" if kind != "none" else "1.0")
 
 
 def _collapse(nodes: list[GraphNode], edges: list[tuple[int, int]], regions: dict[int, list[int]],
-              states: Mapping[int, str], min_repeat: int,
-              keep: set[int]) -> tuple[dict[int, int], list[tuple[list[int], int]]]:
+              states: Mapping[int, str], min_repeat: int, keep: set[int],
+              reach: Reach) -> tuple[dict[int, int], list[tuple[list[int], int]]]:
     """See NOTE [ Collapsing repeated blocks ]."""
     member_of = {i: h for h, members in regions.items() for i in members}
     parents: dict[int, set[Any]] = {}
@@ -336,7 +340,7 @@ def _collapse(nodes: list[GraphNode], edges: list[tuple[int, int]], regions: dic
     def signature(h: int) -> tuple[Any, ...]:
         items = sorted((nodes[i].kind, _DIGITS.sub("#", nodes[i].name), tuple(nodes[i].shape or ()))
                        for i in [*regions[h], *satellites[h]])
-        return (states.get(h), internal[h], tuple(items))
+        return (states.get(h), h in reach.missed_dx, h in reach.missed_dw, internal[h], tuple(items))
 
     block_of: dict[int, int] = {}
     blocks: list[tuple[list[int], int]] = []

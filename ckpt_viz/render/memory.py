@@ -64,7 +64,8 @@ def _shown(facts: MemoryFacts) -> list[str]:
 
 
 def memory_series(trace: Trace, *, max_points: int = 2000, categories: list[str] | None = None) -> list[dict[str, Any]]:
-    """Rows {seq, category, bytes} for a stacked chart, at most `max_points` samples (NOTE [ Samples drawn ]).
+    """Rows {seq, x, category, bytes} for a stacked chart, at most `max_points` samples (NOTE [ Samples drawn ]);
+    `x` is the sample's place on the event axis (`MemoryFacts.x`).
 
     Args:
         categories: only these; default every category that is non-zero somewhere.
@@ -73,7 +74,7 @@ def memory_series(trace: Trace, *, max_points: int = 2000, categories: list[str]
     if categories is None:
         categories = _shown(facts)
     picked = drawn_samples(facts.totals, max_points)
-    return [{"seq": facts.seqs[i], "category": c, "bytes": facts.by_category[c][i]}
+    return [{"seq": facts.seqs[i], "x": facts.x[i], "category": c, "bytes": facts.by_category[c][i]}
             for i in picked for c in categories if c in facts.by_category]
 
 
@@ -214,7 +215,7 @@ def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Layer
     top = peak.total if peak else 0
     words = [category_word(c) for c in categories]
     area = alt.Chart(rows_data(rows)).mark_area(interpolate="step-after").encode(
-        x=alt.X("seq:Q", title="event seq", scale=x_scale),
+        x=alt.X("x:Q", title="event seq", scale=x_scale),
         y=bytes_y("bytes", top, stack="zero"),
         color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
             domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories])),
@@ -228,9 +229,9 @@ def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Layer
     layers.append(area)
     layers.append(_hover_columns(trace, drawn_samples(facts.totals, _MAX_HOVER), categories, x_scale, top))
     if peak is not None:
-        mark = rows_data([{"seq": peak.seq, "bytes": peak.total, "label": _peak_text(peak)}])
+        mark = rows_data([{"seq": peak.seq, "x": peak.x, "bytes": peak.total, "label": _peak_text(peak)}])
         layers.append(alt.Chart(mark).mark_point(color=palette.PEAK_COLOUR, filled=True, size=60).encode(
-            x=alt.X("seq:Q"), y=alt.Y("bytes:Q"), tooltip=[alt.Tooltip("label:N")]))
+            x=alt.X("x:Q"), y=alt.Y("bytes:Q"), tooltip=[alt.Tooltip("label:N")]))
     if rule is not None:
         layers.append(rule)
     # The peak's contributors go in the subtitle: a label next to the point would run over the legend.
@@ -243,11 +244,12 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
     """One transparent column per drawn sample, up to the next one: its tooltip explains the sample, a click
     selects its seq (CURSOR_PICK), the pointer lights it."""
     facts = memory(trace)
-    seqs = facts.seqs
+    seqs, xs = facts.seqs, facts.x
     end = trace.events[-1].seq + 1 if trace.events else (seqs[-1] + 1 if seqs else 1)
     rows = []
     for k, i in enumerate(picked):
-        row = {"seq": seqs[i], "next": seqs[picked[k + 1]] if k + 1 < len(picked) else max(end, seqs[i] + 1),
+        after = xs[picked[k + 1]] if k + 1 < len(picked) else max(end, xs[i] + 1)
+        row = {"seq": seqs[i], "x": xs[i], "next": after,
                "zero": 0, "top": top or 1, "total": format_bytes(facts.totals[i]), "at": _event_word(trace, seqs[i]),
                "pass": _part_at(trace, seqs[i]) if trace.events else ""}
         row.update({f"c{j}": format_bytes(facts.by_category[c][i]) for j, c in enumerate(categories)})
@@ -258,7 +260,7 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
                alt.Tooltip("pass:N", title="part of the step"), alt.Tooltip("total:N", title="total")]
     tooltip += [alt.Tooltip(f"c{j}:N", title=category_word(c)) for j, c in enumerate(categories)]
     return alt.Chart(rows_data(rows)).mark_rect(color=palette.PEAK_COLOUR, clip=True).encode(
-        x=alt.X("seq:Q", scale=x_scale), x2=alt.X2("next"), y=alt.Y("zero:Q"), y2=alt.Y2("top"), tooltip=tooltip,
+        x=alt.X("x:Q", scale=x_scale), x2=alt.X2("next"), y=alt.Y("zero:Q"), y2=alt.Y2("top"), tooltip=tooltip,
         opacity=alt.OpacityValue(0.001, condition={"param": hover.name, "value": 0.08}),
     ).add_params(hover, pick)
 
@@ -367,13 +369,13 @@ def render_rank_memory(trace: Trace, *, cursor: int | None = None, max_points: i
         top = max((f.peak.total for f in facts.values() if f.peak), default=0)
         events = trace.events
         lo, hi = (events[0].seq, events[-1].seq) if events else (0, 1)
-        x = alt.X("seq:Q", title="event seq", scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False, zero=False))
+        x = alt.X("x:Q", title="event seq", scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False, zero=False))
         y = bytes_y("bytes", top, stack="zero").scale(domain=[0, max(top, 1)])
         panels = []
         for rank, f in facts.items():
             order = {c: i for i, c in enumerate(categories)}
-            rows = [{"seq": f.seqs[i], "what": category_word(c), "order": order[c], "bytes": f.by_category[c][i],
-                     "size": format_bytes(f.by_category[c][i])}
+            rows = [{"seq": f.seqs[i], "x": f.x[i], "what": category_word(c), "order": order[c],
+                     "bytes": f.by_category[c][i], "size": format_bytes(f.by_category[c][i])}
                     for i in drawn_samples(f.totals, max_points) for c in categories if c in f.by_category]
             area = alt.Chart(rows_data(rows)).mark_area(interpolate="step-after").encode(
                 x=x, y=y, color=colour, order=alt.Order("order:Q"),

@@ -60,9 +60,8 @@ def _plain(markdown: str) -> str:
 
 
 def _finding_picker(at: AppTest):
-    """The Debugger's finding picker: one per run (its key is `ui.runs.run_key(config, "debug_finding")`)."""
-    (radio,) = [r for r in at.radio if (r.key or "").startswith("debug_finding_")]
-    return radio
+    """The Debugger's finding picker (its value is reset to the first finding for each new run)."""
+    return at.radio(key="debug_finding")
 
 
 def _position(at: AppTest) -> int:
@@ -173,3 +172,27 @@ def test_a_clean_run_whose_replays_were_sampled_says_how_many_were_not_checked(
                                "the run.")
     (warning,) = [_plain(w.value) for w in at.warning]
     assert "0 of 1 checkpointed runs checked" in warning and "1 not checked" in warning and "checks('all')" in warning
+
+
+def test_a_new_run_starts_at_its_first_finding_and_names_its_code() -> None:
+    """The finding chosen on one run is not carried to the next one (whose cursor starts at its first event)."""
+    from ckpt_viz import Trace
+
+    corpus = ROOT / "tests" / "data" / "mistakes"
+    first, second = corpus / "rank-killed-sigkill.json.gz", corpus / "rank-killed-sigterm.json.gz"
+    assert [len(diagnose(Trace.load(p))) for p in (first, second)] == [2, 2]
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["src_kind"] = "Saved trace"
+    at.session_state["src_trace_how"] = "Path"
+    at.session_state["src_trace_path"] = str(first)
+    at.run()
+    at.switch_page("views/debugger.py").run()
+    assert not at.exception, at.exception
+    at.radio(key="debug_finding").set_value(1).run()
+    assert not at.exception, at.exception
+    assert any(c.value == "Finding code: run\\_partial" for c in at.caption)
+    at.session_state["src_trace_path"] = str(second)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.radio(key="debug_finding").value == 0 and _position(at) == 0
+    assert any(c.value == "Finding code: error\\_raised" for c in at.caption)

@@ -7,6 +7,7 @@ from typing import Any
 
 from ckpt_viz.analysis.memory import memory, memory_table, other_note
 from ckpt_viz.analysis.words import CATEGORY_MEANINGS, category_word, format_bytes
+from ckpt_viz.events import MemorySampled
 from ckpt_viz.render import palette
 from ckpt_viz.render.memory import CURSOR_PICK, memory_series, render_memory, render_peaks
 from ckpt_viz.trace import MemorySample, Trace
@@ -40,11 +41,27 @@ def test_series_has_one_row_per_sample_and_non_zero_category() -> None:
     rows = memory_series(trace)
     categories = ["parameters", "gradients", "activations", "checkpoint_inputs", "replay_activations"]
     assert rows[:len(categories)] == [
-        {"seq": 0, "category": c, "bytes": {"parameters": 2048}.get(c, 0)} for c in categories]
+        {"seq": 0, "x": 0.0, "category": c, "bytes": {"parameters": 2048}.get(c, 0)} for c in categories]
     assert len(rows) == len(trace.memory) * len(categories)
     at_14 = {r["category"]: r["bytes"] for r in rows if r["seq"] == 14}
     assert at_14 == {"parameters": 2048, "gradients": 0, "activations": 0, "checkpoint_inputs": 256,
                      "replay_activations": 1024}
+
+
+def test_samples_of_one_event_are_drawn_side_by_side_not_stacked() -> None:
+    # Several samples share the seq of the event before them (module boundaries, high-water marks): each gets
+    # its own place on the event axis, in time order, so the stacked area never piles one on another.
+    trace = Trace(events=[MemorySampled(seq=0, t_ns=0, at="Net forward"), MemorySampled(seq=1, t_ns=9, at="x")],
+                  memory=[MemorySample(seq=0, t_ns=t, bytes_by_category={"activations": b})
+                          for t, b in ((1, 10), (2, 30), (3, 20))] + [
+                      MemorySample(seq=1, t_ns=9, bytes_by_category={"activations": 5})])
+    facts = memory(trace)
+    assert facts.x == (0.0, 1 / 3, 2 / 3, 1.0) and facts.peak is not None and facts.peak.x == 1 / 3
+    rows = memory_series(trace)
+    assert [(r["x"], r["bytes"]) for r in rows] == [(0.0, 10), (1 / 3, 30), (2 / 3, 20), (1.0, 5)]
+    spec = render_memory({"t": trace}).to_dict()
+    area = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "area")
+    assert area["encoding"]["x"]["field"] == "x"
 
 
 def test_peak_names_the_top_three_contributors() -> None:
@@ -75,7 +92,7 @@ def test_single_trace_chart_parameters_at_the_base_in_the_palette_with_passes_cu
     spec = chart.to_dict()  # validates against the Vega-Lite schema
     (area,) = _by_mark(chart, "area")
     rows = area.data.values
-    assert [{k: r[k] for k in ("seq", "category", "bytes")} for r in rows] == memory_series(trace)
+    assert [{k: r[k] for k in ("seq", "x", "category", "bytes")} for r in rows] == memory_series(trace)
     # Parameters are the base band (stacked first), every category in its palette colour and word.
     assert {r["order"] for r in rows if r["category"] == "parameters"} == {0}
     assert all(r["what"] == category_word(r["category"]) for r in rows)

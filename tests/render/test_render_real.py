@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ckpt_viz.analysis.diagnosis import diagnose
+from ckpt_viz.analysis.handles import handle_labels
 from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.analysis.memory import memory
 from ckpt_viz.analysis.passes import passes
@@ -58,11 +59,15 @@ def test_states_after_dx_are_retained_and_after_dw_released(split: Trace) -> Non
 
 def test_graph_snapshots_render_with_their_regions(split: Trace) -> None:
     life = lifecycle(split)
+    names = {h: f"blocks.{block}" for block, h in enumerate(sorted(split.handle_ids()))}
+    assert handle_labels(split) == names
     assert [g.label for g in split.graphs] == ["before autograd.grad #1", "before autograd.backward #2"]
     for snapshot in split.graphs:
         states = life.states_at(snapshot.seq)
         dot = render_graph(split, snapshot.seq).source
-        assert _labels(dot) == {f"cluster_h{h}": f"h{h} · {state_word(states[h])}" for h in split.handle_ids()}
+        # "h<id> · <module>" over the state word (a DOT line break)
+        assert _labels(dot) == {f"cluster_h{h}": f"h{h} · {names[h]}\\n{state_word(states[h])}"
+                                for h in split.handle_ids()}
         assert "<svg" in dot_svg(dot) and "<svg" in dot_svg(render_torchviz_view(split, snapshot.seq).source)
     assert set(life.states_at(split.graphs[1].seq).values()) == {"retained"}  # DW snapshot: replays kept by DX
     # The retained replays are drawn inside their regions: each holds its block's fc1.weight.
@@ -181,6 +186,9 @@ def test_a_recorded_twelve_block_model_collapses_to_one_block() -> None:
     collapsed = render_graph(trace, seq).source
     assert len(trace.graphs[1].nodes) > 100
     assert full.count("subgraph cluster_h") == 12
-    assert "Block x12" in collapsed and "cluster_h" not in collapsed
-    assert collapsed.count(" [label=") < full.count(" [label=") // 10
+    # NOTE [ Collapsing repeated blocks ], rule 3: the first region stays drawn in full, the other 11 are one node
+    first = min(trace.handle_ids())
+    assert re.findall(r"subgraph (cluster_h\d+)", collapsed) == [f"cluster_h{first}"]
+    assert "Block x11" in collapsed
+    assert collapsed.count(" [label=") < 2 * full.count(" [label=") // 12
     assert "<svg" in dot_svg(collapsed)

@@ -43,7 +43,7 @@ def second_backward() -> object:
 
     model = _model()
     x = torch.randn(4, 8, requires_grad=True)
-    with ckpt_viz.record(model=model) as rec:
+    with ckpt_viz.record(model=model, graphs=True) as rec:
         h = x
         for block in model:
             h = checkpoint(block, h, use_reentrant=True)
@@ -65,7 +65,7 @@ def forgotten_handles() -> object:
     model = _model()
     params = list(model.parameters())
     x = torch.randn(4, 8, requires_grad=True)
-    with ckpt_viz.record(model=model) as rec:
+    with ckpt_viz.record(model=model, graphs=True) as rec:
         with reentrant_checkpoint_scope(params) as handles:
             h = x
             for block in model:
@@ -85,7 +85,7 @@ def missing_trigger() -> object:
     model = _model()
     params = list(model.parameters())
     x = torch.randn(4, 8, requires_grad=True)
-    with ckpt_viz.record(model=model) as rec:
+    with ckpt_viz.record(model=model, graphs=True) as rec:
         with reentrant_checkpoint_scope(params) as handles:
             h = x
             for block in model:
@@ -106,7 +106,7 @@ def torch_checkpoint_grad() -> object:
 
     model = _model()
     x = torch.randn(4, 8, requires_grad=True)
-    with ckpt_viz.record(model=model) as rec:
+    with ckpt_viz.record(model=model, graphs=True) as rec:
         h = x
         for block in model:  # the mistake: torch's reentrant checkpoint inside a pipeline stage
             h = torch_checkpoint(block, h, use_reentrant=True)
