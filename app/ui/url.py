@@ -29,6 +29,10 @@ NOTE [ The URL holds the view ]
      history entry), and remembers the URL it wrote. Parameters it does not own (`vs`) stay; a page writes
      its own through `set_param`, which remembers them too.
   4. A new source puts the cursor at 0 (NOTE [ State that survives page changes ] in cursor.py, rule 3).
+  5. A run with no source to show yet (an upload being replaced: the uploader reruns once without a file, then
+     with the new one) writes nothing when the URL already names that kind of source. Were it to write, the
+     next run could start from a request that left before the write reached the browser: `restore` would take
+     that URL, the app's own, for a link, and give the new run the old run's cursor.
 """
 from __future__ import annotations
 
@@ -157,6 +161,8 @@ def publish(config: RunConfig | None) -> None:
     if pending is not None and pending[0] is None:  # the URL's cursor is for this run, the one it named
         st.session_state[_PENDING] = (config, pending[1])
     params = st.query_params.to_dict()
+    if config is None and _source_params(params) == _params_of(None):  # rule 5: no run yet, the same source
+        return
     view = {**_params_of(config), **({"cursor": cursor} if (cursor := _cursor_of(config)) is not None else {})}
     kept = {k: v for k, v in params.items() if k not in _SOURCE_PARAMS and k != "cursor"}  # `vs` stays
     _write({**kept, **view})

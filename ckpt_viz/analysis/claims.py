@@ -8,7 +8,7 @@ are `ckpt_viz.analysis.compare`'s.
 
     replay_claim(trace)           -> "Backward recomputed one block at a time: 4 replays of 4 handles, ..."
     peak_claim(trace)             -> "Memory peaked at 1.4 MiB at seq 40, in DX (input grads); ..."
-    outcome_claim(trace)          -> "No problem found: 0 refused replays, 0 errors; 4 of 4 handles released ..."
+    outcome_claim(trace)          -> "No problem found in this run: 0 refused replays, 0 errors; 4 of 4 handles ..."
     run_claims(trace)             -> the Overview's list: (replay_claim, peak_claim) that apply
     passes_claim(trace)           -> "3 backward passes: 1 DX pass (4 replays), 1 DW pass (no replay; 4 released)"
     held_at_peak_claim(trace)     -> "At the peak (seq 40) 4 replays were held at once: h0, h1, h2, h3." or None
@@ -84,7 +84,7 @@ def outcome_claim(trace: Trace) -> str:
     """How the run ended in figures (`summary`): refused replays, errors, and the handles' end states; "No problem
     found" only when the diagnosis found none."""
     s = summary(trace)
-    head = "No problem found" if not s.findings else f"{_plural(len(s.findings), 'problem')} found"
+    head = ("No problem found" if not s.findings else f"{_plural(len(s.findings), 'problem')} found") + " in this run"
     counts = f"{_plural(s.refused, 'refused replay')}, {_plural(s.errors, 'error')}"
     if not s.handles:
         return f"{head}: {counts}; no checkpoint handle."

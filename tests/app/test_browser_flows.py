@@ -176,7 +176,11 @@ def test_no_cancel_button_is_left_after_a_sandboxed_run_finished(browser_page) -
 
     page = browser_page
     sidebar = page.locator('[data-testid="stSidebar"]')
-    sidebar.get_by_text("Model file (.py)", exact=True).click()  # the example model, run in the sandbox
+    sidebar.get_by_text("Model file (.py)", exact=True).click()
+    settle(page, 120_000)
+    field = sidebar.locator(".st-key-src_ref input")  # a model file whose factory takes 3 s, run in the sandbox
+    field.fill("tests/data/models/slow_start.py:make_model")
+    field.press("Enter")
     main = page.locator('[data-testid="stMain"]')
     expect(main.get_by_role("button", name="Cancel")).to_be_visible(timeout=60_000)  # while it runs
     expect(page.locator('[data-testid="stMetric"]').filter(has_text="Handles")).to_contain_text("3", timeout=120_000)
