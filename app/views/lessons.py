@@ -9,7 +9,7 @@ from ckpt_viz.render.memory import render_memory
 from ckpt_viz.render.routing import render_routing
 from ckpt_viz.render.swimlane import render_lifecycles
 from ui.cursor import cursor_bar, position_of, set_cursor
-from ui.graphview import show_svg
+from ui.graphview import graph_view, snapshot_note
 from ui.runs import Run, RunConfig
 from ui.show import show_chart
 from ui.text import md
@@ -68,9 +68,10 @@ with right:
         elif view == "lanes" and trace.handle_ids():
             show_chart(render_lifecycles, trace, cursor=seq)
         elif view == "routing" and trace.handle_ids():
-            show_svg(render_routing(trace, seq), name=f"lesson routing seq {seq}")
+            graph_view(render_routing(trace, seq), key="lesson_routing_zoom", name=f"lesson routing seq {seq}")
         elif view == "graph" and trace.graphs:
-            show_svg(render_graph(trace, seq, collapse=False), name=f"lesson graph seq {seq}")
+            graph_view(render_graph(trace, seq, collapse=False), key="lesson_graph_zoom", name=f"lesson graph seq {seq}",
+                       note=snapshot_note(run, seq))
         elif view == "events":
             at = position_of(run, seq)
             st.code(rows_text(event_rows(trace.events[max(0, at - 8): at + 9]), marker=seq), language=None)

@@ -55,8 +55,8 @@ from ckpt_viz.events import (
 from ckpt_viz.trace import GraphSnapshot, Trace
 from ckpt_viz.vocabulary import STATES, State
 
-__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "Lifecycle", "Transition", "lifecycle", "refused_handles",
-           "region_states"]
+__all__ = ["DERIVED_REASONS", "HELD_STATES", "MARK_MEANINGS", "HeldReplays", "Lifecycle", "Transition",
+           "held_replays", "lifecycle", "refused_handles", "region_states"]
 
 MARK_MEANINGS: dict[str, str] = {
     "refused": "A backward asked for a replay after the handle was released or collected; the replay was refused.",
@@ -359,3 +359,56 @@ def refused_handles(trace: Trace, seq: int | None) -> list[int]:
     firsts = [(marks[0].seq, h) for h in life.handle_ids if (marks := life.refusals(h)) and at is not None
               and marks[0].seq <= at]
     return [h for _, h in sorted(firsts)]
+
+
+# -- replays held at once (the claims of "one block at a time" and of the split modes' peak read this)
+
+HELD_STATES: frozenset[str] = frozenset(("replaying", "replayed", "retained"))  # a replay's activations are live
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldReplays:
+    """How many handles held a replay at once (`HELD_STATES`), at most over the run.
+
+    Attributes:
+        most: the largest number held at once (0: no replay ran).
+        seq: the first seq where `most` were held (None when no replay ran).
+        handles: the handles held then, in order of first appearance.
+    """
+
+    most: int
+    seq: int | None
+    handles: tuple[int, ...]
+
+    def at(self, trace: Trace, seq: int | None) -> tuple[int, ...]:
+        """The handles of `trace` that hold a replay as of `seq` (None: the end)."""
+        life = lifecycle(trace)
+        return tuple(h for h in life.handle_ids if life.state_at(h, seq) in HELD_STATES)
+
+
+def held_replays(trace: Trace) -> HeldReplays:
+    """The most replays held at once in `trace` and where (NOTE [ Handle states ]: "replaying", "replayed" and
+    "retained" hold a replay's activations), computed once per trace.
+
+    A run that recomputes one block at a time has `most == 1`; a split run whose DX keeps every replay for
+    DW holds all of them at once.
+    """
+    def build(t: Trace) -> HeldReplays:
+        life = lifecycle(t)
+        changes: dict[int, int] = {}
+        for h in life.handle_ids:
+            held = False
+            for transition in life.transitions(h):
+                now = transition.state in HELD_STATES
+                if now != held:
+                    changes[transition.seq] = changes.get(transition.seq, 0) + (1 if now else -1)
+                    held = now
+        most, where, count = 0, None, 0
+        for seq in sorted(changes):
+            count += changes[seq]
+            if count > most:
+                most, where = count, seq
+        handles = tuple(h for h in life.handle_ids if life.state_at(h, where) in HELD_STATES) if where is not None \
+            else ()
+        return HeldReplays(most=most, seq=where, handles=handles)
+    return derived(trace, "held_replays", build)
