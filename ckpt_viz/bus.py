@@ -47,13 +47,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from ckpt_viz.events import Error, EventBase
+from ckpt_viz.events import ActionFinished, ActionStarted, Error, EventBase
 from ckpt_viz.launch import context_value, launch_context, set_launch_context
 from ckpt_viz.sites import call_site, skip_frames_in
 
-__all__ = ["Channel", "Scope", "Subscriber", "call_site", "context_value", "current_scope", "current_tags", "emit",
-           "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context", "skip_frames_in",
-           "subscribe", "tag"]
+__all__ = ["Channel", "Scope", "Subscriber", "action", "call_site", "context_value", "current_scope", "current_tags",
+           "emit", "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context",
+           "skip_frames_in", "subscribe", "tag"]
 
 E = TypeVar("E", bound=EventBase)
 
@@ -301,3 +301,23 @@ def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
 def current_tags() -> Mapping[str, Any]:
     """The tags open in this context (on an autograd worker: those of the code that launched the backward)."""
     return context_value(_TAGS, _NO_TAGS)
+
+
+@contextlib.contextmanager
+def action(**tags: Any) -> Iterator[Mapping[str, Any]]:
+    """Run the block as one pipeline action: tagged with `tags` (as `tag`), between an `action_started` and an
+    `action_finished` event that carry nothing but those tags, so the action's box on the schedule timeline spans
+    all its work (NOTE [ Timeline boxes ] in ckpt_viz/analysis/actions.py). The end is marked also when the block
+    raises. With nobody listening it costs what `tag` costs (NOTE [ Cost with nobody listening ], rule 1).
+
+        with bus.action(stage=1, microbatch=3, action="DW"):
+            backward_weight(...)
+    """
+    with tag(**tags) as merged:
+        if enabled:
+            emit(ActionStarted, capture_site=False)
+        try:
+            yield merged
+        finally:
+            if enabled:
+                emit(ActionFinished, capture_site=False)

@@ -23,6 +23,8 @@ from ckpt_viz.vocabulary import HandleMode, Kind, Phase, ReleaseReason, Runtime
 
 __all__ = [
     "EVENT_TYPES",
+    "ActionFinished",
+    "ActionStarted",
     "BackwardEntered",
     "CapturedParam",
     "EarlyStopped",
@@ -332,6 +334,21 @@ class MemorySampled(EventBase, tag="memory_sampled"):
     at: Name | None = None
 
 
+class ActionStarted(EventBase, tag="action_started"):
+    """A pipeline action (F, DX, DW or B of one stage and micro-batch) began: it carries nothing but its tags
+    (`stage`, `microbatch`, `action`, and `rank`, `step` where known). Its box on the schedule timeline starts
+    here, so work before the action's first checkpoint event counts as busy (NOTE [ Timeline boxes ] in
+    ckpt_viz/analysis/actions.py)."""
+
+    kind: ClassVar[Kind] = "action_started"
+
+
+class ActionFinished(EventBase, tag="action_finished"):
+    """The pipeline action of the same tags ended (also when it raised: the error event comes first)."""
+
+    kind: ClassVar[Kind] = "action_finished"
+
+
 class Error(EventBase, tag="error"):
     """An exception left a public API, an engine callback or the `record()` block."""
 
@@ -347,7 +364,7 @@ Event = Union[
     HandleCreated, ForwardStarted, ForwardFinished, ForwardFailed, TensorPacked, TensorUnpacked, PhaseSet,
     BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
     NodeCollected, SessionBound, SessionActivated, SessionDeactivated, SessionCleared, Prefired, ExcludeSaved,
-    ExcludeReused, ReplayDiverged, MemorySampled, Error,
+    ExcludeReused, ReplayDiverged, MemorySampled, ActionStarted, ActionFinished, Error,
 ]
 
 EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in Event.__args__}  # type: ignore[attr-defined]

@@ -6,7 +6,10 @@ never the UI, the renderers or the trace. Design facts: shared/spec/distributed.
 
 NOTE [ Actions and phases ]
   1. Every action runs inside `tag(rank=, stage=, microbatch=, action=)`, action
-     being "F", "I", "W", "B" or "META" (metadata inference, microbatch -1).
+     being "F", "I", "W", "B" or "META" (metadata inference, microbatch -1). F, I,
+     W and B run inside `bus.action(...)`, which also marks the action's start and
+     end (`action_started`, `action_finished`), so its timeline box covers all its
+     work; META, not an action of the schedule, is only tagged.
   2. F runs the stage module inside `reentrant_checkpoint_scope`, so its reentrant
      checkpoints are split; their handles are kept per micro-batch in a `_Slot`.
   3. I is `backward_input` (phase dx) with the outer `retain_graph=True`; W is
@@ -48,7 +51,7 @@ import torch
 from torch import nn
 from torch.distributed import pipelining as _tp
 
-from ckpt_viz.bus import tag
+from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointUsageError
 from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
 
@@ -151,7 +154,11 @@ class PipelineStage(_tp.PipelineStage):
     # ------------------------------------------------------------ tags
 
     def _tag(self, action: str, microbatch: int) -> Any:
-        return tag(rank=self.group_rank, stage=self.stage_index, microbatch=microbatch, action=action)
+        return bus.tag(rank=self.group_rank, stage=self.stage_index, microbatch=microbatch, action=action)
+
+    def _action(self, action: str, microbatch: int) -> Any:
+        """One schedule action: tagged, between its start and end events (NOTE [ Actions and phases ], rule 1)."""
+        return bus.action(rank=self.group_rank, stage=self.stage_index, microbatch=microbatch, action=action)
 
     def _params(self) -> list[torch.Tensor]:
         return [p for p in self.submod.parameters() if p.requires_grad]
@@ -179,7 +186,7 @@ class PipelineStage(_tp.PipelineStage):
     # ------------------------------------------------------------ actions
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        with self._tag("F", fwd_chunk_id), reentrant_checkpoint_scope(self.submod.parameters) as handles:
+        with self._action("F", fwd_chunk_id), reentrant_checkpoint_scope(self.submod.parameters) as handles:
             output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
         self._slots[fwd_chunk_id] = _Slot(
             handles=list(handles), session_id=("ckpt_viz.pipelining", self.stage_index, fwd_chunk_id, next(_serial)))
@@ -190,7 +197,7 @@ class PipelineStage(_tp.PipelineStage):
         if not self.has_backward:
             return
         action = "B" if full_backward else "I"
-        with self._tag(action, bwd_chunk_id):
+        with self._action(action, bwd_chunk_id):
             self._backward_input(bwd_chunk_id, loss)
             if full_backward:
                 self._backward_weight(bwd_chunk_id)
@@ -203,7 +210,7 @@ class PipelineStage(_tp.PipelineStage):
                 f"{_API}.backward_weight_one_chunk: stage {self.stage_index} got W for micro-batch {bwd_chunk_id} "
                 "before its I (backward_one_chunk(full_backward=False)).\nTip: a schedule runs I before W for every "
                 "micro-batch; check a custom schedule's action order.")
-        with self._tag("W", bwd_chunk_id):
+        with self._action("W", bwd_chunk_id):
             self._backward_weight(bwd_chunk_id)
 
     # ------------------------------------------------------------ DX and DW

@@ -63,6 +63,8 @@ Kind = Literal[
     "exclude_reused",
     "replay_diverged",
     "memory_sampled",
+    "action_started",
+    "action_finished",
     "error",
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)

@@ -3,10 +3,10 @@ from dataclasses import replace
 
 import streamlit as st
 
-from ckpt_viz.analysis.actions import actions, planned_vs_executed
+from ckpt_viz.analysis.actions import actions, bubble_lines, bubble_rows, bubbles, planned_vs_executed
 from ckpt_viz.analysis.memory import stage_memory
 from ckpt_viz.analysis.words import part_word
-from ckpt_viz.render.timeline import render_stage_memory, render_timeline
+from ckpt_viz.render.timeline import render_bubbles, render_stage_memory, render_timeline
 from ckpt_viz.run.schedules import SCHEDULES
 from ui.cursor import cursor_bar, position_of, set_cursor_position
 from ui.runs import current, load_run
@@ -31,9 +31,9 @@ for kind in ("F", "DX", "DW", "B"):
                disabled=target is None, help=f"move the cursor to the start of the next {part_word(kind)} action")
 if here:
     for a in here:
-        torch_name = f" (torch's {a.torch_action})" if a.torch_action in ("I", "W") else ""
+        torch_name = " " + md(f"(torch's {a.torch_action})") if a.torch_action in ("I", "W") else ""
         step = f", step {a.step}" if a.step is not None else ""
-        st.markdown(f"**At the cursor:** {md(a.lane)} runs **{md(part_word(a.action))}**{md(torch_name)} of "
+        st.markdown(f"**At the cursor:** {md(a.lane)} runs **{md(part_word(a.action))}**{torch_name} of "
                     f"micro-batch {md(a.microbatch)}{md(step)}; {a.replays} replay(s) in it.")
 else:
     st.markdown("**At the cursor:** between actions.")
@@ -44,8 +44,33 @@ x = st.radio("x axis", modes, horizontal=True, key="timeline_x",
              help="time: the recorded clock (merged ranks aligned to rank 0); tick: the schedule's unit ticks; "
                   "events: event seqs")
 show_chart(render_timeline, run.trace, cursor=seq, x=x)
+if stage_memory(run.trace):  # on the same x, right below: one point of the run at one place in both
+    show_chart(render_stage_memory, run.trace, cursor=seq, x=x)
 st.caption("Boxes: F forward, DX input grads (torch's I), DW weight grads (torch's W), B both at once. Thin green "
-           "boxes inside are checkpoint replays. The magenta rule is the cursor.")
+           "boxes inside are checkpoint replays. Below, the bytes each stage holds, on the same axis. The magenta "
+           "rule is the cursor.")
+
+found = bubbles(run.trace)
+st.subheader("Step time and bubbles")
+steps = [s.step for s in found.steps]
+step = st.selectbox("Step", steps, key="timeline_step") if len(steps) > 1 else (steps[0] if steps else None)
+line = dict(zip(steps, bubble_lines(run.trace))).get(step)
+if line:
+    st.markdown(md(line))
+st.table(bubble_rows(run.trace, step))
+show_chart(render_bubbles, run.trace, step=step)
+if found.unit == "tick":
+    st.caption("One process runs every stage in turn here, so its clock cannot show stages overlapping: these "
+               "figures are in the schedule's ticks (F, DX and DW one tick, B two), each stage its own device. "
+               "Idle ticks are the bubble.")
+else:
+    st.caption("A rank is busy inside its actions (from each action's start to its end); the rest of the step it "
+               "waits: for a send or a receive, or for the schedule. That idle share is its bubble. A stage's "
+               "figures are those of its actions alone.")
+if not found.exact and found.unit != "tick":
+    st.warning("Some actions of this trace have no start and end events (it was recorded before they existed), so "
+               "their boxes run from their first to their last checkpoint event: work outside those counts as idle, "
+               "and the bubbles above are upper bounds. Tip: record the run again for exact figures.")
 
 plan = planned_vs_executed(run.trace)
 if plan:
@@ -53,10 +78,6 @@ if plan:
     st.dataframe([{"lane": p.lane, "planned": p.planned, "executed": p.executed, "same": p.same,
                    "first difference": "-" if p.first_difference is None else p.first_difference} for p in plan],
                  hide_index=True, width="stretch")
-
-if stage_memory(run.trace):
-    st.subheader("Memory per stage")
-    show_chart(render_stage_memory, run.trace, cursor=seq)
 
 if run.config.source == "builtin" and run.config.mode == "pipeline":
     st.subheader("Two schedules side by side")
@@ -67,8 +88,10 @@ if run.config.source == "builtin" and run.config.mode == "pipeline":
     left, right = st.columns(2)
     with left:
         show_chart(render_timeline, run.trace, x=side, title=f"{run.config.schedule} × {run.config.microbatches} mb")
+        st.caption(md("; ".join(bubble_lines(run.trace))))
     with right:
         if loaded.error is not None:
             st.warning(md(f"{other} failed: {loaded.error}"))
         else:
             show_chart(render_timeline, loaded.run.trace, x=side, title=f"{other} × {run.config.microbatches} mb")
+            st.caption(md("; ".join(bubble_lines(loaded.run.trace))))

@@ -6,7 +6,8 @@ top categories, the reading at a cursor, per rank and per pipeline stage, and th
     facts.at(seq)       -> {"parameters": ..., "activations": ...}   the last reading at or before seq
     memory_table(facts.at(seq)) -> rows {category, size, share, what it is} in words
     rank_memory(trace)  -> {rank: MemoryFacts}   (a merged distributed trace)
-    stage_memory(trace) -> [StageReading(rank, stage, seq, t_ns, nbytes), ...]
+    rank_trace(trace, r) -> the trace with rank r's samples alone (what a memory chart of one rank draws)
+    stage_memory(trace) -> [StageReading(rank, stage, seq, t_ns, nbytes, us), ...]
 
 Memory is a step function: the memory at an event is that of the last sample at or before it. In a
 merged trace each rank keeps its own samples (`MemorySample.rank`); the run's reading is the sum of
@@ -24,7 +25,7 @@ from ckpt_viz.trace import MemorySample, Trace
 from ckpt_viz.vocabulary import MEMORY_CATEGORIES
 
 __all__ = ["OTHER_NOTABLE", "MemoryFacts", "MemoryPeak", "StageReading", "memory", "memory_table", "other_note",
-           "rank_memory", "stage_memory"]
+           "rank_memory", "rank_trace", "stage_memory"]
 
 OTHER_NOTABLE = 0.2  # "other" this share of the total or more gets a note (see `other_note`)
 
@@ -83,13 +84,15 @@ class MemoryFacts:
 
 @dataclass(frozen=True, slots=True)
 class StageReading:
-    """Bytes held by one pipeline stage after a sample with a by-stage reading."""
+    """Bytes held by one pipeline stage after a sample with a by-stage reading; `us`: microseconds from the
+    trace's first event (the schedule timeline's x)."""
 
     rank: int | None
     stage: str
     seq: int
     t_ns: int
     nbytes: int
+    us: float = 0.0
 
 
 def _facts(samples: list[MemorySample]) -> MemoryFacts:
@@ -145,7 +148,8 @@ def rank_memory(trace: Trace) -> dict[int, MemoryFacts]:
 def stage_memory(trace: Trace) -> list[StageReading]:
     """Bytes held per pipeline stage after each sample with a by-stage reading, in order."""
     def build(t: Trace) -> list[StageReading]:
-        return [StageReading(s.rank, str(stage), s.seq, s.t_ns, sum(cats.values()))
+        origin = t.events[0].t_ns if t.events else 0
+        return [StageReading(s.rank, str(stage), s.seq, s.t_ns, sum(cats.values()), (s.t_ns - origin) / 1000.0)
                 for s in t.memory for stage, cats in s.by_stage.items()]
     return derived(trace, "stage_memory", build)
 
@@ -167,3 +171,12 @@ def other_note(bytes_by_category: dict[str, int]) -> str | None:
         return None
     return (f"\"other\" is {100 * other / total:.0f}% of the total here ({format_bytes(other)}): "
             f"{CATEGORY_MEANINGS['other']}")
+
+
+def rank_trace(trace: Trace, rank: int) -> Trace:
+    """The run as rank `rank` measured it: every event (so seqs and the cursor are the merged trace's) and that
+    rank's memory samples alone, so `memory(rank_trace(t, r))` is `rank_memory(t)[r]`'s reading and every memory
+    chart draws one rank; the same object on every call while `trace` is unchanged."""
+    def build(t: Trace) -> Trace:
+        return Trace(events=t.events, memory=[s for s in t.memory if s.rank == rank], meta=t.meta)
+    return derived(trace, ("rank_trace", rank), build)

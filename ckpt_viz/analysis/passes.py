@@ -19,7 +19,9 @@ NOTE [ Parts of a step ]
      events between stay in that part.
   2. A memory sample taken "at ... forward" is F; one taken "at ... backward" right after a forward starts a
      B (a run without checkpoints has only samples). Every other event (samples, errors, session events)
-     belongs to the part before it; events before any part belong to the forward.
+     belongs to the part before it; events before any part belong to the forward. A pipeline action's
+     `action_started` starts the part of its action (torch's I is DX, W is DW); a B action's parts are
+     those of its events (our executors run its DX, then its DW).
   3. A span is a run of consecutive events of one part: [start_seq, end_seq), the last one ending at the
      last seq. Pipeline runs interleave parts, so they have many short spans.
 
@@ -62,6 +64,8 @@ _BACKWARD_KINDS = frozenset(("backward_entered", "replay_started", "replay_finis
                              "tensor_unpacked", "exclude_reused", "prefired"))
 _JOIN = frozenset(("backward_entered", "replay_started", "replay_finished", "replay_failed", "early_stopped",
                    "replay_refused", "grads_routed", "released", "tensor_unpacked", "exclude_reused", "error"))
+# an action_started opens its action's part; a B action's parts come from its events (DX then DW, or one backward)
+_ACTION_PARTS: dict[str, Part] = {"F": "F", "DX": "DX", "I": "DX", "DW": "DW", "W": "DW"}
 _NEUTRAL = frozenset(("memory_sampled", "node_collected"))
 _BACKWARD_RELEASES = frozenset(("ordinary_backward_complete", "dw_complete", "backward_exception"))
 
@@ -140,6 +144,8 @@ def _parts(events: Sequence[Event]) -> list[Part]:
             current = "DW"
         elif kind in _FORWARD_KINDS:
             current = "F"
+        elif kind == "action_started":
+            current = _ACTION_PARTS.get(str(e.tags.get("action")), current)
         elif isinstance(e, SessionActivated):
             if e.retain_on_unpack:
                 current = "DX"

@@ -8,6 +8,8 @@ torch or a UI runtime.
 
     one trace:   stacked areas of bytes by category over the event seq, parameters as the
                  base band; bands for the forward / DX / DW parts behind them
+    ranks:       small multiples, one stacked chart per rank of a merged trace on one x and one
+                 y scale (`render_rank_memory`)
     several:     one line of total bytes per trace on the axis of parts (forward, DX, DW)
     both:        the cursor as a magenta rule, the peak as a point; hover explains a value,
                  a click selects the seq under it (selection parameter CURSOR_PICK)
@@ -25,7 +27,7 @@ from typing import Any
 
 import altair as alt
 
-from ckpt_viz.analysis.memory import MemoryFacts, MemoryPeak, memory
+from ckpt_viz.analysis.memory import MemoryFacts, MemoryPeak, memory, rank_memory
 from ckpt_viz.analysis.passes import AXIS, PARTS, passes
 from ckpt_viz.analysis.words import category_word, format_bytes, part_word
 from ckpt_viz.render import palette
@@ -33,7 +35,8 @@ from ckpt_viz.render.chartdata import collecting, rows_data
 from ckpt_viz.trace import Trace
 from ckpt_viz.vocabulary import MEMORY_CATEGORIES
 
-__all__ = ["CURSOR_PICK", "drawn_samples", "memory_cursor", "memory_series", "render_memory", "render_peaks"]
+__all__ = ["CURSOR_PICK", "bytes_y", "drawn_samples", "memory_cursor", "memory_series", "render_memory", "render_peaks",
+           "render_rank_memory"]
 
 _ALTAIR_MAX_ROWS = 5000  # altair refuses to embed more rows than this by default
 CURSOR_PICK = palette.CURSOR_PICK  # the click selection: {"seq": ...} (one trace) or {"x": ...} (several)
@@ -95,11 +98,15 @@ def _ticks(top: float, size: int) -> list[float]:
     return [round(i * step, 10) * size for i in range(int(span / step) + 2)]
 
 
-def _y(field: str, top: float, *, stack: Any = None) -> alt.Y:
-    """A bytes axis labelled in the unit of the largest value (KiB, MiB, ...) at round ticks, the values in bytes."""
+def bytes_y(field: str, top: float, *, stack: Any = None, title: str | None = "memory",
+            extent: int | None = None) -> alt.Y:
+    """A bytes axis labelled in the unit of the largest value (KiB, MiB, ...) at round ticks, the values in bytes;
+    its title names the unit ("memory (KiB)"), or is left out with `title=None`; `extent`: the labels' width in
+    pixels (to line its plot up with another chart's)."""
     unit, size = _unit(top)
-    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '~g') + ' {unit}'", title=f"memory ({unit})",
-                    values=_ticks(top, size))
+    axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '~g') + ' {unit}'",
+                    title=f"{title} ({unit})" if title else None, values=_ticks(top, size),
+                    **({"minExtent": extent, "maxExtent": extent} if extent is not None else {}))
     return alt.Y(f"{field}:Q", stack=stack, axis=axis)
 
 
@@ -207,7 +214,7 @@ def _stacked(trace: Trace, rule: alt.Chart | None, max_points: int) -> alt.Layer
     words = [category_word(c) for c in categories]
     area = alt.Chart(rows_data(rows)).mark_area(interpolate="step-after").encode(
         x=alt.X("seq:Q", title="event seq", scale=x_scale),
-        y=_y("bytes", top, stack="zero"),
+        y=bytes_y("bytes", top, stack="zero"),
         color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
             domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories])),
         order=alt.Order("order:Q"),
@@ -275,18 +282,18 @@ def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) 
     spare = [c for m, c in palette.MODE_COLOURS.items() if m not in names]  # for names that are no mode
     colours = [palette.MODE_COLOURS.get(n) or (spare.pop(0) if spare else palette.PEAK_COLOUR) for n in names]
     scale = alt.Scale(domain=names, range=colours)
-    colour = alt.Color("trace:N", sort=names, title="mode", scale=scale)
+    colour = alt.Color("trace:N", sort=names, title="run", scale=scale)
     same_colour = alt.Color("trace:N", sort=names, scale=scale, legend=None)  # one legend, the lines'
     top = max((r["bytes"] for r in rows), default=0)
     x = alt.X("x:Q", title="part of the step (each run's forward, DX and DW line up; a full backward spans DX and DW)",
               scale=alt.Scale(domain=[0, 3], nice=False),
               axis=alt.Axis(values=[0, 1, 2, 3], labelExpr="['start', 'forward ends', 'DX ends', 'end'][datum.value]"))
     lines = alt.Chart(rows_data(rows)).mark_line(interpolate="step-after").encode(
-        x=x, y=_y("bytes", top), color=colour)
+        x=x, y=bytes_y("bytes", top), color=colour)
     pick = alt.selection_point(name=CURSOR_PICK, on="click", fields=["x"], nearest=True, clear=False)
     dots = alt.Chart(rows_data(rows)).mark_point(filled=True, size=24, opacity=0.6).encode(
         x="x:Q", y="bytes:Q", color=same_colour,
-        tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("size:N", title="total"),
+        tooltip=[alt.Tooltip("trace:N", title="run"), alt.Tooltip("size:N", title="total"),
                  alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("at:N", title="event"),
                  alt.Tooltip("pass:N", title="part of the step")]).add_params(pick)
     split_bands = [{"action": a, "start": AXIS[a][0], "end": AXIS[a][1]} for a in ("F", "DX", "DW")]
@@ -332,9 +339,9 @@ def render_peaks(traces: dict[str, Trace]) -> alt.Chart:
         color=alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
             domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories])),
         order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("trace:N", title="mode"), alt.Tooltip("what:N", title="category"),
+        tooltip=[alt.Tooltip("trace:N", title="run"), alt.Tooltip("what:N", title="category"),
                  alt.Tooltip("size:N", title="bytes"), alt.Tooltip("total:N", title="peak total")],
-    ).properties(title="memory at each mode's peak, by category", height=max(28 * len(traces), 60))
+    ).properties(title="memory at each run's peak, by category", height=max(28 * len(traces), 60))
 
 
 def _in_order(categories: list[str]) -> list[str]:
@@ -342,3 +349,38 @@ def _in_order(categories: list[str]) -> list[str]:
     seen = set(categories)
     return [c for c in MEMORY_CATEGORIES if c in seen] + [c for c in dict.fromkeys(categories)
                                                           if c not in MEMORY_CATEGORIES]
+
+
+def render_rank_memory(trace: Trace, *, cursor: int | None = None, max_points: int = 400,
+                       datasets: dict[str, list[dict]] | None = None) -> alt.ConcatChart:
+    """Small multiples: each rank's bytes by category over the event seq (`analysis.memory.rank_memory`), stacked as
+    in `render_memory`, one panel per rank on one x and one y scale (so the panels compare), each titled with the
+    rank's peak; the cursor marked in every panel."""
+    with collecting(datasets):
+        facts = rank_memory(trace)
+        categories = _in_order([c for f in facts.values() for c in _shown(f)])
+        words = [category_word(c) for c in categories]
+        colour = alt.Color("what:N", sort=words, title="memory category", scale=alt.Scale(
+            domain=words, range=[palette.CATEGORY_COLOURS.get(c, "#888888") for c in categories]))
+        top = max((f.peak.total for f in facts.values() if f.peak), default=0)
+        events = trace.events
+        lo, hi = (events[0].seq, events[-1].seq) if events else (0, 1)
+        x = alt.X("seq:Q", title="event seq", scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False, zero=False))
+        y = bytes_y("bytes", top, stack="zero")
+        y.scale = alt.Scale(domain=[0, max(top, 1)])
+        panels = []
+        for rank, f in facts.items():
+            order = {c: i for i, c in enumerate(categories)}
+            rows = [{"seq": f.seqs[i], "what": category_word(c), "order": order[c], "bytes": f.by_category[c][i],
+                     "size": format_bytes(f.by_category[c][i])}
+                    for i in drawn_samples(f.totals, max_points) for c in categories if c in f.by_category]
+            area = alt.Chart(rows_data(rows)).mark_area(interpolate="step-after").encode(
+                x=x, y=y, color=colour, order=alt.Order("order:Q"),
+                tooltip=[alt.Tooltip("seq:Q", title="event seq"), alt.Tooltip("what:N", title="category"),
+                         alt.Tooltip("size:N", title="bytes")])
+            layers: list[Any] = [area]
+            if cursor is not None:
+                layers.append(_cursor_rule(rows_data([{"seq": cursor}]), "seq"))
+            peak = f"peak {format_bytes(f.peak.total)}" if f.peak else "no samples"
+            panels.append(alt.layer(*layers).properties(title=f"rank {rank} · {peak}", width=340, height=150))
+        return alt.concat(*panels, columns=2)

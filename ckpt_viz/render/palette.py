@@ -26,6 +26,7 @@ from __future__ import annotations
 
 __all__ = [
     "ACTION_COLOURS",
+    "BUBBLE_COLOURS",
     "CATEGORY_COLOURS",
     "CURSOR_COLOUR",
     "CURSOR_PICK",
@@ -80,6 +81,12 @@ ACTION_COLOURS: dict[str, str] = {
     "DX": "#2171b5",  # blue: input grads
     "DW": "#e6550d",  # orange: weight grads
     "B": "#756bb1",   # purple: full backward (DX and DW together)
+}
+
+# -- a device's step (the bubble figures of the schedule timeline): inside its actions, or idle
+BUBBLE_COLOURS: dict[str, str] = {
+    "busy": "#6e7781",  # grey: running an action
+    "idle": "#f4b6b6",  # light red: the bubble
 }
 
 # -- runs compared side by side (Compare modes): one line colour per `ckpt_viz.vocabulary.RUN_MODES`

@@ -16,7 +16,11 @@ Layout:
   that triggered it; a track never holds two slices that overlap without nesting;
 - a flow arrow from a `released` event to every later `replay_refused` of the same
   handle (why the replay was refused);
-- one counter track ("C") per memory category when the trace has memory samples.
+- memory counters ("C") when the trace has memory samples: one per category in a "memory"
+  process; a merged trace's samples carry their rank, and each rank's counters are its own,
+  in its process ("memory: activations" of rank 1), never summed over ranks; a sample's
+  bytes per pipeline stage are one more counter per stage ("memory of stage 2"), in the
+  stage's process (in-process runs) or its rank's.
 """
 from __future__ import annotations
 
@@ -183,10 +187,20 @@ def render_perfetto(trace: Trace) -> dict[str, Any]:
             tracks.close(pid, lane, ("action", closes[e.seq]), e.t_ns)
     tracks.finish(events[-1].t_ns)
     out = tracks.events + flows
+    pooled = False  # a counter in the "memory" process
     for sample in memory or ():
+        rank = getattr(sample, "rank", None)
+        ts = _us(sample.t_ns, origin)
+        pid = int(rank) if ranked and isinstance(rank, int) else _MEMORY_PID
+        pooled = pooled or pid == _MEMORY_PID
         for category, nbytes in sample.bytes_by_category.items():
-            out.append({"ph": "C", "name": f"memory: {category}", "pid": _MEMORY_PID, "tid": 0,
-                        "ts": _us(sample.t_ns, origin), "args": {"bytes": nbytes}})
+            out.append({"ph": "C", "name": f"memory: {category}", "pid": pid, "tid": 0, "ts": ts,
+                        "args": {"bytes": nbytes}})
+        for stage, cats in (getattr(sample, "by_stage", None) or {}).items():
+            where = pid if pid != _MEMORY_PID else (int(stage) if str(stage).isdigit() else _MEMORY_PID)
+            pooled = pooled or where == _MEMORY_PID
+            out.append({"ph": "C", "name": f"memory of stage {stage}", "pid": where, "tid": 0, "ts": ts,
+                        "args": {"bytes": sum(cats.values())}})
     if ranked:
         names = [{"ph": "M", "name": "process_name", "pid": r, "tid": 0,
                   "args": {"name": f"rank {r} (stages {', '.join(str(s) for s in sorted(lanes[r]) if s >= 0)})"}}
@@ -199,6 +213,6 @@ def render_perfetto(trace: Trace) -> dict[str, Any]:
                  for s in sorted(stages)]
         names += [{"ph": "M", "name": "thread_name", "pid": s, "tid": _tid(t), "args": {"name": t}}
                   for s in sorted(stages) for t in TRACKS]
-    if memory:
+    if pooled:
         names.append({"ph": "M", "name": "process_name", "pid": _MEMORY_PID, "tid": 0, "args": {"name": "memory"}})
     return {"traceEvents": names + out, "displayTimeUnit": "ms", "metadata": dict(meta or {})}

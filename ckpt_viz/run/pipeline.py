@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ckpt_viz.bus import tag
+from ckpt_viz import bus
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.recording import record
 from ckpt_viz.run.batch import split_batch
@@ -163,7 +163,8 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
     Every stage forward runs in `reentrant_checkpoint_scope` with the stage's
     `spec.checkpoint` blocks checkpointed (reentrant, split); DX and DW go through
     `backward_input` / `backward_weight`. Every action runs inside
-    `tag(stage=s, microbatch=m, action=kind)`. The stages must compose to the model
+    `bus.action(stage=s, microbatch=m, action=kind)`: tagged, between an
+    `action_started` and an `action_finished` event. The stages must compose to the model
     (model(x) is stage S-1(... stage 0(x))). See NOTE [ Loss and gradients ].
 
     Args:
@@ -195,7 +196,7 @@ def run_pipeline(spec: ModelSpec, *, schedule: str = "1F1B", microbatches: int =
         for s, (_, module) in enumerate(stages):  # each stage's parameters in its row of by_stage
             rec.assign_stage(list(module.parameters()), s)
         for action, _ in order:
-            with tag(stage=action.stage, microbatch=action.microbatch, action=action.kind):
+            with bus.action(stage=action.stage, microbatch=action.microbatch, action=action.kind):
                 pipeline.run(action)
     rec.trace.meta.update(run_meta(
         model=spec.name, mode="pipeline", schedule=name, source=spec.source, description=spec.description,

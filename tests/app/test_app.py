@@ -76,6 +76,8 @@ def _visit_every_page(at: AppTest, pages: dict[str, str] = PAGES) -> None:
         errors = [e for e in _errors(at) if page != "views/debugger.py" and page != "views/handles.py"] \
             if at.session_state["run_config"].source == "broken" else _errors(at)
         assert not errors and not at.exception, (page, _errors(at))
+        if page == "views/compare.py" and not at.session_state["run_config"].runs_model:
+            title = "Compare two runs"  # a saved trace or a broken run holds one mode: Compare opens on two runs
         assert [t.value for t in at.title] == [title], page
 
 
@@ -188,8 +190,10 @@ def test_every_page_renders_for_a_saved_trace_path(tmp_path: Path) -> None:
     assert not _errors(at), _errors(at)
     assert _metric(at, "Events") == f"{len(trace):,}"
     _visit_every_page(at)
-    # Compare modes needs a model: a saved trace holds one mode.
+    # Compare opens on two runs for a saved trace (it holds one mode), and asks for the other one
     at.switch_page("views/compare.py").run()
+    assert any("Pick the run to compare this one with" in i.value for i in at.info)
+    at.radio(key="compare_view").set_value("Modes of this model").run()
     assert any("a saved trace holds one mode" in i.value for i in at.info)
 
 

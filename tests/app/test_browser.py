@@ -22,7 +22,7 @@ PAGES = [  # (navigation label, page title, file name of its screenshot)
     ("Handles", "Handles", "04_handles.png"),
     ("Routing (DX/DW)", "Routing (DX/DW)", "05_routing.png"),
     ("Events", "Events", "06_events.png"),
-    ("Compare modes", "Compare modes", "07_compare.png"),
+    ("Compare", "Compare modes", "07_compare_modes.png"),  # 07_compare.png: two runs (test_browser_compare)
 ]
 
 pytestmark = [pytest.mark.browser,

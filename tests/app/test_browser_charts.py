@@ -94,7 +94,7 @@ def test_clicking_a_chart_and_an_event_row_moves_the_cursor(browser_page) -> Non
     # Compare lines runs up by part: a click in the middle of the DX band puts the cursor in this run's DX part.
     from ckpt_viz.analysis.passes import passes
 
-    goto_page(page, "Compare modes")
+    goto_page(page, "Compare", "Compare modes")
     chart = page.locator(".st-key-compare_chart")
     chart.scroll_into_view_if_needed()
     box = chart.bounding_box()
@@ -110,7 +110,7 @@ def test_no_request_leaves_the_local_server_on_any_page(browser_page, server) ->
     page = browser_page
     nav = page.locator('[data-testid="stSidebarNav"]')
     labels = [link.inner_text().strip().splitlines()[-1] for link in nav.get_by_role("link").all()]  # after the icon
-    assert {"Overview", "Memory", "Events", "Compare modes"} <= set(labels), labels
+    assert {"Overview", "Memory", "Events", "Compare"} <= set(labels), labels
     for label in labels:
         nav.get_by_role("link", name=label, exact=True).click()
         settle(page)

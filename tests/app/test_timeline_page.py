@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ckpt_viz.analysis.actions import actions
+from ckpt_viz.analysis.actions import actions, bubble_lines, bubble_rows, bubbles
 from ckpt_viz.trace import Trace
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -48,6 +48,11 @@ def _timeline(**state: object) -> AppTest:
     return at
 
 
+def shown(markdown: str) -> str:
+    """Markdown written by `ui.text.md` as the browser shows it."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown).replace("\u2060", "")
+
+
 def _at_cursor(at: AppTest) -> str:
     """The "At the cursor" line as the browser shows it (its trace text written by `ui.text.md`)."""
     (line,) = [m.value for m in at.markdown if m.value.startswith("**At the cursor:**")]
@@ -58,8 +63,19 @@ def test_merged_trace_opens_on_the_timeline(merged: Path) -> None:
     at = _timeline(src_kind="Saved trace", src_trace_how="Path", src_trace_path=str(merged))
     trace = Trace.load(merged)
     charts = at.get("vega_lite_chart")
-    assert len(charts) == 2  # the timeline and the memory per stage
+    assert len(charts) == 3  # the timeline, the memory per stage on its x, the bubbles
     spec = json.dumps(json.loads(charts[0].proto.spec), ensure_ascii=False)
+    memory_x = json.loads(charts[1].proto.spec)["layer"][0]["encoding"]["x"]
+    assert memory_x["title"] == "time (µs from the first event)"  # the timeline's axis, not event seqs
+    # the step time and the bubble per rank and stage, as the analysis states them
+    found = bubbles(trace)
+    assert found.unit == "µs" and found.exact and [s.step for s in found.steps] == [0]
+    (line,) = bubble_lines(trace)
+    assert line.startswith("step 0: ") and "rank 0 " in line and "rank 1 " in line
+    assert any(shown(m.value) == line for m in at.markdown)
+    table = at.table[0].value
+    assert list(table[""]) == ["rank 0", "rank 1", "stage 0", "stage 1", "stage 2", "stage 3"]
+    assert list(table["bubble"]) == [r["bubble"] for r in bubble_rows(trace)]
     lanes = {f"rank {r} · stage {s}" for r, stages in ((0, (0, 3)), (1, (1, 2))) for s in stages}
     assert all(lane in spec for lane in lanes)
     plan = at.dataframe[0].value
@@ -81,8 +97,10 @@ def test_in_process_pipeline_run_with_two_schedules_side_by_side() -> None:
     assert at.radio(key="timeline_x").value == "tick"
     assert at.selectbox(key="timeline_other").value == "GPipe"  # the run's own schedule is 1F1B
     charts = at.get("vega_lite_chart")
-    assert len(charts) == 4  # the timeline, memory per stage, and the two schedules side by side
-    titles = [json.loads(c.proto.spec).get("title") for c in charts[2:]]
+    assert len(charts) == 5  # the timeline, memory per stage, the bubbles, and the two schedules side by side
+    memory_x = json.loads(charts[1].proto.spec)["layer"][0]["encoding"]["x"]
+    assert memory_x["title"] == "schedule tick"  # on the timeline's ticks
+    titles = [json.loads(c.proto.spec).get("title") for c in charts[3:]]
     assert titles == ["1F1B × 4 mb", "GPipe × 4 mb"]
     plan = at.dataframe[0].value
     assert list(plan["lane"]) == ["stage 0", "stage 1"] and list(plan["same"]) == [True, True]

@@ -70,3 +70,33 @@ def test_checker_catches_a_bad_nesting() -> None:
     doc = {"traceEvents": [{"ph": "X", "pid": 0, "tid": 1, "ts": 0, "dur": 10, "name": "a"},
                            {"ph": "X", "pid": 0, "tid": 1, "ts": 5, "dur": 10, "name": "b"}]}
     assert nesting_errors(doc) == ["(0, 1): b overlaps a"]
+
+
+def test_a_merged_run_keeps_each_ranks_memory_counters_apart() -> None:
+    """Per-rank counters in the rank's process, never one track zig-zagging between the ranks' readings."""
+    import os
+
+    from ckpt_viz.analysis.memory import rank_memory
+    from ckpt_viz.cli.merge import merge_run
+
+    merged, _ = merge_run(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                                       "distributed"))
+    doc = render_perfetto(merged.events, merged.memory, merged.meta)
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert {e["pid"] for e in counters} == {0, 1}  # the ranks' processes; no pooled "memory" process
+    assert not any(e["ph"] == "M" and e["args"].get("name") == "memory" for e in doc["traceEvents"])
+    for rank, facts in rank_memory(merged).items():
+        for category in facts.categories:
+            values = [e["args"]["bytes"] for e in counters if e["pid"] == rank and e["name"] == f"memory: {category}"]
+            assert values == list(facts.by_category[category])  # every reading of that rank, in order
+    stages = {(e["pid"], e["name"]) for e in counters if e["name"].startswith("memory of stage")}
+    assert stages == {(0, "memory of stage 0"), (0, "memory of stage 3"), (1, "memory of stage 1"),
+                      (1, "memory of stage 2")}
+
+
+def test_an_in_process_pipeline_draws_each_stages_memory_in_its_process() -> None:
+    trace = run_scenario(build_builtin("pipeline"), "pipeline", memory=True, schedule="1F1B", microbatches=2)
+    doc = render_perfetto(trace.events, trace.memory, trace.meta)
+    stage_counters = {(e["pid"], e["name"]) for e in doc["traceEvents"]
+                      if e["ph"] == "C" and e["name"].startswith("memory of")}
+    assert stage_counters == {(0, "memory of stage 0"), (1, "memory of stage 1")}

@@ -7,7 +7,7 @@ import os
 
 from ckpt_viz.analysis.actions import actions, planned_vs_executed
 from ckpt_viz.render import palette
-from ckpt_viz.render.timeline import render_stage_memory, render_timeline, stage_memory_rows
+from ckpt_viz.render.timeline import render_bubbles, render_stage_memory, render_timeline, stage_memory_rows
 from ckpt_viz.trace import MemorySample
 from traces import Builder
 
@@ -80,12 +80,23 @@ def test_chart_colours_actions_nests_replays_and_marks_the_cursor() -> None:
     assert timed == 5.0  # µs: the Builder's events are 1 µs apart
 
 
-def test_stage_memory() -> None:
+def test_stage_memory_on_the_timelines_axis_in_kib() -> None:
     trace = _two_rank_trace()
-    assert stage_memory_rows(trace) == [{"seq": 12, "stage": "stage 0", "bytes": 4},
-                                        {"seq": 12, "stage": "stage 1", "bytes": 6}]
-    layers = render_stage_memory(trace, cursor=3).to_dict()["layer"]
-    assert layers[-1]["data"]["values"] == [{"seq": 3}]
+    # the sample at seq 12 was taken 12 µs after the first event: x is the timeline's time, not the seq
+    assert [(r["x"], r["seq"], r["stage"], r["bytes"], r["size"]) for r in stage_memory_rows(trace, "time")] == [
+        (12.0, 12, "stage 0", 4, "4 B"), (12.0, 12, "stage 1", 6, "6 B")]
+    assert [r["x"] for r in stage_memory_rows(trace, "events")] == [12.0, 12.0]
+    layers = render_stage_memory(trace, cursor=3, x="time").to_dict()["layer"]
+    assert layers[-1]["data"]["values"] == [{"x": 3.0}]  # the cursor's event, 3 µs in
+    line = layers[0]["encoding"]
+    timeline = render_timeline(trace, x="time").to_dict()["layer"][0]["encoding"]
+    assert line["x"]["scale"]["domain"] == timeline["x"]["scale"]["domain"] == [0.0, 12.0]  # one x for both
+    assert line["y"]["axis"]["minExtent"] == timeline["y"]["axis"]["minExtent"]  # plots of one width
+    big = Builder()
+    big.ev("phase_set", 0, tags={"stage": 0, "microbatch": 0, "action": "F"}, old="ordinary", new="dx")
+    big.memory.append(MemorySample(seq=0, t_ns=0, bytes_by_category={}, by_stage={"0": {"activations": 3 << 20}}))
+    axis = render_stage_memory(big.trace(), x="time").to_dict()["layer"][0]["encoding"]["y"]["axis"]
+    assert "MiB" in axis["labelExpr"]  # KiB/MiB, never raw bytes
 
 
 def test_an_in_process_pipeline_run_draws_by_tick() -> None:
@@ -98,6 +109,7 @@ def test_an_in_process_pipeline_run_draws_by_tick() -> None:
     assert [(r["lane"], r["x0"], r["x1"]) for r in rows] == [("stage 0", 0.0, 1.0), ("stage 1", 1.0, 2.0),
                                                              ("stage 1", 2.0, 4.0), ("stage 0", 4.0, 6.0)]
     assert [p.same for p in planned_vs_executed(trace)] == [True, True]
+    assert [r["x"] for r in stage_memory_rows(trace, "tick")] == []  # no samples here
 
 
 def test_a_merged_real_run() -> None:
@@ -129,3 +141,21 @@ def test_a_loaded_trace_gives_the_same_actions_as_its_events(tmp_path) -> None:
         loaded = Trace.load(path)
         assert timeline_actions(loaded) == expected
         assert expected
+
+
+def test_bubble_chart_draws_busy_then_idle_per_rank_and_stage() -> None:
+    from ckpt_viz.analysis.actions import bubble_lines, bubbles
+
+    trace = _two_rank_trace()
+    spec = render_bubbles(trace).to_dict()
+    bars = spec["layer"][0]
+    rows = bars.get("data", spec.get("data"))["values"]
+    step = bubbles(trace).steps[0]
+    by_lane = {(r["lane"], r["part"]): r["amount"] for r in rows}
+    for word, group in (("rank", step.by_rank), ("stage", step.by_stage)):
+        for key, b in group.items():
+            assert by_lane[f"{word} {key}", "busy"] == b.busy and by_lane[f"{word} {key}", "idle"] == b.idle
+    assert bars["encoding"]["y"]["sort"] == ["rank 0", "rank 1", "stage 0", "stage 1"]
+    colour = bars["encoding"]["color"]["scale"]
+    assert dict(zip(colour["domain"], colour["range"])) == palette.BUBBLE_COLOURS
+    assert spec["title"] == bubble_lines(trace)[0]
