@@ -7,7 +7,7 @@
     ckpt-viz merge traces/                                         one trace from a distributed run's rank files
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
-    ckpt-viz lesson [N]                                            list the lessons, or walk lesson N
+    ckpt-viz lesson [N] [--set NAME=VALUE]                         list the lessons, or walk lesson N
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
 Start-up imports no torch: `info` and `export` never load it; `record` and `demo` load it when they run.
@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     lesson = sub.add_parser("lesson", help="list the lessons, or walk lesson N in the terminal")
     lesson.add_argument("number", type=int, nargs="?", metavar="N")
     lesson.add_argument("--no-pause", action="store_true", help="run straight through, even on a terminal")
+    lesson.add_argument("--set", action="append", metavar="NAME=VALUE",
+                        help="set a knob of the lesson's steps (e.g. depth=8; blocks=0,2 for a pick of several)")
     lesson.set_defaults(run=lesson_command)
     return parser
 
