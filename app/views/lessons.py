@@ -4,7 +4,7 @@ runs; two runs side by side where a step compares them; links to the pages that 
 import streamlit as st
 
 from ckpt_viz.lessons.loader import load_lessons
-from ckpt_viz.lessons.runner import fill, knob_values, missing_need, resolve_cursor, show_step
+from ckpt_viz.lessons.runner import fill, knob_values, missing_need, show_step
 from ui import lessonview
 from ui.cursor import cursor_bar, set_cursor
 from ui.runs import Run, RunConfig
@@ -95,7 +95,7 @@ if answered:
     key = f"lesson_{lesson.number}_{i}"
     if shown.other is not None:
         other = Run(RunConfig("trace", f"{base} other {knob_words}", mode="", name=step.sides[1]), shown.other)
-        other_seq = resolve_cursor(shown.other, step.cursor)
+        other_seq = shown.other_seq
         left, right = st.columns(2, gap="large")
         for column, side, shown_run, at in ((left, step.sides[0], run, seq), (right, step.sides[1], other, other_seq)):
             with column:

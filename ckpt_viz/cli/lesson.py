@@ -155,11 +155,8 @@ def walk(number: int, *, out: TextIO = sys.stdout, interactive: bool = False, kn
         names = [n for n in step.views if not (n == "memory" and "cost" in step.views)]  # cost holds the peak
         views = [("", name, shown.trace, shown.seq) for name in names]
         if shown.other is not None:
-            from ckpt_viz.lessons.runner import resolve_cursor
-
             views = [(f"[{step.sides[0]}] ", name, shown.trace, shown.seq) for name in names] + [
-                (f"[{step.sides[1]}] ", name, shown.other, resolve_cursor(shown.other, step.cursor))
-                for name in names]
+                (f"[{step.sides[1]}] ", name, shown.other, shown.other_seq) for name in names]
         for side, name, trace, seq in views:
             text = text_view(name, trace, seq)
             if text:

@@ -55,7 +55,8 @@ class Shown:
     Attributes:
         prose, claim: the step's text and the sentence its check asserted.
         question: the question with its ask, choices and explanation filled in (None without one).
-        trace, seq: the step's run and its cursor; other: the compare run's trace (or None).
+        trace, seq: the step's run and its cursor; other, other_seq: the compare run's trace (or None) and the
+            step's cursor on it (its last event when it has no such event: a fixed run has no error).
         code, other_code: the code each run shows (runnable as it is: `run_code`).
         knobs: the knob values the runs were recorded with.
         figures: the check's figures.
@@ -67,6 +68,7 @@ class Shown:
     trace: Trace
     seq: int
     other: Trace | None
+    other_seq: int | None
     code: str
     other_code: str
     knobs: dict[str, Any]
@@ -258,8 +260,14 @@ def show_step(lesson: Lesson, step: Step, knobs: Mapping[str, Any] | None = None
                             tuple(fill(c, figures, f"{where}'s choices") for c in q.choices), q.answer,
                             fill(q.explain, figures, f"{where}'s explanation"))
     other = trace_of(lesson, step.compare, values) if step.compare else None
+    other_seq = None
+    if other is not None:
+        try:
+            other_seq = resolve_cursor(other, step.cursor)
+        except LessonError:
+            other_seq = resolve_cursor(other, "end")
     return Shown(prose=fill(step.prose, figures, f"{where}'s prose"), claim=result.fact, question=question,
-                 trace=trace_of(lesson, step.run, values), seq=result.seq, other=other,
+                 trace=trace_of(lesson, step.run, values), seq=result.seq, other=other, other_seq=other_seq,
                  code=run_code(lesson, step.run, values),
                  other_code=run_code(lesson, step.compare, values) if step.compare else "", knobs=values,
                  figures=figures)
