@@ -69,6 +69,9 @@ def knobs(lesson: Lesson, step: Step, defaults: dict[str, Any]) -> dict[str, Any
                     value = st.pills(knob.label, list(knob.values), selection_mode="multi",
                                      default=list(defaults[knob.name]), key=key, help=knob.help or None)
                     picked[knob.name] = tuple(value or ())
+                elif isinstance(knob.values[0], bool):
+                    picked[knob.name] = st.toggle(knob.label, value=defaults[knob.name], key=key,
+                                                  help=knob.help or None)
                 elif isinstance(knob.values[0], int):
                     picked[knob.name] = st.select_slider(knob.label, list(knob.values), value=defaults[knob.name],
                                                          key=key, help=knob.help or None)

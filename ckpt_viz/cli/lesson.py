@@ -194,9 +194,13 @@ def _parsed(knob: Any, text: str) -> Any:
     if not isinstance(text, str):  # a value given in Python (walk(..., knobs=...)): the runner checks it
         return text
     kind = type(knob.values[0])
+    if kind is bool:
+        words = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+        kind = words.__getitem__  # type: ignore[assignment]
+        text = text.lower()
     try:
         parts = [kind(p.strip()) for p in text.split(",") if p.strip()] if knob.multi else [kind(text.strip())]
-    except ValueError:
+    except (ValueError, KeyError):
         parts = None
     if parts is None or any(p not in knob.values for p in parts):
         raise CkptVizError(f"ckpt-viz lesson: --set {knob.name}={text!r}: expected "

@@ -22,6 +22,7 @@ claims). The data, one table per step:
     [[steps.knobs]]                  optional, any number: a live control
     name = "depth"                   a keyword argument of the run function (its default is the knob's)
     label = "Blocks"   values = [2, 4, 8]   multi = false (true: any subset of values, a tuple)
+                                     values may be ints, strings or booleans ([true, false]: on and off)
     [steps.question]                 optional: predict, then see
     ask = "..."   choices = ["...", "..."]   answer = 0   explain = "..."   (all templates too)
 
@@ -197,9 +198,10 @@ def _knob(table: Any, where: str) -> Knob:
                     "name = \"depth\"")
     values = table.get("values")
     if (not isinstance(values, list) or len(values) < 2 or len({type(v) for v in values}) != 1
-            or not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values)
+            or not all(isinstance(v, (int, str, bool)) for v in values)
             or len(set(values)) != len(values)):
-        raise _fail(where, f"knob {name!r}: 'values' must list at least two different ints or strings of one type, "
+        raise _fail(where, f"knob {name!r}: 'values' must list at least two different ints, strings or booleans "
+                    "of one type, "
                     f"got {values!r}", "values = [2, 4, 8]")
     multi = table.get("multi", False)
     if not isinstance(multi, bool):

@@ -1,7 +1,8 @@
 """Run a lesson's steps: record the runs a step names (once per knob setting), check them, fill in its text.
 
 A step's `run` (and `compare`) are functions of the lesson's run.py that return a Trace;
-their keyword arguments are the step's knobs. `check(trace, runs)` asserts what the step
+their keyword arguments are the step's knobs. `check(trace, runs)` (or `check(trace, runs,
+knobs)`, given the run's keyword arguments in force) asserts what the step
 claims and returns the figures its text states ({"peak": "1.2 MiB", ...}, from
 `ckpt_viz.analysis`); `runs(name, **knobs)` is the (cached) trace of another run function of
 the lesson. `show_step` puts it together: the prose, claim and question filled with the
@@ -227,8 +228,10 @@ def _figures(lesson: Lesson, step: Step, trace: Trace, knobs: dict[str, Any]) ->
     def runs(name: str, **given: Any) -> Trace:
         return trace_of(lesson, name, {**knobs, **given})
 
+    extra = {"knobs": {**_defaults(_function(lesson, step.run)), **knobs}} \
+        if "knobs" in inspect.signature(check).parameters else {}
     try:
-        figures = check(trace, runs)
+        figures = check(trace, runs, **extra)
     except AssertionError as exc:
         raise LessonError(f"{_API}: {where}: the run does not show what the prose claims: {exc}.\nTip: the "
                           "runtime or the model changed; re-read the step's prose against its run.") from exc
