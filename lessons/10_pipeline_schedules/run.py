@@ -47,7 +47,11 @@ def check_gpipe_against_1f1b(trace, runs):
     one, o_step, o_peaks = _figures(runs("record_1f1b"), "1f1b")
     assert abs(g_step.bubble - o_step.bubble) < 1e-9, (g_step.bubble, o_step.bubble)
     assert all(o_peaks[s] <= g_peaks[s] for s in g_peaks) and o_peaks != g_peaks, (o_peaks, g_peaks)
-    return {**gpipe, **one}
+    handles = {e.handle_id: e.tags.get("stage") for e in trace.of_kind("handle_created")}
+    per_stage = {s: sum(1 for h, st in handles.items() if st == s) for s in set(handles.values())}
+    mb = len({e.tags.get("microbatch") for e in trace.of_kind("handle_created")})
+    assert len(set(per_stage.values())) == 1, per_stage
+    return {**gpipe, **one, "stages": len(per_stage), "per_stage": next(iter(per_stage.values())) // mb}
 
 
 def check_zbh1_against_1f1b(trace, runs):
