@@ -9,7 +9,8 @@ def record_closure(depth=3, batch=512):
     import ckpt_viz
 
     torch.manual_seed(0)
-    weights = [torch.nn.Parameter(torch.randn(32, 32) / 32 ** 0.5) for _ in range(depth)]
+    weights = [torch.nn.Parameter(torch.randn(32, 32) / 32 ** 0.5)
+               for _ in range(depth)]
     x = torch.randn(batch, 32, requires_grad=True)
 
     def block(i, w):

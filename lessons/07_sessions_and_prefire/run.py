@@ -46,15 +46,18 @@ def record_prefire():
     torch.manual_seed(0)
     x = torch.randn(64, 32, requires_grad=True)
     w1, w2 = (torch.randn(32, 32, requires_grad=True) for _ in range(2))
+    def layer(w):
+        return lambda t: torch.tanh(t @ w)
+
     with ckpt_viz.record() as rec:
         with ckpt_viz.recompute_handle_collector_ctx() as frames:
-            h = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w1), x, use_reentrant=False)
-            y = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w2), h, use_reentrant=False)
+            h = ckpt_viz.checkpoint(layer(w1), x, use_reentrant=False)
+            y = ckpt_viz.checkpoint(layer(w2), h, use_reentrant=False)
         with ckpt_viz.recompute_session_ctx("mb0", retain_on_unpack=True):
             for frame in frames:
-                ckpt_viz.recompute_handle(frame, "mb0")                  # prefire: replay now
-            torch.autograd.grad(y.sum(), [x], retain_graph=True)         # DX
-            torch.autograd.backward(y.sum(), inputs=[w1, w2])            # DW
+                ckpt_viz.recompute_handle(frame, "mb0")          # prefire: replay now
+            torch.autograd.grad(y.sum(), [x], retain_graph=True)  # DX
+            torch.autograd.backward(y.sum(), inputs=[w1, w2])     # DW
         ckpt_viz.clear_recompute_session("mb0")
     return rec.trace
 

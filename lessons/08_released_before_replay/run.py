@@ -14,7 +14,8 @@ def record_dw_before_dx():
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
     with ckpt_viz.record() as rec:
         with ckpt_viz.reentrant_checkpoint_scope([w]) as handles:
-            out = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+            out = ckpt_viz.checkpoint(
+                lambda t: torch.tanh(t @ w), x, use_reentrant=True)
         loss = (out * out).sum()
         ckpt_viz.backward_weight(loss, None, [w], handles=handles)   # DW first
         try:
@@ -33,10 +34,11 @@ def record_dx_then_dw():
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
     with ckpt_viz.record() as rec:
         with ckpt_viz.reentrant_checkpoint_scope([w]) as handles:
-            out = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+            out = ckpt_viz.checkpoint(
+                lambda t: torch.tanh(t @ w), x, use_reentrant=True)
         loss = (out * out).sum()
         ckpt_viz.backward_input(loss, None, [x], handles=handles)    # DX first
-        ckpt_viz.backward_weight(loss, None, [w], handles=handles)   # then DW, the last use
+        ckpt_viz.backward_weight(loss, None, [w], handles=handles)   # DW: the last use
     return rec.trace
 
 
@@ -48,7 +50,8 @@ def record_second_backward():
     torch.manual_seed(0)
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
     with ckpt_viz.record() as rec:
-        out = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+        out = ckpt_viz.checkpoint(
+            lambda t: torch.tanh(t @ w), x, use_reentrant=True)
         loss = (out * out).sum()
         loss.backward(retain_graph=True)  # replays the block, then releases it
         try:
@@ -67,7 +70,8 @@ def record_two_backwards_in_a_session():
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
     with ckpt_viz.record() as rec:
         with ckpt_viz.recompute_handle_collector_ctx() as handles:
-            out = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+            out = ckpt_viz.checkpoint(
+                lambda t: torch.tanh(t @ w), x, use_reentrant=True)
         loss = (out * out).sum()
         ckpt_viz.recompute_handle(handles[0], "twice")  # bind it to a session
         with ckpt_viz.recompute_session_ctx("twice", retain_on_unpack=True):
@@ -86,7 +90,8 @@ def record_prefire_after_backward():
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
     with ckpt_viz.record() as rec:
         with ckpt_viz.recompute_handle_collector_ctx() as handles:
-            out = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+            out = ckpt_viz.checkpoint(
+                lambda t: torch.tanh(t @ w), x, use_reentrant=True)
         (out * out).sum().backward()                        # releases the handle
         try:
             ckpt_viz.recompute_handle(handles[0], "prefire")  # too late
@@ -104,7 +109,8 @@ def record_prefire_first():
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
     with ckpt_viz.record() as rec:
         with ckpt_viz.recompute_handle_collector_ctx() as handles:
-            out = ckpt_viz.checkpoint(lambda t: torch.tanh(t @ w), x, use_reentrant=True)
+            out = ckpt_viz.checkpoint(
+                lambda t: torch.tanh(t @ w), x, use_reentrant=True)
         ckpt_viz.recompute_handle(handles[0], "prefire")     # prefire first
         with ckpt_viz.recompute_session_ctx("prefire"):
             (out * out).sum().backward()                     # uses the prefired replay

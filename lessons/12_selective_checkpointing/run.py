@@ -45,13 +45,15 @@ def record_policy(save=("addmm",), checkpointed=True, depth=4, batch=384):
 
     blocks = make_blocks(depth)
     x = torch.randn(batch, 32)
-    with ckpt_viz.record(memory=True, model=blocks) as rec:  # torch's checkpoint, observed
+    # torch's checkpoint, observed by ckpt_viz
+    with ckpt_viz.record(memory=True, model=blocks) as rec:
         loss = step(blocks, x)
         rec.mark("loss")
         loss.backward()
         rec.mark("end")
-    with FlopCounterMode(display=False) as flops:   # the backward's FLOPs, counted on
-        step(blocks, x).backward()                  # a second step outside the recording
+    # the backward's FLOPs, counted on a second step outside the recording
+    with FlopCounterMode(display=False) as flops:
+        step(blocks, x).backward()
     rec.trace.meta["backward_flops"] = flops.get_total_flops()
     return rec.trace
 

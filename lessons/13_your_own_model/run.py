@@ -16,7 +16,8 @@ def record_my_loop(seq=64, steps=2):
         def __init__(self, width=32, depth=3):
             super().__init__()
             self.layers = nn.ModuleList(
-                nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True)
+                nn.TransformerEncoderLayer(
+                    width, 4, 4 * width, dropout=0.0, batch_first=True)
                 for _ in range(depth))
             self.head = nn.Linear(width, 1)
 
@@ -51,7 +52,8 @@ def record_hf(seq=32, layers=4):
                          num_hidden_layers=layers, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=512)
     model = LlamaForCausalLM(config).train()  # random weights: nothing is downloaded
-    ckpt_viz.hf.enable(model, use_reentrant=True)  # ckpt_viz's checkpoint in HF's layers
+    # ckpt_viz's checkpoint in HF's layers, through HF's own call
+    ckpt_viz.hf.enable(model, use_reentrant=True)
     ids = torch.randint(0, config.vocab_size, (2, seq))
     with ckpt_viz.record(memory=True, model=model) as rec:
         loss = model(input_ids=ids, labels=ids).loss
