@@ -1,0 +1,96 @@
+"""The Lessons page in a real browser (Debian's chromium, a real `streamlit run` server): in every lesson that asks,
+nothing of the run and no answer shows before the student picks one; a wrong pick shows the right answer, the
+claim and the run's views. Lesson 1 walked to its end leads to the next lesson."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from browser import CHROMIUM, SHOTS, goto_page, screenshot, settle
+from ckpt_viz.lessons.loader import load_lessons
+from ckpt_viz.lessons.runner import missing_need, show_step
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                 reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
+
+LESSONS = load_lessons()
+ASKED = [(lesson, next(i for i, s in enumerate(lesson.steps) if s.question)) for lesson in LESSONS]
+RUN_VIEWS = ('[data-testid="stVegaLiteChart"], img.ckpt-graph, [data-testid="stDataFrame"], '
+             '[data-testid="stTable"], [data-testid="stMetric"], [data-testid="stSlider"]')
+
+
+def _open(page, lesson, step: int) -> None:
+    from playwright.sync_api import expect
+
+    goto_page(page, "Lessons")
+    main = page.locator('[data-testid="stMain"]')
+    name = f"{lesson.number}. {lesson.title}"
+    main.locator('[data-testid="stSelectbox"]').first.click()
+    page.get_by_role("option", name=name, exact=True).click()
+    settle(page, 240_000)
+    for n in range(step):
+        main.get_by_role("button", name="Next", exact=True).click()
+        settle(page, 240_000)
+    expect(main.get_by_text(f"Step {step + 1} of {len(lesson.steps)}: ", exact=False)).to_be_visible()
+
+
+@pytest.mark.parametrize(("lesson", "i"), ASKED, ids=[f"lesson{le.number:02d}" for le, _ in ASKED])
+def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(browser_page, lesson, i: int) -> None:
+    from playwright.sync_api import expect
+
+    step = lesson.steps[i]
+    if missing_need(step):
+        pytest.skip(f"lesson {lesson.number}: {missing_need(step)}")
+    page = browser_page
+    shown = show_step(lesson, step)  # choices are figures of the run's structure, the same in the server's run
+    _open(page, lesson, i)
+    main = page.locator('[data-testid="stMain"]')
+    expect(main.get_by_text("Predict first", exact=False)).to_be_visible()
+    # 1. Before an answer: no view of the run, no claim, no verdict, no explanation.
+    assert main.locator(RUN_VIEWS).count() == 0, "a view of the run shows before the answer"
+    text = main.inner_text()
+    assert "Checked on the run" not in text and "Not quite" not in text and "Right." not in text
+    static = step.question.explain.split("{", 1)[0].strip()  # the explanation's words before its first figure
+    assert not static or static not in text, static
+    # 2. A wrong pick: the right answer, the explanation, the claim and the views that show why.
+    wrong = next(k for k in range(len(shown.question.choices)) if k != step.question.answer)
+    main.locator('[data-testid="stRadio"]').first.get_by_text(shown.question.choices[wrong], exact=True).click()
+    settle(page, 240_000)
+    verdict = main.locator('[data-testid="stAlertContentError"]').first
+    expect(verdict).to_contain_text("Not quite: the answer is")
+    expect(verdict).to_contain_text(shown.question.choices[step.question.answer])
+    if static:
+        expect(verdict).to_contain_text(static)
+    expect(main.get_by_text("Checked on the run:", exact=False)).to_be_visible()
+    assert main.locator(RUN_VIEWS).count() > 0, "the answer shows no view of the run"
+    assert not page.errors, page.errors
+    if lesson.number in (4, 8):
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        screenshot(page, SHOTS / f"2{lesson.number // 4}_lesson{lesson.number:02d}.png")
+
+
+def test_walk_lesson_one_to_its_end_and_on_to_the_next_lesson(browser_page) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    lesson = LESSONS[0]
+    _open(page, lesson, 0)
+    main = page.locator('[data-testid="stMain"]')
+    question = show_step(lesson, lesson.steps[0]).question
+    main.get_by_text(question.choices[question.answer], exact=True).click()
+    settle(page)
+    expect(main.get_by_text("Right.", exact=False)).to_be_visible()
+    expect(main.locator('[data-testid="stVegaLiteChart"]').first).to_be_visible()  # the step's memory view
+    for n in range(2, len(lesson.steps) + 1):
+        main.get_by_role("button", name="Next", exact=True).click()
+        settle(page)
+        expect(main.get_by_text(f"Step {n} of {len(lesson.steps)}: {lesson.steps[n - 1].title}")).to_be_visible()
+    expect(main.get_by_role("link", name="See it on the Memory page")).to_be_visible()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    screenshot(page, SHOTS / "20_lessons.png")
+    main.get_by_role("button", name=f"Next lesson: 2. {LESSONS[1].title}").click()
+    settle(page, 240_000)
+    expect(main.get_by_text(f"Step 1 of {len(LESSONS[1].steps)}: {LESSONS[1].steps[0].title}")).to_be_visible()
+    assert not page.errors, page.errors
