@@ -32,8 +32,10 @@ def _open(page, lesson, step: int) -> None:
     settle(page, 240_000)
     for n in range(step):
         main.get_by_role("button", name="Next", exact=True).click()
+        # the step's runs record first (a Hugging Face model imports transformers): wait for the step itself
+        expect(main.get_by_text(f"Step {n + 2} of {len(lesson.steps)}: ", exact=False)).to_be_visible(
+            timeout=240_000)
         settle(page, 240_000)
-    expect(main.get_by_text(f"Step {step + 1} of {len(lesson.steps)}: ", exact=False)).to_be_visible()
 
 
 @pytest.mark.parametrize(("lesson", "i"), ASKED, ids=[f"lesson{le.number:02d}" for le, _ in ASKED])
@@ -52,14 +54,15 @@ def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(brows
     assert main.locator(RUN_VIEWS).count() == 0, "a view of the run shows before the answer"
     text = main.inner_text()
     assert "Checked on the run" not in text and "Not quite" not in text and "Right." not in text
-    static = step.question.explain.split("{", 1)[0].strip()  # the explanation's words before its first figure
+    # the explanation's words before its first figure, as the browser shows them (no markdown marks)
+    static = step.question.explain.split("{", 1)[0].strip().replace("`", "").replace("**", "")
     assert not static or static not in text, static
     # 2. A wrong pick: the right answer, the explanation, the claim and the views that show why.
     wrong = next(k for k in range(len(shown.question.choices)) if k != step.question.answer)
     main.locator('[data-testid="stRadio"]').first.get_by_text(shown.question.choices[wrong], exact=True).click()
-    settle(page, 240_000)
     verdict = main.locator('[data-testid="stAlertContentError"]').first
-    expect(verdict).to_contain_text("Not quite: the answer is")
+    expect(verdict).to_contain_text("Not quite: the answer is", timeout=120_000)
+    settle(page, 240_000)
     expect(verdict).to_contain_text(shown.question.choices[step.question.answer])
     if static:
         expect(verdict).to_contain_text(static)
@@ -85,12 +88,13 @@ def test_walk_lesson_one_to_its_end_and_on_to_the_next_lesson(browser_page) -> N
     expect(main.locator('[data-testid="stVegaLiteChart"]').first).to_be_visible()  # the step's memory view
     for n in range(2, len(lesson.steps) + 1):
         main.get_by_role("button", name="Next", exact=True).click()
+        expect(main.get_by_text(f"Step {n} of {len(lesson.steps)}: {lesson.steps[n - 1].title}")).to_be_visible(
+            timeout=240_000)
         settle(page)
-        expect(main.get_by_text(f"Step {n} of {len(lesson.steps)}: {lesson.steps[n - 1].title}")).to_be_visible()
     expect(main.get_by_role("link", name="See it on the Memory page")).to_be_visible()
     SHOTS.mkdir(parents=True, exist_ok=True)
     screenshot(page, SHOTS / "20_lessons.png")
     main.get_by_role("button", name=f"Next lesson: 2. {LESSONS[1].title}").click()
-    settle(page, 240_000)
-    expect(main.get_by_text(f"Step 1 of {len(LESSONS[1].steps)}: {LESSONS[1].steps[0].title}")).to_be_visible()
+    expect(main.get_by_text(f"Step 1 of {len(LESSONS[1].steps)}: {LESSONS[1].steps[0].title}")).to_be_visible(
+        timeout=240_000)
     assert not page.errors, page.errors
