@@ -64,7 +64,7 @@ def check_zbh1_against_1f1b(trace, runs):
 
 
 def check_any_schedule(trace, runs):
-    figures, step, peaks = _figures(trace, "run")
+    figures, _, peaks = _figures(trace, "run")
     spent = recompute_time(trace)
     assert spent.replays > 0 and len(peaks) == 2
     return {**figures, "replays": spent.replays, "time": lessons.ms(spent.replay_ns)}

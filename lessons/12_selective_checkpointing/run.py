@@ -19,8 +19,7 @@ def record_policy(save=("addmm",), checkpointed=True, depth=4, batch=384):
     import functools
 
     import torch
-    from torch.utils.checkpoint import (
-        CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts)
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint
     from torch.utils.flop_counter import FlopCounterMode
 
     import ckpt_viz
@@ -32,7 +31,8 @@ def record_policy(save=("addmm",), checkpointed=True, depth=4, batch=384):
             return CheckpointPolicy.MUST_SAVE        # keep its output
         return CheckpointPolicy.PREFER_RECOMPUTE     # recompute it in backward
 
-    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    context = functools.partial(
+        torch.utils.checkpoint.create_selective_checkpoint_contexts, policy)
 
     def step(blocks, x):
         h = x

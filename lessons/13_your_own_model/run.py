@@ -29,7 +29,7 @@ def record_my_loop(seq=64, steps=2):
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for step in range(steps):
+    for _ in range(steps):
         x = torch.randn(8, seq, 32)
         with ckpt_viz.record(memory=True, model=model) as rec:  # the one added line
             loss = model(x)

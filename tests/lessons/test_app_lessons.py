@@ -89,7 +89,8 @@ def test_predict_then_see_nothing_of_the_run_before_the_answer_then_the_explanat
     radio.set_value(radio.options[wrong]).run()
     assert not at.exception, at.exception
     error = at.error[0]  # the verdict, above the views (the Debugger shows its own)
-    assert _plain(error.value).startswith(f"Not quite: the answer is **{shown.question.choices[step.question.answer]}**")
+    right = shown.question.choices[step.question.answer]
+    assert _plain(error.value).startswith(f"Not quite: the answer is **{right}**")
     assert shown.question.explain in _plain(error.value)
     assert any(_plain(i.value) == f"**Checked on the run:** {shown.claim}" for i in at.info)
     assert _run_shown(at) > 0
@@ -115,7 +116,8 @@ def test_lesson_4_shows_the_bubble_on_the_schedule_timeline_of_both_schedules() 
     assert {"F", "B"} <= actions and {"DX", "DW"} <= actions  # 1F1B's B beside ZB-H1's DX and DW
     lines = [_plain(m.value) for m in at.markdown if m.value.startswith("the step")]
     assert len(lines) == 2 and all("ticks" in line and "bubble" in line for line in lines), lines
-    assert [_plain(s.value) for s in at.subheader][:2] == ["1F1B: DX and DW together", "ZB-H1: DW deferred into the bubble"]
+    assert [_plain(s.value) for s in at.subheader][:2] == ["1F1B: DX and DW together",
+                                                           "ZB-H1: DW deferred into the bubble"]
 
 
 def test_lesson_5_draws_the_trigger_in_the_graph() -> None:

@@ -225,7 +225,8 @@ def test_lesson_9_keeps_an_op_that_is_expensive_to_recompute_with_its_time() -> 
     lesson = _lesson(9)
     shown = show_step(lesson, lesson.steps[1])
     assert "LayerNorm" not in shown.code and "checkpoint_exclude_wrapper(conv)" in shown.code
-    assert "cost" in lesson.steps[1].views and " ms" in shown.figures["t_kept"] and " ms" in shown.figures["t_recomputed"]
+    assert "cost" in lesson.steps[1].views
+    assert shown.figures["t_kept"].endswith(" ms") and shown.figures["t_recomputed"].endswith(" ms")
     assert float(shown.figures["gflop"]) > 0.1
 
 
