@@ -137,9 +137,10 @@ class Channel:
             if not self.is_open:
                 return
             self.is_open = False
-            self.fn = None  # it keeps nothing alive
             _open_channels -= 1
             _update_enabled()
+        with self._lock:  # waits for a delivery in progress: once close() returns, nothing more reaches fn
+            self.fn = None  # it keeps nothing alive
         own = _SCOPE.get()
         if own is not None and self in own.channels:
             rest = tuple(c for c in own.channels if c is not self)

@@ -20,7 +20,7 @@ BROKEN_SCENARIO_NAMES: tuple[str, ...] = (
     "dx-after-dw", "second-backward", "phase-never-set", "session-cleared-early", "prefire-after-backward",
     "outputs-dropped", "dw-without-trigger", "dx-without-retain-graph", "released-by-hand", "session-never-bound",
     "session-mismatch", "dw-skips-a-handle", "params-without-grad", "session-never-cleared", "replayed-twice",
-    "unpacked-twice", "saved-count-mismatch", "metadata-mismatch",
+    "unpacked-twice", "saved-count-mismatch", "metadata-mismatch", "unasked-accumulation",
     # replays that do not reproduce their forward (ckpt_viz.run.divergent)
     "cache-in-replay", "taps-appended-twice", "dropout-without-rng-state", "batchnorm-updated-twice",
 )

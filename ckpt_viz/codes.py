@@ -146,6 +146,16 @@ DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
         fix="Share one replay between DX and DW: pass the same session_id to backward_input and "
             "backward_weight, or bind the handle with recompute_handle(h, sid) in a retaining session."),
     DiagnosisCode(
+        code="unasked_grads_accumulated", spec_id="S8",
+        cause="A reentrant checkpoint outside a split scope was reached by a backward that asked for some gradients "
+              "only (torch.autograd.grad, or backward(inputs=...)), and its replay's full backward accumulated into "
+              ".grad of parameters that call did not ask for: a later backward adds to them again, so those "
+              "gradients come out wrong, with no error (torch's stock PipelineStage does this in its I action and "
+              "in metadata inference).",
+        fix="Build the stage with ckpt_viz.pipelining.PipelineStage instead of "
+            "torch.distributed.pipelining.PipelineStage, or run the forward inside "
+            "ckpt_viz.reentrant_checkpoint_scope(params) and drive it with backward_input / backward_weight."),
+    DiagnosisCode(
         code="unpacked_twice_in_session", spec_id="S5",
         cause="A non-reentrant checkpoint's saved tensor was unpacked twice in one non-retaining recompute "
               "session (two backwards through it in the same session).",
@@ -162,6 +172,13 @@ DIAGNOSIS_CODES: dict[str, DiagnosisCode] = {d.code: d for d in (
         cause="The replay produced tensors of other shapes or dtypes than the forward did.",
         fix="Keep the inputs, autocast and control flow of the checkpointed function the same between forward and "
             "replay, or pass determinism_check='none' if the difference is intended."),
+    DiagnosisCode(
+        code="torch_reentrant_with_grad", spec_id="X3",
+        cause="torch's reentrant checkpoint (torch.utils.checkpoint with use_reentrant=True) was reached by "
+              "torch.autograd.grad or backward(inputs=...), which it refuses: a pipeline stage's input-gradient "
+              "pass (I) is such a call.",
+        fix="Use use_reentrant=False for torch's checkpoint inside a pipeline stage, or ckpt_viz's checkpoint with "
+            "ckpt_viz.pipelining.PipelineStage, which splits the backward into DX and DW."),
     # Facts of the run as a whole (ckpt_viz/analysis/diagnosis.py).
     DiagnosisCode(
         code="error_raised", spec_id="X1",

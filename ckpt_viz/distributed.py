@@ -5,7 +5,8 @@ rank's monotonic clock against rank 0, the planned schedule order),
 `save_rank_trace`, which writes `<folder>/<run_id>/rank-<R>.json` with the header in
 `trace.meta["distributed"]`, and `enable(folder)` (also the environment variable
 CKPT_VIZ_DISTRIBUTED_DIR, and `python -m ckpt_viz.distributed SCRIPT`, which is what
-`ckpt-viz record --distributed` hands to torchrun): see NOTE [ Recording a rank ].
+`ckpt-viz record --distributed` hands to torchrun): see NOTE [ Recording a rank ]; how a rank that
+ends badly still writes its file is NOTE [ Partial runs ] in ckpt_viz/rank_endings.py.
 Imports torch.distributed; never the UI or the renderers.
 
 NOTE [ Clock offset ]
@@ -35,12 +36,24 @@ NOTE [ Recording a rank ]
      drift fit), else at interpreter exit (no second measurement).
   4. The model name is the script's, the mode "pipeline"; `trace.meta["distributed"]`
      holds the header.
+
+NOTE [ Run ids ]
+  1. The run id names the folder a rank file goes in, so it is a plain name:
+     letters, digits, ".", "_" and "-", starting with a letter or digit, at most 128
+     characters. TORCHELASTIC_RUN_ID (torchrun's --rdzv-id) and `run_id=` are made one
+     (`plain_run_id`: other characters become "_"; what is left empty gets a name from
+     a hash of the text), and every rank takes rank 0's.
+  2. `save_rank_trace` refuses a header whose run id is not a plain name or whose rank is
+     not an int, and checks that the file it writes is inside the folder it was given
+     (a symlinked run folder pointing elsewhere is refused).
 """
 from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import os
+import re
 import runpy
 import socket
 import sys
@@ -53,10 +66,24 @@ import torch
 import torch.distributed as dist
 
 from ckpt_viz.errors import CheckpointUsageError
+from ckpt_viz.rank_endings import RankEnding, catch_endings
 
-__all__ = ["DIR_ENV", "clock_offset_to_rank0", "enable", "enabled", "planned_order", "rank_header", "save_rank_trace"]
+__all__ = ["DIR_ENV", "clock_offset_to_rank0", "enable", "enabled", "plain_run_id", "planned_order", "rank_header",
+           "save_rank_trace"]
 
 DIR_ENV = "CKPT_VIZ_DISTRIBUTED_DIR"  # set it (or call enable) to record every rank into this folder
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def plain_run_id(value: Any) -> str:
+    """`value` as a plain folder name (NOTE [ Run ids ], rule 1): the same text gives the same name."""
+    text = str(value)
+    if _PLAIN.fullmatch(text):
+        return text
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip("._-")[:128]
+    if _PLAIN.fullmatch(cleaned):
+        return cleaned
+    return "run-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def _require_group(api: str) -> None:
@@ -125,7 +152,7 @@ def rank_header(schedule: Any = None, *, run_id: str | None = None, rounds: int 
     _require_group("ckpt_viz.distributed.rank_header")
     if group is None and str(dist.get_backend()) != "gloo":  # See NOTE [ Clock offset ], rule 4.
         group = dist.new_group(backend="gloo")
-    shared = [run_id or os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12]]
+    shared = [plain_run_id(run_id or os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12])]
     dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     offset, rtt = clock_offset_to_rank0(rounds, group)
     dist.barrier(group=group)
@@ -163,17 +190,33 @@ def save_rank_trace(trace: Any, folder: str | PathLike[str], header: dict[str, A
     for key, value in defaults.items():
         if trace.meta.get(key) is None:
             trace.meta[key] = value
+    run_id, rank = header.get("run_id"), header.get("rank")
+    if not (isinstance(run_id, str) and _PLAIN.fullmatch(run_id)):
+        raise CheckpointUsageError(
+            f"ckpt_viz.distributed.save_rank_trace: the header's run_id {run_id!r} is not a plain name (letters, "
+            "digits, '.', '_', '-'; at most 128 characters), and it names the folder the file goes in.\nTip: pass "
+            "run_id=ckpt_viz.distributed.plain_run_id(...) to rank_header, or a plain name.")
+    if type(rank) is not int or rank < 0:
+        raise CheckpointUsageError(
+            f"ckpt_viz.distributed.save_rank_trace: the header's rank is {rank!r}, expected an int >= 0.\nTip: "
+            "use the header rank_header() returned.")
     trace.meta["distributed"] = header
-    path = os.path.join(os.fspath(folder), header["run_id"], f"rank-{header['rank']}.json")
+    root = os.path.realpath(os.fspath(folder))
+    path = os.path.join(root, run_id, f"rank-{rank}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.dirname(os.path.realpath(path)) != os.path.join(root, run_id):  # NOTE [ Run ids ], rule 2
+        raise CheckpointUsageError(
+            f"ckpt_viz.distributed.save_rank_trace: {os.path.join(os.fspath(folder), run_id)} leads outside "
+            f"{os.fspath(folder)} (a link), so rank {rank}'s file would be written elsewhere.\nTip: remove the "
+            "link, or pass another folder.")
     trace.save(path)
-    return path
+    return os.path.join(os.fspath(folder), run_id, f"rank-{rank}.json")
 
 
 # ---------------------------------------------------------------- enable (NOTE [ Recording a rank ])
 
-class _Rank:
-    """The one recording of this process, its header, and the schedule last stepped."""
+class _Rank(RankEnding):
+    """The one recording of this process, its header, the schedule last stepped, and how the run ended."""
 
     def __init__(self, folder: str) -> None:
         import ckpt_viz
@@ -183,6 +226,7 @@ class _Rank:
         self.schedule: Any = None
         self.steps = 0
         self.saved: str | None = None
+        super().__init__()
         self.recording = ckpt_viz.record(memory=True)
         self.recording.__enter__()
 
@@ -190,9 +234,12 @@ class _Rank:
         if self.header is None and dist.is_initialized():
             self.header = rank_header()
 
-    def save(self, end_clock: bool) -> str | None:
+    def _save(self, end_clock: bool, partial: dict[str, Any] | None, exc: BaseException | None) -> str | None:
         if self.saved is not None:
             return self.saved
+        partial = partial or self.failure
+        exc = exc or self.failed
+        end_clock = end_clock and partial is None  # the others may be gone (rank_endings.py NOTE [ Partial runs ], 2)
         if end_clock:  # in destroy_process_group, where every rank is: init_process_group was called unwrapped
             self.take_header()
         if self.header is None:
@@ -213,9 +260,16 @@ class _Rank:
             header.update(later)
         header["steps"] = self.steps
         try:
-            self.recording.__exit__(None, None, None)
+            self.recording.__exit__(type(exc) if exc is not None else None, exc,
+                                    exc.__traceback__ if exc is not None else None)
+        except Exception as problem:  # closing from the watcher thread (rank_endings.py): keep what it holds
+            sys.stderr.write(f"ckpt_viz.distributed: the recording did not close cleanly ({problem!r}); "
+                             "writing what it holds.\n")
         finally:
-            self.saved = save_rank_trace(self.recording.trace, self.folder, header)
+            trace = self.recording.trace
+            if partial is not None:
+                trace.meta["partial"] = partial
+            self.saved = save_rank_trace(trace, self.folder, header)
         return self.saved
 
 
@@ -225,8 +279,10 @@ _STATE: dict[str, _Rank] = {}
 def rank_facts(schedule: Any) -> dict[str, Any]:
     """The schedule's facts of a rank header: name, micro-batches, this rank's stages, planned order."""
     stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
+    classes = sorted({f"{type(s).__module__}.{type(s).__qualname__}" for s in stages if s is not None})
     return {"schedule": type(schedule).__name__, "microbatches": getattr(schedule, "_n_microbatches", None),
-            "stages": [s.stage_index for s in stages if s is not None], "planned_order": planned_order(schedule)}
+            "stages": [s.stage_index for s in stages if s is not None], "planned_order": planned_order(schedule),
+            "stage_classes": classes}
 
 
 def enabled() -> bool:
@@ -258,6 +314,7 @@ def enable(folder: str | PathLike[str] | None = None) -> None:
     _wrap_torch()
     rank.take_header()
     atexit.register(_save_at_exit)
+    catch_endings(rank)
 
 
 def _save_at_exit() -> None:
@@ -307,9 +364,14 @@ def _counted(step: Any) -> Any:
                     rank.recording.assign_stage(list(stage.submod.parameters()), stage.stage_index)
         rank.schedule = self
         with tag(step=rank.steps):
+            rank.in_step = rank.steps
             try:
                 return step(self, *args, **kwargs)
+            except BaseException as exc:
+                rank.note_failure(exc, rank.steps)
+                raise
             finally:
+                rank.in_step = None
                 rank.steps += 1
 
     return counted

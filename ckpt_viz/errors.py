@@ -176,12 +176,18 @@ class PhaseNotSetError(CheckpointError):
 
     code = "phase_not_set"
 
-    def __init__(self, handle_id: int) -> None:
+    def __init__(self, handle_id: int, helper: str | None = None) -> None:
         self.handle_id = handle_id
+        self.helper = helper
+        if helper is None:
+            tip = tip_for(self.code)
+        else:  # the caller already uses the helper, which sets the phase of the handles it is given: h was not one
+            tip = (f"pass every handle of the micro-batch's scope in `handles=` of {helper} (h{handle_id} was not "
+                   f"among them, so nothing set its phase), or call set_phase on it yourself (diagnosis {self.code})")
         super().__init__(
             f"ckpt_viz.checkpoint (backward): Set dx or dw phase on reentrant handles before split backward "
             f"(handle h{handle_id} is split because it was created in reentrant_checkpoint_scope, and its phase is "
-            f"'ordinary').\nTip: {tip_for(self.code)}"
+            f"'ordinary'{f'; reached by {helper}' if helper else ''}).\nTip: {tip}"
         )
 
 
@@ -279,7 +285,8 @@ class DotLimitError(CkptVizError):
     code = "dot_limit"
 
 
-_TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph"}
+_TORCH_PHRASES = {"backward through the graph a second time": "second_backward_through_graph",
+                  "passing an `inputs` parameter to .backward()": "torch_reentrant_with_grad"}
 
 
 def error_code(exc: BaseException) -> str | None:

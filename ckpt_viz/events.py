@@ -14,7 +14,7 @@ Standard library and msgspec only: never torch, never a UI.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -25,8 +25,10 @@ __all__ = [
     "EVENT_TYPES",
     "ActionFinished",
     "ActionStarted",
+    "BackwardCalled",
     "BackwardEntered",
     "CapturedParam",
+    "DwRunnerCalled",
     "EarlyStopped",
     "Error",
     "Event",
@@ -55,6 +57,7 @@ __all__ = [
     "TensorMeta",
     "TensorPacked",
     "TensorUnpacked",
+    "UnaskedGradsAccumulated",
 ]
 
 # -- ranges shared by the fields (a trace file is checked against them as it is read)
@@ -67,7 +70,7 @@ Text = Annotated[str, Meta(max_length=65536)]
 Site = Annotated[str, Meta(max_length=4096)]
 Shape = Annotated[tuple[Count, ...], Meta(max_length=64)]
 Indices = Annotated[tuple[Count, ...], Meta(max_length=65536)]
-Scalar = Union[Annotated[str, Meta(max_length=1024)], I64, float, bool, None]
+Scalar = Annotated[str, Meta(max_length=1024)] | I64 | float | bool | None
 Tags = Annotated[dict[Annotated[str, Meta(max_length=64)], Scalar], Meta(max_length=64)]
 
 
@@ -184,6 +187,16 @@ class PhaseSet(EventBase, tag="phase_set"):
     old: Phase
     new: Phase
     outer_graph_freed: bool | None = None  # to dw: a backward without retain_graph freed its saved inputs
+
+
+class BackwardCalled(EventBase, tag="backward_called"):
+    """The user's code called `torch.autograd.backward` (also through `Tensor.backward` and the split helpers) or
+    `torch.autograd.grad` inside a recording: a backward pass starts (its `site` is that call)."""
+
+    kind: ClassVar[Kind] = "backward_called"
+    api: Literal["autograd.backward", "autograd.grad"]
+    inputs: Count | None = None  # how many tensors it asked gradients for; None: every leaf
+    retain_graph: bool | None = None
 
 
 class BackwardEntered(EventBase, tag="backward_entered"):
@@ -327,6 +340,26 @@ class ReplayDiverged(EventBase, tag="replay_diverged"):
     mutable_inputs: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()  # "past_key_values (DynamicCache)"
 
 
+class UnaskedGradsAccumulated(EventBase, tag="unasked_grads_accumulated"):
+    """An unscoped reentrant handle reached by `autograd.grad` / `backward(inputs=...)` accumulated into `.grad` of
+    parameters that call did not ask for (NOTE [ Unasked accumulation ] in ckpt_viz/runtime/unasked.py)."""
+
+    kind: ClassVar[Kind] = "unasked_grads_accumulated"
+    count: Count
+    params: Annotated[tuple[Name | None, ...], Meta(max_length=65536)] = ()  # recorded names, None when unnamed
+    shapes: Annotated[tuple[Shape, ...], Meta(max_length=65536)] = ()
+    function: Name = ""
+    warned: bool = False  # this occurrence raised the UnaskedAccumulationWarning
+
+
+class DwRunnerCalled(EventBase, tag="dw_runner_called"):
+    """A pipeline stage ran the weight-gradient work its `dw_builder` deferred (tags: the W or B action)."""
+
+    kind: ClassVar[Kind] = "dw_runner_called"
+    stage: Count
+    runner: Name = ""
+
+
 class MemorySampled(EventBase, tag="memory_sampled"):
     """A point where memory was read with nothing else happening (a block boundary)."""
 
@@ -360,12 +393,11 @@ class Error(EventBase, tag="error"):
     retain_graph: bool | None = None
 
 
-Event = Union[
-    HandleCreated, ForwardStarted, ForwardFinished, ForwardFailed, TensorPacked, TensorUnpacked, PhaseSet,
-    BackwardEntered, ReplayStarted, ReplayFinished, ReplayFailed, EarlyStopped, ReplayRefused, GradsRouted, Released,
-    NodeCollected, SessionBound, SessionActivated, SessionDeactivated, SessionCleared, Prefired, ExcludeSaved,
-    ExcludeReused, ReplayDiverged, MemorySampled, ActionStarted, ActionFinished, Error,
-]
+Event = (HandleCreated | ForwardStarted | ForwardFinished | ForwardFailed | TensorPacked | TensorUnpacked |
+    PhaseSet | BackwardCalled | BackwardEntered | ReplayStarted | ReplayFinished | ReplayFailed |
+    EarlyStopped | ReplayRefused | GradsRouted | Released | NodeCollected | SessionBound | SessionActivated |
+    SessionDeactivated | SessionCleared | Prefired | ExcludeSaved | ExcludeReused | ReplayDiverged |
+    UnaskedGradsAccumulated | DwRunnerCalled | MemorySampled | ActionStarted | ActionFinished | Error)
 
 EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in Event.__args__}  # type: ignore[attr-defined]
 

@@ -37,6 +37,22 @@ NOTE [ Metadata inference ]
      the gradients would silently be wrong; they are copied with
      `requires_grad=True`.
 
+NOTE [ dw_builder ]
+  1. torch's stage takes `dw_builder`, a zero-argument callable returning a "dw runner"
+     that computes weight gradients the stage module deferred itself (custom
+     autograd.Functions that return no weight gradient and queue that work). With it,
+     torch runs I as one full backward (`stage_backward`, no `inputs=` filter) and keeps
+     `dw_runner[mb] = dw_builder()`, W calls that runner, and B calls `dw_builder()()`
+     right after its full backward (stage.py, `backward_one_chunk` /
+     `backward_weight_one_chunk`).
+  2. This stage does the same, through torch's own methods: a second pass (DX then DW)
+     would run the module's custom backward twice and queue its deferred work twice. The
+     micro-batch's split handles are set to phase dw first, so that one full backward
+     replays each once, accumulates its captured parameters and releases it; handles it
+     did not reach are released after it.
+  3. The built runners are wrapped to emit `dw_runner_called` (tags: the action, W or B)
+     before they run, so the trace shows where the deferred weight work ran.
+
 Relies on these private members of torch 2.13's stage: `fwd_cache`, `bwd_cache`,
 `dw_runner`, `_stage_meta` (set in __init__), and `_retrieve_recv_grads`, `_check_chunk_id`,
 `_prepare_forward_infra`, `_prepare_backward_infra` (checked at import).
@@ -53,6 +69,7 @@ from torch.distributed import pipelining as _tp
 
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointUsageError
+from ckpt_viz.events import DwRunnerCalled
 from ckpt_viz.runtime import backward_input, backward_weight, reentrant_checkpoint_scope
 
 __all__ = ["PipelineStage", "pipeline"]
@@ -126,6 +143,26 @@ def _needing_grad(examples: Any) -> Any:
                  for t in _tensors(examples))
 
 
+def _announced(builder: Any, stage_index: int) -> Any:
+    """`builder` whose runners emit `dw_runner_called` before they run (NOTE [ dw_builder ], rule 3)."""
+
+    def build() -> Any:
+        runner = builder()
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if bus.enabled:
+                bus.emit(DwRunnerCalled, capture_site=False, stage=stage_index, runner=_name(runner))
+            return runner(*args, **kwargs)
+
+        return run
+
+    return build
+
+
+def _name(function: Any) -> str:
+    return getattr(function, "__qualname__", None) or type(function).__name__
+
+
 class PipelineStage(_tp.PipelineStage):
     """torch's manual `PipelineStage`, with I routed to `backward_input` and W to `backward_weight`.
 
@@ -150,6 +187,8 @@ class PipelineStage(_tp.PipelineStage):
         super().__init__(submodule, stage_index, num_stages, device, input_args, output_args, *args, **kwargs)
         self._slots: dict[int, _Slot] = {}
         self._meta_handles: list = []
+        if self.dw_builder is not None:  # See NOTE [ dw_builder ], rule 3.
+            self.dw_builder = _announced(self.dw_builder, stage_index)
 
     # ------------------------------------------------------------ tags
 
@@ -198,6 +237,9 @@ class PipelineStage(_tp.PipelineStage):
             return
         action = "B" if full_backward else "I"
         with self._action(action, bwd_chunk_id):
+            if self.dw_builder is not None:
+                self._full_backward(bwd_chunk_id, loss, full_backward, last_backward)
+                return
             self._backward_input(bwd_chunk_id, loss)
             if full_backward:
                 self._backward_weight(bwd_chunk_id)
@@ -205,6 +247,9 @@ class PipelineStage(_tp.PipelineStage):
     def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
         if not self.has_backward:
             return
+        if self.dw_builder is not None:  # torch's W: the runner built in I (NOTE [ dw_builder ])
+            with self._action("W", bwd_chunk_id):
+                return super().backward_weight_one_chunk(bwd_chunk_id, last_backward)
         if bwd_chunk_id not in self._slots or bwd_chunk_id not in self.dw_runner:
             raise CheckpointUsageError(
                 f"{_API}.backward_weight_one_chunk: stage {self.stage_index} got W for micro-batch {bwd_chunk_id} "
@@ -214,6 +259,19 @@ class PipelineStage(_tp.PipelineStage):
             self._backward_weight(bwd_chunk_id)
 
     # ------------------------------------------------------------ DX and DW
+
+    def _full_backward(self, mb: int, loss: Any, full_backward: bool, last_backward: bool) -> None:
+        """I or B with a `dw_builder`: torch's own, one full backward; see NOTE [ dw_builder ], rule 2."""
+        slot = self._slots.pop(mb, None)
+        handles = slot.handles if slot is not None else []
+        for handle in handles:
+            if not handle.released:
+                handle.set_phase("dw")
+        try:
+            super().backward_one_chunk(mb, loss=loss, full_backward=full_backward, last_backward=last_backward)
+        finally:
+            for handle in handles:
+                handle.release()
 
     def _backward_input(self, mb: int, loss: Any) -> None:
         self._check_chunk_id(mb)

@@ -61,9 +61,8 @@ from typing import Any
 
 from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
-from ckpt_viz.events import EventBase
-from ckpt_viz.trace import MemorySample, Trace
-from ckpt_viz.trace._codec import MAX_SOURCE_CHARS, MAX_SOURCE_SITES
+from ckpt_viz.events import BackwardCalled, EventBase
+from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, MemorySample, Trace
 
 __all__ = ["Recording", "last_trace", "record"]
 
@@ -97,6 +96,10 @@ def _watched(name: str, original: Any, roots_keyword: str) -> Any:
         recordings = _open_here() if bus.enabled and torch._C._current_graph_task_id() == -1 else []
         if not recordings:  # nobody here, or an inner (replay) pass
             return original(*args, **kwargs)
+        retain = kwargs.get("retain_graph")
+        asked = kwargs.get("inputs", args[1] if roots_keyword == "outputs" and len(args) > 1 else None)
+        bus.emit(BackwardCalled, api=name, retain_graph=retain if isinstance(retain, bool) else None,
+                 inputs=None if asked is None else 1 if isinstance(asked, torch.Tensor) else len(asked))
         for recording in recordings:
             if recording.graphs:
                 count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
@@ -104,7 +107,6 @@ def _watched(name: str, original: Any, roots_keyword: str) -> Any:
         try:
             return original(*args, **kwargs)
         except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
-            retain = kwargs.get("retain_graph")
             bus.emit_error(exc, name, retain_graph=retain if isinstance(retain, bool) else None, code=error_code(exc))
             raise
 

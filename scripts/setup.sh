@@ -32,6 +32,6 @@ if [ ${#want[@]} -gt 0 ]; then
 fi
 
 echo "[setup] installing ckpt_viz and its tested dependencies into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,hf]" 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,hf,plan]" 2>&1 \
   | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 .venv/bin/python -c "import torch, ckpt_viz; print('[setup] ok: torch', torch.__version__)"

@@ -1,7 +1,8 @@
 """Shared pieces of the browser tests (tests/app/test_browser*.py): Debian's chromium driven by Playwright
 against a real `streamlit run` server. The `server` and `browser_page` fixtures are in tests/app/conftest.py.
 
-Each browser test file owns its own pages and assertions; these helpers only start, wait and photograph.
+Each browser test file owns its own pages and assertions; these helpers only start, wait, pick a source, read
+what a person reads and photograph.
 """
 from __future__ import annotations
 
@@ -104,3 +105,30 @@ def goto_page(page, label: str, title: str | None = None) -> None:
     page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=label, exact=True).click()
     expect(page.get_by_role("heading", name=title or label, exact=True)).to_be_visible(timeout=60_000)
     settle(page)
+
+
+def open_saved_trace(page, path: str) -> None:
+    """Pick "Saved trace" by path in the sidebar and wait for the run."""
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    sidebar.get_by_text("Saved trace", exact=True).click()
+    settle(page)
+    sidebar.locator('[data-testid="stRadio"]').filter(has_text="Upload").get_by_text("Path", exact=True).click()
+    settle(page)
+    box = sidebar.get_by_label("Trace file path", exact=True)
+    box.fill(path)
+    box.press("Enter")
+    settle(page, 120_000)
+
+
+def shown_text(element) -> str:
+    """The element's text as a person reads it: without the invisible word joiners that keep links from forming
+    (NOTE [ Text as text ] in app/ui/text.py)."""
+    return element.inner_text().replace("\u2060", "")
+
+
+def table_rows(page, index: int) -> list[list[str]]:
+    """The cells of the main area's `index`-th table (st.table), row by row, without the header row, as a person
+    reads them (`shown_text`)."""
+    table = page.locator('[data-testid="stMain"] [data-testid="stTable"]').nth(index)
+    rows = table.locator("tbody tr").all_inner_texts()
+    return [[c.strip().replace("\u2060", "") for c in row.split("\t")] for row in rows]

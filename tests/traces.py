@@ -270,3 +270,16 @@ def synthetic_trace(n_events: int, *, concurrent: int = 1000, memory_every: int 
         if i % memory_every == 0:
             memory.append(MemorySample(seq=i, t_ns=i, bytes_by_category={"activations": i % 977, "parameters": 64}))
     return Trace(events=events, memory=memory, meta={"model": "synthetic"})
+
+
+def typed_event(kind: str, **fields: Any) -> Event:
+    """`event_of`, and a field its kind does not declare is an error (a test never passes a fact the event drops)."""
+    unknown = set(fields) - set(EVENT_TYPES[kind].__struct_fields__)  # type: ignore[index]
+    if unknown:
+        raise TypeError(f"{kind} has no field(s) {sorted(unknown)}")
+    return event_of(kind, **fields)
+
+
+def kinds(trace: Trace) -> list[str]:
+    """The kind of every event of `trace`, in order."""
+    return [e.kind for e in trace.events]

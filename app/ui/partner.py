@@ -95,8 +95,8 @@ def partner_picker(run: Run) -> RunConfig | None:
     param = partner_param()
     from_url = parse_vs(param) if param else None
     if param and from_url is None:
-        st.warning(f"The link's partner `vs` is not one this page knows, so it is left out. Tip: pick the run to "
-                   f"compare with below (vs=trace:PATH or vs=builtin:MODEL:MODE).")
+        st.warning("The link's partner `vs` is not one this page knows, so it is left out. Tip: pick the run to "
+                   "compare with below (vs=trace:PATH or vs=builtin:MODEL:MODE).")
     _seed_widgets(from_url, run)
     kind = st.radio("Compare with", KINDS, horizontal=True, key="vs_kind")
     config: RunConfig | None = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["md"]
+__all__ = ["md", "md_table"]
 
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 _AUTOLINK = re.compile(r"(?i)\b(?:https?|ftp)(?=:)|\bwww(?=\.)|@")
@@ -32,3 +32,8 @@ def md(text: object) -> str:
     escaped = _PUNCTUATION.sub(r"\\\1", plain)
     lines = [re.sub(r"^ +", lambda m: "\u00a0" * len(m.group(0)), line) for line in escaped.splitlines()]
     return "  \n".join(lines)
+
+
+def md_table(rows: list[dict]) -> list[dict[str, str]]:
+    """Rows for `st.table`, which reads markdown in every cell and header: each of them through `md`."""
+    return [{md(k): md(v) for k, v in row.items()} for row in rows]

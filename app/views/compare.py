@@ -16,7 +16,7 @@ from ui.downloads import download_png_button
 from ui.partner import partner_param, partner_picker
 from ui.runs import current, load_run, runs_for_modes
 from ui.show import show_chart
-from ui.text import md
+from ui.text import md, md_table
 
 VIEWS = ("Two runs", "Modes of this model")
 
@@ -64,7 +64,7 @@ def two_runs() -> None:
                ("peak", *(format_bytes(s.peak.total) if s.peak else "no samples" for s in (sa, sb))),
                ("problems found", *(", ".join(dict.fromkeys(s.findings)) or "none" for s in (sa, sb))),
                ("step and bubble", *(lines[0] if lines else "no pipeline actions" for lines in steps))]
-    st.table([{"": k, "A": str(x), "B": str(y)} for k, x, y in figures])
+    st.table(md_table([{"": k, "A": x, "B": y} for k, x, y in figures]))
 
     st.subheader("Memory, lined up by part of the step")
     chart = show_chart(render_memory, {name_a: run.trace, name_b: other}, cursor=seq, cursor_in=run.trace,
@@ -82,21 +82,26 @@ def two_runs() -> None:
                         f"{side} peak": format_bytes(f.peak) if f and f.peak is not None else "-",
                         f"{side} recorded time": f"{f.time_us / 1000:.2f} ms" if f else "-"})
         rows.append(row)
-    st.table(rows)
+    st.table(md_table(rows))
 
     st.subheader("Peak by category")
     show_chart(render_peaks, {name_a: run.trace, name_b: other})
-    st.table([{"category": category_word(r.category), "A": format_bytes(r.a), "B": format_bytes(r.b),
-               "B − A": _signed(r.b - r.a)} for r in c.categories])
+    st.table(md_table([{"category": category_word(r.category), "A": format_bytes(r.a), "B": format_bytes(r.b),
+                        "B − A": _signed(r.b - r.a)} for r in c.categories]))
 
     if c.a.actions or c.b.actions:
         st.subheader("By pipeline action")
         kinds = [k for k in PARTS if any(x.action == k for x in (*c.a.actions, *c.b.actions))]
         got = {(side, x.action): x for side, f in (("A", c.a), ("B", c.b)) for x in f.actions}
-        st.table([{"action": part_word(k), **{f"{side} {what}": value for side in ("A", "B") for what, value in (
-            ("count", got[side, k].count if (side, k) in got else 0),
-            ("replays", got[side, k].replays if (side, k) in got else 0),
-            ("recorded time", f"{got[side, k].time_us / 1000:.2f} ms" if (side, k) in got else "-"))}} for k in kinds])
+        rows = []
+        for k in kinds:
+            row = {"action": part_word(k)}
+            for side in ("A", "B"):
+                x = got.get((side, k))
+                row.update({f"{side} count": x.count if x else 0, f"{side} replays": x.replays if x else 0,
+                            f"{side} recorded time": f"{x.time_us / 1000:.2f} ms" if x else "-"})
+            rows.append(row)
+        st.table(md_table(rows))
         if c.a.actions and c.b.actions:
             left, right = st.columns(2)
             for column, name, trace, lines in ((left, name_a, run.trace, steps[0]), (right, name_b, other, steps[1])):

@@ -10,7 +10,7 @@ from ui.cursor import cursor_bar
 from ui.downloads import download_png_button
 from ui.runs import current
 from ui.show import show_chart
-from ui.text import md
+from ui.text import md, md_table
 
 run = current()
 st.title("Memory")
@@ -74,6 +74,6 @@ if ranks:
     st.caption("One panel per rank, on one x (the merged trace's events) and one y scale, so the ranks compare; "
                "each titled with its own peak. The magenta rule is the cursor.")
     show_chart(render_rank_memory, run.trace, cursor=seq)
-    st.table([{"rank": f"rank {r}", "samples": len(f), "peak": format_bytes(f.peak.total) if f.peak else "-",
-               "at seq": f.peak.seq if f.peak else "-", "at the cursor": format_bytes(f.total_at(seq))}
-              for r, f in ranks.items()])
+    st.table(md_table([{"rank": f"rank {r}", "samples": len(f), "peak": format_bytes(f.peak.total) if f.peak else "-",
+                        "at seq": f.peak.seq if f.peak else "-", "at the cursor": format_bytes(f.total_at(seq))}
+                       for r, f in ranks.items()]))

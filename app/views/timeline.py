@@ -11,7 +11,7 @@ from ckpt_viz.run.schedules import SCHEDULES
 from ui.cursor import cursor_bar, position_of, set_cursor_position
 from ui.runs import current, load_run
 from ui.show import show_chart
-from ui.text import md
+from ui.text import md, md_table
 
 run = current()
 st.title("Schedule timeline")
@@ -57,7 +57,7 @@ step = st.selectbox("Step", steps, key="timeline_step") if len(steps) > 1 else (
 line = dict(zip(steps, bubble_lines(run.trace))).get(step)
 if line:
     st.markdown(md(line))
-st.table(bubble_rows(run.trace, step))
+st.table(md_table(bubble_rows(run.trace, step)))
 show_chart(render_bubbles, run.trace, step=step)
 if found.unit == "tick":
     st.caption("One process runs every stage in turn here, so its clock cannot show stages overlapping: these "

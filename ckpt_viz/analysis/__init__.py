@@ -12,6 +12,7 @@ cannot disagree. Each module owns one kind of fact; each result is cached on its
     findings    `Finding` and the causes of refused replays and leaks
     diagnosis   `diagnose`, `explain`: every problem of a run
     summary     the run in figures (counts, states, peak, findings)
+    compare     two runs side by side, by part of the step and by action, and their differences in sentences
     words       the words of every page: states, phases, reasons, categories, an event in a sentence
 
 Standard library only: never torch, a chart library or a UI.

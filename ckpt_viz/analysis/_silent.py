@@ -17,13 +17,16 @@ NOTE [ Silent problems ]
   5. Errors that name their cause by code (ERROR_CODES, non-reentrant misuse): one
      finding per such `error` event; its handle is the error's, else that of the last
      handle event before it.
+  6. unasked_grads_accumulated: one finding for the run's `unasked_grads_accumulated`
+     events (NOTE [ Unasked accumulation ] in ckpt_viz/runtime/unasked.py), naming the
+     handles, the parameters and the pipeline stage class the rank headers record.
 """
 from __future__ import annotations
 
 from collections import Counter
 
 from ckpt_viz.analysis.findings import Facts, Finding, code_of, finding
-from ckpt_viz.events import Error, Event, GradsRouted, PhaseSet
+from ckpt_viz.events import Error, Event, GradsRouted, PhaseSet, UnaskedGradsAccumulated
 
 __all__ = ["ERROR_CODES", "silent_findings"]
 
@@ -61,11 +64,19 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
             extra = (f"DW reached h{dw.handle_id} at event #{dw.seq}; it never reached {hs}.",)
             events = (*f.story_events(first, dx, until=dx.seq), dw)
         else:
-            summary = f"no DW ran after DX reached {hs}: never released, their parameters got no weight gradient."
-            extra = (f"No DW pass reached {hs} after its DX.",)
-            events = f.story_events(first, dx, until=dx.seq)
-        found.append(finding(f, "dw_skipped_handles", first, summary, site=dw.site if dw else dx.site,
-                             events=_ordered(events), extra=extra))
+            call = f.call_after(dx.seq)  # the DW call (it reached no handle of the micro-batch), if one came
+            if call is not None:
+                summary = (f"the backward called at event #{call.seq}{f' ({call.site})' if call.site else ''} after "
+                           f"DX reached none of {hs}: never released, their parameters got no weight gradient.")
+                extra = (f"The backward at event #{call.seq} reached none of {hs}; it was not given their handles.",)
+                events = (*f.story_events(first, dx, until=dx.seq), call)
+            else:
+                summary = f"no DW ran after DX reached {hs}: never released, their parameters got no weight gradient."
+                extra = (f"No DW pass reached {hs} after its DX.",)
+                events = f.story_events(first, dx, until=dx.seq)
+        site = dw.site if dw is not None else (call.site if call is not None else dx.site)
+        found.append(finding(f, "dw_skipped_handles", first, summary, site=site, events=_ordered(events),
+                             extra=extra))
     return found
 
 
@@ -143,7 +154,41 @@ def _error_findings(f: Facts) -> list[Finding]:
     return found
 
 
+def _stage_classes(f: Facts) -> list[str]:
+    """The pipeline stage classes the run's rank headers name (a distributed recording), in order."""
+    dist = f.trace.meta.get("distributed")
+    if not isinstance(dist, dict):
+        return []
+    headers = dist.get("headers") if isinstance(dist.get("headers"), dict) else {"": dist}
+    found = [c for h in headers.values() if isinstance(h, dict) for c in (h.get("stage_classes") or ())]
+    return list(dict.fromkeys(str(c) for c in found))
+
+
+def _unasked(f: Facts) -> list[Finding]:
+    """NOTE [ Silent problems ], rule 6: one finding for every unasked accumulation of the run."""
+    events = [e for e in f.by_kind.get("unasked_grads_accumulated", ()) if isinstance(e, UnaskedGradsAccumulated)]
+    if not events:
+        return []
+    first = events[0]
+    handles = list(dict.fromkeys(e.handle_id for e in events if e.handle_id is not None))
+    params = list(dict.fromkeys(p for e in events for p in e.params if p))
+    hs = ", ".join(f"h{h}" for h in handles[:6]) + (f" and {len(handles) - 6} more" if len(handles) > 6 else "")
+    named = ", ".join(params[:4]) + (f" and {len(params) - 4} more" if len(params) > 4 else "")
+    classes = _stage_classes(f)
+    stage = f" The run's pipeline stage is {', '.join(classes)}." if classes else ""
+    stock = any(c.startswith("torch.distributed.pipelining.") for c in classes)
+    extra = (f"{len(events)} backward pass{'es' if len(events) != 1 else ''} through {hs} wrote .grad of "
+             f"{named or 'parameters'} without asking for them.{stage}",
+             *(("torch's stock PipelineStage computes input gradients with autograd.grad, which reaches ckpt_viz's "
+                "reentrant checkpoint as an ordinary (unsplit) backward.",) if stock else ()))
+    where = f" ({first.site})" if first.site else ""
+    return [finding(f, "unasked_grads_accumulated", first.handle_id,
+                    f"h{first.handle_id}'s replay at event #{first.seq}{where} accumulated into .grad of parameters "
+                    f"the backward did not ask for ({len(events)} time{'s' if len(events) != 1 else ''}).",
+                    site=first.site, events=(first,), extra=extra)]
+
+
 def silent_findings(f: Facts, leaked: set[int]) -> list[Finding]:
     """Every silent problem of NOTE [ Silent problems ] (handles in `leaked` already have a finding)."""
     return [*_dw_skipped(f, leaked), *_params_without_grad(f), *_sessions_never_cleared(f),
-            *_replayed_twice(f), *_error_findings(f)]
+            *_replayed_twice(f), *_error_findings(f), *_unasked(f)]

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckpt_viz.events import (
+    BackwardCalled,
     BackwardEntered,
     Error,
     Event,
@@ -58,6 +59,9 @@ def describe(event: Event) -> str:
         return f"session {event.session_id!r} cleared"
     if event.kind == "prefired":
         return f"prefired in session {event.session_id!r}"
+    if isinstance(event, BackwardCalled):
+        asked = "" if event.inputs is None else f" for {event.inputs} input{'s' if event.inputs != 1 else ''}"
+        return f"{event.api} called{asked}"
     if isinstance(event, ReplayStarted):
         return f"replayed ({event.trigger}, replay {event.replay_index})"
     if isinstance(event, Error):

@@ -234,7 +234,7 @@ def actions(trace: Trace) -> tuple[Action, ...]:
 def planned_vs_executed(trace: Trace) -> tuple[OrderCheck, ...]:
     """Per lane group (rank, or stage in-process): the planned and the executed action order."""
     done = actions(trace)
-    steps = sorted({a.step for a in done if a.step is not None})
+    steps = sorted({a.step for a in done if a.step is not None}, key=_order)
     first = [a for a in done if a.step == (steps[0] if steps else None)]
     dist = trace.meta.get("distributed") or {}
     planned_order = dist.get("planned_order") if isinstance(dist, dict) else None
@@ -242,7 +242,7 @@ def planned_vs_executed(trace: Trace) -> tuple[OrderCheck, ...]:
     if isinstance(planned_order, dict):
         for rank, plan in sorted(planned_order.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
             planned = []
-            for text in plan or ():
+            for text in plan if isinstance(plan, list) else ():  # a hand-edited file may hold anything here
                 match = _PLANNED.match(str(text)) if text is not None else None
                 if match:
                     planned.append(f"{match.group(1)}{TORCH_ACTIONS[match.group(2)]}{match.group(3)}")
@@ -287,6 +287,14 @@ def _busy_of(done: list[Action], span: Any, length: float) -> Busy:
     return Busy(busy=busy, idle=idle, bubble=idle / length if length > 0 else 0.0, actions=len(done))
 
 
+def _order(value: Any) -> tuple[int, Any]:
+    """A sort key for tag values of any type (a loaded trace's `step` may be 0 in one event and "0" in another):
+    numbers in their order, then anything else by its text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, str(value))
+
+
 def _grouped(done: list[Action], key: Any) -> dict[Any, list[Action]]:
     groups: dict[Any, list[Action]] = {}
     for a in done:
@@ -306,7 +314,7 @@ def bubbles(trace: Trace) -> Bubbles:
         for a in done:
             by_step.setdefault(a.step, []).append(a)
         figures = []
-        for step in sorted(by_step, key=lambda s: (s is not None, s if s is not None else 0)):
+        for step in sorted(by_step, key=lambda s: (s is not None, _order(s))):
             these = by_step[step]
             start, end = min(span(a)[0] for a in these), max(span(a)[1] for a in these)
             length = end - start

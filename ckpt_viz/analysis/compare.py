@@ -240,9 +240,10 @@ def _bubbles(a: RunFigures, b: RunFigures) -> list[Difference]:
     if a.step is None or b.step is None:
         return []
     if a.unit != b.unit:
-        return [Difference("bubble", f"{a.name}'s step is measured in {'schedule ticks' if a.unit == 'tick' else 'time'}"
-                                     f", {b.name}'s in {'schedule ticks' if b.unit == 'tick' else 'time'}: their "
-                                     "bubbles are not compared.", a.step.bubble, b.step.bubble)]
+        def measure(f: RunFigures) -> str:
+            return "schedule ticks" if f.unit == "tick" else "time"
+        return [Difference("bubble", f"{a.name}'s step is measured in {measure(a)}, {b.name}'s in {measure(b)}: "
+                                     "their bubbles are not compared.", a.step.bubble, b.step.bubble)]
     ra, rb = round(100 * a.step.bubble), round(100 * b.step.bubble)
     if ra == rb:
         bubble = f"Both runs idle {ra}% of the step (their bubble)."

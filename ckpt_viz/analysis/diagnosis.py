@@ -87,8 +87,15 @@ def _partial_finding(trace: Trace, f: Facts) -> list[Finding]:
     if not meta.get("partial") and not missing:
         return []
     why = []
-    if meta.get("partial"):
-        why.append(f"it stopped early ({meta.get('partial_reason') or 'no reason recorded'})")
+    partial = meta.get("partial")
+    if isinstance(partial, dict) and not partial.get("reason") and (partial.get("missing_ranks") or
+                                                                    partial.get("ranks")):
+        stopped = {r: p for r, p in (partial.get("ranks") or {}).items() if p}
+        if stopped:
+            why.append("ranks " + ", ".join(f"{r} ({_stop_words(p)})" for r, p in sorted(stopped.items()))
+                       + " stopped early")
+    elif partial:
+        why.append(f"it stopped early ({meta.get('partial_reason') or _stop_words(partial)})")
     if missing:
         why.append(f"ranks {', '.join(map(str, missing))} left no trace file")
     last = trace.events[-1] if trace.events else None
@@ -96,6 +103,20 @@ def _partial_finding(trace: Trace, f: Facts) -> list[Finding]:
             + (f", h{last.handle_id}" if last.handle_id is not None else "") + ")." if last is not None else "")
     return [finding(f, "run_partial", None, f"The trace is partial: {'; '.join(why)}.{tail}",
                     events=(last,) if last is not None else ())]
+
+
+def _stop_words(partial: object) -> str:
+    """Why a run stopped, from its `meta["partial"]` (a bool, or a rank's {reason, signal, error, step})."""
+    if not isinstance(partial, dict):
+        return "no reason recorded"
+    parts = [str(partial.get("reason") or "stopped")]
+    if partial.get("signal"):
+        parts.append(f"signal {partial['signal']}")
+    if partial.get("error"):
+        parts.append(str(partial["error"]).splitlines()[0][:200])
+    if partial.get("step") is not None:
+        parts.append(f"at step {partial['step']}")
+    return ", ".join(parts)
 
 
 def _all(trace: Trace) -> list[Finding]:

@@ -32,10 +32,11 @@ NOTE [ Reading a cause from the trace ]
      checkpoint's saved inputs), or, in traces without that fact, when torch's
      "backward through the graph a second time" followed; else
      trigger_missing_in_dw (DW's inputs lacked the trigger).
-  5. `site` is the user's file:line of the releasing action (the release event's
-     site). Without one: outputs dropped None (dropping outputs emits nothing), a
-     missing trigger the `set_phase("dw")` call, a DX without retain_graph the DX
-     call, a mismatch by a refused binding the bind_session call.
+  5. `site` is the user's file:line of the faulty call: the releasing action (the
+     release event's site); a missing trigger the DW call that skipped the handle (the
+     first `backward_called` after its `set_phase("dw")`), a DX without retain_graph
+     the DX call, a mismatch by a refused binding the bind_session call; outputs
+     dropped None (dropping outputs emits nothing).
   6. Known blind spot: a binding made before the recording started is invisible,
      so a session mismatch then reads as session_never_bound.
 """
@@ -51,7 +52,7 @@ from ckpt_viz.analysis.handles import created_events, handle_label
 from ckpt_viz.analysis.lifecycle import Transition, lifecycle
 from ckpt_viz.analysis.passes import passes
 from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
-from ckpt_viz.events import Error, Event, HandleCreated, PhaseSet, Released, ReplayRefused, SessionActivated
+from ckpt_viz.events import Error, Event, PhaseSet, Released, ReplayRefused, SessionActivated
 from ckpt_viz.trace import Trace
 
 __all__ = ["STORY_KINDS", "Facts", "Finding", "code_of", "finding", "handle_finding"]
@@ -59,7 +60,9 @@ __all__ = ["STORY_KINDS", "Facts", "Finding", "code_of", "finding", "handle_find
 _OK_FIX = "Nothing to fix."
 # The codes a refusal error carries: the plain code of the release reason, or these two.
 _REFUSAL_CODES = {*CODE_FOR_REASON.values(), "handle_released", "outputs_dropped_before_replay"}
-_SECOND_BACKWARD = "second_backward_through_graph"  # torch's error, classified where record() caught it
+_SECOND_BACKWARD = "second_backward_through_graph"
+# Codes of an error that is itself the cause of a backward_exception release (the release is its consequence).
+_BACKWARD_ERROR_CODES = frozenset(("torch_reentrant_with_grad",))  # torch's error, classified where record() caught it
 # The events a story shows: the user's actions on the handle and what the runtime did to it.
 STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",
                          "node_collected", "replay_refused", "error", "session_cleared"})
@@ -208,6 +211,10 @@ class Facts:
             return True
         return life.last_phase(h) == "dw" and life.state_at(h, None) != "released"
 
+    def call_after(self, seq: int) -> Event | None:
+        """The first backward the user's code called after `seq` (`backward_called`), or None."""
+        return next((e for e in self.by_kind.get("backward_called", ()) if e.seq > seq), None)
+
     def handle_before(self, seq: int) -> int | None:
         """The handle of the last event before `seq` that names one and is no error (what the run was working on
         when something raised), or None; looks back at most 4096 events."""
@@ -224,7 +231,8 @@ class Facts:
 
 
 _READ_KINDS = frozenset(("error", "session_cleared", "session_activated", "session_deactivated", "session_bound",
-                         "prefired", "replay_diverged", "backward_entered"))
+                         "prefired", "replay_diverged", "backward_entered", "unasked_grads_accumulated",
+                         "backward_called"))
 
 
 def code_of(event: Event) -> str | None:
@@ -296,9 +304,14 @@ def _from_release(f: Facts, h: int, events: list[Event], release: Event, refused
         detail = f", {detail}"
     elif reason == "backward_exception":
         cause = _first(reversed([e for e in events if e.seq <= release.seq]), lambda e: e.kind == "error")
+        if cause is None:  # raised outside the handle (torch's own checkpoint, the engine): the error that ended it
+            cause = _first(f.errors, lambda e: release.seq < e.seq <= release.seq + 64)
         error = cause or error
-        if cause is not None and code_of(cause) == "phase_not_set":
+        carried = code_of(cause) if cause is not None else None
+        if carried == "phase_not_set":
             code, detail = "phase_not_set", ": the backward reached it while its phase was still 'ordinary'"
+        elif carried in _BACKWARD_ERROR_CODES:
+            code, detail = carried, f": {cause.type} in the backward"  # type: ignore[union-attr]
         elif isinstance(cause, Error):
             detail = f": {cause.type} in the backward"
     elif reason == "forward_exception":
@@ -331,10 +344,13 @@ def _leak(f: Facts, h: int, events: list[Event]) -> Finding | None:
                        f"h{h} was never released: {failed} because DX{_where(dx[-1] if dx else None)} ran without "
                        "retain_graph=True.", site=site, error=torch_error,
                        events=f.story_events(h, mark, torch_error, until=torch_error.seq if torch_error else mark.seq))
+    call = f.call_after(mark.seq)  # the DW call that skipped it: the faulty line (NOTE rule 5)
+    story = f.story_events(h, mark, until=mark.seq) + ((call,) if call is not None else ())
+    said = f", and the DW call at event #{call.seq}{_where(call)} did not reach it" if call is not None else ""
     return finding(f, "trigger_missing_in_dw", h,
-                   f"h{h} was set to phase dw at event #{mark.seq}{_where(mark)} but DW never reached it and it was "
-                   "never released: DW's inputs lacked its backward_trigger.", site=mark.site,
-                   events=f.story_events(h, mark, until=mark.seq))
+                   f"h{h} was set to phase dw at event #{mark.seq}{_where(mark)}{said}; it was never released: DW's "
+                   "inputs lacked its backward_trigger.", site=call.site if call is not None else mark.site,
+                   events=story)
 
 
 def handle_finding(f: Facts, h: int) -> Finding:

@@ -14,7 +14,8 @@ NOTE [ Parts of a step ]
   1. Each event gets one of F, DX, DW, B. An event with phase "dx" or "dw" is DX or DW. A forward event
      (a checkpoint built, its forward run, a tensor packed, an excluded op saved) is F. Another handle event
      (a backward entered, a replay, an unpack, grads routed, a release) is B: a backward in phase "ordinary"
-     or without a phase does DX and DW at once. Non-reentrant split runs set no phase: their DX activates a
+     or without a phase does DX and DW at once; so does a backward called right after a forward (a run with no
+     checkpoint reached by it). Non-reentrant split runs set no phase: their DX activates a
      retaining session (`session_activated` with retain_on_unpack) and their DW the next session; phase-less
      events between stay in that part.
   2. A memory sample taken "at ... forward" is F; one taken "at ... backward" right after a forward starts a
@@ -26,7 +27,8 @@ NOTE [ Parts of a step ]
      last seq. Pipeline runs interleave parts, so they have many short spans.
 
 NOTE [ Backward passes ]
-  1. A backward pass is a run of engine-side events: backward_entered, replays triggered by a backward,
+  1. A backward pass is a run of engine-side events, from the user's call (`backward_called`) on:
+     backward_entered, replays triggered by a backward,
      tensor_unpacked, grads_routed, the releases and refusals they cause, errors raised in a backward.
   2. It ends at any forward-side or session event (phase_set, handle_created, session_*, prefired, an
      explicit release), when the phase, the call site or the stage/micro-batch/rank tags change, or when a
@@ -62,8 +64,9 @@ _FORWARD_KINDS = frozenset(("handle_created", "forward_started", "forward_finish
 _BACKWARD_KINDS = frozenset(("backward_entered", "replay_started", "replay_finished", "replay_failed",
                              "early_stopped", "replay_refused", "grads_routed", "released", "node_collected",
                              "tensor_unpacked", "exclude_reused", "prefired"))
-_JOIN = frozenset(("backward_entered", "replay_started", "replay_finished", "replay_failed", "early_stopped",
-                   "replay_refused", "grads_routed", "released", "tensor_unpacked", "exclude_reused", "error"))
+_JOIN = frozenset(("backward_called", "backward_entered", "replay_started", "replay_finished", "replay_failed",
+                   "early_stopped", "replay_refused", "grads_routed", "released", "tensor_unpacked", "exclude_reused",
+                   "error"))
 # an action_started opens its action's part; a B action's parts come from its events (DX then DW, or one backward)
 _ACTION_PARTS: dict[str, Part] = {"F": "F", "DX": "DX", "I": "DX", "DW": "DW", "W": "DW"}
 _NEUTRAL = frozenset(("memory_sampled", "node_collected"))
@@ -146,6 +149,9 @@ def _parts(events: Sequence[Event]) -> list[Part]:
             current = "F"
         elif kind == "action_started":
             current = _ACTION_PARTS.get(str(e.tags.get("action")), current)
+        elif kind == "backward_called":
+            if current == "F":
+                current = "B"
         elif isinstance(e, SessionActivated):
             if e.retain_on_unpack:
                 current = "DX"
@@ -213,7 +219,8 @@ def _backwards(events: Sequence[Event]) -> list[BackwardPass]:
             (phase is not None and current["phase"] is not None and phase != current["phase"])
             or (e.site is not None and current["site"] is not None and e.site != current["site"])
             or group != current["group"]
-            or (e.kind == "backward_entered" and e.handle_id in entered))
+            or (e.kind == "backward_entered" and e.handle_id in entered)
+            or e.kind == "backward_called")
         if fresh:
             current = {"start_seq": e.seq, "end_seq": e.seq, "phase": phase, "site": e.site, "group": group,
                        "positions": []}

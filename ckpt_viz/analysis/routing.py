@@ -305,4 +305,5 @@ def snapshot_relation(trace: Trace, seq: int) -> str:
     if snapshot.seq > seq:
         return (f"taken at seq {snapshot.seq}, {snapshot.seq - seq:,} seqs after the cursor (seq {seq}): none was "
                 "taken by then")
-    return f"taken at seq {snapshot.seq}, {seq - snapshot.seq:,} seqs before the cursor (seq {seq}): the last one by then"
+    return (f"taken at seq {snapshot.seq}, {seq - snapshot.seq:,} seqs before the cursor (seq {seq}): the last one "
+            "by then")

@@ -8,6 +8,7 @@
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
     ckpt-viz lesson [N] [--set NAME=VALUE]                         list the lessons, or walk lesson N
+    ckpt-viz plan trace.json --budget 1.5GiB                       what to checkpoint to fit a budget
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
 Start-up imports no torch: `info` and `export` never load it; `record` and `demo` load it when they run.
@@ -26,6 +27,7 @@ from ckpt_viz.cli.explain import explain_command
 from ckpt_viz.cli.info import export_command, info_command, summarize
 from ckpt_viz.cli.lesson import lesson_command
 from ckpt_viz.cli.merge import merge_command
+from ckpt_viz.cli.plan import add_plan_command
 from ckpt_viz.cli.record import record_command
 from ckpt_viz.vocabulary import RUN_MODES
 
@@ -84,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "pipeline's send-before-receive order (exit status 1 when it fails).")
     merge.add_argument("dir")
     merge.add_argument("-o", "--output", help="merged trace file (default: <run folder>/merged.json)")
+    merge.add_argument("--partial", action="store_true",
+                       help="merge the ranks that wrote a file and mark the others missing (a crashed or killed run)")
     merge.set_defaults(run=merge_command)
 
     app = sub.add_parser("app", help="start the Streamlit app")
@@ -104,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     lesson.add_argument("--set", action="append", metavar="NAME=VALUE",
                         help="set a knob of the lesson's steps (e.g. depth=8; blocks=0,2 for a pick of several)")
     lesson.set_defaults(run=lesson_command)
+    add_plan_command(sub)
     return parser
 
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from ckpt_viz.analysis.actions import bubble_lines
 from ckpt_viz.analysis.diagnosis import diagnose, replay_checks_note
 from ckpt_viz.analysis.handles import handle_labels, mode_counts, observed_mode
 from ckpt_viz.analysis.lifecycle import lifecycle
@@ -78,6 +79,10 @@ def summarize(trace: Trace, *, at: int | None = None) -> str:
         note = other_note(s.peak.by_category)  # what "other" holds, when it is a large share
         if note:
             lines.append(f"  {note}")
+    steps = bubble_lines(trace)  # a pipeline run: step time and bubble per rank and stage
+    if steps:
+        lines.append("pipeline steps:")
+        lines.extend(f"  {line}" for line in steps)
     if s.errors:
         lines.append(f"errors: {s.errors}")
     lines.extend(_unobserved_lines(trace, s.handles))

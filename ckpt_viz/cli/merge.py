@@ -25,6 +25,20 @@ NOTE [ Merging rank traces ]
      with `MemorySample.rank` set (stage indices in `by_stage` are global). The run's reading
      at a point is the sum of every rank's latest sample: `ckpt_viz.analysis.memory.memory`
      sums them, `rank_memory` keeps them apart.
+  5. Headers are checked before use: every field the merge reads has its type (a wrong one
+     is refused naming the field and the file), `world_size` is at most `MAX_WORLD_SIZE`
+     and every file's rank is below it, and the run id is a plain name.
+  6. Partial runs (`--partial`, NOTE [ Partial runs ] in ckpt_viz/distributed.py): the
+     ranks present are merged; `meta["distributed"]["missing_ranks"]` lists the ranks
+     without a file and `meta["partial"]` = {"missing_ranks", "ranks": {rank: that rank's
+     own `meta["partial"]`}}. The clocks are rank 0's when it is present, else those of
+     the lowest rank present (each offset is to rank 0's clock, so they stay consistent).
+     Without `--partial` a missing rank is refused, as before.
+  7. Meta: each field of the merged `meta` is combined from every rank's (`_merged_meta`):
+     `sources` joined, `replay_checks` summed (with each rank's counts under `by_rank`),
+     `stages` the sorted union, `partial` as in rule 6, `schedule` / `microbatches` from
+     the headers; any other field is kept when every rank has the same value, and
+     otherwise moved to `meta["by_rank"][field] = {rank: value}` (never rank 0's alone).
 """
 from __future__ import annotations
 
@@ -40,10 +54,165 @@ from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Event, ReplayRefused, SessionActivated, SessionCleared, SessionDeactivated
 from ckpt_viz.trace import GraphSnapshot, MemorySample, Trace
 
-__all__ = ["find_rank_files", "merge_command", "merge_run", "merge_traces"]
+__all__ = ["MAX_WORLD_SIZE", "check_order", "find_rank_files", "merge_command", "merge_run", "merge_traces",
+           "merged_meta", "rank_headers"]
 
 _API = "ckpt-viz merge"
 _RANK_FILE = re.compile(r"^rank-(\d+)\.json(\.gz)?$")
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # ckpt_viz.distributed's run ids (NOTE [ Run ids ])
+MAX_WORLD_SIZE = 65536  # NOTE [ Merging rank traces ], rule 5
+
+
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _check(ok: bool, field: str, value: Any, expected: str, file: str) -> None:
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise _fail(f"{file}: meta.distributed.{field} is {type(value).__name__} {shown}, expected {expected}.",
+                    "this rank file was not written by ckpt_viz.distributed.save_rank_trace, or was edited: "
+                    "record the run again.")
+
+
+def _check_header(header: dict[str, Any], file: str) -> None:
+    """NOTE [ Merging rank traces ], rule 5: the type of each field the merge reads."""
+    run_id = header.get("run_id")
+    _check(isinstance(run_id, str) and bool(_PLAIN.fullmatch(run_id)), "run_id", run_id,
+           "a plain name (letters, digits, '.', '_', '-'; at most 128 characters)", file)
+    world = header.get("world_size")
+    _check(_is_int(world) and 1 <= world <= MAX_WORLD_SIZE, "world_size", world,
+           f"an int from 1 to {MAX_WORLD_SIZE}", file)
+    rank = header.get("rank")
+    _check(_is_int(rank) and 0 <= rank < world, "rank", rank, f"an int from 0 to {world - 1} (world_size {world})",
+           file)
+    for name in ("clock", "clock_end"):
+        clock = header.get(name)
+        if clock is None and name == "clock_end":
+            continue
+        _check(isinstance(clock, dict), name, clock, "an object", file)
+        for key in ("mono_ns", "wall_ns", "offset_to_rank0_ns", "rtt_ns"):
+            value = clock.get(key)
+            _check(value is None or (_is_int(value) and abs(value) < 2**63), f"{name}.{key}", value,
+                   "an int (nanoseconds) or null", file)
+    for name, ok, expected in (
+            ("schedule", lambda v: v is None or isinstance(v, str), "a string or null"),
+            ("microbatches", lambda v: v is None or (_is_int(v) and v >= 0), "an int >= 0 or null"),
+            ("stages", lambda v: v is None or (isinstance(v, list) and all(_is_int(i) and 0 <= i < 2**31 for i in v)),
+             "a list of stage indices or null"),
+            ("planned_order", lambda v: v is None or (isinstance(v, dict) and all(
+                isinstance(k, str) and isinstance(a, list) and all(x is None or isinstance(x, str) for x in a)
+                for k, a in v.items())), "an object of lists of action names, or null")):
+        value = header.get(name)
+        _check(ok(value), name, value, expected, file)
+
+
+def listed(ranks: list[int]) -> str:
+    return str(ranks) if len(ranks) <= 10 else f"[{', '.join(map(str, ranks[:10]))}, ...] ({len(ranks)} in all)"
+
+
+def rank_headers(traces: dict[int, Trace], where: str, files: dict[int, str] | None = None,
+             partial: bool = False) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """(each rank's header, the ranks without a file); see NOTE [ Merging rank traces ], rules 5 and 6."""
+    headers = {}
+    for rank, trace in traces.items():
+        file = (files or {}).get(rank) or f"rank {rank}'s trace in '{where}'"
+        header = trace.meta.get("distributed")
+        if not isinstance(header, dict):
+            raise _fail(f"{file} has no distributed header (meta['distributed']).",
+                        "write rank files with ckpt_viz.distributed.save_rank_trace (or record with "
+                        "`ckpt-viz record --distributed`).")
+        _check_header(header, file)
+        if header["rank"] != rank:
+            raise _fail(f"the file of rank {rank} in '{where}' holds rank {header['rank']!r}'s trace.",
+                        "keep the rank-<R>.json names that save_rank_trace wrote.")
+        headers[rank] = header
+    run_ids = {h["run_id"] for h in headers.values()}
+    if len(run_ids) > 1:
+        raise _fail(f"the rank files in '{where}' come from different runs ({', '.join(sorted(run_ids))}).",
+                    "merge the files of one run only: each run writes its own <run id> folder.")
+    worlds = {h["world_size"] for h in headers.values()}
+    if len(worlds) > 1:
+        raise _fail(f"the rank files in '{where}' disagree on the world size ({sorted(worlds)}).",
+                    "merge the files of one run only.")
+    (world,) = worlds
+    missing = [r for r in range(world) if r not in headers]  # world <= MAX_WORLD_SIZE: checked above
+    if missing and not partial:
+        raise _fail(f"run {next(iter(run_ids))} in '{where}' is partial: ranks {listed(missing)} are missing "
+                    f"(world size {world}, found {listed(sorted(headers))}).",
+                    f"pass --partial to merge the ranks present (`ckpt-viz merge --partial {where}`), wait for every "
+                    "rank to finish (each writes its file at exit), or look for the rank that failed in the "
+                    "launcher's log.")
+    return headers, missing
+
+def merged_meta(traces: dict[int, Trace], headers: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Each field of the merged `meta` from every rank's; see NOTE [ Merging rank traces ], rule 7."""
+    ranks = sorted(traces)
+    metas = {r: traces[r].meta for r in ranks}
+    meta: dict[str, Any] = {}
+    by_rank: dict[str, dict[str, Any]] = {}
+    keys = list(dict.fromkeys(k for r in ranks for k in metas[r]))
+    for key in keys:
+        held = {r: metas[r][key] for r in ranks if key in metas[r]}
+        if key in ("distributed", "by_rank"):
+            continue
+        if key == "sources":
+            meta[key] = {site: line for value in held.values() if isinstance(value, dict)
+                         for site, line in value.items()}
+        elif key == "replay_checks":
+            meta[key] = _summed_checks(held)
+        elif key == "stages":
+            meta[key] = sorted({s for value in held.values() if isinstance(value, list) for s in value
+                                if _is_int(s)})
+        elif key == "partial":
+            meta[key] = {str(r): value for r, value in held.items()}
+        elif len(held) == len(ranks) and all(value == held[ranks[0]] for value in held.values()):
+            meta[key] = held[ranks[0]]
+        else:
+            by_rank[key] = {str(r): value for r, value in held.items()}
+    for key, value in (("schedule", _agreed(headers, "schedule")), ("microbatches", _agreed(headers, "microbatches"))):
+        if value is not None:
+            meta[key] = value
+            by_rank.pop(key, None)
+    meta.setdefault("mode", "distributed-pipeline")
+    if by_rank:
+        meta["by_rank"] = by_rank
+    return meta
+
+
+def _agreed(headers: dict[int, dict[str, Any]], key: str) -> Any:
+    """The headers' `key` when every rank gives the same one, else None."""
+    values = {repr(h.get(key)) for h in headers.values()}
+    return next(iter(headers.values())).get(key) if len(values) == 1 else None
+
+
+def _summed_checks(held: dict[int, Any]) -> dict[str, Any]:
+    """`replay_checks` of the ranks that ran checks: counts summed, each rank's under `by_rank`."""
+    counts = {r: c for r, c in held.items() if isinstance(c, dict)}
+    policies = {c.get("policy") for c in counts.values()}
+    total: dict[str, Any] = {"policy": policies.pop() if len(policies) == 1 else "mixed", "checked": 0, "skipped": 0,
+                             "skipped_regions": {}, "by_rank": {}}
+    for key in ("first_checks", "budget"):  # the same constants in every rank of one ckpt_viz: the largest
+        numbers = [c.get(key) for c in counts.values()
+                   if isinstance(c.get(key), (int, float)) and not isinstance(c.get(key), bool)]
+        if numbers:
+            total[key] = max(numbers)
+    for rank, c in counts.items():
+        checked = c.get("checked") if _is_int(c.get("checked")) else 0
+        skipped = c.get("skipped") if _is_int(c.get("skipped")) else 0
+        total["checked"] += checked
+        total["skipped"] += skipped
+        total["by_rank"][str(rank)] = {"checked": checked, "skipped": skipped}
+        regions = c.get("skipped_regions")
+        for name, n in (regions.items() if isinstance(regions, dict) else ()):
+            if _is_int(n):
+                total["skipped_regions"][name] = total["skipped_regions"].get(name, 0) + n
+    return total
 
 
 def _fail(what: str, tip: str) -> TraceError:
@@ -78,37 +247,6 @@ def find_rank_files(folder: str) -> tuple[str, dict[int, str]]:
                     f"pass one of them, e.g. `ckpt-viz merge {os.path.join(folder, runs[-1])}`.")
     path = os.path.join(folder, runs[0])
     return path, ranks_in(path)
-
-
-def _headers(traces: dict[int, Trace], where: str) -> dict[int, dict[str, Any]]:
-    headers = {}
-    for rank, trace in traces.items():
-        header = trace.meta.get("distributed")
-        if not isinstance(header, dict):
-            raise _fail(f"rank {rank}'s trace in '{where}' has no distributed header (meta['distributed']).",
-                        "write rank files with ckpt_viz.distributed.save_rank_trace (or record with "
-                        "`ckpt-viz record --distributed`).")
-        if header.get("rank") != rank:
-            raise _fail(f"the file of rank {rank} in '{where}' holds rank {header.get('rank')!r}'s trace.",
-                        "keep the rank-<R>.json names that save_rank_trace wrote.")
-        headers[rank] = header
-    run_ids = {h.get("run_id") for h in headers.values()}
-    if len(run_ids) > 1:
-        raise _fail(f"the rank files in '{where}' come from different runs ({', '.join(sorted(map(str, run_ids)))}).",
-                    "merge the files of one run only: each run writes its own <run id> folder.")
-    worlds = {h.get("world_size") for h in headers.values()}
-    if len(worlds) > 1 or not all(isinstance(w, int) and w > 0 for w in worlds):
-        raise _fail(f"the rank files in '{where}' disagree on the world size ({sorted(map(str, worlds))}).",
-                    "merge the files of one run only.")
-    (world,) = worlds
-    missing = sorted(set(range(world)) - set(headers))
-    extra = sorted(set(headers) - set(range(world)))
-    if missing or extra:
-        what = f"ranks {missing} are missing" if missing else f"ranks {extra} are outside the world size {world}"
-        raise _fail(f"run {next(iter(run_ids))} in '{where}' is partial: {what} (world size {world}, found "
-                    f"{sorted(headers)}).", "wait for every rank to finish (each writes its file at exit), or "
-                    "look for a rank that failed in the launcher's log.")
-    return headers
 
 
 def _offset_fn(header: dict[str, Any], base: dict[str, Any]) -> tuple[Any, str]:
@@ -179,14 +317,25 @@ def check_order(events: list[Event]) -> dict[str, Any]:
             "min_slack_ns_by_ranks": dict(sorted(slack_by_pair.items())), "violations": bad[:20]}
 
 
-def merge_traces(traces: dict[int, Trace], where: str = "the run") -> Trace:
+def merge_traces(traces: dict[int, Trace], where: str = "the run", *, files: dict[int, str] | None = None,
+                 partial: bool = False) -> Trace:
     """One trace of every rank's events, aligned to rank 0's clock; see NOTE [ Merging rank traces ].
 
     `meta["distributed"]` of the result holds the run id, world size, every rank's header,
     how each clock was aligned, and the send-before-receive check (`alignment`).
+
+    Args:
+        traces: rank -> its trace.
+        where: the run folder, for messages; `files`: rank -> its file, for messages.
+        partial: merge the ranks present when some have no file (rule 6); else refuse.
+
+    Raises:
+        TraceError: a header field of the wrong type, ranks of several runs, or (without `partial`) a missing rank.
     """
-    headers = _headers(traces, where)
-    base = headers[0]
+    if not traces:
+        raise _fail(f"no rank traces to merge in '{where}'.", "pass the folder that holds rank-<R>.json files.")
+    headers, missing = rank_headers(traces, where, files, partial)
+    base = headers[min(headers)]  # rank 0's clock, through each offset (rule 6)
     aligned: list[tuple[int, int, int, Event]] = []  # (t, rank, order, event)
     clocks, offsets = {}, {}
     for rank in sorted(traces):
@@ -226,21 +375,15 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run") -> Trace:
             graphs.append(GraphSnapshot(seq=new_seq.get((rank, g.seq), -1), label=f"rank {rank}: {g.label}",
                                         nodes=nodes, edges=g.edges, torchviz=g.torchviz))
     graphs.sort(key=lambda g: g.seq)
-    first = traces[0].meta
-    meta = {k: v for k, v in first.items() if k not in ("distributed", "leftover", "sources")}
-    sources: dict[str, str] = {}
-    for trace in traces.values():
-        sources.update(trace.meta.get("sources") or {})
-    meta.update(
-        mode=first.get("mode") or "distributed-pipeline",
-        schedule=base.get("schedule") or first.get("schedule"),
-        microbatches=base.get("microbatches"),
-        sources=sources,
-        distributed={"run_id": base.get("run_id"), "world_size": base.get("world_size"), "merged": True,
-                     "ranks": sorted(headers), "headers": {str(r): headers[r] for r in sorted(headers)},
-                     "stages_by_rank": {str(r): headers[r].get("stages") for r in sorted(headers)},
-                     "planned_order": _planned(headers), "clock_alignment": clocks,
-                     "alignment": check_order(events)})
+    meta = merged_meta(traces, headers)
+    meta["distributed"] = {
+        "run_id": base.get("run_id"), "world_size": base.get("world_size"), "merged": True,
+        "ranks": sorted(headers), "headers": {str(r): headers[r] for r in sorted(headers)},
+        "stages_by_rank": {str(r): headers[r].get("stages") for r in sorted(headers)},
+        "planned_order": _planned(headers), "clock_alignment": clocks, "alignment": check_order(events),
+        "missing_ranks": missing}
+    if missing or "partial" in meta:
+        meta["partial"] = {"missing_ranks": missing, "ranks": meta.pop("partial", {})}
     return Trace(events=events, memory=memory, graphs=graphs, meta=meta)
 
 
@@ -268,18 +411,29 @@ def _merge_memory(traces: dict[int, Trace], offsets: dict[int, Any],
     return [r[3] for r in readings]
 
 
-def merge_run(folder: str) -> tuple[Trace, str]:
-    """(merged trace, run folder) of the run in `folder` (see `find_rank_files`)."""
+def merge_run(folder: str, *, partial: bool = False) -> tuple[Trace, str]:
+    """(merged trace, run folder) of the run in `folder` (see `find_rank_files`); `partial` as in `merge_traces`."""
     run, files = find_rank_files(folder)
     traces = {rank: Trace.load(path) for rank, path in files.items()}
-    return merge_traces(traces, run), run
+    return merge_traces(traces, run, files=files, partial=partial), run
 
 
 def _describe(trace: Trace, run: str, output: str) -> str:
     dist = trace.meta["distributed"]
     check = dist["alignment"]
-    lines = [f"merged {dist['world_size']} ranks of run {dist['run_id']} ({run}): {len(trace.events)} events, "
-             f"{len({e.handle_id for e in trace.events if e.handle_id is not None})} handles -> {output}"]
+    missing = dist.get("missing_ranks") or []
+    merged = dist["world_size"] - len(missing)
+    lines = [f"merged {merged} {'ranks' if merged != 1 else 'rank'} of run {dist['run_id']} ({run}): "
+             f"{len(trace.events)} events, {len({e.handle_id for e in trace.events if e.handle_id is not None})} "
+             f"handles -> {output}"]
+    if missing:
+        lines.append(f"  PARTIAL: ranks {listed(missing)} of {dist['world_size']} left no file (marked missing in "
+                     "meta.distributed.missing_ranks)")
+    for rank, ending in sorted(((trace.meta.get("partial") or {}).get("ranks") or {}).items()):
+        if isinstance(ending, dict):
+            lines.append(f"  rank {rank} ended early: {ending.get('reason')}"
+                         + (f" {ending['signal']}" if ending.get("signal") else "")
+                         + (f" ({ending['error']})" if ending.get("error") else ""))
     for rank, how in dist["clock_alignment"].items():
         lines.append(f"  rank {rank} clock: {how}")
     if not check["edges_checked"]:
@@ -301,7 +455,7 @@ def merge_command(args: argparse.Namespace) -> int:
     output = args.output or os.path.join(run, "merged.json")
     check_writable(output, _API)
     traces = {rank: Trace.load(path) for rank, path in files.items()}
-    trace = merge_traces(traces, run)
+    trace = merge_traces(traces, run, files=files, partial=getattr(args, "partial", False))
     trace.save(output)
     print(_describe(trace, run, output))
     return 0 if not trace.meta["distributed"]["alignment"]["receives_before_send"] else 1

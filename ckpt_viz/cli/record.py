@@ -198,15 +198,16 @@ def record_distributed_command(argv: list[str]) -> int:
     env = {**os.environ, "CKPT_VIZ_DISTRIBUTED_DIR": out}
     env.setdefault("OMP_NUM_THREADS", "1")
     done = subprocess.run(torchrun_argv(args), env=env)
+    new = sorted(set(os.listdir(out)) - before)
     if done.returncode != 0:
         print(f"ckpt-viz record --distributed: torchrun exited with status {done.returncode}; rank files so far "
-              f"are in {out}.", file=sys.stderr)
-        return done.returncode
-    new = sorted(set(os.listdir(out)) - before)
+              f"are in {out}" + ("; merging what exists (--partial)." if len(new) == 1 else "."), file=sys.stderr)
     if args.no_merge or args.torchrun_nnodes not in (None, "1") or len(new) != 1:
         print(f"rank traces in {out}" + (f"/{new[0]}" if len(new) == 1 else "") +
               "; merge them with `ckpt-viz merge <folder>`")
-        return 0
+        return done.returncode
     from ckpt_viz.cli.merge import merge_command
 
-    return merge_command(argparse.Namespace(dir=os.path.join(out, new[0]), output=None))
+    merged = merge_command(argparse.Namespace(dir=os.path.join(out, new[0]), output=None,
+                                              partial=done.returncode != 0))
+    return done.returncode or merged

@@ -64,7 +64,6 @@ import torch
 from ckpt_viz import bus
 from ckpt_viz.probe.ledger import RANK, Ledger
 from ckpt_viz.probe.memory import MemoryProbe, join_layer, leave_layer
-
 from ckpt_viz.runtime import memtags
 
 __all__ = ["AllocationProbe", "open_probe"]

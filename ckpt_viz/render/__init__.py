@@ -8,9 +8,9 @@ and computes nothing of its own; colours are `palette`'s, words `ckpt_viz.analys
     graph      the autograd graph at the cursor (checkpoint regions) and torchviz's view, as graphviz.Digraph
     routing    the DX/DW routing of the backward pass at the cursor, as graphviz.Digraph
     svg        DOT drawn by `dot` as inert SVG
-    memory     bytes by category over the run, runs compared, peaks (altair)
+    memory     bytes by category over the run, runs compared, peaks, each rank of a merged run (altair)
     swimlane   handle lifecycles as lanes (altair)
-    timeline   the pipeline schedule and bytes per stage (altair)
+    timeline   the pipeline schedule, bytes per stage on its x, busy and idle time per rank and stage (altair)
     perfetto   the Chrome trace-event format
     palette    the colours
 """

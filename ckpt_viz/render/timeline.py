@@ -8,7 +8,8 @@ altair and never torch or a UI runtime. Colours: `ckpt_viz.render.palette`; word
 
     render_timeline(trace, cursor=seq, x="time" | "tick" | "events")
     render_stage_memory(trace, cursor=seq, x=...)   bytes per stage on the same x as the timeline
-    render_bubbles(trace, step=...)                  busy and idle time per rank and stage in a step
+    render_bubbles(trace, step=...)                  busy and idle time per rank and stage in a step (the words:
+                                                     `analysis.actions.bubble_lines`, `bubble_rows`)
 
 NOTE [ Timeline x ]
   1. x = "time": microseconds from the first event (the merged trace's aligned clock);
@@ -28,7 +29,7 @@ from typing import Any
 
 import altair as alt
 
-from ckpt_viz.analysis.actions import Action, actions, bubble_lines, bubbles, tick_at
+from ckpt_viz.analysis.actions import Action, actions, bubbles, tick_at
 from ckpt_viz.analysis.memory import stage_memory
 from ckpt_viz.analysis.passes import PARTS
 from ckpt_viz.analysis.words import format_bytes, part_word
@@ -205,8 +206,7 @@ def _stage_memory(trace: Trace, rows: list[dict[str, Any]], cursor: int | None, 
 
 def render_bubbles(trace: Trace, *, step: Any = None, datasets: dict[str, list[dict]] | None = None) -> alt.Chart:
     """One bar per rank and per stage over a step (`analysis.actions.bubbles`): its busy time, then its idle time
-    (the bubble), labelled with the bubble's share; the step's time and bubble in the title. `step`: the step tag
-    (default: the first recorded step)."""
+    (the bubble), labelled with the bubble's share. `step`: the step tag (default: the first recorded step)."""
     with collecting(datasets):
         return _bubbles(trace, step)
 
@@ -244,6 +244,6 @@ def _bubbles(trace: Trace, step: Any) -> alt.Chart:
     labels = base.transform_filter("datum.part == 'idle'").mark_text(
         align="right", dx=-4, fontSize=11, color=palette.PEAK_COLOUR).encode(
         y=alt.Y("lane:N", sort=lanes), x=alt.value("width"), text="share:N")
-    lines = bubble_lines(trace)
-    title = lines[index] if index < len(lines) else "no pipeline actions"
+    title = "no pipeline actions" if figures is None else \
+        f"{'the step' if figures.step is None else f'step {figures.step}'}: busy and idle time per rank and stage"
     return alt.layer(bars, labels).properties(height=max(60, 26 * len(lanes)), title=title)

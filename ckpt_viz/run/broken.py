@@ -303,6 +303,20 @@ def _metadata_mismatch(run: BrokenRun) -> None:
     out.sum().backward()
 
 
+def _unasked_accumulation(run: BrokenRun) -> None:
+    x, w = _leaf(4, 8), _leaf(8, 8)
+    w_other = _leaf(8, 8)  # captured by the block, never asked for
+
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(t @ w) @ w_other
+    block.__qualname__ = block.__name__ = "block"
+    out = checkpoint(block, x, use_reentrant=True)  # outside a split scope
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the UnaskedAccumulationWarning: the finding says it
+        torch.autograd.grad(out.sum(), [x])  # input grads only, as a pipeline stage's I action asks
+
+
 BROKEN: dict[str, BrokenScenario] = {
     "dx-after-dw": BrokenScenario("DX after DW", "released_by_dw", _dx_after_dw),
     "second-backward": BrokenScenario("A second ordinary backward", "released_by_ordinary_backward",
@@ -337,6 +351,8 @@ BROKEN: dict[str, BrokenScenario] = {
                                            _saved_count_mismatch, mode="nonreentrant"),
     "metadata-mismatch": BrokenScenario("The replay sees another shape", "metadata_mismatch", _metadata_mismatch,
                                         mode="nonreentrant"),
+    "unasked-accumulation": BrokenScenario("autograd.grad through an unscoped checkpoint",
+                                           "unasked_grads_accumulated", _unasked_accumulation, mode="reentrant"),
 }
 
 # Modules that add their scenarios to BROKEN at import (NOTE rule 2); imported on first use.

@@ -112,8 +112,7 @@ def _on_event(event: EventBase) -> None:
 def _adopt(handle: Any, created: EventBase) -> None:
     """Give `handle` a story; its own `_emit` writes into it from now on (see NOTE rule 2)."""
     global _live
-    handle._story = _Story()
-    handle._story.add(created)
+    handle._story = _Story()  # `created` goes in when the handle's own `_emit` that emitted it returns (rule 2)
     with _lock:
         _live += 1
     weakref.finalize(handle, _forget)

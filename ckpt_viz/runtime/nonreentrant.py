@@ -52,10 +52,10 @@ from ckpt_viz.runtime import compat, divergence, memtags
 from ckpt_viz.runtime import debug as _debug
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.graphmark import HANDLE_KEY, mark_new_nodes
+from ckpt_viz.runtime.labels import label_of
 from ckpt_viz.runtime.owners import qualname
 from ckpt_viz.runtime.recompute_state import compose_context_fns, create_recompute_contexts
 from ckpt_viz.runtime.reentrant import new_handle_id
-from ckpt_viz.runtime.labels import label_of
 from ckpt_viz.runtime.state import ExecutionState
 from ckpt_viz.runtime.tensor_meta import meta
 

@@ -74,6 +74,7 @@ from ckpt_viz.runtime.reentrant_handle import (
     qualname,
     tensors_of,
 )
+from ckpt_viz.runtime.split import running_helper
 from ckpt_viz.runtime.state import ExecutionState, noop_context_fn
 
 __all__ = [
@@ -206,7 +207,7 @@ def _run_backward(frame: ReentrantCheckpointHandle, grad_outputs: tuple) -> tupl
             f"h{frame.handle_id}): its gradients come from a replay inside backward and would not be "
             "differentiable.\nTip: use use_reentrant=False for higher-order gradients, or drop create_graph=True.")
     if frame.split and frame.phase == "ordinary":
-        raise PhaseNotSetError(frame.handle_id)
+        raise PhaseNotSetError(frame.handle_id, running_helper())
     frame.recompute()
     outputs = tensors_of(frame.replay_outputs)
     if not any(v.requires_grad for v in outputs):

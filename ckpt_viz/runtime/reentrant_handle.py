@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,7 +35,7 @@ from ckpt_viz.events import (
     ReplayStarted,
 )
 from ckpt_viz.runtime import debug as _debug
-from ckpt_viz.runtime import memtags, owners
+from ckpt_viz.runtime import memtags, owners, unasked
 from ckpt_viz.runtime import session as _session
 from ckpt_viz.runtime.handle_ids import _LIVE, new_handle_id, restart_handle_ids  # noqa: F401 (_LIVE: debug lookup)
 from ckpt_viz.runtime.owners import qualname
@@ -211,6 +210,8 @@ class ReentrantCheckpointHandle:
                 item.grad = None
         if bus.enabled:
             return self._recorded_gradients(values, grads)
+        if unasked.pending and not self.split:  # See NOTE [ Unasked accumulation ] in unasked.py, rule 4.
+            return unasked.checked_gradients(self, values, grads)
         watch, self.divergence = self.divergence, None
         with watch.gradients(self._emit) if watch is not None else memtags.NULL:
             torch.autograd.backward(values, grads, retain_graph=self.retain_graph)
@@ -220,6 +221,7 @@ class ReentrantCheckpointHandle:
         """`_gradients`' ordinary or DW pass while somebody listens: the same backward, and the captured-parameter
         report around it."""
         before = owners.grad_states(self._captured(values))
+        states = unasked.before(self, values) if not self.split else None  # unasked.py NOTE rule 4: every time
         watch, self.divergence = self.divergence, None
         backward = torch.autograd.backward  # a recording's wrapper passes an inner pass through: call what it wraps
         backward = getattr(backward, "_ckpt_viz_original", backward)  # (ckpt_viz/recording.py, `_watched`)
@@ -227,6 +229,7 @@ class ReentrantCheckpointHandle:
             backward(values, grads, retain_graph=self.retain_graph)
         if before[0]:
             self._captured_report = owners.captured_report(before)
+        unasked.after(self, states)
         return tuple([item.grad if item.requires_grad else None for item in self.replay_inputs])
 
     def _captured(self, values: tuple) -> Sequence[torch.Tensor]:

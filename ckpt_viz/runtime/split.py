@@ -17,6 +17,7 @@ NOTE [ One replay per micro-batch ]
 """
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
@@ -24,8 +25,22 @@ import torch
 
 from ckpt_viz.errors import CheckpointUsageError
 from ckpt_viz.runtime import session as _session
+from ckpt_viz.runtime.handover import launch_context
 
-__all__ = ["backward_input", "backward_weight"]
+__all__ = ["backward_input", "backward_weight", "running_helper"]
+
+_RUNNING: contextvars.ContextVar[str | None] = contextvars.ContextVar("ckpt_viz_split_helper", default=None)
+
+
+def running_helper() -> str | None:
+    """"ckpt_viz.backward_input" / "ckpt_viz.backward_weight" while that helper's autograd call runs, else None
+    (a handle it reaches in phase "ordinary" was left out of its `handles=`); on an engine device thread, read in
+    the context that launched the backward."""
+    helper = _RUNNING.get()
+    if helper is None:
+        launched = launch_context()
+        helper = launched.get(_RUNNING) if launched is not None else None
+    return helper
 
 
 def _as_tuple(value: Any) -> tuple:
@@ -90,7 +105,11 @@ def backward_input(outputs: Any, grad_outputs: Any, inputs: Sequence[torch.Tenso
         return (None,) * len(inputs)
 
     def run() -> tuple:
-        return torch.autograd.grad(outputs, targets, grads, retain_graph=True, allow_unused=True)
+        token = _RUNNING.set("ckpt_viz.backward_input")
+        try:
+            return torch.autograd.grad(outputs, targets, grads, retain_graph=True, allow_unused=True)
+        finally:
+            _RUNNING.reset(token)
 
     if session_id is None:
         computed = iter(run())
@@ -116,13 +135,17 @@ def backward_weight(outputs: Any, grad_outputs: Any, params: Iterable[torch.Tens
     triggers = [h.backward_trigger for h in handles
                 if h.mode == "reentrant" and h.backward_trigger is not None]
     targets = [p for p in params if p.requires_grad] + triggers
-    if session_id is None:
-        if targets:
-            torch.autograd.backward(outputs, grads, inputs=targets)
-        return
+    token = _RUNNING.set("ckpt_viz.backward_weight")
     try:
-        with _session.recompute_session_ctx(session_id, retain_on_unpack=False):
+        if session_id is None:
             if targets:
                 torch.autograd.backward(outputs, grads, inputs=targets)
+            return
+        try:
+            with _session.recompute_session_ctx(session_id, retain_on_unpack=False):
+                if targets:
+                    torch.autograd.backward(outputs, grads, inputs=targets)
+        finally:
+            _session.clear_recompute_session(session_id)
     finally:
-        _session.clear_recompute_session(session_id)
+        _RUNNING.reset(token)

@@ -152,7 +152,7 @@ def _reentrant_backward(ctx: Any, region: TorchRegion, grads: tuple) -> Any:
     state.backward_site = event.site if event is not None else None
     try:
         result = _BASE.backward(ctx, *grads)
-    except BaseException as exc:
+    except BaseException:
         if not state.released:
             state.released = True
             state.emit(Released, reason="backward_exception", was_replayed=state.replays > 0, site=state.backward_site)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -21,6 +21,8 @@ from ckpt_viz.events import Count, Event, EventBase, Id, Name, Nanos, Shape
 from ckpt_viz.vocabulary import Kind, MemoryCategory, NodeKind, Phase
 
 __all__ = [
+    "MAX_SOURCE_CHARS",
+    "MAX_SOURCE_SITES",
     "SCHEMA_VERSION",
     "GraphNode",
     "GraphSnapshot",
@@ -33,6 +35,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3  # 3: typed events (one object per event, tagged by kind); 2 was the packed columns
+MAX_SOURCE_SITES = 4096  # meta["sources"]: lines of code kept per trace (ckpt_viz/recording.py NOTE rule 7)
+MAX_SOURCE_CHARS = 400  # and characters kept per line
 
 Bytes = Annotated[int, Meta(ge=0, le=2**56)]  # one category's bytes: sums of a few stay far below 2**63
 StageName = Annotated[str, Meta(max_length=64)]
@@ -66,7 +70,7 @@ class MemorySample(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_def
         return sum(self.bytes_by_category.values())
 
 
-NodeRef = Union[Count, Annotated[str, Meta(max_length=64)]]
+NodeRef = Count | Annotated[str, Meta(max_length=64)]
 
 
 class GraphNode(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
@@ -195,7 +199,11 @@ class Trace:
     # -- files (ckpt_viz.trace._codec)
 
     def to_json(self) -> bytes:
-        """The trace file's bytes (uncompressed JSON), as `save` writes them."""
+        """The trace file's bytes (uncompressed JSON), as `save` writes them.
+
+        Raises:
+            TraceError: a value is not JSON.
+        """
         from ckpt_viz.trace._codec import encode
 
         return encode(self)

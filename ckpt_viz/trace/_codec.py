@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from functools import lru_cache
 from os import PathLike
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -34,18 +35,18 @@ from msgspec import Meta
 
 from ckpt_viz.errors import TraceError
 from ckpt_viz.events import Count, Event, Name, Site
-from ckpt_viz.trace import SCHEMA_VERSION, GraphSnapshot, MemorySample
-from ckpt_viz.trace import files
+from ckpt_viz.plan.schema import PlanProfile
+from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, SCHEMA_VERSION, GraphSnapshot, MemorySample, files
 
 if TYPE_CHECKING:
     from ckpt_viz.trace import Trace
 
-__all__ = ["FORMAT", "MAX_SOURCE_CHARS", "MAX_SOURCE_SITES", "decode", "encode", "load", "package_version", "save"]
+__all__ = ["FORMAT", "decode", "encode", "load", "package_version", "save"]
 
 FORMAT = "ckpt_viz.trace"
 GZIP_LEVEL = 1  # traces are repetitive: level 1 is several times faster than 9 and nearly as small
-MAX_SOURCE_SITES = 4096  # meta["sources"]: lines of code kept per trace
-MAX_SOURCE_CHARS = 400
+_WRONG_VALUE = ("Tip: a hand-built trace or a runtime hook put a value of the wrong type there; build events with "
+                "their types in ckpt_viz.events and keep meta plain JSON.")
 _RERECORD = ("Tip: record the run again with this version of ckpt_viz (`ckpt-viz record ...`, or your "
              "`with ckpt_viz.record() as rec:` block, then rec.trace.save(path)).")
 
@@ -60,16 +61,30 @@ class _Distributed(msgspec.Struct, omit_defaults=True):
     world_size: Annotated[int, Meta(ge=1, le=1 << 20)] | None = None
     rank: Annotated[int, Meta(ge=0, le=1 << 20)] | None = None
     ranks: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(max_length=1 << 20)] | None = None
+    headers: dict[Annotated[str, Meta(max_length=16)], dict[Annotated[str, Meta(max_length=64)], Any]] | None = None
     missing_ranks: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(max_length=1 << 20)] | None = None
 
 
 class _ReplayChecks(msgspec.Struct):
     policy: Name
-    first_checks: Count
-    budget: float
     checked: Count
     skipped: Count
+    first_checks: Count | None = None
+    budget: float | None = None
     skipped_regions: dict[Name, Count] = {}
+    by_rank: dict[Annotated[str, Meta(max_length=16)], dict[Name, Count]] = {}  # a merged trace: each rank's
+
+
+class _Partial(msgspec.Struct, omit_defaults=True):
+    """Why a run stopped early (a rank's file; NOTE [ Partial runs ] in ckpt_viz/distributed.py), or, merged, which
+    ranks are missing and each present rank's own."""
+
+    reason: Name | None = None
+    signal: Name | None = None
+    error: Annotated[str, Meta(max_length=4096)] | None = None
+    step: Count | None = None
+    missing_ranks: Annotated[list[Annotated[int, Meta(ge=0, le=1 << 20)]], Meta(max_length=1 << 20)] | None = None
+    ranks: dict[Annotated[str, Meta(max_length=16)], Any] | None = None
 
 
 class _Meta(msgspec.Struct):
@@ -87,8 +102,9 @@ class _Meta(msgspec.Struct):
                        ] | None = None
     replay_checks: _ReplayChecks | None = None
     distributed: _Distributed | None = None
-    partial: bool | None = None
+    partial: bool | _Partial | None = None
     partial_reason: Annotated[str, Meta(max_length=4096)] | None = None
+    plan_profile: PlanProfile | None = None  # ckpt_viz.plan.attach: one step profiled for the planner
 
 
 class _Document(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -122,10 +138,18 @@ def package_version() -> str:
 
 # ---------------------------------------------------------------- encode / decode
 
-def encode(trace: Trace) -> bytes:
-    """The JSON bytes of `trace`'s file (format and schema version first)."""
-    return _ENCODER.encode(_Document(format=FORMAT, schema_version=SCHEMA_VERSION, meta=trace.meta,
-                                     events=trace.events, memory=trace.memory, graphs=trace.graphs))
+def encode(trace: Trace, *, name: str = "<bytes>", api: str = "ckpt_viz.Trace.to_json") -> bytes:
+    """The JSON bytes of `trace`'s file (format and schema version first).
+
+    Raises:
+        TraceError: a value is not JSON (an object of another type put into an event or the meta by hand).
+    """
+    try:
+        return _ENCODER.encode(_Document(format=FORMAT, schema_version=SCHEMA_VERSION, meta=trace.meta,
+                                         events=trace.events, memory=trace.memory, graphs=trace.graphs))
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as err:
+        raise TraceError(f"{api}: cannot write {name}: a value of the trace cannot be written as JSON ({err}); "
+                         f"nothing was written.\n{_WRONG_VALUE}") from None
 
 
 def decode(raw: bytes, name: str, api: str, *, max_events: int = files.DEFAULT_MAX_EVENTS) -> Trace:
@@ -134,6 +158,10 @@ def decode(raw: bytes, name: str, api: str, *, max_events: int = files.DEFAULT_M
 
     if not raw.strip():
         raise TraceError(f"{api}: {name} is empty.\n{_RERECORD}")
+    if raw[:1] == b"\x80":  # pickle protocol 2 and later start with PROTO
+        raise TraceError(f"{api}: {name} is not a ckpt_viz trace: it looks like a Python pickle, which ckpt_viz never "
+                         "unpickles (unpickling a file can run any code).\nTip: open a file written by Trace.save or "
+                         "`ckpt-viz record` (plain JSON).")
     try:
         header = _HEADER.decode(raw)
     except msgspec.DecodeError as err:
@@ -153,9 +181,9 @@ def decode(raw: bytes, name: str, api: str, *, max_events: int = files.DEFAULT_M
     try:
         doc = _decoder(max_events).decode(raw)
     except msgspec.ValidationError as err:
-        raise TraceError(f"{api}: {name} is not a valid trace: {_where(err, max_events)}.\n"
-                         "Tip: the file was changed or damaged after it was written; record the run again, or fix "
-                         "that field.") from None
+        tip = (_WRONG_VALUE if api.endswith((".save", ".to_json")) else "Tip: the file was changed or damaged after "
+               "it was written; record the run again, or fix that field.")
+        raise TraceError(f"{api}: {name} is not a valid trace: {_where(err, max_events)}.\n{tip}") from None
     except msgspec.DecodeError as err:
         raise TraceError(f"{api}: {name} is not a valid trace: its JSON is malformed ({err}).\n{_RERECORD}") from None
     _check_order(doc, name, api)
@@ -170,7 +198,10 @@ def decode(raw: bytes, name: str, api: str, *, max_events: int = files.DEFAULT_M
 def _where(err: msgspec.ValidationError, max_events: int) -> str:
     text = str(err)
     message, _, path = text.partition(" - at `")
-    path = path.rstrip("`").removeprefix("$").removeprefix(".")
+    key = path.startswith("key` in `")  # an object's key, e.g. a memory category: "key` in `$.memory[0].by..."
+    path = path.removeprefix("key` in `").rstrip("`").removeprefix("$").removeprefix(".")
+    if key:
+        return f"a key of field {path}: {message}" if path else f"a key: {message}"
     if path == "events" and "length <=" in message:
         return (f"it holds more than {max_events:,} events (the cap; raise it with max_events= or the environment "
                 f"variable {files.MAX_EVENTS_ENV})")
@@ -212,7 +243,7 @@ def save(trace: Trace, path: str | PathLike[str]) -> None:
     name = os.fspath(path)
     api = "ckpt_viz.Trace.save"
     files.check_writable(name, api)
-    payload = encode(trace)
+    payload = encode(trace, name=name, api=api)
     decode(payload, name, api, max_events=max(len(trace.events), 1))  # rule 4: what we write, we read
     if name.endswith(".gz"):
         payload = gzip.compress(payload, compresslevel=GZIP_LEVEL, mtime=0)
@@ -227,5 +258,12 @@ def load(path: str | PathLike[str], *, max_bytes: int | None = None, max_events:
     cap_events = files.limit(max_events, files.MAX_EVENTS_ENV, files.DEFAULT_MAX_EVENTS, "max_events", api)
     raw = files.read_bounded(name, cap_bytes, api)
     if raw[:2] == b"\x1f\x8b":
-        raw = files.gunzip_bounded(raw, cap_bytes, api, name)
+        try:
+            raw = files.gunzip_bounded(raw, cap_bytes, api, name)
+        except EOFError:
+            raise TraceError(f"{api}: {name} is not a valid trace: the gzip data is truncated (the file was cut "
+                             f"short).\n{_RERECORD}") from None
+        except (OSError, zlib.error) as err:
+            raise TraceError(f"{api}: {name} is not a valid trace: it is not a valid gzip file, or it is corrupt "
+                             f"({err}).\n{_RERECORD}") from None
     return decode(raw, name, api, max_events=cap_events)

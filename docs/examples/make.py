@@ -8,6 +8,10 @@ The same as `ckpt-viz record docs/examples/make.py:make_model --mode none` (and 
 samples memory at every layer's forward and backward, so the two timelines have the same points to compare.
 Writes gpt2_no_checkpoint.json.gz and gpt2_checkpoint.json.gz here: open one as a saved trace in the app and the
 other as its partner on the Compare page (docs/screenshots/07_compare.png).
+
+Also zbv_2_ranks.json.gz: a real 2-rank gloo run of examples/pipelining_torchrun.py under torch's ZBVZeroBubble
+(two steps, 4 micro-batches), recorded by `ckpt-viz record --distributed` and merged: the Schedule timeline's step
+time and bubbles per rank and stage, and the Memory page's ranks (docs/screenshots/09_timeline.png).
 """
 from __future__ import annotations
 
@@ -34,6 +38,27 @@ def make_model() -> dict:
     return {"model": model, "inputs": {"input_ids": ids}, "targets": torch.roll(ids, -1, dims=1), "loss": loss}
 
 
+def record_distributed() -> None:
+    """The merged trace of a real 2-rank run (see the module docstring)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from ckpt_viz.cli.merge import merge_run
+
+    root = HERE.parents[1]
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "ckpt_viz", "record", "--distributed", "--nproc-per-node", "2", "--out", out,
+                   "--no-merge", "examples/pipelining_torchrun.py", "--schedule", "ZBVZeroBubble", "--steps", "2"]
+        subprocess.run(command, cwd=root, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        (run,) = os.listdir(out)
+        trace, _ = merge_run(os.path.join(out, run))
+    path = HERE / "zbv_2_ranks.json.gz"
+    trace.save(path)
+    print(f"wrote {path}: {len(trace.events)} events, {len(trace.memory)} samples")
+
+
 def main() -> None:
     import torch
 
@@ -48,6 +73,7 @@ def main() -> None:
         path = HERE / f"{name}.json.gz"
         trace.save(path)
         print(f"wrote {path}: {len(trace.events)} events, {len(trace.memory)} samples")
+    record_distributed()
 
 
 if __name__ == "__main__":

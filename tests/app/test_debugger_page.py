@@ -167,6 +167,7 @@ def test_a_clean_run_whose_replays_were_sampled_says_how_many_were_not_checked(
     assert rec.trace.meta["replay_checks"]["skipped"] == 1 and not diagnose(rec.trace)
     at = _debugger_on_saved(rec.trace, tmp_path / "sampled.json")
     (success,) = [s.value for s in at.success]
-    assert _plain(success) == "No problem found: 0 refused replays, 0 errors; 1 of 1 handle released by the end of the run."
+    assert _plain(success) == ("No problem found: 0 refused replays, 0 errors; 1 of 1 handle released by the end "
+                               "of the run.")
     (warning,) = [_plain(w.value) for w in at.warning]
     assert "0 of 1 checkpointed runs checked" in warning and "1 not checked" in warning and "checks('all')" in warning

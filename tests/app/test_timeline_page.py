@@ -73,9 +73,9 @@ def test_merged_trace_opens_on_the_timeline(merged: Path) -> None:
     (line,) = bubble_lines(trace)
     assert line.startswith("step 0: ") and "rank 0 " in line and "rank 1 " in line
     assert any(shown(m.value) == line for m in at.markdown)
-    table = at.table[0].value
-    assert list(table[""]) == ["rank 0", "rank 1", "stage 0", "stage 1", "stage 2", "stage 3"]
-    assert list(table["bubble"]) == [r["bubble"] for r in bubble_rows(trace)]
+    table = at.table[0].value  # its cells as st.table reads them: markdown, the trace's text escaped
+    assert [shown(v) for v in table[""]] == ["rank 0", "rank 1", "stage 0", "stage 1", "stage 2", "stage 3"]
+    assert [shown(v) for v in table["bubble"]] == [r["bubble"] for r in bubble_rows(trace)]
     lanes = {f"rank {r} · stage {s}" for r, stages in ((0, (0, 3)), (1, (1, 2))) for s in stages}
     assert all(lane in spec for lane in lanes)
     plan = at.dataframe[0].value

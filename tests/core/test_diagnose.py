@@ -1,4 +1,4 @@
-"""diagnose_handle / diagnose_all: every cause of spec 4.2 with a code (R1..R15 but R11), read from recorded traces.
+"""diagnose_handle / diagnose: every cause of spec 4.2 with a code (R1..R15 but R11), read from recorded traces.
 
 The setups are those of tests/runtime/test_reentrant_errors.py. Each test records the
 scenario, then checks the code, the release event (seq and reason) and that
@@ -16,9 +16,11 @@ import pytest
 import torch
 
 import ckpt_viz
-from ckpt_viz.diagnose import Diagnosis, diagnose_all, diagnose_handle
+from ckpt_viz.analysis.diagnosis import diagnose, diagnose_handle
+from ckpt_viz.analysis.findings import Finding
+from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
 from ckpt_viz.errors import GraphReleasedError, HandleReleasedError, PhaseNotSetError
-from ckpt_viz.events import CODE_FOR_REASON, DIAGNOSIS_CODES, RELEASE_REASONS, Event
+from ckpt_viz.events import Event
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import build_builtin
 from ckpt_viz.runtime import (
@@ -32,6 +34,7 @@ from ckpt_viz.runtime import (
 )
 from ckpt_viz.runtime.reentrant import current_frame
 from ckpt_viz.trace import Trace
+from ckpt_viz.vocabulary import RELEASE_REASONS
 from setups import E6, E7
 from setups import leaf as _leaf
 from setups import ordinary as _ordinary
@@ -55,8 +58,8 @@ def _released(trace: Trace, h) -> Event:
     return event
 
 
-def _check(trace: Trace, h, code: str, *, reason: str | None, line: int | None, refused: str | None) -> Diagnosis:
-    """The diagnosis of `h`: code, cause text, release event and reason, site, refusal kind; also in diagnose_all."""
+def _check(trace: Trace, h, code: str, *, reason: str | None, line: int | None, refused: str | None) -> Finding:
+    """The finding of `h`: code, cause text, release event and reason, site, refusal kind; also in diagnose."""
     d = diagnose_handle(trace, h.handle_id)
     assert d.code == code, d.summary
     entry = DIAGNOSIS_CODES[code]
@@ -78,7 +81,7 @@ def _check(trace: Trace, h, code: str, *, reason: str | None, line: int | None, 
     else:
         assert d.refused_event is not None and d.refused_event.kind == refused
         assert d.refused_event.seq > (d.release_event.seq if d.release_event else -1)
-    assert d in diagnose_all(trace)
+    assert d in diagnose(trace)
     return d
 
 
@@ -99,7 +102,7 @@ def test_r1_dx_after_dw() -> None:
         with pytest.raises(HandleReleasedError, match=E7):
             torch.autograd.grad(loss, [x])
     d = _check(rec.trace, h, "released_by_dw", reason="dw_complete", line=line, refused="replay_refused")
-    assert d.error_event.data["type"] == "HandleReleasedError"
+    assert d.error_event.type == "HandleReleasedError"
 
 
 def test_r1_set_phase_dx_after_dw_is_an_e6_refusal() -> None:
@@ -112,7 +115,7 @@ def test_r1_set_phase_dx_after_dw_is_an_e6_refusal() -> None:
         with pytest.raises(HandleReleasedError, match=E6):
             h.set_phase("dx")
     d = _check(rec.trace, h, "released_by_dw", reason="dw_complete", line=line, refused="error")
-    assert d.refused_event.data["where"] == "set_phase" and "set_phase at event" in d.summary
+    assert d.refused_event.where == "set_phase" and "set_phase at event" in d.summary
 
 
 def test_r2_second_ordinary_backward() -> None:
@@ -184,7 +187,7 @@ def test_r4_control_retaining_session_is_ok() -> None:
         clear_recompute_session("r4c")
     d = diagnose_handle(rec.trace, h.handle_id)
     assert d.ok and d.code == "ok" and d.reason == "session_cleared" and d.site.endswith(_here(line))
-    assert diagnose_all(rec.trace) == []
+    assert diagnose(rec.trace) == []
 
 
 def test_r5_forgotten_set_phase() -> None:
@@ -197,7 +200,7 @@ def test_r5_forgotten_set_phase() -> None:
         with pytest.raises(HandleReleasedError, match=E6):
             h.set_phase("dx")
     d = _check(rec.trace, h, "phase_not_set", reason="backward_exception", line=line, refused="error")
-    assert d.error_event.data["type"] == "PhaseNotSetError"
+    assert d.error_event.type == "PhaseNotSetError"
 
 
 def test_r5_without_a_later_refusal_is_still_reported() -> None:
@@ -231,7 +234,7 @@ def test_r6_failing_replay() -> None:
             loss.backward()
     d = _check(rec.trace, h, "released_after_backward_error", reason="backward_exception", line=line,
                refused="replay_refused")
-    assert d.error_event.data["type"] == "ValueError" and "ValueError in the backward" in d.summary
+    assert d.error_event.type == "ValueError" and "ValueError in the backward" in d.summary
 
 
 def test_r7_failing_forward() -> None:
@@ -252,7 +255,7 @@ def test_r7_failing_forward() -> None:
             recompute_handle(h, "r7")
     d = _check(rec.trace, h, "released_after_forward_error", reason="forward_exception", line=line,
                refused="replay_refused")
-    assert d.error_event.data["type"] == "KeyError" and "the forward raised KeyError" in d.summary
+    assert d.error_event.type == "KeyError" and "the forward raised KeyError" in d.summary
     clear_recompute_session("r7")
 
 
@@ -306,7 +309,7 @@ def test_r10_outputs_dropped_before_replay() -> None:
                refused="replay_refused")
     (collected,) = [e for e in rec.trace.for_handle(h.handle_id) if e.kind == "node_collected"]
     assert d.release_event == collected and f"event #{collected.seq}" in d.summary
-    assert d.refused_event.data["reason"] == "node_collected" and d.refused_event.site.endswith(_here(line))
+    assert d.refused_event.reason == "node_collected" and d.refused_event.site.endswith(_here(line))
     clear_recompute_session("r10")
 
 
@@ -315,8 +318,8 @@ def test_r12_dw_without_the_trigger_leaks_the_handle() -> None:
     h, loss = _split(x, w)
     with ckpt_viz.record() as rec:
         backward_input(loss, None, [x], handles=[h])
-        line = _next_line()
         h.set_phase("dw")
+        line = _next_line()  # the faulty call: the DW whose inputs lack the trigger
         torch.autograd.backward(loss, inputs=[w], retain_graph=True)
     d = _check(rec.trace, h, "trigger_missing_in_dw", reason=None, line=line, refused=None)
     assert d.release_event is None and h.released is False
@@ -335,7 +338,7 @@ def test_r13_dx_without_retain_graph_leaks_the_handle() -> None:
             h.set_phase("dw")
             torch.autograd.backward(loss, inputs=[w, h.backward_trigger])
     d = _check(rec.trace, h, "dx_without_retain_graph", reason=None, line=line, refused=None)
-    assert d.error_event.kind == "error" and d.error_event.data["where"] == "autograd.backward"
+    assert d.error_event.kind == "error" and d.error_event.where == "autograd.backward"
     assert h.released is False
     h.release()
 
@@ -365,7 +368,7 @@ def test_r14_bind_inside_another_session_is_e10() -> None:
                 line = _next_line()
                 h.bind_session("a")
     d = _check(rec.trace, h, "session_mismatch", reason=None, line=line, refused=None)
-    assert d.release_event is None and d.error_event.data["where"] == "bind_session"
+    assert d.release_event is None and d.error_event.where == "bind_session"
 
 
 def test_r15_prefire_after_ordinary_backward() -> None:
@@ -401,7 +404,7 @@ def test_r15_prefire_after_dw() -> None:
 @pytest.mark.parametrize("mode", ["reentrant", "nonreentrant", "split-reentrant", "split-nonreentrant", "pipeline"])
 def test_clean_runs_have_no_problem(mode: str) -> None:
     trace = run_scenario(build_builtin("pipeline" if mode == "pipeline" else "closure"), mode)
-    assert diagnose_all(trace) == []
+    assert diagnose(trace) == []
     for h in trace.handle_ids():
         assert diagnose_handle(trace, h).ok
 
@@ -416,7 +419,7 @@ def test_hand_built_traces() -> None:
                          "was refused.")
     assert diagnose_handle(split_trace(), 1).ok
     # the hand-built split trace gives one captured bias no gradient (accumulated False): a silent problem
-    assert {(d.code, d.handle_id) for d in diagnose_all(split_trace())} == {("params_without_grad", 0),
+    assert {(d.code, d.handle_id) for d in diagnose(split_trace())} == {("params_without_grad", 0),
                                                                           ("params_without_grad", 1)}
     assert diagnose_handle(split_trace(), 99).code == "ok"  # unknown handle: nothing to report
 

@@ -17,7 +17,7 @@ import torch
 import ckpt_viz
 from ckpt_viz import bus
 from ckpt_viz.errors import CheckpointError, CheckpointUsageError
-from ckpt_viz.events import EVENT_KINDS, RELEASE_REASONS
+from ckpt_viz.events import EVENT_TYPES, fields_of
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -28,15 +28,17 @@ from ckpt_viz.runtime import (
     recompute_session_ctx,
     reentrant_checkpoint_scope,
 )
+from ckpt_viz.vocabulary import KINDS, RELEASE_REASONS
+from traces import kinds
 
 ORDINARY_RUN = [
     "handle_created", "forward_started", "forward_finished",
-    "backward_entered", "replay_started", "replay_finished", "grads_routed", "released",
+    "backward_called", "backward_entered", "replay_started", "replay_finished", "grads_routed", "released",
 ]
 SPLIT_RUN = [
     "handle_created", "forward_started", "forward_finished",
-    "phase_set", "backward_entered", "replay_started", "replay_finished", "grads_routed",
-    "phase_set", "backward_entered", "grads_routed", "released",
+    "phase_set", "backward_called", "backward_entered", "replay_started", "replay_finished", "grads_routed",
+    "phase_set", "backward_called", "backward_entered", "grads_routed", "released",
 ]
 
 
@@ -90,29 +92,33 @@ def test_ordinary_run_sequence_and_fields(quiet_gc) -> None:
         backward_line = _next_line()
         loss.backward()
     events = rec.trace.events
-    assert rec.trace.kinds() == ORDINARY_RUN
+    assert kinds(rec.trace) == ORDINARY_RUN
     assert [e.seq for e in events] == list(range(len(ORDINARY_RUN)))
     assert [e.t_ns for e in events] == sorted(e.t_ns for e in events)
-    (hid,) = {e.handle_id for e in events}
+    called = events[3]  # the user's backward call: no handle yet
+    assert (called.handle_id, called.mode, called.phase, called.api, called.inputs) == (
+        None, None, None, "autograd.backward", None)
+    about_the_handle = [e for e in events if e is not called]
+    (hid,) = {e.handle_id for e in about_the_handle}
     assert isinstance(hid, int)
-    assert {e.mode for e in events} == {"reentrant"}
-    assert [e.phase for e in events] == ["ordinary"] * len(ORDINARY_RUN)
+    assert {e.mode for e in about_the_handle} == {"reentrant"}
+    assert [e.phase for e in about_the_handle] == ["ordinary"] * (len(ORDINARY_RUN) - 1)
     assert {e.session_id for e in events} == {None}
     assert all(dict(e.tags) == {} for e in events)
 
-    created, _, finished, entered, started, replayed, routed, released = events
+    created, _, finished, called, entered, started, replayed, routed, released = events
     _assert_site(created.site, created_line)
-    for event in (entered, started, replayed, routed, released):
+    for event in (called, entered, started, replayed, routed, released):
         _assert_site(event.site, backward_line)
-    assert created.data["split"] is False and created.data["input_count"] == 1
-    assert created.data["collector"] == "none"
-    assert created.data["function"].endswith("region")
-    assert finished.data["non_differentiable"] == []
-    assert started.data["trigger"] == "backward" and replayed.data["trigger"] == "backward"
-    assert routed.data["targets"] == [0] and routed.data["explicit_params"] == []
-    assert [c["accumulated"] for c in routed.data["captured"]] == [True]  # w, through the closure
-    assert released.data["reason"] == "ordinary_backward_complete"
-    assert released.data["was_replayed"] is True
+    assert created.split is False and created.input_count == 1
+    assert created.collector == "none"
+    assert created.function.endswith("region")
+    assert finished.non_differentiable == ()
+    assert started.trigger == "backward" and replayed.trigger == "backward"
+    assert routed.targets == (0,) and routed.explicit_params == ()
+    assert [c.accumulated for c in routed.captured] == [True]  # w, through the closure
+    assert released.reason == "ordinary_backward_complete"
+    assert released.was_replayed is True
 
     gx, gw, _ = _reference(x, w)
     assert torch.equal(x.grad, gx) and torch.equal(w.grad, gw)
@@ -135,28 +141,32 @@ def test_split_run_sequence_and_fields(quiet_gc) -> None:
         dw_line = _next_line()
         backward_weight(loss, None, [w, b], handles=handles)
     events = rec.trace.events
-    assert rec.trace.kinds() == SPLIT_RUN
-    assert {e.handle_id for e in events} == {handles[0].handle_id}
-    assert {e.mode for e in events} == {"reentrant"}
-    assert [e.phase for e in events] == ["ordinary"] * 3 + ["dx"] * 5 + ["dw"] * 4
+    assert kinds(rec.trace) == SPLIT_RUN
+    calls = rec.trace.of_kind("backward_called")
+    assert [(e.api, e.inputs, e.handle_id) for e in calls] == [("autograd.grad", 1, None),
+                                                               ("autograd.backward", 3, None)]
+    about_the_handle = [e for e in events if e.kind != "backward_called"]
+    assert {e.handle_id for e in about_the_handle} == {handles[0].handle_id}
+    assert {e.mode for e in about_the_handle} == {"reentrant"}
+    assert [e.phase for e in about_the_handle] == ["ordinary"] * 3 + ["dx"] * 5 + ["dw"] * 4
 
     created = events[0]
     _assert_site(created.site, created_line)
-    assert created.data["split"] is True and created.data["collector"] == "scope"
-    assert created.data["param_input_mask"] == [False, True]
-    for event in events[3:8]:
+    assert created.split is True and created.collector == "scope"
+    assert created.param_input_mask == (False, True)
+    for event in events[3:9]:
         _assert_site(event.site, dx_line)
-    for event in events[8:]:
+    for event in events[9:]:
         _assert_site(event.site, dw_line)
     phase_sets = rec.trace.of_kind("phase_set")
-    assert [dict(e.data) for e in phase_sets] == [{"old": "ordinary", "new": "dx"},
+    assert [fields_of(e) for e in phase_sets] == [{"old": "ordinary", "new": "dx", "outer_graph_freed": None},
                                                   {"old": "dx", "new": "dw", "outer_graph_freed": False}]
     dx_routed, dw_routed = rec.trace.of_kind("grads_routed")
-    assert dx_routed.data["targets"] == [0] and dx_routed.data["activations"] == [0]
-    assert dw_routed.data["targets"] == [1] and dw_routed.data["explicit_params"] == [1]
-    assert dw_routed.data["discarded_activations"] == [0]
-    assert [c["accumulated"] for c in dw_routed.data["captured"]] == [True]  # b
-    assert events[-1].data["reason"] == "dw_complete"
+    assert dx_routed.targets == (0,) and dx_routed.activations == (0,)
+    assert dw_routed.targets == (1,) and dw_routed.explicit_params == (1,)
+    assert dw_routed.discarded_activations == (0,)
+    assert [c.accumulated for c in dw_routed.captured] == [True]  # b
+    assert events[-1].reason == "dw_complete"
     assert handles[0].released is True
 
     gx, gw, gb = _reference(x, w, b)
@@ -175,18 +185,18 @@ def test_prefire_session_sequence(quiet_gc) -> None:
         with recompute_session_ctx("mb0", retain_on_unpack=True):
             out.sum().backward()
         clear_recompute_session("mb0")
-    assert rec.trace.kinds() == [
+    assert kinds(rec.trace) == [
         "prefired", "session_bound", "session_activated", "replay_started", "replay_finished",
-        "session_deactivated", "session_activated", "backward_entered", "grads_routed",
+        "session_deactivated", "session_activated", "backward_called", "backward_entered", "grads_routed",
         "session_deactivated", "released", "session_cleared",
     ]
     prefired, _bound, activated = rec.trace.events[:3]
     _assert_site(prefired.site, line)
-    assert prefired.data["path"] == "temporary_session" and prefired.session_id == "mb0"
-    assert activated.data == {"retain_on_unpack": True, "handles": [h.handle_id]}
-    assert rec.trace.of_kind("replay_started")[0].data["trigger"] == "prefire"
-    assert rec.trace.of_kind("released")[0].data["reason"] == "session_cleared"
-    assert rec.trace.of_kind("session_cleared")[0].data["handles"] == [h.handle_id]
+    assert prefired.path == "temporary_session" and prefired.session_id == "mb0"
+    assert fields_of(activated) == {"retain_on_unpack": True, "handles": (h.handle_id,)}
+    assert rec.trace.of_kind("replay_started")[0].trigger == "prefire"
+    assert rec.trace.of_kind("released")[0].reason == "session_cleared"
+    assert rec.trace.of_kind("session_cleared")[0].handles == (h.handle_id,)
 
 
 def test_every_release_reason_is_in_the_vocabulary() -> None:
@@ -216,11 +226,11 @@ def test_every_release_reason_is_in_the_vocabulary() -> None:
             out = checkpoint(region, _leaf(2, 3), use_reentrant=True)
         with pytest.raises(RuntimeError, match="Set dx or dw phase"):
             out.sum().backward()  # backward_exception
-    reasons = [e.data["reason"] for e in rec.trace.of_kind("released")]
+    reasons = [e.reason for e in rec.trace.of_kind("released")]
     assert reasons == ["ordinary_backward_complete", "dw_complete", "explicit_release", "session_cleared",
                        "forward_exception", "backward_exception"]
     assert set(reasons) == set(RELEASE_REASONS)
-    assert set(rec.trace.kinds()) <= set(EVENT_KINDS)
+    assert set(kinds(rec.trace)) <= set(KINDS) == set(EVENT_TYPES)
 
 
 def test_tags_are_stamped_on_events_inside_the_block(quiet_gc) -> None:
@@ -240,7 +250,7 @@ def test_tags_are_stamped_on_events_inside_the_block(quiet_gc) -> None:
     assert [dict(e.tags) for e in events[:inside]] == [{"stage": 0, "microbatch": 1}] * inside
     assert [dict(e.tags) for e in events[inside:nested]] == [
         {"stage": 0, "microbatch": 1, "chunk": "a"}] * (nested - inside)
-    assert [e.kind for e in events[nested:]] == ["backward_entered", "replay_refused", "error"]
+    assert [e.kind for e in events[nested:]] == ["backward_called", "backward_entered", "replay_refused", "error"]
     assert all(dict(e.tags) == {} for e in events[nested:])
     assert dict(bus.current_tags()) == {}
 
@@ -261,7 +271,7 @@ def test_error_event_when_an_exception_leaves_a_public_api(quiet_gc) -> None:
                 with recompute_session_ctx("t"):
                     pass
     errors = rec.trace.of_kind("error")
-    assert [(e.data["where"], e.data["type"], e.data["message"]) for e in errors] == [
+    assert [(e.where, e.type, e.message) for e in errors] == [
         ("set_phase", "CheckpointUsageError", str(bad_phase.value)),
         ("checkpoint", "CheckpointUsageError", str(bad_flag.value)),
         ("ckpt_viz.recompute_session_ctx", "CheckpointError", str(nested.value)),
@@ -269,9 +279,9 @@ def test_error_event_when_an_exception_leaves_a_public_api(quiet_gc) -> None:
     assert errors[0].handle_id == h.handle_id and errors[0].mode == "reentrant"
     assert errors[0].phase == "ordinary"
     _assert_site(errors[0].site, line + 1)
-    assert "use_reentrant must be bool" in errors[1].data["message"]
-    assert "Nested recompute session contexts" in errors[2].data["message"]
-    assert rec.trace.kinds() == ["error", "error", "session_activated", "error", "session_deactivated"]
+    assert "use_reentrant must be bool" in errors[1].message
+    assert "Nested recompute session contexts" in errors[2].message
+    assert kinds(rec.trace) == ["error", "error", "session_activated", "error", "session_deactivated"]
 
 
 def test_error_event_from_the_engine_callback(quiet_gc) -> None:
@@ -281,19 +291,20 @@ def test_error_event_from_the_engine_callback(quiet_gc) -> None:
     with ckpt_viz.record() as rec:
         with pytest.raises(RuntimeError, match="Set dx or dw phase") as info:
             out.sum().backward()
-    assert rec.trace.kinds() == ["backward_entered", "error", "released"]
-    error = rec.trace.events[1]
-    assert error.data["where"] == "backward" and error.data["type"] == "PhaseNotSetError"
-    assert error.data["message"] == str(info.value) and error.handle_id == handles[0].handle_id
+    assert kinds(rec.trace) == ["backward_called", "backward_entered", "error", "released"]
+    error = rec.trace.events[2]
+    assert error.where == "backward" and error.type == "PhaseNotSetError"
+    assert error.message == str(info.value) and error.handle_id == handles[0].handle_id
 
 
 def test_exception_inside_record_block_emits_error_where_record() -> None:
     with pytest.raises(KeyError):
         with ckpt_viz.record() as rec:
             raise KeyError("user bug")
-    assert rec.trace.kinds() == ["error"]
+    assert kinds(rec.trace) == ["error"]
     (error,) = rec.trace.events
-    assert error.data == {"where": "record", "type": "KeyError", "message": "'user bug'", "code": None}
+    assert fields_of(error) == {"where": "record", "type": "KeyError", "message": "'user bug'", "code": None,
+                               "retain_graph": None}
     assert bus.enabled is False  # the recorder detached even though the block raised
 
 
@@ -314,10 +325,10 @@ def test_torch_error_inside_record_block_is_recorded(quiet_gc) -> None:
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         with ckpt_viz.record() as rec:
             torch.autograd.backward(loss, inputs=[w, handle.backward_trigger])
-    assert rec.trace.kinds() == ["error"]  # reported once, by the autograd call it left
-    error = rec.trace.events[0]
-    assert error.data["where"] == "autograd.backward" and error.data["type"] == "RuntimeError"
-    assert "Trying to backward through the graph a second time" in error.data["message"]
+    assert kinds(rec.trace) == ["backward_called", "error"]  # reported once, by the autograd call it left
+    error = rec.trace.events[1]
+    assert error.where == "autograd.backward" and error.type == "RuntimeError"
+    assert "Trying to backward through the graph a second time" in error.message
 
 
 def test_torch_error_caught_inside_record_block_is_still_recorded(quiet_gc) -> None:
@@ -325,8 +336,9 @@ def test_torch_error_caught_inside_record_block_is_still_recorded(quiet_gc) -> N
     with ckpt_viz.record() as rec:
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             torch.autograd.backward(loss, inputs=[w, handle.backward_trigger])
-    assert [(e.kind, e.data["where"]) for e in rec.trace.events] == [("error", "autograd.backward")]
-    assert rec.trace.events[0].data["retain_graph"] is None
+    assert [(e.kind, getattr(e, "api", None) or e.where) for e in rec.trace.events] == [
+        ("backward_called", "autograd.backward"), ("error", "autograd.backward")]
+    assert rec.trace.events[0].retain_graph is None and rec.trace.events[1].retain_graph is None
     handle.release()
 
 
@@ -348,7 +360,7 @@ def test_node_collected_says_a_released_handle_was_replayed(quiet_gc) -> None:
         del out
     assert handles[0].replay_count == 1 and handles[0].released
     (collected,) = rec.trace.of_kind("node_collected")
-    assert collected.data == {"was_replayed": True, "released": True}
+    assert fields_of(collected) == {"was_replayed": True, "released": True}
 
 
 _UNREPORTED = {
@@ -364,4 +376,4 @@ def test_argument_errors_leaving_public_apis_emit_error(call: str) -> None:
     with ckpt_viz.record() as rec:
         with pytest.raises(CheckpointUsageError) as info:
             _UNREPORTED[call]()
-    assert [e.data["message"] for e in rec.trace.of_kind("error")] == [str(info.value)]
+    assert [e.message for e in rec.trace.of_kind("error")] == [str(info.value)]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ckpt_viz import Trace, diagnose
+from ckpt_viz.analysis._divergence import DIVERGENCE_CODES  # the twin table the analysis reads
 from ckpt_viz.catalog import BUILTIN_MODEL_NAMES, MODES
-from ckpt_viz.debug.divergence import DIVERGENCE_CODES
-from ckpt_viz.events import DIAGNOSIS_CODES
+from ckpt_viz.codes import DIAGNOSIS_CODES
 from ckpt_viz.recording import record
 from ckpt_viz.run import divergent
 from ckpt_viz.run.blocks import checkpointed
@@ -30,7 +30,7 @@ KV = {f"blocks.{b}.{p}.{w}" for b in (0, 1) for p in ("k", "v") for w in ("weigh
 def _diverged(trace: Trace) -> set[tuple[int | None, str]]:
     """(block index, divergence): handles numbered in the order they were created (ids may not start at 0)."""
     order = {e.handle_id: i for i, e in enumerate(trace.of_kind("handle_created"))}
-    return {(order.get(e.handle_id), e.data["divergence"]) for e in trace.of_kind("replay_diverged")}
+    return {(order.get(e.handle_id), e.divergence) for e in trace.of_kind("replay_diverged")}
 
 
 def _record(spec: ModelSpec, **checkpoint_kwargs: object) -> Trace:
@@ -73,11 +73,11 @@ def test_cached_decoder_loses_the_key_and_value_gradients_and_says_so(cached: tu
     assert all(torch.equal(got[n], want[n]) for n in want if n not in KV and n.startswith("head"))
     # What the recording says: per block, the lost gradients and the mutated cache; the values were identical.
     assert _diverged(trace) == {(h, kind) for h in (0, 1) for kind in ("gradient_lost", "input_mutated")}
-    lost = {d for e in trace.of_kind("replay_diverged") if e.data["divergence"] == "gradient_lost"
-            for d in e.data["details"]}
+    lost = {d for e in trace.of_kind("replay_diverged") if e.divergence == "gradient_lost"
+            for d in e.details}
     assert lost == {f"{n} (zero gradient)" for n in KV}
-    mutated = next(e for e in trace.of_kind("replay_diverged") if e.data["divergence"] == "input_mutated")
-    assert any(d.startswith("cache.keys") for d in mutated.data["details"])
+    mutated = next(e for e in trace.of_kind("replay_diverged") if e.divergence == "input_mutated")
+    assert any(d.startswith("cache.keys") for d in mutated.details)
 
 
 def test_cached_decoder_findings_name_the_cause_and_the_fix(cached: tuple) -> None:
@@ -111,8 +111,8 @@ def test_batchnorm_replays_update_the_running_statistics_again() -> None:
     trace = _record(spec)
     assert _diverged(trace) == {(0, "buffers_updated"), (1, "buffers_updated")}
     assert all(int(b.bn.num_batches_tracked) == 2 for b in spec.model.blocks)  # one step, counted twice
-    details = trace.of_kind("replay_diverged")[0].data["details"]
-    assert details == ["bn.running_mean, bn.running_var, bn.num_batches_tracked: updated again in the replay"]
+    details = trace.of_kind("replay_diverged")[0].details
+    assert details == ("bn.running_mean, bn.running_var, bn.num_batches_tracked: updated again in the replay",)
     assert {f.code for f in diagnose(trace)} == {"replay_updated_buffers"}
 
 
@@ -148,9 +148,9 @@ def test_a_replay_that_reuses_the_forwards_result_does_not_reach_its_parameters(
         checkpoint(block, x, use_reentrant=True).sum().backward()
     assert lin.weight.grad is None and x.grad is not None
     (event,) = rec.trace.of_kind("replay_diverged")
-    assert event.data["divergence"] == "gradient_lost"
-    assert event.data["details"] == [f"a tensor of shape {shape} (not reached by the replay's graph)"
-                                     for shape in ([8, 8], [8])]
+    assert event.divergence == "gradient_lost"
+    assert event.details == tuple(f"a tensor of shape {shape} (not reached by the replay's graph)"
+                                  for shape in ([8, 8], [8]))
 
 
 def test_a_module_parameter_its_forward_never_uses_is_no_lost_gradient() -> None:
@@ -177,7 +177,7 @@ def test_non_reentrant_recomputes_see_the_mutated_cache_and_the_batchnorm_update
             with checkpointed(spec.model, spec.checkpoint, use_reentrant=False):
                 loss = spec.loss_of(spec.model(spec.inputs[0]))
             loss.backward()
-        found[spec.name] = sorted(e.data["divergence"] for e in rec.trace.of_kind("replay_diverged"))
+        found[spec.name] = sorted(e.divergence for e in rec.trace.of_kind("replay_diverged"))
         assert len({e.handle_id for e in rec.trace.of_kind("replay_diverged")}) == 2  # both blocks
     assert found == {"cached-decoder": ["input_mutated"] * 2, "batchnorm": ["buffers_updated"] * 2}
 
@@ -190,9 +190,9 @@ def test_non_reentrant_dropout_without_rng_state_saves_other_activations(preserv
         for block in spec.model.blocks:
             h = checkpoint(block, h, use_reentrant=False, preserve_rng_state=preserve)
         h.sum().backward()
-    kinds = [e.data["divergence"] for e in rec.trace.of_kind("replay_diverged")]
+    kinds = [e.divergence for e in rec.trace.of_kind("replay_diverged")]
     assert kinds == ([] if preserve else ["outputs_differ"] * 2)
-    assert all(d.startswith("saved tensor ") for e in rec.trace.of_kind("replay_diverged") for d in e.data["details"])
+    assert all(d.startswith("saved tensor ") for e in rec.trace.of_kind("replay_diverged") for d in e.details)
 
 
 def test_checks_switched_off_record_nothing_and_never_change_gradients() -> None:
@@ -219,4 +219,4 @@ def test_clean_builtin_runs_have_no_divergence(name: str) -> None:
     for mode in modes:
         trace = run_scenario(build_builtin(name), mode)
         assert trace.of_kind("replay_started"), (name, mode)  # the checks had replays to look at
-        assert not trace.of_kind("replay_diverged"), (name, mode, [e.data for e in trace.of_kind("replay_diverged")])
+        assert not trace.of_kind("replay_diverged"), (name, mode, [e.details for e in trace.of_kind("replay_diverged")])

@@ -14,9 +14,7 @@ import torch
 from torch import nn
 
 from ckpt_viz import diagnose, explain
-from ckpt_viz.cli import main as cli_main
-from ckpt_viz.cli.info import summarize
-from ckpt_viz.debug.divergence import replay_checks_note
+from ckpt_viz.analysis.diagnosis import replay_checks_note
 from ckpt_viz.recording import record
 from ckpt_viz.runtime import checkpoint, divergence
 from ckpt_viz.runtime import divergence_sampling as sampling
@@ -79,10 +77,9 @@ def test_a_divergence_after_the_first_clean_runs_is_found_with_all_and_reported_
     assert note is not None and "0 of 1 checkpointed runs checked" in note and "checks('all')" in note
     out = io.StringIO()
     assert note in explain(sampled, file=out)  # explain() never ends on "no problem found" alone
-    assert "not checked" in summarize(sampled)  # nor does `ckpt-viz info`
     with divergence.checks("all"):
         every = _step(blocks)
-    assert [e.data["divergence"] for e in every.of_kind("replay_diverged")] == ["outputs_differ"]
+    assert [e.divergence for e in every.of_kind("replay_diverged")] == ["outputs_differ"]
     assert every.meta["replay_checks"] == {**every.meta["replay_checks"], "policy": "all", "checked": 1,
                                            "skipped": 0}
     assert replay_checks_note(every) is None
@@ -196,7 +193,33 @@ def test_a_saved_trace_keeps_its_counts_and_explain_says_what_was_not_checked(
     again = Trace.load(tmp_path / "t.json")
     assert again.meta["replay_checks"] == trace.meta["replay_checks"]
     assert replay_checks_note(again) == replay_checks_note(trace)
+    assert replay_checks_note(again) in explain(again, file=io.StringIO())
+
+
+def test_ckpt_viz_explain_says_what_was_not_checked(never_sampled: None, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from ckpt_viz.cli import main as cli_main
+
+    blocks = [Flaky()]
+    for _ in range(K):
+        _step(blocks)
+    _step(blocks).save(tmp_path / "t.json")
     capsys.readouterr()
     assert cli_main(["explain", str(tmp_path / "t.json")]) == 0
     out = capsys.readouterr().out
     assert "no problem found." in out and "1 not checked (Flaky 1)" in out
+
+
+def test_info_never_says_no_problem_alone_when_runs_were_not_checked(never_sampled: None, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # `ckpt-viz info` says what explain() says (the CLI reads replay_checks_note).
+    from ckpt_viz.cli import main as cli_main
+
+    blocks = [Flaky()]
+    for _ in range(K):
+        _step(blocks)
+    blocks[0].broken = True
+    _step(blocks).save(tmp_path / "t.json")
+    capsys.readouterr()
+    assert cli_main(["info", str(tmp_path / "t.json")]) == 0
+    assert "not checked" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""torchviz's own drawing at snapshot time (ckpt_viz.probe.makedot): make_dot's DOT, kept in the trace, no replay."""
+"""torchviz's own drawing at snapshot time (ckpt_viz.probe.makedot): make_dot's drawing kept in the trace as data
+(never DOT text: NOTE [ make_dot as data ]), taken without a replay."""
 from __future__ import annotations
 
 import warnings
@@ -9,7 +10,7 @@ import torch
 from ckpt_viz.probe.graph import capture_graph
 from ckpt_viz.run.zoo import build_builtin
 from ckpt_viz.runtime.checkpoint import checkpoint
-from ckpt_viz.trace import Trace
+from ckpt_viz.trace import TorchvizGraph, TorchvizNode, Trace
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -53,31 +54,36 @@ def test_the_snapshot_keeps_make_dots_drawing_without_a_replay() -> None:
     names = {id(p): n for n, p in model.named_parameters()}
     snapshot = capture_graph(loss, label="before backward", names=names)
     assert calls[0] == 3, "taking the snapshot replayed a checkpoint"
-    dot = snapshot.torchviz
-    assert dot is not None and dot.startswith("digraph")
-    assert "NativeLayerNormBackward0" in dot and "_RecomputeBoundaryBackward" in dot
-    assert '"blocks.0.fc1.weight\n (128, 32)" fillcolor=lightblue' in dot  # make_dot's own leaf label and colour
-    assert "darkolivegreen1" in dot  # the output tensor, green in torchviz
+    drawing = snapshot.torchviz
+    assert isinstance(drawing, TorchvizGraph) and drawing.nodes and drawing.edges
+    labels = {n.label for n in drawing.nodes}
+    assert "NativeLayerNormBackward0" in labels and "_RecomputeBoundaryBackward" in labels
+    assert TorchvizNode(id=next(n.id for n in drawing.nodes if n.label.startswith("blocks.0.fc1.weight")),
+                        label="blocks.0.fc1.weight\n (128, 32)", fill="lightblue") in drawing.nodes  # make_dot's own
+    assert "darkolivegreen1" in {n.fill for n in drawing.nodes}  # the output tensor, green in torchviz
+    ids = {n.id for n in drawing.nodes}
+    assert all(e.tail in ids and e.head in ids for e in drawing.edges)
     loss.backward()
     assert calls[0] == 6  # one replay per block, in backward, as without a snapshot
-    # make_dot names nodes by id(); the stored text is renumbered, so two runs give the same DOT.
+    # make_dot names nodes by id(); the stored drawing is renumbered, so two runs give the same one.
     loss = _forward(model, x)
     again = capture_graph(loss, label="before backward", names=names)
     loss.backward()  # (an excluded region's frames whose outputs die without a backward stay alive: known leak)
-    assert again.torchviz == dot
+    assert again.torchviz == drawing
 
 
-def test_recorded_traces_keep_the_dot_through_a_save(tmp_path) -> None:
-    from ckpt_viz import RunRequest, obtain_trace
+def test_recorded_traces_keep_the_drawing_through_a_save(tmp_path) -> None:
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     trace = obtain_trace(RunRequest("builtin", "mlp", mode="nonreentrant"))
-    assert trace.graphs and all(g.torchviz and "AddmmBackward0" in g.torchviz for g in trace.graphs)
+    assert trace.graphs and all(g.torchviz and "AddmmBackward0" in {n.label for n in g.torchviz.nodes}
+                                for g in trace.graphs)
     trace.save(tmp_path / "t.json")
     loaded = Trace.load(tmp_path / "t.json")
     assert [g.torchviz for g in loaded.graphs] == [g.torchviz for g in trace.graphs]
 
 
-def test_without_torchviz_the_snapshot_has_no_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_torchviz_the_snapshot_has_no_drawing(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "torchviz", None)  # `import torchviz` now raises ImportError
@@ -109,11 +115,16 @@ def test_a_trace_file_with_a_bad_torchviz_field_is_refused(tmp_path) -> None:
     from ckpt_viz import TraceError
     from ckpt_viz.trace import GraphSnapshot
 
-    trace = Trace(graphs=[GraphSnapshot(seq=-1, label="x", torchviz="digraph {}")])
+    drawing = TorchvizGraph(nodes=(TorchvizNode(id="n0", label="SumBackward0"),), edges=())
+    trace = Trace(graphs=[GraphSnapshot(seq=-1, label="x", torchviz=drawing)])
     trace.save(tmp_path / "ok.json")
-    assert Trace.load(tmp_path / "ok.json").graphs[0].torchviz == "digraph {}"
+    assert Trace.load(tmp_path / "ok.json").graphs[0].torchviz == drawing
     doc = json.loads((tmp_path / "ok.json").read_text())
-    doc["graphs"][0]["torchviz"] = 5
-    (tmp_path / "bad.json").write_text(json.dumps(doc))
-    with pytest.raises(TraceError, match=r"'graphs\[0\]\.torchviz' is 5 \(an integer\), expected a string or null"):
-        Trace.load(tmp_path / "bad.json")
+    for bad in (5, "digraph { n0 [URL=\"javascript:alert(1)\"] }", {"nodes": [{"id": "x;y", "label": "a"}],
+                                                                     "edges": []}):
+        doc["graphs"][0]["torchviz"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(doc))
+        with pytest.raises(TraceError, match=r"field graphs\[0\]\.torchviz"):
+            Trace.load(tmp_path / "bad.json")
+    with pytest.raises(TraceError, match=r"field graphs\[0\]\.torchviz"):
+        Trace(graphs=[GraphSnapshot(seq=-1, label="x", torchviz="digraph {}")]).save(tmp_path / "text.json")

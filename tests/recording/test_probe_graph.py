@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import torch
 
 import ckpt_viz
@@ -16,6 +17,7 @@ from ckpt_viz.runtime import (
     recompute_handle_collector_ctx,
     reentrant_checkpoint_scope,
 )
+from ckpt_viz.trace import GraphNode
 
 
 def _stage() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -33,20 +35,21 @@ def test_reentrant_split_snapshot_names_leaves_handles_and_triggers() -> None:
         h = checkpoint(torch.nn.functional.linear, x, model[0].weight, model[0].bias, use_reentrant=True)
         y = model[2](checkpoint(model[1], h, use_reentrant=True))
     snap = capture_graph(y, label="after forward", seq=3, names=names)
-    json.dumps({"nodes": snap.nodes, "edges": snap.edges})  # plain data
-    kinds = {n["kind"] for n in snap.nodes}
+    json.loads(msgspec.json.encode({"nodes": snap.nodes, "edges": snap.edges}))  # plain data
+    assert all(isinstance(n, GraphNode) for n in snap.nodes) and all(len(e) == 2 for e in snap.edges)
+    kinds = {n.kind for n in snap.nodes}
     assert {"checkpoint", "trigger", "leaf", "input", "backward"} <= kinds
-    ckpts = sorted(n["handle_id"] for n in snap.nodes if n["kind"] == "checkpoint")
+    ckpts = sorted(n.handle_id for n in snap.nodes if n.kind == "checkpoint")
     assert ckpts == sorted(hd.handle_id for hd in handles)
-    triggers = sorted(n["handle_id"] for n in snap.nodes if n["kind"] == "trigger")
+    triggers = sorted(n.handle_id for n in snap.nodes if n.kind == "trigger")
     assert triggers == ckpts
-    leaves = {n["name"] for n in snap.nodes if n["kind"] == "leaf"}
+    leaves = {n.name for n in snap.nodes if n.kind == "leaf"}
     assert leaves == {"0.weight", "0.bias", "2.weight", "2.bias"}  # 0.* are explicit inputs of handle 0
-    by_id = {n["id"]: n for n in snap.nodes}
+    by_id = {n.id: n for n in snap.nodes}
     # DX reaches the checkpoint nodes (they lead to x); DW reaches every parameter and trigger.
-    assert all(n["dx_reached"] for n in snap.nodes if n["kind"] == "checkpoint")
-    assert all(n["dw_reached"] for n in snap.nodes if n["kind"] in ("leaf", "trigger"))
-    assert not any(n["dx_reached"] for n in snap.nodes if n["kind"] in ("leaf", "trigger"))
+    assert all(n.dx_reached for n in snap.nodes if n.kind == "checkpoint")
+    assert all(n.dw_reached for n in snap.nodes if n.kind in ("leaf", "trigger"))
+    assert not any(n.dx_reached for n in snap.nodes if n.kind in ("leaf", "trigger"))
     assert all(by_id[dst] for _, dst in snap.edges)
 
 
@@ -57,11 +60,11 @@ def test_snapshot_after_dx_shows_the_retained_replay_inside_its_handle() -> None
         y = checkpoint(model, x, use_reentrant=True)
     backward_input(y.sum(), None, [x], handles=handles)
     snap = capture_graph(y, label="after DX")
-    replay = [n for n in snap.nodes if n.get("replay")]
-    assert replay and all(n["handle_id"] == handles[0].handle_id for n in replay)
-    assert not any(n["dx_reached"] or n["dw_reached"] for n in replay)
+    replay = [n for n in snap.nodes if n.replay]
+    assert replay and all(n.handle_id == handles[0].handle_id for n in replay)
+    assert not any(n.dx_reached or n.dw_reached for n in replay)
     backward_weight(y.sum(), None, params, handles=handles)
-    assert not any(n.get("replay") for n in capture_graph(y, label="after DW").nodes)
+    assert not any(n.replay for n in capture_graph(y, label="after DW").nodes)
 
 
 def test_nonreentrant_nodes_carry_their_frame_and_snapshots_never_replay() -> None:
@@ -73,8 +76,8 @@ def test_nonreentrant_nodes_carry_their_frame_and_snapshots_never_replay() -> No
             snap = capture_graph(y, label="again")
     assert rec.trace.count("replay_started") == 0
     assert rec.trace.count("tensor_unpacked") == 0
-    inside = [n for n in snap.nodes if n["handle_id"] == frames[0].handle_id]
-    assert {n["name"] for n in inside} >= {"AddmmBackward0", "TanhBackward0"}
+    inside = [n for n in snap.nodes if n.handle_id == frames[0].handle_id]
+    assert {n.name for n in inside} >= {"AddmmBackward0", "TanhBackward0"}
 
 
 def test_torchviz_style_saved_read_would_replay_but_ours_does_not() -> None:
@@ -104,22 +107,22 @@ def test_record_graphs_snapshots_every_top_level_backward_with_zero_extra_replay
         expected = 1 if mode in ("reentrant", "nonreentrant") else 2
         assert len(labels) == expected, (mode, labels)
         first = with_graphs.graphs[0]
-        assert any(n["kind"] == "leaf" and n["name"] == "head.weight" for n in first.nodes)
+        assert any(n.kind == "leaf" and n.name == "head.weight" for n in first.nodes)
 
 
 def test_a_reentrant_replay_shows_its_excluded_region() -> None:
     """In a reentrant replay the excluded LayerNorm sits behind one bridge node; the snapshot before DW draws the
     bridge and the region's own graph (kept from the forward) with `exclude` set, and nothing else of the replay."""
-    from ckpt_viz import RunRequest, obtain_trace
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     trace = obtain_trace(RunRequest("builtin", "excluded", mode="split-reentrant"))
     before_dw = trace.graphs[-1]
-    excluded = [n for n in before_dw.nodes if n.get("exclude") is not None]
-    handles = [n["handle_id"] for n in before_dw.nodes if n["kind"] == "checkpoint"]  # blocks 2, 1, 0
+    excluded = [n for n in before_dw.nodes if n.exclude is not None]
+    handles = [n.handle_id for n in before_dw.nodes if n.kind == "checkpoint"]  # blocks 2, 1, 0
     assert len(handles) == 3  # the bridge is not a second checkpoint node
     # Handle ids count on from earlier recordings in the process; region k is block k's LayerNorm.
-    assert sorted({(n["handle_id"], n["exclude"]) for n in excluded}) == [(h, 2 - i) for i, h in
+    assert sorted({(n.handle_id, n.exclude) for n in excluded}) == [(h, 2 - i) for i, h in
                                                                           reversed(list(enumerate(handles)))]
-    names = sorted(n["name"] for n in excluded if n["exclude"] == 0)
+    names = sorted(n.name for n in excluded if n.exclude == 0)
     assert names == ["NativeLayerNormBackward0", "_ExcludeBridgeBackward", "blocks.0.norm.module.bias",
                      "blocks.0.norm.module.weight", "input"]

@@ -4,13 +4,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import pytest
 import torch
 
 import ckpt_viz
 from ckpt_viz.runtime import checkpoint
 from ckpt_viz.trace import MemorySample
-from ckpt_viz.trace.rows import RecordedMemory
+from traces import kinds
 
 
 class Net(torch.nn.Module):
@@ -45,14 +44,14 @@ def test_user_script_records_events_memory_and_graphs_and_saves(tmp_path: Path) 
         p.numel() * p.element_size() for p in net.parameters())
     assert any(s.bytes_by_category["gradients"] > 0 for s in trace.memory)
     assert [g.label for g in trace.graphs] == ["before autograd.backward #1", "before autograd.backward #2"]
-    assert {n["handle_id"] for n in trace.graphs[0].nodes if n["handle_id"] is not None} == {
+    assert {n.handle_id for n in trace.graphs[0].nodes if n.handle_id is not None} == {
         e.handle_id for e in trace.of_kind("handle_created")[:3]}
     sites = {e.site for e in trace.of_kind("handle_created")}
     assert all(s and s.startswith("tests/recording/test_recording.py:") for s in sites), sites
     path = tmp_path / "mine.json.gz"
     trace.save(path)
     back = ckpt_viz.Trace.load(path)
-    assert back.kinds() == trace.kinds() and len(back.memory) == len(trace.memory) and len(back.graphs) == 2
+    assert kinds(back) == kinds(trace) and len(back.memory) == len(trace.memory) and len(back.graphs) == 2
     # The patches are gone after the block: autograd is torch's own again.
     assert not hasattr(torch.autograd.backward, "__wrapped__")
 
@@ -65,44 +64,38 @@ def test_record_restores_autograd_and_hooks_after_an_error() -> None:
             raise KeyError("boom")
     except KeyError:
         pass
-    assert rec.trace.of_kind("error")[-1].data["where"] == "record"
+    assert rec.trace.of_kind("error")[-1].where == "record"
     assert not hasattr(torch.autograd.backward, "__wrapped__")
     from ckpt_viz.runtime import memtags
 
     assert memtags.enabled is False
 
 
-# ------------------------------------------------------------------ lazy events (NOTE [ Lazy events ], trace/rows.py)
+# ------------------------------------------------------------------ the events and samples a recording keeps
 
 def _step(net: Net, x: torch.Tensor) -> None:
     net(x).sum().backward()
 
 
-def test_a_recording_builds_its_events_when_read_equal_to_what_a_listener_got() -> None:
-    from dataclasses import fields
-
+def test_a_recording_keeps_what_a_listener_got() -> None:
     from ckpt_viz import bus
-    from ckpt_viz.events import ROW_FIELDS, Event, EventRow
+    from ckpt_viz.events import EventBase, MemorySampled
 
     torch.manual_seed(0)
     net, x = Net(), torch.randn(2, 8)
-    seen: list[Event] = []
-    unsubscribe = bus.subscribe(seen.append)  # a global listener gets Events, numbered from 0 like the recording
+    seen: list[EventBase] = []
+    unsubscribe = bus.subscribe(seen.append)  # a global listener, numbered from 0 like the recording
     try:
         with ckpt_viz.record() as rec:
             _step(net, x)
-            row = bus.emit("memory_sampled", capture_site=False, data={"at": "here"})
+            last = bus.emit(MemorySampled, capture_site=False, at="here")
     finally:
         unsubscribe()
     events = rec.trace.events
-    assert events.pending == len(seen) > 10  # nothing was built while the block ran, nor by its close
-    assert rec.trace.meta["sources"]  # the close read the sites from the rows
-    assert isinstance(row, EventRow) and row.seq == len(seen) - 1
-    assert ROW_FIELDS == tuple(f.name for f in fields(Event))[1:]
-    assert all(getattr(row, f.name) == getattr(seen[-1], f.name) for f in fields(Event))
-    assert events == seen and events.pending == 0 and all(type(e) is Event for e in events)
-    assert events[0] is events[0] and events[-1] is list(events)[-1]  # each event is built once
-    assert row.event() == events[-1] and rec.trace.kinds() == [e.kind for e in seen]
+    assert len(events) == len(seen) > 10 and rec.trace.meta["sources"]  # the close read the sites
+    assert isinstance(last, MemorySampled) and last is events[-1] and last.seq == len(seen) - 1
+    assert events == seen  # equal field by field (each listener gets an event of its own numbering)
+    assert kinds(rec.trace) == [e.kind for e in seen] and isinstance(events, list)
 
 
 def test_reads_and_writes_inside_the_block_keep_the_order_of_a_growing_list() -> None:
@@ -111,26 +104,26 @@ def test_reads_and_writes_inside_the_block_keep_the_order_of_a_growing_list() ->
     with ckpt_viz.record() as rec:
         net(x)
         created = len(rec.trace.events)
-        first = rec.trace.events[-1]  # a read in the block builds what arrived so far
-        rec.trace.events.append(first)  # a write acts on the built events; later rows come after it
+        first = rec.trace.events[-1]  # a read in the block sees what arrived so far
+        rec.trace.events.append(first)  # a write acts on the list; later events come after it
         net(x).sum().backward()
     events = list(rec.trace.events)
     assert events[created] is first and events[created - 1] is first
     rest = [e.seq for e in events[created + 1:]]
     assert rest == list(range(created, created + len(rest))) and len(rest) > 0
-    assert [] + rec.trace.events == events and rec.trace.events.copy() == events  # noqa: RUF005 (radd)
 
 
 def test_threads_handed_one_recording_number_its_events_in_order() -> None:
     import threading
 
     from ckpt_viz import bus
+    from ckpt_viz.events import MemorySampled
 
     with ckpt_viz.record() as rec:
         def work(name: str) -> None:
             with rec.attach():
                 for i in range(300):
-                    bus.emit("memory_sampled", capture_site=False, data={"at": f"{name}{i}"})
+                    bus.emit(MemorySampled, capture_site=False, at=f"{name}{i}")
         threads = [threading.Thread(target=work, args=(n,)) for n in "ab"]
         for t in threads:
             t.start()
@@ -139,25 +132,20 @@ def test_threads_handed_one_recording_number_its_events_in_order() -> None:
     events = rec.trace.events
     assert [e.seq for e in events] == list(range(600))
     for name in "ab":  # each thread's own events stay in its order
-        assert [e.data["at"] for e in events if e.data["at"][0] == name] == [f"{name}{i}" for i in range(300)]
+        assert [e.at for e in events if e.at[0] == name] == [f"{name}{i}" for i in range(300)]
 
 
-@pytest.mark.parametrize("native", ["1", "0"], ids=["native-log", "dispatch-tracker"])
-def test_memory_is_kept_as_columns_and_saves_what_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           native: str) -> None:
-    # NOTE [ Lazy events ], rule 5 (ckpt_viz/trace/rows.py): both probes hand their samples to RecordedMemory.keep.
-    monkeypatch.setenv("CKPT_VIZ_NATIVE", native)
+def test_memory_is_kept_as_samples_of_its_steps_and_saves_what_it_reads(tmp_path: Path) -> None:
     torch.manual_seed(0)
     net = Net()
     with ckpt_viz.record(memory=True, model=net) as rec:
         net(torch.randn(4, 8)).sum().backward()
-    memory = rec.trace.memory
-    assert isinstance(memory, RecordedMemory) and not memory.materialized and len(memory) > 3
-    samples = list(memory)  # read as MemorySamples, each built when read
-    assert all(isinstance(s, MemorySample) for s in samples)
+    samples = rec.trace.memory
+    assert isinstance(samples, list) and len(samples) > 3 and all(isinstance(s, MemorySample) for s in samples)
     assert all(a.bytes_by_category != b.bytes_by_category or a.by_stage != b.by_stage
-               for a, b in itertools.pairwise(samples))  # still only the steps
+               for a, b in itertools.pairwise(samples))  # only the steps
     assert samples[0].bytes_by_category["parameters"] == sum(p.numel() * p.element_size() for p in net.parameters())
+    assert [s.seq for s in samples] == sorted(s.seq for s in samples) and samples[-1].seq <= rec.trace.events[-1].seq
     rec.trace.save(tmp_path / "t.json.gz")
     back = ckpt_viz.Trace.load(tmp_path / "t.json.gz")
-    assert list(back.memory) == samples and back.events == rec.trace.events
+    assert back.memory == samples and back.events == rec.trace.events

@@ -16,13 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
 import ckpt_viz
 from ckpt_viz import bus
 from ckpt_viz.errors import CkptVizError
+from ckpt_viz.events import PhaseSet
 from ckpt_viz.runtime import backward_input, backward_weight, checkpoint, memtags, reentrant_checkpoint_scope
+from traces import kinds
 
 ORIGINAL_BACKWARD = torch.autograd.backward
 ORIGINAL_GRAD = torch.autograd.grad
@@ -76,8 +79,7 @@ def recorded(width: int, seed: int, sync: Callable[[], None] = lambda: None) -> 
 
 def facts(trace: Any) -> list[tuple]:
     """Everything but timestamps and the emitting thread."""
-    return [(e.seq, e.kind, e.handle_id, e.mode, e.phase, e.session_id, dict(e.tags), e.site, dict(e.data))
-            for e in trace.events]
+    return [msgspec.structs.asdict(msgspec.structs.replace(e, t_ns=0, thread_id=0)) for e in trace.events]
 
 
 def memory(trace: Any) -> list[tuple]:
@@ -144,10 +146,10 @@ def test_two_threads_recording_different_models_each_get_their_solo_trace(no_gc)
         assert errors == solo_errors and len(errors) == 1
         assert len({e.thread_id for e in trace.events}) == 1  # nothing from the other thread
         # The error message names the handle by the id the trace uses.
-        refused = [e for e in trace.events if e.kind == "error" and e.data["where"] == "set_phase"]
+        refused = [e for e in trace.events if e.kind == "error" and e.where == "set_phase"]
         assert len(refused) == 1 and f"h{refused[0].handle_id}" in errors[0]
         assert [e.seq for e in trace.events] == list(range(len(trace.events)))
-        captured = [n["name"] for e in trace.of_kind("grads_routed") for n in e.data.get("captured", ())]
+        captured = [n.name for e in trace.of_kind("grads_routed") for n in e.captured]
         assert captured and set(captured) <= {"a.0.weight", "a.0.bias"}
     # The two runs really overlapped: each one's steps began before the other's first step ended.
     first = {w: results[w][0].events[0].t_ns for w in results}
@@ -157,14 +159,15 @@ def test_two_threads_recording_different_models_each_get_their_solo_trace(no_gc)
 
 
 def test_an_unrecorded_thread_builds_no_event_while_another_thread_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every event emit builds reads the clock first (one call per event, in both of emit's paths): count them.
     built: list[int] = []
-    real_event = bus.Event
+    real_clock = bus._monotonic_ns
 
-    def counting_event(*args: Any, **kwargs: Any) -> Any:
+    def counting_clock() -> int:
         built.append(threading.get_ident())
-        return real_event(*args, **kwargs)
+        return real_clock()
 
-    monkeypatch.setattr(bus, "Event", counting_event)
+    monkeypatch.setattr(bus, "_monotonic_ns", counting_clock)
     opened, done = threading.Event(), threading.Event()
 
     def record_elsewhere() -> None:
@@ -179,6 +182,9 @@ def test_an_unrecorded_thread_builds_no_event_while_another_thread_records(monke
     done.set()
     other.join(30)
     assert threading.get_ident() not in built and built == []
+    with ckpt_viz.record() as rec:  # control: a recording here does build them, through the counted clock
+        workload(Net(5, 3), lambda: None, [])
+    assert len(built) == len(rec.trace.events) > 0 and set(built) == {threading.get_ident()}
     assert_clean()
 
 
@@ -186,10 +192,10 @@ def test_a_thread_started_inside_a_recording_is_not_in_it_unless_handed_over() -
     def emit_from_thread(handover: Callable[[], Any] | None) -> int:
         def work() -> None:
             if handover is None:
-                bus.emit("phase_set", handle_id=99, capture_site=False)
+                bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=99, capture_site=False)
             else:
                 with handover():
-                    bus.emit("phase_set", handle_id=99, capture_site=False)
+                    bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=99, capture_site=False)
         t = threading.Thread(target=work)
         t.start()
         t.join(30)
@@ -197,10 +203,10 @@ def test_a_thread_started_inside_a_recording_is_not_in_it_unless_handed_over() -
 
     with ckpt_viz.record() as outer:
         with ckpt_viz.record() as rec:
-            bus.emit("phase_set", handle_id=1, capture_site=False)
+            bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=1, capture_site=False)
             emit_from_thread(None)  # threads do not inherit the recording
             worker = emit_from_thread(rec.attach)  # handed over explicitly
-            bus.emit("phase_set", handle_id=2, capture_site=False)
+            bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=2, capture_site=False)
     assert [(e.seq, e.handle_id) for e in rec.trace.events] == [(0, 1), (1, 99), (2, 2)]
     assert rec.trace.events[1].thread_id == worker
     assert [e.handle_id for e in outer.trace.events] == [1, 99, 2]  # the outer sees what was handed to the inner
@@ -221,11 +227,12 @@ def test_events_in_the_engines_launch_context_reach_the_recording() -> None:
         torch._C._stash_obj_in_tls("context", context)
         try:
             seen.append(handover.launch_context())
-            bus.emit("phase_set", handle_id=7, capture_site=False)
-            handover.carried(lambda: bus.emit("phase_set", handle_id=8, capture_site=False))
+            bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=7, capture_site=False)
+            handover.carried(lambda: bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=8, capture_site=False))
         finally:
             torch._C._remove_obj_from_tls("context")
-        bus.emit("phase_set", handle_id=9, capture_site=False)  # the graph task is over: nothing carried
+        # the graph task is over: nothing carried
+        bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=9, capture_site=False)
 
     with ckpt_viz.record() as rec, ckpt_viz.tag(stage=1):
         launched = contextvars.copy_context()
@@ -256,8 +263,8 @@ def test_node_collected_goes_to_the_recording_that_saw_the_handle_created(no_gc)
         t.start()
         t.join(30)
     assert dropped.is_set()
-    assert rec.trace.kinds() == ["handle_created", "forward_started", "forward_finished", "node_collected"]
-    assert theirs[0].trace.kinds() == []
+    assert kinds(rec.trace) == ["handle_created", "forward_started", "forward_finished", "node_collected"]
+    assert kinds(theirs[0].trace) == []
     assert_clean()
 
 
@@ -287,11 +294,11 @@ def test_cuda_backward_on_device_threads_reaches_the_recording(no_gc) -> None:
 
 def test_nested_recordings_inner_sees_its_own_events_outer_sees_both() -> None:
     with ckpt_viz.record() as outer:
-        bus.emit("phase_set", handle_id=0, capture_site=False)
+        bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=0, capture_site=False)
         with ckpt_viz.record() as inner:
-            bus.emit("phase_set", handle_id=1, capture_site=False)
-            bus.emit("phase_set", handle_id=2, capture_site=False)
-        bus.emit("phase_set", handle_id=3, capture_site=False)
+            bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=1, capture_site=False)
+            bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=2, capture_site=False)
+        bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=3, capture_site=False)
     assert [(e.seq, e.handle_id) for e in inner.trace.events] == [(0, 1), (1, 2)]
     assert [(e.seq, e.handle_id) for e in outer.trace.events] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     assert_clean()
@@ -313,21 +320,21 @@ def test_closing_out_of_order_corrupts_nothing() -> None:
     first, second = ckpt_viz.record(graphs=True), ckpt_viz.record(memory=True)
     first.__enter__()
     second.__enter__()
-    bus.emit("phase_set", handle_id=1, capture_site=False)
+    bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=1, capture_site=False)
     first.__exit__(None, None, None)  # the outer closes first
     assert torch.autograd.backward is not ORIGINAL_BACKWARD  # `second` still watches
-    bus.emit("phase_set", handle_id=2, capture_site=False)
+    bus.emit(PhaseSet, old="ordinary", new="dx", handle_id=2, capture_site=False)
     w = torch.randn(3, 3, requires_grad=True)
     checkpoint(lambda t: torch.tanh(t @ w), torch.randn(2, 3), use_reentrant=True).sum().backward()
     second.__exit__(None, None, None)
     assert [e.handle_id for e in first.trace.events] == [1]
     assert first.trace.graphs == []  # closed: the backward above was not snapshotted for it
-    assert second.trace.kinds()[:2] == ["phase_set", "phase_set"] and "released" in second.trace.kinds()
+    assert kinds(second.trace)[:2] == ["phase_set", "phase_set"] and "released" in kinds(second.trace)
     assert [e.seq for e in second.trace.events] == list(range(len(second.trace.events)))
     assert any(s.bytes_by_category["checkpoint_inputs"] > 0 for s in second.trace.memory)  # its probe still counts
     assert_clean()
     with ckpt_viz.record() as again:  # a new recording starts from seq 0 with nothing left over
-        bus.emit("phase_set", capture_site=False)
+        bus.emit(PhaseSet, old="ordinary", new="dx", capture_site=False)
     assert [e.seq for e in again.trace.events] == [0]
     with pytest.raises(CkptVizError, match="already closed"):
         second.__enter__()
@@ -338,11 +345,11 @@ def test_an_exception_escaping_nested_recordings_is_reported_once_to_each() -> N
     with pytest.raises(KeyError):
         with ckpt_viz.record(memory=True, graphs=True) as outer:
             with ckpt_viz.record(memory=True) as inner:
-                bus.emit("phase_set", capture_site=False)
+                bus.emit(PhaseSet, old="ordinary", new="dx", capture_site=False)
                 raise KeyError("user bug")
     for rec in (outer, inner):
-        assert rec.trace.kinds() == ["phase_set", "error"]
-        assert rec.trace.events[-1].data["where"] == "record" and rec.trace.events[-1].seq == 1
+        assert kinds(rec.trace) == ["phase_set", "error"]
+        assert rec.trace.events[-1].where == "record" and rec.trace.events[-1].seq == 1
     assert_clean()
 
 
@@ -401,7 +408,7 @@ def test_nested_record_with_the_same_model_names_parameters_beside_them() -> Non
     assert bus.name_of(net.a[0].weight) is None
     assert all(not hasattr(p, "_ckpt_viz_name") for p in net.parameters())
     for rec in (outer, inner):
-        names = {n["name"] for e in rec.trace.of_kind("grads_routed") for n in e.data.get("captured", ())}
+        names = {n.name for e in rec.trace.of_kind("grads_routed") for n in e.captured}
         assert names == {"a.0.weight", "a.0.bias"}
     assert_clean()
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_viz.render.svg import dot_svg, end_dot
 from ckpt_viz.errors import DotLimitError
-from ckpt_viz.render.svg import run_dot
+from ckpt_viz.render.svg import dot_svg, end_dot, run_dot
 from procs import live_processes
 
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz's dot (apt-get install graphviz)")

@@ -81,7 +81,7 @@ def test_a_merged_run_keeps_each_ranks_memory_counters_apart() -> None:
 
     merged, _ = merge_run(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                                        "distributed"))
-    doc = render_perfetto(merged.events, merged.memory, merged.meta)
+    doc = render_perfetto(merged)
     counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
     assert {e["pid"] for e in counters} == {0, 1}  # the ranks' processes; no pooled "memory" process
     assert not any(e["ph"] == "M" and e["args"].get("name") == "memory" for e in doc["traceEvents"])
@@ -96,7 +96,7 @@ def test_a_merged_run_keeps_each_ranks_memory_counters_apart() -> None:
 
 def test_an_in_process_pipeline_draws_each_stages_memory_in_its_process() -> None:
     trace = run_scenario(build_builtin("pipeline"), "pipeline", memory=True, schedule="1F1B", microbatches=2)
-    doc = render_perfetto(trace.events, trace.memory, trace.meta)
+    doc = render_perfetto(trace)
     stage_counters = {(e["pid"], e["name"]) for e in doc["traceEvents"]
                       if e["ph"] == "C" and e["name"].startswith("memory of")}
     assert stage_counters == {(0, "memory of stage 0"), (1, "memory of stage 1")}

@@ -144,7 +144,7 @@ def test_a_loaded_trace_gives_the_same_actions_as_its_events(tmp_path) -> None:
 
 
 def test_bubble_chart_draws_busy_then_idle_per_rank_and_stage() -> None:
-    from ckpt_viz.analysis.actions import bubble_lines, bubbles
+    from ckpt_viz.analysis.actions import bubbles
 
     trace = _two_rank_trace()
     spec = render_bubbles(trace).to_dict()
@@ -158,4 +158,6 @@ def test_bubble_chart_draws_busy_then_idle_per_rank_and_stage() -> None:
     assert bars["encoding"]["y"]["sort"] == ["rank 0", "rank 1", "stage 0", "stage 1"]
     colour = bars["encoding"]["color"]["scale"]
     assert dict(zip(colour["domain"], colour["range"])) == palette.BUBBLE_COLOURS
-    assert spec["title"] == bubble_lines(trace)[0]
+    assert spec["title"] == "step 0: busy and idle time per rank and stage"
+    labels = spec["layer"][1]
+    assert labels["mark"]["type"] == "text" and labels["encoding"]["text"]["field"] == "share"

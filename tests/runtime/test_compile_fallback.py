@@ -29,7 +29,7 @@ def test_nonreentrant_checkpoint_delegates_to_torch_when_compiling() -> None:
     # our runtime stepped aside: torch's checkpoint ran, and the recording saw it as torch's handle
     # (NOTE [ Observing torch's checkpoint ] in ckpt_viz/runtime/torch_observer.py)
     created = rec.trace.of_kind("handle_created")
-    assert [(e.mode, e.data.get("runtime")) for e in created] == [("nonreentrant", "torch")]
+    assert [(e.mode, e.runtime) for e in created] == [("nonreentrant", "torch")]
 
 
 def test_reentrant_checkpoint_is_refused_when_compiling() -> None:

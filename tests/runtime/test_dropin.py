@@ -325,7 +325,7 @@ def test_graph_exec_group_goes_through_a_session(recorder: ckpt_viz.Recording) -
     assert str(frame.session_id).startswith("GraphExecGroup#")
     assert frame.recomputed == {}, "leaving the group cleared its recomputed tensors"
     unpacked = trace.of_kind("tensor_unpacked")
-    assert unpacked and {e.data["key_source"] for e in unpacked} == {"group"}
+    assert unpacked and {e.key_source for e in unpacked} == {"group"}
 
 
 @pytest.mark.parametrize("group", ["torch", "ckpt_viz"])

@@ -9,16 +9,17 @@ excluded-region cache or tape, invocation, execution state, replay watch or bus
 channel/scope made by the run may survive. Each case also counts the frames and
 handles the run made (a run that made none would pass for nothing).
 
-The last test pins a lifetime that is real today (measured in session 9, LEAKr_log.md):
-a reentrant handle the user keeps after its `record()` block closed keeps that
-recording's whole event list alive, through the rows it keeps for `release_seq` /
-`collected_seq` (a `KeptRow` holds `RecordedEvents.seq_of`, a bound method). It is
-marked xfail(strict): whoever fixes it drops the marker.
+The last tests check a lifetime that was wrong before the typed events (session 9, LEAKr_log.md):
+a reentrant handle the user keeps after its `record()` block closed kept that recording's
+whole event list alive, through the rows it kept for `release_seq` / `collected_seq`. It
+now keeps its `released` event only (a frozen event refers to nothing), so the closed
+recording's trace is freed.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +51,7 @@ from ckpt_viz.runtime.divergence import ReplayWatch
 from ckpt_viz.runtime.exclude_common import ExcludeCache
 from ckpt_viz.runtime.session import SessionActivation
 from ckpt_viz.runtime.state import ExecutionState
-from ckpt_viz.trace.rows import RecordedEvents
+from ckpt_viz.trace import Trace
 from models import leaf
 
 TRACKED = (
@@ -99,7 +100,7 @@ def _pairs() -> list[tuple[str, str]]:
 def test_a_scenario_leaves_nothing_but_its_trace(model: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = build_builtin(model)
     trace, made, left = _run_and_count(lambda: run_scenario(spec, mode, seed=3), monkeypatch)
-    assert (len(trace.events) > 0) == (made > 0)
+    assert (len([e for e in trace.events if e.handle_id is not None]) > 0) == (made > 0)  # (backward_called: none)
     assert (made > 0) == (mode != "none"), f"the {mode} run of {model} made {made} frames/handles"
     assert left == [], f"the {mode} run of {model} left {left} alive (its trace kept, everything else dropped)"
 
@@ -187,7 +188,7 @@ def test_a_memory_and_graphs_recording_leaves_nothing(monkeypatch: pytest.Monkey
     assert left == []
 
 
-def _recording_with_kept_handles(steps: int) -> tuple[list, int]:
+def _recording_with_kept_handles(steps: int, held: list | None = None) -> tuple[list, weakref.ref[Trace], Any, int]:
     x, w = leaf((8, 16), seed=1), leaf((16, 16), seed=2)
     kept: list = []
     with ckpt_viz.record() as rec:
@@ -197,28 +198,36 @@ def _recording_with_kept_handles(steps: int) -> tuple[list, int]:
             loss.backward()
             kept.extend(handles)
     count = len(rec.trace.events)
+    alive = weakref.ref(rec.trace), rec.trace.events[0]  # a frozen event refers to nothing: it keeps no list
+    if held is not None:
+        held.append(rec.trace)
     with ckpt_viz.record():  # ckpt_viz.last_trace() keeps the last closed recording on purpose: not that one
         pass
-    return kept, count
+    return kept, *alive, count
 
 
-def _alive_event_lists(count: int) -> int:
+def _alive_event_lists(first: Any, count: int) -> int:
     gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, RecordedEvents) and len(o) == count)
+    return sum(1 for o in gc.get_objects() if type(o) is list and len(o) == count and o[0] is first)
 
 
 def test_dropped_handles_free_their_recordings_events() -> None:
     """Control for the next test: with the handles dropped too, the closed recording's events are freed."""
-    kept, count = _recording_with_kept_handles(20)
+    held: list = []
+    kept, trace, first, count = _recording_with_kept_handles(20, held)
     assert count > 100 and all(h.released for h in kept)
+    assert trace() is held[0] and _alive_event_lists(first, count) == 1  # the measure sees a held trace's events
+    held.clear()
     kept.clear()
-    assert _alive_event_lists(count) == 0
+    gc.collect()
+    assert trace() is None and _alive_event_lists(first, count) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="a kept reentrant handle's _release_row/_collected_row (KeptRow) holds "
-                                       "RecordedEvents.seq_of: the closed recording's every event stays alive")
 def test_a_kept_handle_does_not_keep_a_closed_recordings_events() -> None:
-    kept, count = _recording_with_kept_handles(20)
-    assert kept[0].release_seq is not None  # what the rows are kept for
+    kept, trace, first, count = _recording_with_kept_handles(20)
+    assert kept[0].release_seq is not None and kept[0].release_site  # what a handle keeps its event for
     del kept[1:]
-    assert _alive_event_lists(count) == 0, "one handle kept after record() closed keeps all its recording's events"
+    gc.collect()
+    assert trace() is None, "a handle kept after record() closed keeps its recording's trace"
+    assert _alive_event_lists(first, count) == 0, "... or its recording's events"
+    assert kept[0].release_seq < count

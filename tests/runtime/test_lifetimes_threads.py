@@ -1,18 +1,15 @@
-"""Threads and a closing recording (bus.py NOTE [ Recording scopes ], rules 1 and 4; busfast.c).
+"""Threads and a closing recording (bus.py NOTE [ Recording scopes ], rules 1 and 4).
 
 Streamlit runs each app session on a thread of its own: concurrent users must never see each
 other's events. And a thread handed a recording (`Recording.attach()`) may still be emitting when
 the recording's block closes: its event must then go nowhere (no error, no event of another
 recording) and the closed trace must not change afterwards.
 
-Each test runs with the C bus (the default where it builds) and with its Python reference (the
-"python" case puts `bus._emit_row_py` / `bus._current_scope_py` back in place).
-
 Found (LEAK, session 9): no emitter raises, no event reaches another thread's or the next
 recording, and the seqs stay 0..n-1; but an emitter that already read the recording's sink
-before `Channel.close()` keeps its event after the block ended, so the closed trace grows by one
-or two events (2/3 of the rounds here; in C only when the bus calls back into Python, as for a
-session id with a Python `__repr__`). That test is an xfail until RecordedEvents is sealed at close.
+before `Channel.close()` kept its event after the block ended, so the closed trace grew by one
+or two events. `Channel.close()` now waits for a delivery in progress (it takes the channel's lock),
+so the closed trace never grows.
 """
 from __future__ import annotations
 
@@ -22,17 +19,10 @@ import pytest
 
 import ckpt_viz
 from ckpt_viz import bus
+from ckpt_viz.events import Error
 
 ROUNDS = 20
 EMITTERS = 3
-
-
-@pytest.fixture(params=["c", "python"])
-def bus_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "python":
-        for name, reference in (("emit_row", bus._emit_row_py), ("current_scope", bus._current_scope_py)):
-            monkeypatch.setattr(bus, name, reference)
-    return request.param
 
 
 class _Session:
@@ -46,13 +36,13 @@ def _emit_until(stop: threading.Event, marker: str, errors: list, counter: list)
     session = _Session()
     try:
         while not stop.is_set():
-            bus.emit("note", capture_site=False, session_id=session, data={"marker": marker})
+            bus.emit(Error, capture_site=False, session_id=session, where=marker, type="note")
             counter[0] += 1
     except BaseException as exc:  # reported by the test
         errors.append(exc)
 
 
-def test_each_threads_recording_sees_only_its_own_events(bus_impl: str) -> None:
+def test_each_threads_recording_sees_only_its_own_events() -> None:
     """Eight sessions recording at once, each on its own thread: no event crosses between them."""
     results: dict[int, list] = {}
     errors: list = []
@@ -63,8 +53,8 @@ def test_each_threads_recording_sees_only_its_own_events(bus_impl: str) -> None:
             with ckpt_viz.record() as rec:
                 barrier.wait()
                 for _ in range(300):
-                    bus.emit("note", capture_site=False, data={"marker": n})
-            results[n] = [e.data["marker"] for e in rec.trace.events]
+                    bus.emit(Error, capture_site=False, where=str(n), type="note")
+            results[n] = [int(e.where) for e in rec.trace.events]
         except BaseException as exc:
             errors.append(exc)
 
@@ -103,12 +93,12 @@ def _close_under_fire(rounds: int) -> dict[str, list]:
         closed_len = len(rec.trace.events)
         with ckpt_viz.record() as next_rec:  # the emitters are still running, on the old scope
             for _ in range(20):
-                bus.emit("note", capture_site=False, data={"marker": "new"})
+                bus.emit(Error, capture_site=False, where="new", type="note")
         stop.set()
         for t in threads:
             t.join()
         found["errors"].extend(errors)
-        markers = {e.data["marker"] for e in next_rec.trace.events}
+        markers = {e.where for e in next_rec.trace.events}
         if markers != {"new"}:
             found["crossed"].append((round_index, sorted(markers)))
         if [e.seq for e in rec.trace.events] != list(range(len(rec.trace.events))):
@@ -118,13 +108,9 @@ def _close_under_fire(rounds: int) -> dict[str, list]:
     return found
 
 
-@pytest.fixture(scope="module", params=["c", "python"])
-def closed_under_fire(request: pytest.FixtureRequest) -> dict[str, list]:
-    with pytest.MonkeyPatch.context() as patch:
-        if request.param == "python":
-            for name, reference in (("emit_row", bus._emit_row_py), ("current_scope", bus._current_scope_py)):
-                patch.setattr(bus, name, reference)
-        return _close_under_fire(ROUNDS)
+@pytest.fixture(scope="module")
+def closed_under_fire() -> dict[str, list]:
+    return _close_under_fire(ROUNDS)
 
 
 def test_an_emitter_racing_the_close_never_raises_nor_reaches_the_next_recording(
@@ -134,11 +120,6 @@ def test_an_emitter_racing_the_close_never_raises_nor_reaches_the_next_recording
     assert closed_under_fire["gaps"] == [], "a closed trace's seqs are not 0..n-1"
 
 
-@pytest.mark.xfail(reason="LEAK session 9, item 3: an emitter that read the recording's sink (Scope.sole._only_rows) "
-                          "before Channel.close() keeps its event after the block ended (bus.py fast path, C and "
-                          "Python; the C one only when it calls back into Python, e.g. a session id's __repr__). "
-                          "Fix sketch: RecordedEvents seals its length at close (trace/rows.py).", strict=False,
-                   raises=AssertionError)
 def test_a_closed_trace_does_not_grow_after_its_block(closed_under_fire: dict[str, list]) -> None:
     grew = closed_under_fire["grew"]
     assert grew == [], f"the closed trace grew after its block ended in {len(grew)}/{ROUNDS} rounds: {grew[:5]}"

@@ -83,7 +83,7 @@ def test_ordinary_backward_matches_reference(explicit: bool, recorder: ckpt_viz.
     assert_grads_equal(grads([x]), want_x, ["x"])
     assert_grads_equal(grads(model.parameters()), want_p, _names(model))
     assert replays_per_handle(recorder.trace) == {f.handle_id: 1 for f in frames}
-    assert {e.data["trigger"] for e in recorder.trace.of_kind("replay_started")} == {"backward"}
+    assert {e.trigger for e in recorder.trace.of_kind("replay_started")} == {"backward"}
 
 
 def test_output_equals_unchecked_forward() -> None:
@@ -119,7 +119,7 @@ def test_split_helpers_with_session_replay_each_frame_once(explicit: bool, recor
     assert x.grad is None
     assert replays_per_handle(recorder.trace) == {f.handle_id: 1 for f in frames}, "DW reuses the DX recompute"
     unpacks = recorder.trace.of_kind("tensor_unpacked")
-    assert unpacks and {e.data["key_source"] for e in unpacks} == {"session"}
+    assert unpacks and {e.key_source for e in unpacks} == {"session"}
     # Events carry JSON-ready session ids: a tuple id appears as its repr.
     assert [e.session_id for e in recorder.trace.of_kind("session_cleared")] == [repr(("stage0", 0))]
 
@@ -140,7 +140,7 @@ def test_split_helpers_without_session_recompute_per_pass(recorder: ckpt_viz.Rec
 
     assert after_dx == {f.handle_id: 1 for f in frames}
     assert replays_per_handle(recorder.trace) == {f.handle_id: 2 for f in frames}
-    assert {e.data["key_source"] for e in recorder.trace.of_kind("tensor_unpacked")} == {"graph_task"}
+    assert {e.key_source for e in recorder.trace.of_kind("tensor_unpacked")} == {"graph_task"}
     assert_grads_equal([dx], want_x, ["dx"])
     assert_grads_equal(grads(params), want_p, _names(model))
 
@@ -212,7 +212,7 @@ def test_backward_on_another_thread_reuses_the_prefire(recorder: ckpt_viz.Record
     for frame in frames:
         recompute_handle(frame, "mb0")
     assert replays_per_handle(recorder.trace) == {f.handle_id: 1 for f in frames}
-    assert {e.data["trigger"] for e in recorder.trace.of_kind("replay_started")} == {"prefire"}
+    assert {e.trigger for e in recorder.trace.of_kind("replay_started")} == {"prefire"}
 
     seen: dict[str, object] = {}
 
@@ -235,7 +235,7 @@ def test_backward_on_another_thread_reuses_the_prefire(recorder: ckpt_viz.Record
     assert seen["activation"] is None, "the worker thread must not see the caller's ContextVar"
     unpacks = recorder.trace.of_kind("tensor_unpacked")
     assert unpacks and {e.thread_id for e in unpacks} != {threading.get_ident()}
-    assert {e.data["key_source"] for e in unpacks} == {"session"}
+    assert {e.key_source for e in unpacks} == {"session"}
     assert replays_per_handle(recorder.trace) == {f.handle_id: 1 for f in frames}, "no second replay"
     assert_grads_equal(grads([x]), want_x, ["x"])
     assert_grads_equal(grads(params), want_p, _names(model))
@@ -265,7 +265,7 @@ def test_early_stop_skips_the_tail_of_the_function(early_stop: bool, recorder: c
     assert recorder.trace.count("replay_started") == 1
     assert recorder.trace.count("early_stopped") == (1 if early_stop else 0)
     (finished,) = recorder.trace.of_kind("replay_finished")
-    assert finished.data["early_stopped"] is early_stop
+    assert finished.early_stopped is early_stop
     assert_grads_equal(grads([x, w]), want, ["x", "w"])
 
 

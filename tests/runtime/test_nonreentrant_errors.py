@@ -118,7 +118,7 @@ def test_bad_argument_emits_an_error_event(recorder: ckpt_viz.Recording) -> None
     with pytest.raises(CheckpointUsageError):
         checkpoint(torch.sin, _x(), use_reentrant=False, early_stop="yes")
     (error,) = recorder.trace.of_kind("error")
-    assert "early_stop must be bool" in error.data["message"]
+    assert "early_stop must be bool" in error.message
 
 
 # 2. Forward inside a session -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import ckpt_viz
+from ckpt_viz.codes import CODE_FOR_REASON
 from ckpt_viz.errors import (
     CheckpointError,
     CheckpointUsageError,
@@ -27,7 +28,6 @@ from ckpt_viz.errors import (
     PhaseNotSetError,
     SessionMismatchError,
 )
-from ckpt_viz.events import CODE_FOR_REASON
 from ckpt_viz.runtime import (
     backward_input,
     backward_weight,
@@ -63,11 +63,11 @@ def _released(rec: ckpt_viz.Recording, handle) -> list:
 
 def _error_event(rec: ckpt_viz.Recording, exc: BaseException):
     """The `error` event that reported `exc` as it left the public API (the last one); it stores the code."""
-    matching = [e for e in rec.trace.of_kind("error") if e.data["message"] == str(exc)]
+    matching = [e for e in rec.trace.of_kind("error") if e.message == str(exc)]
     assert matching, f"no error event for {exc!r}"
-    assert matching[-1].data["type"] == type(exc).__name__
+    assert matching[-1].type == type(exc).__name__
     if isinstance(exc, CkptVizError):
-        assert matching[-1].data["code"] == exc.code
+        assert matching[-1].code == exc.code
     return matching[-1]
 
 
@@ -75,7 +75,7 @@ def _assert_released_then_refused(rec: ckpt_viz.Recording, handle, reason: str, 
                                   *, refused: bool = True) -> None:
     """One `released` event with `reason` before the error; the E7 message names that event (D7)."""
     released = _released(rec, handle)
-    assert [e.data["reason"] for e in released] == [reason]
+    assert [e.reason for e in released] == [reason]
     error = _error_event(rec, exc)
     assert released[0].seq < error.seq
     assert exc.code == CODE_FOR_REASON[reason]  # E6/E7 carry the diagnosis code of the release reason
@@ -83,9 +83,9 @@ def _assert_released_then_refused(rec: ckpt_viz.Recording, handle, reason: str, 
     refusals = [e for e in rec.trace.for_handle(handle.handle_id) if e.kind == "replay_refused"]
     if refused:
         assert len(refusals) == 1
-        assert refusals[0].data["reason"] == "released"
-        assert refusals[0].data["last_release_reason"] == reason
-        assert refusals[0].data["last_release_seq"] == released[0].seq
+        assert refusals[0].reason == "released"
+        assert refusals[0].last_release_reason == reason
+        assert refusals[0].last_release_seq == released[0].seq
         assert released[0].seq < refusals[0].seq < error.seq
     else:
         assert refusals == []
@@ -122,7 +122,7 @@ def test_r1_dx_after_dw_refuses_replay_with_dw_complete() -> None:
         with pytest.raises(HandleReleasedError, match=E7) as info:
             torch.autograd.grad(loss, [x])  # a DX pass after DW: the node is still in phase dw
     _assert_released_then_refused(rec, h, "dw_complete", info.value)
-    assert _error_event(rec, info.value).data["where"] == "backward"
+    assert _error_event(rec, info.value).where == "backward"
     _assert_d7(info.value, "ckpt_viz.checkpoint (backward):", h)
     assert h.phase == "dw"
 
@@ -136,7 +136,7 @@ def test_r1_set_phase_dx_after_dw_raises_e6() -> None:
         with pytest.raises(HandleReleasedError, match=E6) as info:
             h.set_phase("dx")
     _assert_released_then_refused(rec, h, "dw_complete", info.value, refused=False)
-    assert _error_event(rec, info.value).data["where"] == "set_phase"
+    assert _error_event(rec, info.value).where == "set_phase"
     _assert_d7(info.value, "ckpt_viz.ReentrantCheckpointHandle.set_phase:", h)
     assert h.phase == "dw"
 
@@ -185,7 +185,7 @@ def test_r3_session_ctx_without_binding_does_not_retain() -> None:
                 loss.backward()
     _assert_released_then_refused(rec, h, "ordinary_backward_complete", info.value)
     activated = rec.trace.of_kind("session_activated")
-    assert [e.data["handles"] for e in activated] == [[]]
+    assert [e.handles for e in activated] == [()]
     assert rec.trace.of_kind("session_bound") == []
 
 
@@ -241,7 +241,7 @@ def test_r5_forgotten_set_phase_raises_e9_and_releases() -> None:
             h.set_phase("dx")
     assert isinstance(e9.value, RuntimeError) and e9.value.code == "phase_not_set"
     _assert_d7(e9.value, "ckpt_viz.checkpoint (backward):", h)
-    assert _error_event(rec, e9.value).data["where"] == "backward"
+    assert _error_event(rec, e9.value).where == "backward"
     _assert_released_then_refused(rec, h, "backward_exception", e6.value, refused=False)
     assert "replay_started" not in _kinds(rec, h)  # E9 fires before any replay
 
@@ -301,7 +301,7 @@ def test_r8_session_cleared_between_prefire_and_backward() -> None:
             loss.backward()
     _assert_released_then_refused(rec, h, "session_cleared", info.value)
     cleared = rec.trace.of_kind("session_cleared")
-    assert [e.data["handles"] for e in cleared] == [[h.handle_id]]
+    assert [e.handles for e in cleared] == [(h.handle_id,)]
     assert _released(rec, h)[0].session_id == "r8"
 
 
@@ -360,9 +360,9 @@ def test_r10_outputs_dropped_before_replay_is_e8_not_a_release() -> None:
     collected = events[kinds.index("node_collected")]
     refused = events[kinds.index("replay_refused")]
     assert collected.seq < refused.seq < _error_event(rec, info.value).seq
-    assert collected.data == {"was_replayed": False, "released": False}
-    assert refused.data["reason"] == "node_collected"
-    assert refused.data["collected_seq"] == collected.seq
+    assert (collected.was_replayed, collected.released) == (False, False)
+    assert refused.reason == "node_collected"
+    assert refused.collected_seq == collected.seq
     assert f"event #{collected.seq}" in str(info.value)
     assert isinstance(info.value, RuntimeError) and info.value.code == "outputs_dropped_before_replay"
     assert h.released is False and h.node_collected is True
@@ -435,7 +435,7 @@ def test_r12_dw_without_trigger_skips_the_handle() -> None:
     # Contrast: with the trigger, DW reaches the node, fills the captured param and releases.
     with ckpt_viz.record() as rec:
         torch.autograd.backward(loss, inputs=[w, h.backward_trigger])
-    assert [e.data["reason"] for e in _released(rec, h)] == ["dw_complete"]
+    assert [e.reason for e in _released(rec, h)] == ["dw_complete"]
     w_ref, x_ref = w.detach().clone().requires_grad_(), x.detach().clone()
     out_ref = torch.tanh(x_ref @ w_ref)
     (out_ref * out_ref).sum().backward()
@@ -452,7 +452,7 @@ def test_r13_dx_without_outer_retain_graph_leaks_the_handle() -> None:
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             torch.autograd.backward(loss, inputs=[w, h.backward_trigger])
     (error,) = rec.trace.of_kind("error")  # torch's own error, classified once where record() caught it
-    assert (error.data["where"], error.data["code"]) == ("autograd.backward", "second_backward_through_graph")
+    assert (error.where, error.code) == ("autograd.backward", "second_backward_through_graph")
     assert _released(rec, h) == []
     assert h.released is False and h.replay_outputs is not None  # still REPLAYED, graph pinned
     assert w.grad is None
@@ -470,7 +470,7 @@ def test_r14_bind_inside_another_session_is_e10() -> None:
     assert isinstance(info.value, SessionMismatchError) and isinstance(info.value, CheckpointUsageError)
     assert info.value.code == "session_mismatch"
     _assert_d7(info.value, "ckpt_viz.ReentrantCheckpointHandle.bind_session:", h)
-    assert _error_event(rec, info.value).data["where"] == "bind_session"
+    assert _error_event(rec, info.value).where == "bind_session"
     assert rec.trace.of_kind("session_bound") == []
     clear_recompute_session("a")
     assert h.released is False  # it was never registered under "a"
@@ -499,7 +499,7 @@ def test_r15_prefire_after_ordinary_backward_is_e7() -> None:
             recompute_handle(h, "r15")
     _assert_released_then_refused(rec, h, "ordinary_backward_complete", info.value)
     _assert_d7(info.value, "ckpt_viz.recompute_handle:", h)
-    assert _error_event(rec, info.value).data["where"] == "recompute_handle"
+    assert _error_event(rec, info.value).where == "recompute_handle"
     clear_recompute_session("r15")
 
 
@@ -523,7 +523,7 @@ def test_e1_nested_reentrant_checkpoint() -> None:
     _assert_d7(info.value, "ckpt_viz.checkpoint:")
     assert f"h{outer_id}" in str(info.value)  # names the handle it is nested in
     released = [e for e in rec.trace.for_handle(outer_id) if e.kind == "released"]
-    assert [e.data["reason"] for e in released] == ["forward_exception"]
+    assert [e.reason for e in released] == ["forward_exception"]
     # The nested call reports the error as it is raised; the outer handle is released as it propagates.
     assert _error_event(rec, info.value).seq < released[0].seq
 
@@ -537,7 +537,7 @@ def test_e2_scope_parameters_must_be_tensors() -> None:
     assert handles == [] and rec.trace.of_kind("handle_created") == []
     _assert_d7(info.value, "ckpt_viz.reentrant_checkpoint_scope:")
     assert "str" in str(info.value)
-    assert _error_event(rec, info.value).data["where"] == "checkpoint"
+    assert _error_event(rec, info.value).where == "checkpoint"
 
 
 def test_e3_nested_scopes() -> None:
@@ -550,7 +550,7 @@ def test_e3_nested_scopes() -> None:
             checkpoint(_region(w), x, use_reentrant=True)  # the outer scope is intact
     assert len(handles) == 1 and handles[0].split
     _assert_d7(info.value, "ckpt_viz.reentrant_checkpoint_scope:")
-    assert _error_event(rec, info.value).data["where"] == "reentrant_checkpoint_scope"
+    assert _error_event(rec, info.value).where == "reentrant_checkpoint_scope"
 
 
 def test_e4_no_tensor_output_releases_and_removes_the_handle() -> None:
@@ -564,7 +564,7 @@ def test_e4_no_tensor_output_releases_and_removes_the_handle() -> None:
     hid = created.handle_id
     assert [e.kind for e in rec.trace.for_handle(hid)][:5] == [
         "handle_created", "forward_started", "forward_failed", "released", "error"]
-    assert [e.data["reason"] for e in rec.trace.for_handle(hid) if e.kind == "released"] == ["forward_exception"]
+    assert [e.reason for e in rec.trace.for_handle(hid) if e.kind == "released"] == ["forward_exception"]
     assert f"h{hid}" in str(info.value) and "returned dict" in str(info.value)
     _assert_d7(info.value, "ckpt_viz.checkpoint:")
 
@@ -577,7 +577,7 @@ def test_e5_set_phase_on_a_non_split_handle() -> None:
             h.set_phase("dx")
     assert h.phase == "ordinary"
     _assert_d7(info.value, "ckpt_viz.ReentrantCheckpointHandle.set_phase:", h)
-    assert _error_event(rec, info.value).data["where"] == "set_phase"
+    assert _error_event(rec, info.value).where == "set_phase"
     assert rec.trace.of_kind("phase_set") == []
 
 
@@ -639,7 +639,7 @@ def test_e11_bind_session_while_bound_to_another_session() -> None:
                 contextvars.Context().run(bind_elsewhere)
     assert isinstance(info.value, CheckpointError)
     _assert_d7(info.value, "ckpt_viz.ReentrantCheckpointHandle.bind_session:", h)
-    assert _error_event(rec, info.value).data["where"] == "bind_session"
+    assert _error_event(rec, info.value).where == "bind_session"
     clear_recompute_session("a")
     clear_recompute_session("b")
 
@@ -673,7 +673,7 @@ def test_e13_context_fn_must_return_a_pair() -> None:
     assert handles == []
     (created,) = rec.trace.of_kind("handle_created")
     released = [e for e in rec.trace.for_handle(created.handle_id) if e.kind == "released"]
-    assert [e.data["reason"] for e in released] == ["forward_exception"]
+    assert [e.reason for e in released] == ["forward_exception"]
     assert released[0].seq < _error_event(rec, info.value).seq
     _assert_d7(info.value, "ckpt_viz.checkpoint:")
 
@@ -691,9 +691,9 @@ def test_e15_input_modified_in_place_after_forward() -> None:
             out.sum().backward()
     kinds = _kinds(rec, h)
     assert "replay_started" not in kinds  # refused at ctx.saved_tensors, before the replay
-    assert [e.data["reason"] for e in _released(rec, h)] == ["backward_exception"]
+    assert [e.reason for e in _released(rec, h)] == ["backward_exception"]
     error = _error_event(rec, info.value)
-    assert error.data["where"] == "backward" and error.handle_id == h.handle_id
+    assert error.where == "backward" and error.handle_id == h.handle_id
 
 
 def test_e16_dw_with_autograd_grad_on_a_trigger_needs_allow_unused() -> None:

@@ -63,7 +63,7 @@ def test_ordinary_backward_matches_reference(explicit: bool, recorder: ckpt_viz.
     assert_grads_equal(grads(model.parameters()), want_p, [n for n, _ in model.named_parameters()])
     counts = replays_per_handle(recorder.trace)
     assert sorted(counts.values()) == [1, 1]
-    assert [e.data["reason"] for e in recorder.trace.of_kind("released")] == ["ordinary_backward_complete"] * 2
+    assert [e.reason for e in recorder.trace.of_kind("released")] == ["ordinary_backward_complete"] * 2
 
 
 def test_ordinary_backward_through_scalar_loss(mlp2: Stack) -> None:

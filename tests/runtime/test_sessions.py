@@ -67,7 +67,7 @@ def test_prefire_then_backward_in_session_replays_once(use_reentrant: bool, reco
     for handle in handles:
         recompute_handle(handle, "mb0")
     assert replays_per_handle(recorder.trace) == {h.handle_id: 1 for h in handles}
-    assert [e.data["trigger"] for e in recorder.trace.of_kind("replay_started")] == ["prefire", "prefire"]
+    assert [e.trigger for e in recorder.trace.of_kind("replay_started")] == ["prefire", "prefire"]
     if use_reentrant:
         assert all(h.replay_outputs is not None and not h.released for h in handles)
 
@@ -96,8 +96,8 @@ def test_prefire_of_frames_and_reentrant_handles_in_one_session(recorder: ckpt_v
     assert_grads_equal(grads([x, w1, w2]), want, ["x", "w1", "w2"])
     (cleared,) = recorder.trace.of_kind("session_cleared")
     assert cleared.session_id == 7
-    assert cleared.data["frames"] == [handles[0].handle_id]
-    assert cleared.data["handles"] == [handles[1].handle_id]
+    assert cleared.frames == (handles[0].handle_id,)
+    assert cleared.handles == (handles[1].handle_id,)
 
 
 def test_prefire_inside_a_retaining_session_then_dx_and_dw(recorder: ckpt_viz.Recording) -> None:
@@ -114,11 +114,11 @@ def test_prefire_inside_a_retaining_session_then_dx_and_dw(recorder: ckpt_viz.Re
         torch.autograd.backward(y.sum(), inputs=[w1, w2])
     clear_recompute_session("mb")
 
-    assert [e.data["path"] for e in recorder.trace.of_kind("prefired")] == ["in_session", "in_session"]
+    assert [e.path for e in recorder.trace.of_kind("prefired")] == ["in_session", "in_session"]
     assert replays_per_handle(recorder.trace) == {f.handle_id: 1 for f in frames}
     assert_grads_equal([dx, w1.grad, w2.grad], want, ["dx", "w1", "w2"])
     unpacks = recorder.trace.of_kind("tensor_unpacked")
-    assert unpacks and all(e.data["retain"] and not e.data["consumed"] for e in unpacks)
+    assert unpacks and all(e.retain and not e.consumed for e in unpacks)
 
 
 def test_split_reentrant_handles_prefired_then_helpers(recorder: ckpt_viz.Recording) -> None:
@@ -151,7 +151,7 @@ def test_clear_releases_reentrant_handles_with_reason_session_cleared(recorder: 
     assert all(h.replay_outputs is None for h in handles)
     released = recorder.trace.of_kind("released")
     # The registry is a weak set: the release order is not specified.
-    assert sorted((e.handle_id, e.data["reason"]) for e in released) == \
+    assert sorted((e.handle_id, e.reason) for e in released) == \
         sorted((h.handle_id, "session_cleared") for h in handles)
 
     clear_recompute_session("gone")  # safe twice: nothing more is released
@@ -190,7 +190,7 @@ def test_a_frame_not_registered_in_the_session_is_unaffected(recorder: ckpt_viz.
     clear_recompute_session("s")
 
     assert frames[1].active_session is None, "leaving the session unbinds its frames"
-    sources = {e.handle_id: e.data["key_source"] for e in recorder.trace.of_kind("tensor_unpacked")}
+    sources = {e.handle_id: e.key_source for e in recorder.trace.of_kind("tensor_unpacked")}
     assert sources == {frames[0].handle_id: "graph_task", frames[1].handle_id: "session"}
     assert replays_per_handle(recorder.trace) == {f.handle_id: 1 for f in frames}
     assert_grads_equal(grads([x, w1, w2]), want, ["x", "w1", "w2"])
@@ -226,15 +226,15 @@ def test_session_life_events(use_reentrant: bool, recorder: ckpt_viz.Recording) 
         ("session_cleared", "sid"),
     ]
     prefired, bound = recorder.trace.of_kind("prefired")[0], recorder.trace.of_kind("session_bound")[0]
-    assert (prefired.handle_id, prefired.mode, prefired.data["path"]) == (hid, mode, "temporary_session")
+    assert (prefired.handle_id, prefired.mode, prefired.path) == (hid, mode, "temporary_session")
     assert (bound.handle_id, bound.mode) == (hid, mode)
     activated = recorder.trace.of_kind("session_activated")
-    assert [e.data["retain_on_unpack"] for e in activated] == [True, False]
-    assert [e.data["handles"] for e in activated] == [[hid], [hid]]
+    assert [e.retain_on_unpack for e in activated] == [True, False]
+    assert [e.handles for e in activated] == [(hid,), (hid,)]
     deactivated = recorder.trace.of_kind("session_deactivated")
-    assert [e.data["handles"] for e in deactivated] == [[hid], [hid]]
+    assert [e.handles for e in deactivated] == [(hid,), (hid,)]
     (cleared,) = recorder.trace.of_kind("session_cleared")
-    assert cleared.data == {"handles": [hid] if use_reentrant else [], "frames": [] if use_reentrant else [hid]}
+    assert (cleared.handles, cleared.frames) == (((hid,), ()) if use_reentrant else ((), (hid,)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -245,16 +245,16 @@ def test_tensor_packed_carries_shape_dtype_and_nbytes(dtype: torch.dtype, record
     (frame,) = frames
     (packed,) = recorder.trace.of_kind("tensor_packed")
     assert packed.handle_id == frame.handle_id and packed.mode == "nonreentrant"
-    assert packed.data["index"] == 0
-    assert packed.data["shape"] == [2, 5]
-    assert packed.data["dtype"] == str(dtype).removeprefix("torch.")
-    assert packed.data["nbytes"] == 10 * x.element_size()
-    assert packed.data["is_parameter"] is False
+    assert packed.index == 0
+    assert packed.shape == (2, 5)
+    assert packed.dtype == str(dtype).removeprefix("torch.")
+    assert packed.nbytes == 10 * x.element_size()
+    assert packed.is_parameter is False
 
     y.sum().backward()
     (unpacked,) = recorder.trace.of_kind("tensor_unpacked")
-    assert (unpacked.handle_id, unpacked.data["index"], unpacked.data["shape"]) == (frame.handle_id, 0, [2, 5])
-    assert unpacked.data["nbytes"] == packed.data["nbytes"]
+    assert (unpacked.handle_id, unpacked.index, unpacked.shape) == (frame.handle_id, 0, (2, 5))
+    assert unpacked.nbytes == packed.nbytes
     assert torch.equal(x.grad, torch.cos(x.detach()))
 
 
@@ -263,6 +263,6 @@ def test_tensor_packed_marks_parameters(recorder: ckpt_viz.Recording) -> None:
     x = torch.randn(BATCH, 4, requires_grad=True)
     checkpoint(lambda a: a * scale, x, use_reentrant=False)  # mul saves both operands as they are
     packed = recorder.trace.of_kind("tensor_packed")
-    assert sorted((tuple(e.data["shape"]), e.data["is_parameter"]) for e in packed) == [
+    assert sorted((tuple(e.shape), e.is_parameter) for e in packed) == [
         ((BATCH, 4), False), ((4,), True)]
-    assert sum(e.data["nbytes"] for e in packed) == (4 + BATCH * 4) * 4
+    assert sum(e.nbytes for e in packed) == (4 + BATCH * 4) * 4

@@ -1,10 +1,13 @@
-"""trace.lifecycle on hand-built traces: every transition of NOTE [ Handle states ], with exact seqs and reasons."""
+"""ckpt_viz.analysis.lifecycle on hand-built traces: every transition of NOTE [ Handle states ], with exact seqs and
+reasons."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from ckpt_viz.analysis.lifecycle import DERIVED_REASONS, Transition, lifecycle
+from ckpt_viz.events import HandleCreated
 from ckpt_viz.trace import Trace
-from ckpt_viz.trace.lifecycle import DERIVED_REASONS, STATE_MEANINGS, STATES, Transition, lifecycle
+from ckpt_viz.vocabulary import STATE_MEANINGS, STATES
 from traces import Builder, nonreentrant_trace, refused_trace, split_trace
 
 
@@ -137,7 +140,7 @@ def test_a_nonreentrant_frame_recomputed_by_a_new_backward_is_released_again() -
     for _ in range(2):                                                           # 2-4, 5-7: two graph tasks
         b.ev("replay_started", 0, trigger="backward", **kw)
         b.ev("replay_finished", 0, trigger="backward", saved_count=1, **kw)
-        b.ev("tensor_unpacked", 0, consumed=True, **kw)
+        b.ev("tensor_unpacked", 0, index=0, key_source="graph_task", retain=False, consumed=True, **kw)
     b.ev("session_cleared", frames=[0])                                          # 8 released already
     trace = b.trace()
     life = lifecycle(trace)
@@ -161,7 +164,6 @@ def test_a_handle_first_seen_after_the_recording_started_was_recorded_from_the_f
     b.ev("replay_started", 7, trigger="backward")    # 2
     trace = b.trace()
     assert _changes(trace, 7) == [(0, "recorded", None, None), (2, "replaying", "replay_started", None)]
-    assert lifecycle(trace).first_position(7) == 1
     assert lifecycle(trace).state_at(99, 2) == "not_created" and lifecycle(trace).transitions(99) == []
 
 
@@ -181,7 +183,7 @@ def test_cached_per_trace_rebuilt_when_it_grows_and_equal_on_a_loaded_trace(tmp_
     trace = split_trace()
     assert lifecycle(trace) is lifecycle(trace)
     before = lifecycle(trace)
-    trace.events.append(trace.events[-1].__class__(seq=26, t_ns=26_000, kind="handle_created", handle_id=9))
+    trace.events.append(HandleCreated(seq=26, t_ns=26_000, handle_id=9))
     assert lifecycle(trace) is not before and lifecycle(trace).handle_ids == [0, 1, 9]
     trace.save(tmp_path / "t.json")
     loaded = Trace.load(tmp_path / "t.json")
