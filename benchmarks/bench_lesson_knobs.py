@@ -88,10 +88,8 @@ def measure(quick: bool) -> list[dict]:
     from playwright.sync_api import sync_playwright
 
     from ckpt_viz.lessons.loader import load_lessons
-    from ckpt_viz.lessons.runner import missing_need
 
-    steps = [(lesson, i) for lesson in load_lessons() for i, s in enumerate(lesson.steps)
-             if s.knobs and not missing_need(s)]
+    steps = [(lesson, i) for lesson in load_lessons() for i, s in enumerate(lesson.steps) if s.knobs]
     if quick:
         steps = steps[:1]
     rows = []

@@ -4,7 +4,7 @@ runs; two runs side by side where a step compares them; links to the pages that 
 import streamlit as st
 
 from ckpt_viz.lessons.loader import load_lessons
-from ckpt_viz.lessons.runner import fill, knob_values, missing_need, show_step
+from ckpt_viz.lessons.runner import fill, knob_values, show_step
 from ui import lessonview
 from ui.cursor import cursor_bar, set_cursor
 from ui.runs import Run, RunConfig
@@ -42,13 +42,6 @@ def _navigation() -> None:
     else:
         nxt.success("End of the last lesson.")
 
-
-need = missing_need(step)
-if need:
-    st.markdown(step.prose)
-    st.info(md(need))
-    _navigation()
-    st.stop()
 
 defaults = knob_values(lesson, step)
 chosen = lessonview.knobs(lesson, step, defaults)

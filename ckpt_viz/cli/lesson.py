@@ -110,7 +110,7 @@ def walk(number: int, *, out: TextIO = sys.stdout, interactive: bool = False, kn
     """
     from ckpt_viz.errors import CkptVizError
     from ckpt_viz.lessons.loader import load_lessons
-    from ckpt_viz.lessons.runner import missing_need, show_step
+    from ckpt_viz.lessons.runner import show_step
 
     lessons = {lesson.number: lesson for lesson in load_lessons()}
     if number not in lessons:
@@ -125,10 +125,6 @@ def walk(number: int, *, out: TextIO = sys.stdout, interactive: bool = False, kn
     out.write(f"Lesson {lesson.number}: {lesson.title}\n{lesson.summary}\n")
     for i, step in enumerate(lesson.steps, 1):
         out.write(f"\n== Step {i}/{len(lesson.steps)}: {step.title} ==\n\n")
-        need = missing_need(step)
-        if need:
-            out.write(f"{step.prose.strip()}\n\n{need}\n")
-            continue
         mine = {k.name: _parsed(k, knobs[k.name]) for k in step.knobs if k.name in knobs}
         shown = show_step(lesson, step, mine)
         out.write(f"{shown.prose.strip()}\n\n")

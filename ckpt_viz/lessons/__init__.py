@@ -25,7 +25,6 @@ from ckpt_viz.lessons.runner import (
     check_step,
     fill,
     knob_values,
-    missing_need,
     resolve_cursor,
     run_code,
     run_source,
@@ -36,6 +35,6 @@ from ckpt_viz.lessons.runner import (
 
 __all__ = ["PAGES", "SPLIT_COST", "TERMS", "VIEWS", "Knob", "Lesson", "LessonError", "Question", "Shown", "Step",
            "StepResult", "builtin", "check_step", "fill", "glossary", "helpers", "kib", "knob_values", "lessons_dir",
-           "load_lesson", "load_lessons", "missing_need", "ms", "peak", "peak_by_category", "percent",
+           "load_lesson", "load_lessons", "ms", "peak", "peak_by_category", "percent",
            "recompute_ms", "replays", "resolve_cursor", "run_code", "run_source", "show_step", "step_trace",
            "trace_of"]

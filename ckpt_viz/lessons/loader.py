@@ -18,7 +18,6 @@ claims). The data, one table per step:
     check = "check_peak"             check(trace, runs) -> {figure name: value}; asserts the claims
     claim = "peak {peak}"            the sentence the check asserts, filled with its figures
     see = ["memory"]                 optional: app pages that show the run deeper (from PAGES)
-    needs = "ckpt_viz.plan"          optional: a module the step needs; without it the step says so
     [[steps.knobs]]                  optional, any number: a live control
     name = "depth"                   a keyword argument of the run function (its default is the knob's)
     label = "Blocks"   values = [2, 4, 8]   multi = false (true: any subset of values, a tuple)
@@ -60,7 +59,7 @@ _CURSOR = re.compile(r"^(start|end|peak|(first|last) [a-z_]+( h\d+)?)$")
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _LESSON_KEYS = {"title", "summary", "steps"}
 _STEP_KEYS = {"title", "prose", "run", "compare", "sides", "views", "cursor", "check", "claim", "question", "knobs",
-              "see", "needs"}
+              "see"}
 _QUESTION_KEYS = {"ask", "choices", "answer", "explain"}
 _KNOB_KEYS = {"name", "label", "values", "multi", "help"}
 
@@ -100,7 +99,6 @@ class Step:
     compare: str = ""
     sides: tuple[str, str] = ("this run", "the other run")
     see: tuple[str, ...] = ()
-    needs: str = ""
 
     def texts(self) -> dict[str, str]:
         """Every template of the step by where it is (prose, claim, question parts): what NOTE rule 1 checks."""
@@ -231,10 +229,9 @@ def _step(table: Any, where: str) -> Step:
     compare = _text(table, "compare", where, required=False)
     if "sides" in table and not compare:
         raise _fail(where, "'sides' names two runs but there is no 'compare' run", "add compare = \"...\"")
-    needs = _text(table, "needs", where, required=False)
     return Step(_text(table, "title", where), _text(table, "prose", where), _text(table, "run", where),
                 views, cursor, _text(table, "check", where), _text(table, "claim", where), question, knobs,
-                compare, (sides[0].strip(), sides[1].strip()), see, needs)
+                compare, (sides[0].strip(), sides[1].strip()), see)
 
 
 def load_lesson(folder: str | Path) -> Lesson:

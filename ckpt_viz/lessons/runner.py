@@ -29,7 +29,7 @@ from ckpt_viz.analysis.memory import memory
 from ckpt_viz.lessons.loader import Knob, Lesson, LessonError, Question, Step, fields
 from ckpt_viz.trace import Trace
 
-__all__ = ["Shown", "StepResult", "check_step", "fill", "knob_values", "missing_need", "resolve_cursor",
+__all__ = ["Shown", "StepResult", "check_step", "fill", "knob_values", "resolve_cursor",
            "run_code", "run_source", "script", "show_step", "step_trace", "trace_of"]
 
 _API = "ckpt_viz.lessons"
@@ -96,18 +96,6 @@ def _function(lesson: Lesson, name: str) -> Callable[..., Any]:
         raise LessonError(f"{_API}: lesson {lesson.number} ({lesson.folder.name}): run.py has no function "
                           f"{name!r}.\nTip: define def {name}(...) in {lesson.script}.")
     return fn
-
-
-def missing_need(step: Step) -> str:
-    """"" when the step can run; else why not (its `needs` module is not importable), in words."""
-    if not step.needs:
-        return ""
-    try:
-        importlib.import_module(step.needs)
-    except ImportError as exc:
-        return (f"This step needs {step.needs}, which this installation does not have ({exc}). "
-                "It runs once that module is installed.")
-    return ""
 
 
 # -- knobs

@@ -65,7 +65,8 @@ def record_budget(budget=70, depth=8, batch=512):
         step()
     none = plan.predict(prof.profile, plan.Policy())  # nothing checkpointed
     advice = plan.recommend(prof.profile, budget=none.peak * budget // 100)
-    checked = plan.verify(advice, model=model, step=step, tensors=(x,))  # run it, measure it
+    # run it and measure its peak
+    checked = plan.verify(advice, model=model, step=step, tensors=(x,))
     with plan.apply(model, advice.prediction.policy):  # the same policy, recorded
         with ckpt_viz.record(memory=True, model=model, tensors=(x,)) as rec:
             step()

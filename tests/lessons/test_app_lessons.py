@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from ckpt_viz.lessons.loader import load_lessons
-from ckpt_viz.lessons.runner import missing_need, show_step
+from ckpt_viz.lessons.runner import show_step
 
 APP = Path(__file__).resolve().parents[2] / "app"
 LESSONS = load_lessons()
@@ -71,8 +71,6 @@ def _run_shown(at: AppTest) -> int:
 @pytest.mark.parametrize(("lesson", "i"), ASKED, ids=[f"lesson{le.number:02d}" for le, _ in ASKED])
 def test_predict_then_see_nothing_of_the_run_before_the_answer_then_the_explanation_and_the_figure(lesson, i):
     step = lesson.steps[i]
-    if missing_need(step):
-        pytest.skip(f"lesson {lesson.number}: {missing_need(step)}")
     at = _open(_app(), lesson.number, i)
     shown = show_step(lesson, step)  # the same process: the same recorded runs as the page's
     radio = at.radio(key=f"answer_{lesson.number}_{i}")

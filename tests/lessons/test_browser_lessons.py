@@ -9,7 +9,7 @@ import pytest
 
 from browser import CHROMIUM, SHOTS, goto_page, screenshot, settle
 from ckpt_viz.lessons.loader import load_lessons
-from ckpt_viz.lessons.runner import missing_need, show_step
+from ckpt_viz.lessons.runner import show_step
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -43,8 +43,6 @@ def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(brows
     from playwright.sync_api import expect
 
     step = lesson.steps[i]
-    if missing_need(step):
-        pytest.skip(f"lesson {lesson.number}: {missing_need(step)}")
     page = browser_page
     shown = show_step(lesson, step)  # choices are figures of the run's structure, the same in the server's run
     _open(page, lesson, i)

@@ -6,8 +6,6 @@ import io
 import subprocess
 import sys
 
-import pytest
-
 from ckpt_viz.cli import main
 from ckpt_viz.cli.lesson import walk
 from ckpt_viz.lessons.loader import load_lessons
@@ -85,18 +83,6 @@ def test_an_unknown_lesson_says_which_exist(capsys) -> None:
     assert main(["lesson", "99"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ckpt-viz lesson: no lesson 99; there are 1 to 14.") and "Tip: " in err
-
-
-@pytest.mark.parametrize("number", [14])
-def test_a_step_whose_module_is_missing_says_so(number: int) -> None:
-    from ckpt_viz.lessons.runner import missing_need
-
-    lesson = LESSONS[number - 1]
-    if not missing_need(lesson.steps[0]):
-        pytest.skip("ckpt_viz.plan is installed: the steps run (test_every_step_runs_and_its_check_holds)")
-    out = io.StringIO()
-    assert walk(number, out=out) == 0
-    assert out.getvalue().count("This step needs ckpt_viz.plan") == len(lesson.steps)
 
 
 def test_lesson_n_pauses_between_steps_on_a_terminal() -> None:

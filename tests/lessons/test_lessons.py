@@ -11,7 +11,7 @@ import pytest
 
 from ckpt_viz.catalog import BUILTIN_MODEL_NAMES
 from ckpt_viz.lessons.loader import VIEWS, LessonError, fields, lessons_dir, load_lesson, load_lessons
-from ckpt_viz.lessons.runner import check_step, missing_need, run_code, show_step, step_trace
+from ckpt_viz.lessons.runner import check_step, run_code, show_step, step_trace
 from ckpt_viz.trace import Trace
 
 LESSONS = load_lessons()
@@ -19,12 +19,6 @@ STEPS = [(lesson, i) for lesson in LESSONS for i in range(len(lesson.steps))]
 IDS = [f"{le.number:02d}-step{i + 1}" for le, i in STEPS]
 KNOBBED = [(lesson, i) for lesson, i in STEPS if lesson.steps[i].knobs]
 CODE_WIDTH = 88  # columns: the Lessons page's code box shows this many without scrolling (wrap_lines as a net)
-
-
-def _needs(lesson, i: int) -> None:
-    why = missing_need(lesson.steps[i])
-    if why:
-        pytest.skip(f"lesson {lesson.number} step {i + 1}: {why} (ckpt_viz.plan lands with branch h-plan)")
 
 
 def test_fourteen_lessons_in_order_listed_in_both_readmes() -> None:
@@ -40,7 +34,6 @@ def test_fourteen_lessons_in_order_listed_in_both_readmes() -> None:
 
 @pytest.mark.parametrize(("lesson", "i"), STEPS, ids=IDS)
 def test_every_step_runs_and_its_check_holds(lesson, i: int) -> None:
-    _needs(lesson, i)
     step = lesson.steps[i]
     shown = show_step(lesson, step)
     assert shown.claim.strip() and "{" not in shown.claim and "{" not in shown.prose
@@ -92,7 +85,6 @@ def test_at_least_five_steps_have_knobs_and_enough_steps() -> None:
 
 @pytest.mark.parametrize(("lesson", "i"), STEPS, ids=IDS)
 def test_the_code_a_step_shows_runs_as_it_is_and_reads_without_scrolling(lesson, i: int) -> None:
-    _needs(lesson, i)
     step = lesson.steps[i]
     trace = step_trace(lesson, step)
     for name in (step.run, step.compare) if step.compare else (step.run,):
@@ -134,7 +126,6 @@ def _knob_settings(lesson, i: int) -> list[dict]:
 
 @pytest.mark.parametrize(("lesson", "i"), KNOBBED, ids=[f"{le.number:02d}-step{i + 1}" for le, i in KNOBBED])
 def test_every_knob_setting_runs_and_its_claim_holds(lesson, i: int) -> None:
-    _needs(lesson, i)
     step = lesson.steps[i]
     claims = set()
     for setting in _knob_settings(lesson, i):
