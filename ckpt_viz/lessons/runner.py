@@ -14,6 +14,7 @@ imports it when it runs.
 from __future__ import annotations
 
 import ast
+import gc
 import importlib.util
 import inspect
 import sys
@@ -155,6 +156,7 @@ def trace_of(lesson: Lesson, name: str, knobs: Mapping[str, Any] | None = None) 
         if key in _traces:
             _traces.move_to_end(key)
             return _traces[key]
+        _numbered_from_h0()
         trace = fn(**kwargs)
         if not isinstance(trace, Trace):
             raise LessonError(f"{_API}: lesson {lesson.number}: {name}() returned {type(trace).__name__}, "
@@ -163,6 +165,17 @@ def trace_of(lesson: Lesson, name: str, knobs: Mapping[str, Any] | None = None) 
         while len(_traces) > _KEPT_RUNS:
             _traces.popitem(last=False)
         return trace
+
+
+def _numbered_from_h0() -> None:
+    """The next run numbers its handles from h0, as in a fresh process (the ids its text names): a handle an
+    earlier run left in a reference cycle is collected first (NOTE [ Handle numbering ] in
+    ckpt_viz/runtime/handle_ids.py, rule 3)."""
+    from ckpt_viz.runtime.handle_ids import restart_handle_ids
+
+    if not restart_handle_ids():
+        gc.collect()
+        restart_handle_ids()
 
 
 def step_trace(lesson: Lesson, step: Step, knobs: Mapping[str, Any] | None = None) -> Trace:

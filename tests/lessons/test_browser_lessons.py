@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, SHOTS, goto_page, screenshot, settle
+from browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, screenshot, settle
 from ckpt_viz.lessons.loader import load_lessons
 from ckpt_viz.lessons.runner import show_step
 
@@ -21,14 +21,49 @@ RUN_VIEWS = ('[data-testid="stVegaLiteChart"], img.ckpt-graph, [data-testid="stD
              '[data-testid="stTable"], [data-testid="stMetric"], [data-testid="stSlider"]')
 
 
+@pytest.fixture(scope="module")
+def chromium(server: str):
+    """One headless chromium for the module; each test gets a fresh context of it (`lessons_page`)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def lessons_page(chromium, server: str):
+    """A fresh context (its own cookies, so its own Streamlit session) opened straight on the Lessons page.
+    `lessons_page.errors` collects uncaught page errors."""
+    from playwright.sync_api import expect
+
+    context = chromium.new_context(viewport={"width": 1500, "height": 1000})
+    try:
+        page = context.new_page()
+        page.errors = []
+        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+        page.goto(f"{server}/lessons", timeout=60_000)
+        expect(page.get_by_role("heading", name="Lessons", exact=True)).to_be_visible(timeout=120_000)
+        settle(page, 120_000)
+        yield page
+    finally:
+        context.close()
+
+
 def _open(page, lesson, step: int) -> None:
     from playwright.sync_api import expect
 
-    goto_page(page, "Lessons")
     main = page.locator('[data-testid="stMain"]')
     name = f"{lesson.number}. {lesson.title}"
     main.locator('[data-testid="stSelectbox"]').first.click()
     page.get_by_role("option", name=name, exact=True).click()
+    # the picked lesson's first step, not the page before the pick: a Next clicked before the rerun started
+    # would step the lesson shown before (settle alone can look while the script has not started yet)
+    expect(main.get_by_text(f"Step 1 of {len(lesson.steps)}: {lesson.steps[0].title}", exact=True)).to_be_visible(
+        timeout=240_000)
     settle(page, 240_000)
     for n in range(step):
         main.get_by_role("button", name="Next", exact=True).click()
@@ -39,11 +74,11 @@ def _open(page, lesson, step: int) -> None:
 
 
 @pytest.mark.parametrize(("lesson", "i"), ASKED, ids=[f"lesson{le.number:02d}" for le, _ in ASKED])
-def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(browser_page, lesson, i: int) -> None:
+def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(lessons_page, lesson, i: int) -> None:
     from playwright.sync_api import expect
 
     step = lesson.steps[i]
-    page = browser_page
+    page = lessons_page
     shown = show_step(lesson, step)  # choices are figures of the run's structure, the same in the server's run
     _open(page, lesson, i)
     main = page.locator('[data-testid="stMain"]')
@@ -65,17 +100,18 @@ def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(brows
     if static:
         expect(verdict).to_contain_text(static)
     expect(main.get_by_text("Checked on the run:", exact=False)).to_be_visible()
-    assert main.locator(RUN_VIEWS).count() > 0, "the answer shows no view of the run"
+    # the views follow the verdict in the same script run: wait for them as for the verdict
+    expect(main.locator(RUN_VIEWS).first, "the answer shows no view of the run").to_be_visible(timeout=120_000)
     assert not page.errors, page.errors
     if lesson.number in (4, 8):
         SHOTS.mkdir(parents=True, exist_ok=True)
         screenshot(page, SHOTS / f"2{lesson.number // 4}_lesson{lesson.number:02d}.png")
 
 
-def test_walk_lesson_one_to_its_end_and_on_to_the_next_lesson(browser_page) -> None:
+def test_walk_lesson_one_to_its_end_and_on_to_the_next_lesson(lessons_page) -> None:
     from playwright.sync_api import expect
 
-    page = browser_page
+    page = lessons_page
     lesson = LESSONS[0]
     _open(page, lesson, 0)
     main = page.locator('[data-testid="stMain"]')
