@@ -34,7 +34,8 @@ __all__ = ["Shown", "StepResult", "check_step", "fill", "knob_values", "resolve_
            "run_code", "run_source", "script", "show_step", "step_trace", "trace_of"]
 
 _API = "ckpt_viz.lessons"
-_KEPT_RUNS = 48  # traces kept per process (a knob records a new one per setting)
+_KEPT_RUNS = 128  # traces kept per process (a knob records a new one per setting); the 14 lessons' default
+# runs are about 60 traces of 2-120 KiB each as JSON (1 MiB in all), so every lesson stays recorded
 _modules: dict[str, ModuleType] = {}
 _traces: OrderedDict[tuple, Trace] = OrderedDict()
 _lock = threading.RLock()

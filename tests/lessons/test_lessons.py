@@ -13,6 +13,7 @@ import pytest
 from ckpt_viz.catalog import BUILTIN_MODEL_NAMES
 from ckpt_viz.lessons.loader import VIEWS, LessonError, fields, lessons_dir, load_lesson, load_lessons
 from ckpt_viz.lessons.runner import check_step, run_code, show_step, step_trace
+from ckpt_viz.runtime.handle_ids import restart_handle_ids
 from ckpt_viz.trace import Trace
 
 LESSONS = load_lessons()
@@ -34,7 +35,8 @@ def test_fourteen_lessons_in_order_listed_in_both_readmes() -> None:
 
 
 @pytest.mark.parametrize(("lesson", "i"), STEPS, ids=IDS)
-def test_every_step_runs_and_its_check_holds(lesson, i: int) -> None:
+def test_every_step_runs_its_check_holds_and_the_code_it_shows_runs_as_it_is(lesson, i: int) -> None:
+    """One test per step, so the step's runs are recorded once (the runner keeps the last runs only)."""
     step = lesson.steps[i]
     shown = show_step(lesson, step)
     assert shown.claim.strip() and "{" not in shown.claim and "{" not in shown.prose
@@ -44,6 +46,20 @@ def test_every_step_runs_and_its_check_holds(lesson, i: int) -> None:
         assert shown.other is not None and shown.other_seq in {e.seq for e in shown.other.events}
     if shown.question is not None:
         assert all("{" not in text for text in (shown.question.ask, shown.question.explain, *shown.question.choices))
+    # the code it shows runs as it is, in a fresh namespace, and reads without scrolling sideways
+    for name in (step.run, step.compare) if step.compare else (step.run,):
+        code = run_code(lesson, name)
+        wide = [line for line in code.splitlines() if len(line) > CODE_WIDTH]
+        assert not wide, f"lines wider than {CODE_WIDTH} columns: {wide}"
+        namespace: dict = {}
+        if not restart_handle_ids():  # as in a fresh interpreter: no handle left in a cycle shifts the ids
+            gc.collect()
+        exec(compile(code, f"<lesson {lesson.number} step {i + 1}: {name}>", "exec"), namespace)  # a fresh namespace
+        ran = namespace["trace"]
+        assert isinstance(ran, Trace)
+        if name == step.run:  # the same run as the step's: the same handles and replays
+            assert sorted({e.kind for e in ran.events}) == sorted({e.kind for e in shown.trace.events})
+            assert ran.handle_ids() == shown.trace.handle_ids()
 
 
 NAMES = ("1F1B", "ZB-H1")  # schedules: names that hold digits, no figures
@@ -82,24 +98,6 @@ def test_every_lesson_asks_and_the_figures_of_its_text_are_named() -> None:
 def test_at_least_five_steps_have_knobs_and_enough_steps() -> None:
     assert len(KNOBBED) >= 5, [(le.number, i + 1) for le, i in KNOBBED]
     assert len(STEPS) >= 38, len(STEPS)
-
-
-@pytest.mark.parametrize(("lesson", "i"), STEPS, ids=IDS)
-def test_the_code_a_step_shows_runs_as_it_is_and_reads_without_scrolling(lesson, i: int) -> None:
-    step = lesson.steps[i]
-    trace = step_trace(lesson, step)
-    for name in (step.run, step.compare) if step.compare else (step.run,):
-        code = run_code(lesson, name)
-        wide = [line for line in code.splitlines() if len(line) > CODE_WIDTH]
-        assert not wide, f"lines wider than {CODE_WIDTH} columns: {wide}"
-        namespace: dict = {}
-        gc.collect()  # as in a fresh interpreter: no handle an earlier test left in a cycle shifts the ids
-        exec(compile(code, f"<lesson {lesson.number} step {i + 1}: {name}>", "exec"), namespace)  # a fresh namespace
-        ran = namespace["trace"]
-        assert isinstance(ran, Trace)
-        if name == step.run:  # the same run as the step's: the same handles and replays
-            assert sorted({e.kind for e in ran.events}) == sorted({e.kind for e in trace.events})
-            assert ran.handle_ids() == trace.handle_ids()
 
 
 def test_a_steps_code_runs_in_a_fresh_interpreter(tmp_path: Path) -> None:
