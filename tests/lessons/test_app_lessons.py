@@ -44,15 +44,16 @@ def _open(at: AppTest, number: int, step: int) -> AppTest:
 
 
 def _chart_rows(at: AppTest) -> list[dict]:
-    """Every row of every chart on the page (their Arrow datasets), and each spec as a row {"spec": text}."""
+    """Every row of every chart on the page (their Arrow datasets, named or not), and each spec as a row
+    {"spec": text}."""
     import pyarrow as pa
 
     rows: list[dict] = []
     for chart in at.get("vega_lite_chart"):
         rows.append({"spec": chart.proto.spec})
-        for dataset in chart.proto.datasets:
-            if dataset.data.data:
-                rows += pa.ipc.open_stream(io.BytesIO(dataset.data.data)).read_all().to_pylist()
+        for data in [d.data.data for d in chart.proto.datasets] + [chart.proto.data.data]:
+            if data:
+                rows += pa.ipc.open_stream(io.BytesIO(data)).read_all().to_pylist()
     return rows
 
 
@@ -162,6 +163,40 @@ def test_lesson_10_shows_memory_per_stage_side_by_side() -> None:
     tables = [t.value for t in at.table if "stage" in t.value.columns]
     assert len(tables) == 2 and all(set(t["stage"]) == {"0", "1"} for t in tables)
     assert any(r.get("stage") is not None and r.get("bytes") is not None for r in _chart_rows(at))
+
+
+def test_lesson_12_shows_what_keeping_an_op_costs_beside_keeping_nothing() -> None:
+    lesson = LESSONS[11]
+    at = _answered(12, 1)
+    shown = show_step(lesson, lesson.steps[1])
+    assert [_plain(s.value) for s in at.subheader][:2] == ["keep addmm", "keep nothing"]
+    times = [m.value for m in at.metric if m.label == "Recompute time"]
+    assert len(times) == 2 and all(t.endswith(" ms") for t in times)  # the compute side, both runs
+    peaks = [df.value for df in at.dataframe if "category" in df.value.columns]
+    assert len(peaks) == 2  # the memory side, both runs: the peak by category
+    claim = next(_plain(i.value) for i in at.info if "Checked on the run" in i.value)
+    assert f"recompute {shown.figures['recompute_keep']} MFLOP" in claim
+    assert f"recompute {shown.figures['recompute_all']} MFLOP" in claim
+
+
+def test_lesson_13_names_your_own_layers_in_the_lanes() -> None:
+    at = _answered(13, 0)
+    lanes = {r["lane"] for r in _chart_rows(at) if r.get("kind") == "interval"}
+    assert lanes == {"h0 layers.0", "h1 layers.1", "h2 layers.2"}, lanes
+    assert any(m.label == "Recompute time" for m in at.metric)
+
+
+def test_lesson_14_draws_the_trade_off_curve_of_its_profile() -> None:
+    import ckpt_viz.plan as plan
+
+    lesson = LESSONS[13]
+    at = _answered(14, 0)
+    shown = show_step(lesson, lesson.steps[0])
+    points = plan.curve(plan.profile_of(shown.trace))
+    drawn = [r for r in _chart_rows(at) if "peak_mib" in r]  # the curve chart's points
+    assert len(drawn) == len(points) == shown.figures["points"]
+    assert sorted(r["peak_mib"] for r in drawn) == pytest.approx(sorted(p.peak / 2**20 for p in points))
+    assert any(r.get("category") == "activations" for r in _chart_rows(at))  # the memory view beside it
 
 
 def test_a_knob_records_again_and_redraws() -> None:
