@@ -30,6 +30,7 @@ pg = st.navigation({
                 st.Page("views/timeline.py", title="Schedule timeline", icon=":material/view_timeline:"),
                 st.Page("views/events.py", title="Events", icon=":material/list:")],
     "Compare": [st.Page("views/compare.py", title="Compare", icon=":material/compare:")],
+    "Plan": [st.Page("views/plan.py", title="Plan", icon=":material/savings:")],
     "Learn": [st.Page("views/lessons.py", title="Lessons", icon=":material/school:"),
               st.Page("views/glossary.py", title="Glossary", icon=":material/menu_book:")],
 })

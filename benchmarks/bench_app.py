@@ -35,8 +35,9 @@ from bench_trace_io import build_trace  # noqa: E402
 
 FIRST_PAGE_S = 5.0
 CURSOR_S = 1.0
-PAGES = ("views/overview.py", "views/graph.py", "views/memory.py", "views/handles.py", "views/routing.py",
-         "views/events.py", "views/compare.py")
+# every page with the cursor (not the timeline, which has its own axis, nor the glossary)
+PAGES = ("views/overview.py", "views/graph.py", "views/memory.py", "views/handles.py", "views/debugger.py",
+         "views/routing.py", "views/events.py", "views/compare.py")
 
 
 def _timed(label: str, fn, target: float | None, results: list) -> None:

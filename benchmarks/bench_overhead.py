@@ -13,7 +13,9 @@ case_i / baseline_i measured in the same interleaved round, see `_common.interle
                comes (replay-divergence checks on), each / the same step unrecorded. Target <= 1.02.
   gpt2         a 4-layer GPT-2 config (random init, batch 4, sequence 64), every layer
                checkpointed through HF's own mechanism with ckpt_viz's checkpoint: events only
-               (target <= 1.02) and `record(memory=True)` (target <= 1.3) / unrecorded.
+               (target <= 1.02) and `record(memory=True)` (target <= 1.3) / unrecorded; and the
+               same model with no checkpoint (the user's plain loop): `record(memory=True)` /
+               unrecorded (target <= 1.3).
   transformer  the built-in transformer, one split-reentrant step (DX then DW): events only and
                `record(memory=True)` / unrecorded (memory target <= 1.5).
   runtime      our checkpoint / torch.utils.checkpoint on the linear8 model, both kinds, no
@@ -125,7 +127,8 @@ def linear8_step(model: nn.Module, x0: torch.Tensor, checkpoint: Callable, use_r
     return step
 
 
-def gpt2_step(layers: int, batch: int, seq: int, width: int) -> tuple[Step, nn.Module, torch.Tensor]:
+def gpt2_step(layers: int, batch: int, seq: int, width: int,
+              checkpointed: bool = True) -> tuple[Step, nn.Module, torch.Tensor]:
     import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -147,7 +150,11 @@ def gpt2_step(layers: int, batch: int, seq: int, width: int) -> tuple[Step, nn.M
         with own_checkpointing(model, named, make):
             model(ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
-    return step, model, ids
+
+    def plain() -> None:  # the user's loop with no checkpoint
+        model(ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+    return (step if checkpointed else plain), model, ids
 
 
 def transformer_step() -> tuple[Step, Any]:
@@ -256,6 +263,11 @@ def measure(groups: list[str], quick: bool, repeats: int, thread_counts: tuple[i
                              "memory": recorded(step, memory=True, model=model)}, repeats=max(3, repeats // 3))
         add("gpt2", "events only / unrecorded", times, "events", "unrecorded", 1.02, 1)
         add("gpt2", "memory by category / unrecorded", times, "memory", "unrecorded", 1.3, 1)
+        shape = (1 if quick else 4, 2 if quick else 4, 16 if quick else 64, 64 if quick else 768)
+        plain, model, _ = gpt2_step(*shape, checkpointed=False)
+        times = interleaved({"unrecorded": plain, "memory": recorded(plain, memory=True, model=model)},
+                            repeats=max(3, repeats // 3))
+        add("gpt2", "no checkpoint: memory by category / unrecorded", times, "memory", "unrecorded", 1.3, 1)
     if "transformer" in groups:
         step, spec = transformer_step()
         times = interleaved({"unrecorded": step, "events": recorded(step),

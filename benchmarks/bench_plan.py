@@ -1,17 +1,19 @@
 """How well does the planner predict recompute time, and how fast does it plan?
 
-1. Recompute time: for each model, kind and block subset, every round (1) profiles the model
-   once (`ckpt_viz.plan.profile_spec`: one warm-up step, then the profiled step) and predicts
-   the policy's recompute, and (2) runs the policy (`run_scenario`) and measures the recompute:
-   the time spent in the checkpointed blocks' forward code while a backward runs (the block
-   classes' `forward` is timed for the benchmark; a non-reentrant replay that stops early is
-   timed until it stops). The whole replay as the trace shows it (each `replay_started` to its
-   `replay_finished`: the recompute plus the runtime's own work for it) is reported beside it.
-   Prediction and measurement of a round run seconds apart. On a shared machine preemption only
-   ever adds time, so (as timeit does) a run's figures are the fastest measured recompute over its
-   rounds and the median prediction (each prediction is itself the fastest of the profile's timed
-   steps); their ratio is the run's figure. The median over rounds of the paired per-round ratios
-   is reported beside it.
+1. Recompute time: every built-in model in every kind (and the pipeline model in mode
+   "pipeline", 1F1B, 4 micro-batches), HF GPT-2 and Llama (4 layers, random init), up to 10
+   block subsets each (every non-empty subset of 3 blocks, else 10 random ones with all blocks
+   among them). The process first measures its
+   replay costs once (`ckpt_viz.plan.calibrate`, NOTE [ Replay cost ]: a tiny model of its own,
+   nothing of the models below), then runs paired interleaved rounds: in each round, for each
+   model, its runs in a shuffled order, each run (a) profiled (`profile_spec`: a warm-up step, two
+   timed steps, the profiled step; each block's forward the fastest of the three) and predicted
+   (`predict(...).recompute_ns`), then (b) run right after (`run_scenario`: a warm-up run, then
+   three runs) and measured the same way: each block's replays (its handles' `replay_started` to
+   `replay_finished` in the trace, summed over a pipeline's micro-batches) the fastest of the
+   three runs, summed over the blocks. The round's ratio is predicted / measured; a run's figure
+   is the median of its rounds' ratios. Before the rounds every model runs each kind past the
+   recording's first divergence checks (FIRST_CHECKS runs of a region), so both sides are steady.
    Targets: every run within 20 %, the median over runs within 10 %.
 2. Planning speed: the whole trade-off curve of a 32-layer model (HF Llama, random init; a
    32-block residual MLP without transformers), per kind, from the profile (the timeline
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -33,28 +36,43 @@ import random
 import statistics
 import sys
 import time
+import zlib
 from typing import Any
 
+import msgspec
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "plan"))
 
 from _common import format_table, stable_threads
-from ckpt_viz.plan.check import replay_ns
+from ckpt_viz.analysis.handles import handle_labels
+from ckpt_viz.plan.calibrate import replay_costs
 from ckpt_viz.plan.model import forget_timelines, predict
 from ckpt_viz.plan.profile import profile_spec
 from ckpt_viz.plan.schema import KINDS, Policy
 from ckpt_viz.plan.search import curve, recommend
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import MLPBlock, ModelSpec, Stack, build_builtin
+from ckpt_viz.runtime.divergence_sampling import FIRST_CHECKS
 
-MODELS = ("mlp", "transformer", "dropout", "closure", "excluded")
+MODELS = ("mlp", "transformer", "dropout", "closure", "excluded", "pipeline")
+MICROBATCHES = 4
+MEASURED_RUNS = 3  # each block's replay: the fastest of these (the profile's forward: of its three steps)
 
 
-def _subsets(names: list[str], seed: int) -> list[tuple[str, ...]]:
+def _subsets(names: list[str], count: int, seed: int) -> list[tuple[str, ...]]:
+    """The non-empty block subsets a model runs: every one when there are at most `count`, else `count`
+    distinct random ones with all blocks among them (the rule of tests/plan/test_predict.py's `subsets`)."""
+    if 2 ** len(names) - 1 <= count:
+        every = itertools.product((0, 1), repeat=len(names))
+        return [tuple(n for n, bit in zip(names, bits) if bit) for bits in every if any(bits)]
     rnd = random.Random(seed)
-    half = tuple(sorted(rnd.sample(names, max(1, len(names) // 2)), key=names.index))
-    return [tuple(names), half, (names[-1],)]
+    chosen = {tuple(names)}
+    while len(chosen) < count:
+        pick = tuple(n for n in names if rnd.random() < 0.5)
+        if pick:
+            chosen.add(pick)
+    return sorted(chosen)
 
 
 def _specs(quick: bool) -> dict[str, ModelSpec]:
@@ -70,93 +88,72 @@ def _specs(quick: bool) -> dict[str, ModelSpec]:
     return specs
 
 
-class _Clock:
-    """Time spent in a block class's `forward` while a backward runs (the recompute), summed."""
-
-    def __init__(self) -> None:
-        self.ns = 0
-        self._undo: list[tuple[type, Any]] = []
-        self._hooks: list[Any] = []
-
-    def watch(self, modules: list[torch.nn.Module]) -> None:
-        from ckpt_viz.usermodel import hf
-
-        layers = [m for m in modules if hf.is_hf_layer(m)]  # HF replays them through Module.__call__: hooks
-        for module in layers:
-            start: list[int] = []
-
-            def pre(*_: Any, __start: list = start) -> None:
-                if torch._C._current_graph_task_id() != -1:
-                    __start.append(time.perf_counter_ns())
-
-            def post(*_: Any, __start: list = start) -> None:
-                if __start:
-                    self.ns += time.perf_counter_ns() - __start.pop()
-
-            self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-        for cls in {type(m) for m in modules if m not in layers}:
-            original = cls.forward
-
-            def forward(module: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
-                if torch._C._current_graph_task_id() == -1:
-                    return __original(module, *args, **kwargs)
-                start = time.perf_counter_ns()
-                try:
-                    return __original(module, *args, **kwargs)
-                finally:
-                    self.ns += time.perf_counter_ns() - start
-
-            cls.forward = forward
-            self._undo.append((cls, original))
-
-    def close(self) -> None:
-        for cls, original in self._undo:
-            cls.forward = original
-        for hook in self._hooks:
-            hook.remove()
+def replays_by_block(trace: Any) -> dict[str, int]:
+    """Each block's replay time in `trace`: its handles' replay_started to replay_finished, summed."""
+    labels = handle_labels(trace)
+    started: dict[int, int] = {}
+    out: dict[str, int] = {}
+    for event in trace.events:
+        if event.kind == "replay_started":
+            started[event.handle_id] = event.t_ns
+        elif event.kind == "replay_finished" and event.handle_id in started:
+            label = labels.get(event.handle_id, str(event.handle_id)).split("#", 1)[0]
+            out[label] = out.get(label, 0) + event.t_ns - started.pop(event.handle_id)
+    return out
 
 
-def recompute_rows(rounds: int, quick: bool) -> list[dict[str, Any]]:
+def _run(spec: ModelSpec, mode: str, blocks: tuple[str, ...]) -> Any:
+    for param in spec.model.parameters():
+        param.grad = None
+    return run_scenario(dataclasses.replace(spec, checkpoint=blocks), mode, microbatches=MICROBATCHES)
+
+
+def measure(spec: ModelSpec, mode: str, blocks: tuple[str, ...], runs: int = MEASURED_RUNS) -> int:
+    """Replay time of the policy: a warm-up run, then each block's fastest over `runs` runs, summed."""
+    _run(spec, mode, blocks)
+    best: dict[str, int] = {}
+    for _ in range(runs):
+        for label, ns in replays_by_block(_run(spec, mode, blocks)).items():
+            best[label] = min(best.get(label, ns), ns)
+    return sum(best.values())
+
+
+def recompute_rows(rounds: int, quick: bool, subsets: int) -> list[dict[str, Any]]:
     rows = []
     for name, spec in _specs(quick).items():
         names = list(spec.checkpoint)
-        kinds = KINDS[:2] if quick else KINDS
-        runs = [(kind, blocks) for kind in kinds for blocks in _subsets(names, hash(name) & 0xFFFF)]
+        modes = list(KINDS[:2] if quick else KINDS) + (["pipeline"] if spec.stages and not quick else [])
+        runs = [(mode, blocks) for mode in modes for blocks in _subsets(names, subsets, zlib.crc32(name.encode()))]
+        for mode in modes:  # past the recording's first divergence checks of each region (module docstring)
+            for _ in range(FIRST_CHECKS + 1):
+                _run(spec, mode, tuple(names))
         ratios: dict[tuple, list[float]] = {run: [] for run in runs}
         pred: dict[tuple, list[int]] = {run: [] for run in runs}
         meas: dict[tuple, list[int]] = {run: [] for run in runs}
-        replays: dict[tuple, list[int]] = {run: [] for run in runs}
-        modules = [spec.model.get_submodule(n) for n in names]
         for _ in range(rounds):
             order = list(runs)
             random.shuffle(order)
             for run in order:
-                kind, blocks = run
-                profile = profile_spec(spec)
-                p = predict(profile, Policy(frozenset(blocks), kind)).recompute_ns
-                for param in spec.model.parameters():
-                    param.grad = None
-                clock = _Clock()
-                clock.watch(modules)
-                try:
-                    trace = run_scenario(dataclasses.replace(spec, checkpoint=blocks), kind)
-                finally:
-                    clock.close()
-                m = clock.ns or replay_ns(trace)  # an early-stopped HF replay never returns: its whole replay
+                mode, blocks = run
+                if mode == "pipeline":
+                    profile = profile_spec(spec, microbatch=MICROBATCHES)
+                    policy = Policy(frozenset(blocks), "split-reentrant", schedule="1F1B", microbatches=MICROBATCHES)
+                else:
+                    profile = profile_spec(spec)
+                    policy = Policy(frozenset(blocks), mode)
+                p = predict(profile, policy).recompute_ns
+                m = measure(spec, mode, blocks)
                 pred[run].append(p)
                 meas[run].append(m)
-                replays[run].append(replay_ns(trace))
                 if m > 0:
                     ratios[run].append(p / m)
         for run in runs:
-            kind, blocks = run
-            fastest = min(meas[run])
-            ratio = statistics.median(pred[run]) / fastest if fastest else float("nan")
-            paired = statistics.median(ratios[run]) if ratios[run] else float("nan")
-            rows.append({"model": name, "kind": kind, "blocks": len(blocks), "of": len(names),
-                         "predicted_ms": statistics.median(pred[run]) / 1e6,
-                         "measured_ms": fastest / 1e6, "paired": paired,
-                         "replay_ms": statistics.median(replays[run]) / 1e6, "ratio": ratio})
+            mode, blocks = run
+            rows.append({"model": name, "kind": mode, "blocks": len(blocks), "of": len(names),
+                         "subset": list(blocks), "predicted_ms": statistics.median(pred[run]) / 1e6,
+                         "measured_ms": statistics.median(meas[run]) / 1e6,
+                         "ratio": statistics.median(ratios[run]) if ratios[run] else float("nan"),
+                         "rounds": [[p, m] for p, m in zip(pred[run], meas[run])]})
     return rows
 
 
@@ -201,26 +198,41 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--subsets", type=int, default=10)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     threads = stable_threads()
     random.seed(0)
     rounds = 2 if args.quick else args.rounds
-    rec_rows = recompute_rows(rounds, args.quick)
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    costs = replay_costs()
+    rec_rows = recompute_rows(rounds, args.quick, 3 if args.quick else args.subsets)
     plan_rows = planning_rows(1 if args.quick else args.repeats, args.quick)
+    load_after = os.getloadavg()
     print(f"torch {torch.__version__}, {threads} thread, {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{rounds} rounds")
-    print("\n1. Recompute time: predicted / measured (the fastest of the rounds)")
-    print(format_table(["model", "kind", "blocks", "predicted ms", "measured ms (fastest)", "ratio",
-                        "paired ratio (median)", "whole replays ms (median)"],
-                       [[r["model"], r["kind"], f"{r['blocks']}/{r['of']}", f"{r['predicted_ms']:.3f}",
-                         f"{r['measured_ms']:.3f}", f"{r['ratio']:.2f}", f"{r['paired']:.2f}", f"{r['replay_ms']:.3f}"]
+          f"{rounds} rounds, {time.perf_counter() - start:.0f} s; load average (1, 5, 15 min) before "
+          f"{', '.join(f'{v:.1f}' for v in load_before)}, after {', '.join(f'{v:.1f}' for v in load_after)}")
+    print("\nReplay costs of this process (ckpt_viz.plan.calibrate), microseconds:")
+    print(format_table(["kind", "per replay", "per saved tensor", "per excluded region"],
+                       [[k, f"{c.fixed_ns / 1e3:.1f}", f"{c.per_tensor_ns / 1e3:.1f}", f"{c.per_region_ns / 1e3:.1f}"]
+                        for k, c in costs.items()]))
+    print("\n1. Recompute time: predicted / measured (median of the paired rounds)")
+    print(format_table(["model", "kind", "blocks", "predicted ms", "measured ms", "ratio"],
+                       [[r["model"], r["kind"], ",".join(b.rsplit(".", 1)[-1] for b in r["subset"]) + f" of {r['of']}",
+                         f"{r['predicted_ms']:.3f}", f"{r['measured_ms']:.3f}", f"{r['ratio']:.2f}"]
                         for r in rec_rows]))
-    errors = [abs(r["ratio"] - 1) for r in rec_rows if r["ratio"] == r["ratio"]]
-    within = sum(e <= 0.20 for e in errors)
-    median = statistics.median(r["ratio"] for r in rec_rows if r["ratio"] == r["ratio"])
-    print(f"within 20 %: {within} of {len(errors)} runs (target: all); median ratio {median:.3f} (target 0.90-1.10)")
+    ratios = [r["ratio"] for r in rec_rows if r["ratio"] == r["ratio"]]
+    within = sum(abs(x - 1) <= 0.20 for x in ratios)
+    median = statistics.median(ratios)
+    print(f"within 20 %: {within} of {len(ratios)} runs (target: all); median ratio {median:.3f} (target 0.90-1.10)")
+    by: dict[tuple[str, str], list[float]] = {}
+    for r in rec_rows:
+        by.setdefault((r["model"], r["kind"]), []).append(r["ratio"])
+    print(format_table(["model", "kind", "runs", "within 20 %", "ratio min", "median", "max"],
+                       [[m, k, str(len(v)), str(sum(abs(x - 1) <= 0.2 for x in v)), f"{min(v):.2f}",
+                         f"{statistics.median(v):.2f}", f"{max(v):.2f}"] for (m, k), v in by.items()]))
     print("\n2. Planning: the whole curve from a profile")
     print(format_table(["model", "kind", "points", "curve s (median)", "curve s (max)", "recommend s", "method"],
                        [[r["model"], r["kind"], str(r["points"]), f"{r['curve_s']:.3f}", f"{r['curve_max_s']:.3f}",
@@ -229,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slowest curve (median): {worst:.3f} s (target <= 1 s)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"recompute": rec_rows, "planning": plan_rows, "within_20": within, "runs": len(errors),
-                       "median_ratio": median}, f, indent=1)
+            json.dump({"recompute": rec_rows, "planning": plan_rows, "within_20": within, "runs": len(ratios),
+                       "median_ratio": median, "load_before": load_before, "load_after": load_after,
+                       "replay_costs": msgspec.to_builtins(costs)}, f, indent=1)
     return 0
 
 

@@ -5,10 +5,10 @@ library, so a saved trace opens without them: the names that run models load tor
 (`_LAZY`). The app and the lessons use the public submodules (`ckpt_viz.analysis`, `ckpt_viz.render`,
 `ckpt_viz.trace`, `ckpt_viz.events`, `ckpt_viz.vocabulary`, ...), each with its own `__all__`.
 """
-from __future__ import annotations
+from __future__ import annotations as _annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 from ckpt_viz.bus import tag
 from ckpt_viz.errors import (
@@ -24,7 +24,7 @@ from ckpt_viz.errors import (
 from ckpt_viz.recording import Recording, record
 from ckpt_viz.trace import Trace
 
-if TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
+if _typing.TYPE_CHECKING:  # what `_LAZY` loads, spelled out for type checkers and editors
     from ckpt_viz import hf, pipelining
     from ckpt_viz.analysis.diagnosis import diagnose, explain
     from ckpt_viz.analysis.findings import Finding
@@ -91,13 +91,13 @@ __all__ = [
 _SUBMODULES = ("hf", "pipelining")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")  # the import binds it here too
+        return _importlib.import_module(f"{__name__}.{name}")  # the import binds it here too
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = _LAZY[name]
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 

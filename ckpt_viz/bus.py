@@ -50,6 +50,7 @@ from typing import Any, Protocol, TypeVar
 from ckpt_viz.events import ActionFinished, ActionStarted, Error, EventBase
 from ckpt_viz.launch import context_value, launch_context, set_launch_context
 from ckpt_viz.sites import call_site, skip_frames_in
+from ckpt_viz.vocabulary import HandleMode, Phase
 
 __all__ = ["Channel", "Scope", "Subscriber", "action", "call_site", "context_value", "current_scope", "current_tags",
            "emit", "emit_error", "enabled", "enter_scope", "name_of", "open_channel", "set_launch_context",
@@ -68,8 +69,9 @@ _subscribers: tuple[Subscriber, ...] = ()
 _open_channels = 0
 _lock = threading.RLock()
 _seq = itertools.count()
-_NO_TAGS: Mapping[str, Any] = {}
-_TAGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ckpt_viz_tags", default=None)
+_TagValue = str | int | float | bool | None  # what `EventBase.tags` holds
+_NO_TAGS: dict[str, _TagValue] = {}
+_TAGS: contextvars.ContextVar[dict[str, _TagValue] | None] = contextvars.ContextVar("ckpt_viz_tags", default=None)
 _tagged = False  # True once any `tag()` block opened in this process: until then no context has tags
 _SCALARS = (str, int, float, bool)
 _SCALAR_TYPES = frozenset(_SCALARS)
@@ -214,7 +216,7 @@ def name_of(obj: Any) -> str | None:
 
 # ---------------------------------------------------------------- emitting
 
-def emit(cls: type[E], *, handle_id: int | None = None, mode: str | None = None, phase: str | None = None,
+def emit(cls: type[E], *, handle_id: int | None = None, mode: HandleMode | None = None, phase: Phase | None = None,
          session_id: Any = None, site: str | None = None, capture_site: bool = True, scope: Scope | None = None,
          **fields: Any) -> E | None:
     """Build an event of type `cls` for every listener of this context; see NOTE [ Recording scopes ].
@@ -235,11 +237,11 @@ def emit(cls: type[E], *, handle_id: int | None = None, mode: str | None = None,
                 fn = channel.fn
                 if fn is None:
                     return None
-                event = cls(seq=channel._seq, t_ns=_monotonic_ns(), handle_id=handle_id, mode=mode, phase=phase,
+                built = cls(seq=channel._seq, t_ns=_monotonic_ns(), handle_id=handle_id, mode=mode, phase=phase,
                             session_id=session_id, tags=tags, site=site, thread_id=_get_ident(), **fields)
                 channel._seq += 1
-                fn(event)
-            return event
+                fn(built)
+            return built
     if scope is None or not scope.is_open():
         scope = current_scope()
     channels = scope.channels
@@ -274,7 +276,7 @@ def emit_error(exc: BaseException, where: str, **fields: Any) -> Error | None:
     if getattr(exc, "_ckpt_viz_reported", False):
         return None
     with contextlib.suppress(AttributeError):  # an exception type without a __dict__
-        exc._ckpt_viz_reported = True  # type: ignore[attr-defined]
+        exc._ckpt_viz_reported = True  # type: ignore[attr-defined]  # a marker set on any exception, by design
     code = fields.pop("code", None) or getattr(exc, "code", None)  # a ckpt_viz error's code (ckpt_viz.errors)
     return emit(Error, where=where, type=type(exc).__name__, message=str(exc)[:65536],
                 code=code if isinstance(code, str) else None, **fields)
@@ -290,8 +292,9 @@ def tag(**tags: Any) -> Iterator[Mapping[str, Any]]:
     """
     global _tagged
     _tagged = True
-    plain = {k: v if v is None or isinstance(v, _SCALARS) else repr(v) for k, v in tags.items()}
-    merged = {**context_value(_TAGS, _NO_TAGS), **plain}
+    plain: dict[str, _TagValue] = {k: v if v is None or isinstance(v, _SCALARS) else repr(v) for k, v in tags.items()}
+    outer = context_value(_TAGS, _NO_TAGS)
+    merged = {**outer, **plain}
     token = _TAGS.set(merged)
     try:
         yield merged

@@ -14,7 +14,7 @@ Standard library and msgspec only: never torch, never a UI.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import msgspec
 from msgspec import Meta
@@ -119,7 +119,7 @@ class EventBase(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaul
     thread_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
 
 
-class HandleCreated(EventBase, tag="handle_created"):
+class HandleCreated(EventBase, tag="handle_created", frozen=True):
     """A reentrant handle or a non-reentrant frame was built (its `site` is the user's checkpoint call)."""
 
     kind: ClassVar[Kind] = "handle_created"
@@ -138,13 +138,13 @@ class HandleCreated(EventBase, tag="handle_created"):
     via: Literal["checkpoint", "checkpoint_sequential", "transformers", "checkpoint_wrapper"] | None = None
 
 
-class ForwardStarted(EventBase, tag="forward_started"):
+class ForwardStarted(EventBase, tag="forward_started", frozen=True):
     kind: ClassVar[Kind] = "forward_started"
     device_type: Name | None = None
     rng_captured: bool | None = None
 
 
-class ForwardFinished(EventBase, tag="forward_finished"):
+class ForwardFinished(EventBase, tag="forward_finished", frozen=True):
     kind: ClassVar[Kind] = "forward_finished"
     outputs: Annotated[tuple[TensorMeta, ...], Meta(max_length=65536)] = ()
     non_differentiable: Indices = ()
@@ -153,13 +153,13 @@ class ForwardFinished(EventBase, tag="forward_finished"):
     graph_nodes: Count | None = None  # non-reentrant: autograd nodes its forward made
 
 
-class ForwardFailed(EventBase, tag="forward_failed"):
+class ForwardFailed(EventBase, tag="forward_failed", frozen=True):
     kind: ClassVar[Kind] = "forward_failed"
     type: Name
     message: Text = ""
 
 
-class TensorPacked(EventBase, tag="tensor_packed"):
+class TensorPacked(EventBase, tag="tensor_packed", frozen=True):
     """A non-reentrant forward saved a tensor as a holder instead of keeping it."""
 
     kind: ClassVar[Kind] = "tensor_packed"
@@ -170,7 +170,7 @@ class TensorPacked(EventBase, tag="tensor_packed"):
     is_parameter: bool = False
 
 
-class TensorUnpacked(EventBase, tag="tensor_unpacked"):
+class TensorUnpacked(EventBase, tag="tensor_unpacked", frozen=True):
     """A non-reentrant holder was read back by a backward."""
 
     kind: ClassVar[Kind] = "tensor_unpacked"
@@ -182,14 +182,14 @@ class TensorUnpacked(EventBase, tag="tensor_unpacked"):
     nbytes: Count = 0
 
 
-class PhaseSet(EventBase, tag="phase_set"):
+class PhaseSet(EventBase, tag="phase_set", frozen=True):
     kind: ClassVar[Kind] = "phase_set"
     old: Phase
     new: Phase
     outer_graph_freed: bool | None = None  # to dw: a backward without retain_graph freed its saved inputs
 
 
-class BackwardCalled(EventBase, tag="backward_called"):
+class BackwardCalled(EventBase, tag="backward_called", frozen=True):
     """The user's code called `torch.autograd.backward` (also through `Tensor.backward` and the split helpers) or
     `torch.autograd.grad` inside a recording: a backward pass starts (its `site` is that call)."""
 
@@ -199,7 +199,7 @@ class BackwardCalled(EventBase, tag="backward_called"):
     retain_graph: bool | None = None
 
 
-class BackwardEntered(EventBase, tag="backward_entered"):
+class BackwardEntered(EventBase, tag="backward_entered", frozen=True):
     kind: ClassVar[Kind] = "backward_entered"
     split: bool = False
     retain_graph: bool = False
@@ -207,7 +207,7 @@ class BackwardEntered(EventBase, tag="backward_entered"):
     none_grads: Count = 0
 
 
-class ReplayStarted(EventBase, tag="replay_started"):
+class ReplayStarted(EventBase, tag="replay_started", frozen=True):
     kind: ClassVar[Kind] = "replay_started"
     trigger: Literal["prefire", "backward"]
     retain_graph: bool | None = None
@@ -215,7 +215,7 @@ class ReplayStarted(EventBase, tag="replay_started"):
     replay_index: Count = 0
 
 
-class ReplayFinished(EventBase, tag="replay_finished"):
+class ReplayFinished(EventBase, tag="replay_finished", frozen=True):
     kind: ClassVar[Kind] = "replay_finished"
     trigger: Literal["prefire", "backward"]
     key_source: Literal["session", "graph_task", "temporary"] | None = None
@@ -224,18 +224,18 @@ class ReplayFinished(EventBase, tag="replay_finished"):
     ignore_saved_mismatch: bool | None = None
 
 
-class ReplayFailed(EventBase, tag="replay_failed"):
+class ReplayFailed(EventBase, tag="replay_failed", frozen=True):
     kind: ClassVar[Kind] = "replay_failed"
     type: Name
     message: Text = ""
 
 
-class EarlyStopped(EventBase, tag="early_stopped"):
+class EarlyStopped(EventBase, tag="early_stopped", frozen=True):
     kind: ClassVar[Kind] = "early_stopped"
     saved_count: Count
 
 
-class ReplayRefused(EventBase, tag="replay_refused"):
+class ReplayRefused(EventBase, tag="replay_refused", frozen=True):
     """"Released before replay", in either form."""
 
     kind: ClassVar[Kind] = "replay_refused"
@@ -245,7 +245,7 @@ class ReplayRefused(EventBase, tag="replay_refused"):
     collected_seq: Count | None = None
 
 
-class GradsRouted(EventBase, tag="grads_routed"):
+class GradsRouted(EventBase, tag="grads_routed", frozen=True):
     """Gradients left the checkpoint (`phase` says ordinary, dx or dw); indices are of its tensor inputs."""
 
     kind: ClassVar[Kind] = "grads_routed"
@@ -256,7 +256,7 @@ class GradsRouted(EventBase, tag="grads_routed"):
     captured: Annotated[tuple[CapturedParam, ...], Meta(max_length=65536)] = ()
 
 
-class Released(EventBase, tag="released"):
+class Released(EventBase, tag="released", frozen=True):
     kind: ClassVar[Kind] = "released"
     reason: ReleaseReason
     was_replayed: bool = False
@@ -264,42 +264,42 @@ class Released(EventBase, tag="released"):
     exclude_cache_size: Count = 0
 
 
-class NodeCollected(EventBase, tag="node_collected"):
+class NodeCollected(EventBase, tag="node_collected", frozen=True):
     kind: ClassVar[Kind] = "node_collected"
     was_replayed: bool = False
     released: bool = False
 
 
-class SessionBound(EventBase, tag="session_bound"):
+class SessionBound(EventBase, tag="session_bound", frozen=True):
     kind: ClassVar[Kind] = "session_bound"
     activation_present: bool = False
     retain: bool = False
 
 
-class SessionActivated(EventBase, tag="session_activated"):
+class SessionActivated(EventBase, tag="session_activated", frozen=True):
     kind: ClassVar[Kind] = "session_activated"
     retain_on_unpack: bool = False
     handles: Indices = ()
 
 
-class SessionDeactivated(EventBase, tag="session_deactivated"):
+class SessionDeactivated(EventBase, tag="session_deactivated", frozen=True):
     kind: ClassVar[Kind] = "session_deactivated"
     retain_on_unpack: bool = False
     handles: Indices = ()
 
 
-class SessionCleared(EventBase, tag="session_cleared"):
+class SessionCleared(EventBase, tag="session_cleared", frozen=True):
     kind: ClassVar[Kind] = "session_cleared"
     handles: Indices = ()  # reentrant handles it released
     frames: Indices = ()  # non-reentrant frames whose replays it dropped
 
 
-class Prefired(EventBase, tag="prefired"):
+class Prefired(EventBase, tag="prefired", frozen=True):
     kind: ClassVar[Kind] = "prefired"
     path: Literal["in_session", "temporary_session"]
 
 
-class ExcludeSaved(EventBase, tag="exclude_saved"):
+class ExcludeSaved(EventBase, tag="exclude_saved", frozen=True):
     """An excluded region ran in the original forward and stored its output."""
 
     kind: ClassVar[Kind] = "exclude_saved"
@@ -315,7 +315,7 @@ class ExcludeSaved(EventBase, tag="exclude_saved"):
     saved_nbytes: Count | None = None
 
 
-class ExcludeReused(EventBase, tag="exclude_reused"):
+class ExcludeReused(EventBase, tag="exclude_reused", frozen=True):
     """An excluded region served its stored output in a replay instead of running."""
 
     kind: ClassVar[Kind] = "exclude_reused"
@@ -328,7 +328,7 @@ class ExcludeReused(EventBase, tag="exclude_reused"):
     bridge: bool = False
 
 
-class ReplayDiverged(EventBase, tag="replay_diverged"):
+class ReplayDiverged(EventBase, tag="replay_diverged", frozen=True):
     """A replay did not reproduce its forward (NOTE [ Replay divergence checks ] in runtime/divergence.py)."""
 
     kind: ClassVar[Kind] = "replay_diverged"
@@ -340,7 +340,7 @@ class ReplayDiverged(EventBase, tag="replay_diverged"):
     mutable_inputs: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()  # "past_key_values (DynamicCache)"
 
 
-class UnaskedGradsAccumulated(EventBase, tag="unasked_grads_accumulated"):
+class UnaskedGradsAccumulated(EventBase, tag="unasked_grads_accumulated", frozen=True):
     """An unscoped reentrant handle reached by `autograd.grad` / `backward(inputs=...)` accumulated into `.grad` of
     parameters that call did not ask for (NOTE [ Unasked accumulation ] in ckpt_viz/runtime/unasked.py)."""
 
@@ -352,7 +352,7 @@ class UnaskedGradsAccumulated(EventBase, tag="unasked_grads_accumulated"):
     warned: bool = False  # this occurrence raised the UnaskedAccumulationWarning
 
 
-class DwRunnerCalled(EventBase, tag="dw_runner_called"):
+class DwRunnerCalled(EventBase, tag="dw_runner_called", frozen=True):
     """A pipeline stage ran the weight-gradient work its `dw_builder` deferred (tags: the W or B action)."""
 
     kind: ClassVar[Kind] = "dw_runner_called"
@@ -360,14 +360,14 @@ class DwRunnerCalled(EventBase, tag="dw_runner_called"):
     runner: Name = ""
 
 
-class MemorySampled(EventBase, tag="memory_sampled"):
+class MemorySampled(EventBase, tag="memory_sampled", frozen=True):
     """A point where memory was read with nothing else happening (a block boundary)."""
 
     kind: ClassVar[Kind] = "memory_sampled"
     at: Name | None = None
 
 
-class ActionStarted(EventBase, tag="action_started"):
+class ActionStarted(EventBase, tag="action_started", frozen=True):
     """A pipeline action (F, DX, DW or B of one stage and micro-batch) began: it carries nothing but its tags
     (`stage`, `microbatch`, `action`, and `rank`, `step` where known). Its box on the schedule timeline starts
     here, so work before the action's first checkpoint event counts as busy (NOTE [ Timeline boxes ] in
@@ -376,13 +376,13 @@ class ActionStarted(EventBase, tag="action_started"):
     kind: ClassVar[Kind] = "action_started"
 
 
-class ActionFinished(EventBase, tag="action_finished"):
+class ActionFinished(EventBase, tag="action_finished", frozen=True):
     """The pipeline action of the same tags ended (also when it raised: the error event comes first)."""
 
     kind: ClassVar[Kind] = "action_finished"
 
 
-class Error(EventBase, tag="error"):
+class Error(EventBase, tag="error", frozen=True):
     """An exception left a public API, an engine callback or the `record()` block."""
 
     kind: ClassVar[Kind] = "error"
@@ -399,7 +399,7 @@ Event = (HandleCreated | ForwardStarted | ForwardFinished | ForwardFailed | Tens
     SessionDeactivated | SessionCleared | Prefired | ExcludeSaved | ExcludeReused | ReplayDiverged |
     UnaskedGradsAccumulated | DwRunnerCalled | MemorySampled | ActionStarted | ActionFinished | Error)
 
-EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in Event.__args__}  # type: ignore[attr-defined]
+EVENT_TYPES: dict[Kind, type[EventBase]] = {cls.kind: cls for cls in get_args(Event)}
 
 
 def _check_complete() -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, overload
 
 __all__ = ["context_value", "launch_context", "set_launch_context"]
 
 _launch_context: Callable[[], contextvars.Context | None] | None = None
 _MISSING: Any = object()
+_T = TypeVar("_T")
 
 
 def set_launch_context(fn: Callable[[], contextvars.Context | None] | None) -> None:
@@ -24,6 +25,12 @@ def set_launch_context(fn: Callable[[], contextvars.Context | None] | None) -> N
 def launch_context() -> contextvars.Context | None:
     """The context of the code that launched the running backward, if the engine carries one here."""
     return reader() if (reader := _launch_context) is not None else None
+
+
+@overload
+def context_value(var: contextvars.ContextVar[_T | None], default: _T) -> _T: ...
+@overload
+def context_value(var: contextvars.ContextVar[_T | None], default: None = None) -> _T | None: ...
 
 
 def context_value(var: contextvars.ContextVar[Any], default: Any = None) -> Any:

@@ -8,12 +8,18 @@ NOTE [ What a recording captures ]
   1. Events: every event emitted while the block is open, in order, in `trace.events`
      (a plain list of the typed events of `ckpt_viz.events`).
   2. memory=True: live bytes by category (see NOTE [ Memory categories ] in
-     probe/memory.py) as of right after every event (the native allocation log's
-     probe marks each event and `trace.memory` is filled when the block closes;
-     the dispatch tracker, its fallback, reads at each event: probe/allocations.py
-     `open_probe`); a sample is stored when the reading differs from the
-     previous one, so the memory at any event is that of the last sample at or
-     before it (a step function), in `trace.memory` (a list of `MemorySample`).
+     probe/memory.py) right after every event, at every module's forward exit, and
+     at the allocator's high-water mark between two of those (torch's memory-only
+     profiler read by `AllocationProbe`, probe/allocations.py, which marks each one
+     and fills `trace.memory` as the stream is drained and when the block closes;
+     the dispatch tracker, its fallback where the profiler is taken, reads at each
+     one and keeps no high-water mark). A top-level module's forward, each top-level
+     backward and each optimizer step open with a `memory_sampled` event, so a loop
+     with no checkpoint has samples too (NOTE [ Sampling points ] in probe/points.py).
+     A sample is stored when the reading differs from the previous one, so the memory
+     right after an event is its first sample, else the last sample before it (a
+     step function); several samples may share the seq of the event before them, in
+     time order (`points.Steps`), in `trace.memory` (a list of `MemorySample`).
   3. PyTorch's own errors in a top-level `torch.autograd.backward` / `grad` call
      become `error` events even when the caller catches them (R13 needs that).
   4. graphs=True: a `GraphSnapshot` of the roots of every top-level
@@ -87,8 +93,11 @@ def _open_here() -> list[Recording]:
 
 
 def _watched(name: str, original: Any, roots_keyword: str) -> Any:
-    """`torch.autograd.<name>` that snapshots and reports errors for the recordings of the calling context."""
+    """`torch.autograd.<name>` that snapshots, reports errors and opens memory's backward pass for the recordings
+    of the calling context."""
     import torch
+
+    from ckpt_viz.probe import points
 
     @functools.wraps(original)
     def watched(*args: Any, **kwargs: Any) -> Any:
@@ -104,11 +113,17 @@ def _watched(name: str, original: Any, roots_keyword: str) -> Any:
             if recording.graphs:
                 count = sum(1 for g in recording.trace.graphs if g.label.startswith("before"))
                 recording.snapshot(args[0] if args else kwargs.get(roots_keyword), f"before {name} #{count + 1}")
+        sampled = any(recording._sampling is not None for recording in recordings)
+        if sampled:  # the backward pass, for memory's sampling points (probe/points.py NOTE rule 2)
+            points.backward_started()
         try:
             return original(*args, **kwargs)
         except Exception as exc:  # e.g. "Trying to backward through the graph a second time" (R13)
             bus.emit_error(exc, name, retain_graph=retain if isinstance(retain, bool) else None, code=error_code(exc))
             raise
+        finally:
+            if sampled:
+                points.backward_ended()
 
     watched._ckpt_viz_original = original  # type: ignore[attr-defined]
     return watched
@@ -156,38 +171,51 @@ class Recording:
     """A context manager whose `.trace` holds what the code it wraps emitted while it was open."""
 
     def __init__(self, *, memory: bool = False, graphs: bool = False, model: Any = None,
-                 tensors: Any = ()) -> None:
+                 tensors: Any = (), optimizer: Any = None) -> None:
         self.trace = Trace()
         self.memory = memory
         self.graphs = graphs
         self.model = model
+        self.optimizer = optimizer
         self._tensors = tensors
         self._channel: bus.Channel | None = None
         self._scope: bus.Scope | None = None
         self._watching = False
         self._probe: Any = None
         self._names: dict[int, str] = {}
-        self._last_reading: Any = None
+        self._sampling: Any = None  # the probe's readings at events and sampling points (probe/points.py)
+        self._unhook: list[Any] = []  # undoes what the memory side installed, in reverse order
 
     def _keep(self, event: EventBase) -> None:
         """The channel's listener: keep the event, then read memory right after it (in seq order; NOTE rule 2)."""
         self.trace.events.append(event)  # type: ignore[arg-type]
-        probe = self._probe
-        if probe is None:
-            return
-        if probe.deferred:  # an AllocationProbe: read when it closes (probe/allocations.py NOTE rule 1)
-            probe.mark(event.seq, event.t_ns)
-            return
-        reading = probe.sample()
-        if reading != self._last_reading:  # memory is a step function: store only the steps
-            self._last_reading = reading
-            totals, by_stage, device = reading
-            self._keep_sample(event.seq, event.t_ns, totals, device, by_stage)
+        if self._sampling is not None:
+            self._sampling.on_event(event)
 
     def _keep_sample(self, seq: int, t_ns: int, totals: dict[str, int], device: int | None,
-                     by_stage: dict[str, dict[str, int]] | None, at: str | None = None) -> None:
+                     by_stage: dict[str, dict[str, int]] | None) -> None:
         self.trace.memory.append(MemorySample(seq=seq, t_ns=t_ns, bytes_by_category=totals, device_allocated=device,
-                                              by_stage=by_stage or {}, at=at))
+                                              by_stage=by_stage or {}))
+
+    def _open_memory(self) -> None:
+        """Open the probe and attach the sampling points (NOTE rule 2)."""
+        from ckpt_viz.probe import points
+        from ckpt_viz.probe.allocations import open_probe
+
+        model = self.model
+        params = list(model.parameters()) if model is not None else []
+        buffers = list(model.buffers()) if model is not None else []
+        self._probe = open_probe(params=params, tensors=_tensors_in(self._tensors), buffers=buffers)
+        self._probe.__enter__()
+        # how memory was read: "allocator" (torch's allocation events: high-water marks too) or "dispatch"
+        self.trace.meta["memory_probe"] = "allocator" if self._probe.deferred else "dispatch"
+        modules = {id(m): name or type(m).__name__ for name, m in model.named_modules()} if model is not None else {}
+        self._sampling = points.Sampling(self._probe, self._keep_sample, modules)
+        self._unhook.append(points.attach(self._sampling))
+        if model is not None and hasattr(model, "register_forward_pre_hook"):
+            self._unhook.append(model.register_forward_pre_hook(points.model_inputs, with_kwargs=True).remove)
+        if self.optimizer is not None:  # its state from before the block counts from the start
+            points.optimizer_state(self.optimizer, (self._sampling,))
 
     def assign_stage(self, tensors: Any, stage: Any) -> None:
         """Count `tensors` (a pipeline stage's parameters) under `stage` in the memory samples' `by_stage`."""
@@ -245,19 +273,14 @@ class Recording:
             self._names.update((id(m), n) for n, m in self.model.named_modules() if n)
         try:
             if self.memory:
-                from ckpt_viz.probe.allocations import open_probe  # the native log's, else the tracker
-
-                params = list(self.model.parameters()) if self.model is not None else []
-                buffers = list(self.model.buffers()) if self.model is not None else []
-                self._probe = open_probe(params=params, tensors=[*buffers, *_tensors_in(self._tensors)])
-                self._probe.__enter__()
+                self._open_memory()
             _watch_autograd()
             self._watching = True
         except BaseException:
             self._release(None, None, None)
             raise
         # no memory probe: the channel appends straight to the list (one C call per event)
-        keep = self._keep if self._probe is not None else self.trace.events.append
+        keep = self._keep if self._sampling is not None else self.trace.events.append
         self._channel = bus.open_channel(keep, names=self._names)  # type: ignore[arg-type]
         _BY_CHANNEL[self._channel] = self
         self._scope = bus.current_scope()
@@ -284,14 +307,18 @@ class Recording:
                 self._watching = False
                 _unwatch_autograd()
         finally:
-            probe, self._probe = self._probe, None
-            if probe is not None:
-                probe.__exit__(*exc)
-                if probe.deferred:
-                    if self._channel is not None:
-                        probe.finish(self._keep_sample)
-                    else:  # the block did not open: nothing to keep
-                        probe.finish()
+            try:
+                if self._sampling is not None:  # the memory as the block closes
+                    self._sampling.point()
+                while self._unhook:
+                    self._unhook.pop()()
+            finally:
+                probe, self._probe = self._probe, None
+                sampling, self._sampling = self._sampling, None
+                if probe is not None:
+                    probe.__exit__(*exc)
+                    if sampling is not None:
+                        sampling.finish()
 
 
 def _keep_replay_checks(channel: bus.Channel, trace: Trace) -> None:
@@ -376,19 +403,25 @@ def _tensors_in(value: Any) -> list[Any]:
     return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
 
 
-def record(*, memory: bool = False, graphs: bool = False, model: Any = None, tensors: Any = ()) -> Recording:
+def record(*, memory: bool = False, graphs: bool = False, model: Any = None, tensors: Any = (),
+           optimizer: Any = None) -> Recording:
     """Record the runtime's events (and optionally memory and graphs) while the block runs.
 
     Args:
-        memory: sample live bytes by category after every event.
+        memory: sample live bytes by category after every event, at every module
+            boundary and at the allocator's high-water marks between them.
         graphs: snapshot the autograd graph before every top-level backward.
-        model: the module being run: names its parameters in snapshots and counts
-            them as "parameters" from the start.
+        model: the module being run: names its parameters in snapshots and its modules
+            in memory samples, and counts its parameters and buffers as "parameters"
+            from the start.
         tensors: tensors that exist before the block (inputs) to count from the start.
+        optimizer: the `torch.optim.Optimizer` the loop steps: its state (from earlier
+            steps too) counts as "optimizer_state" from the start. An optimizer that
+            steps in the block is found anyway, its earlier state from its first step.
 
     Example:
-        with ckpt_viz.record(memory=True, graphs=True, model=model) as rec:
-            loss = model(x).sum(); loss.backward()
+        with ckpt_viz.record(memory=True, graphs=True, model=model, optimizer=opt) as rec:
+            loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()
         rec.trace.save("trace.json")
     """
-    return Recording(memory=memory, graphs=graphs, model=model, tensors=tensors)
+    return Recording(memory=memory, graphs=graphs, model=model, tensors=tensors, optimizer=optimizer)

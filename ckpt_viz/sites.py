@@ -32,6 +32,7 @@ import importlib.util
 import os
 import sys
 import sysconfig
+from types import FrameType
 
 __all__ = ["call_site", "skip_frames_in", "skip_package"]
 
@@ -140,7 +141,7 @@ def _kind(filename: str) -> bool | str:
 
 def call_site(depth: int = 2) -> str | None:
     """The innermost `file:line` of the user's code, else of a library (NOTE [ The user's line ], rule 2)."""
-    frame = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(depth)
     skip = _skip_cache  # inlined `_kind` for the files seen before: this walk runs on every emit
     library = None
     while frame is not None:

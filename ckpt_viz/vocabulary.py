@@ -99,11 +99,13 @@ MemoryCategory = Literal[
     "parameters",
     "gradients",
     "optimizer_state",
+    "optimizer_step",
     "activations",
     "checkpoint_inputs",
     "replay_activations",
     "excluded_outputs",
     "inputs",
+    "outputs",
     "other",
 ]
 MEMORY_CATEGORIES: tuple[MemoryCategory, ...] = get_args(MemoryCategory)

@@ -1,4 +1,5 @@
-"""The tables of docs/ that come from the code, so they cannot drift: the diagnosis codes and the event kinds.
+"""The tables of docs/ that come from the code, so they cannot drift: codes, kinds, categories, states, reasons,
+broken runs.
 
     .venv/bin/python scripts/docs_tables.py          # rewrite the tables in docs/*.md
     .venv/bin/python scripts/docs_tables.py --check  # exit 1 if a table differs from the code (tests run this)
@@ -18,12 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def codes() -> str:
-    """Every diagnosis code of `ckpt_viz.codes.DIAGNOSIS_CODES`: its cause and its fix."""
+    """Every diagnosis code of `ckpt_viz.codes.DIAGNOSIS_CODES`: its id (docs/debugger.md), cause and fix."""
     from ckpt_viz.codes import DIAGNOSIS_CODES
 
-    rows = ["| code | cause | fix |", "|---|---|---|"]
+    rows = ["| id | code | cause | fix |", "|---|---|---|---|"]
     for d in DIAGNOSIS_CODES.values():
-        rows.append(f"| `{d.code}` | {_cell(d.cause)} | {_cell(d.fix)} |")
+        rows.append(f"| {d.spec_id} | `{d.code}` | {_cell(d.cause)} | {_cell(d.fix)} |")
     return "\n".join(rows)
 
 
@@ -41,11 +42,54 @@ def kinds() -> str:
     return "\n".join(rows)
 
 
+def categories() -> str:
+    """Every memory category of `ckpt_viz.vocabulary.MEMORY_CATEGORIES`: the word the pages use, and its meaning."""
+    from ckpt_viz.analysis.words import CATEGORY_MEANINGS, category_word
+    from ckpt_viz.vocabulary import MEMORY_CATEGORIES
+
+    rows = ["| category | shown as | what it counts |", "|---|---|---|"]
+    for category in MEMORY_CATEGORIES:
+        rows.append(f"| `{category}` | {category_word(category)} | {_cell(CATEGORY_MEANINGS.get(category, ''))} |")
+    return "\n".join(rows)
+
+
+def states() -> str:
+    """Every handle state of `ckpt_viz.vocabulary.STATES`: the word the pages use, and its meaning."""
+    from ckpt_viz.analysis.words import state_word
+    from ckpt_viz.vocabulary import STATE_MEANINGS, STATES
+
+    rows = ["| state | shown as | meaning |", "|---|---|---|"]
+    rows.extend(f"| `{s}` | {state_word(s)} | {_cell(STATE_MEANINGS[s])} |" for s in STATES)
+    return "\n".join(rows)
+
+
+def reasons() -> str:
+    """Every release reason (`ckpt_viz.vocabulary.RELEASE_REASONS`): its words, the code of a later refusal."""
+    from ckpt_viz.analysis.words import reason_word
+    from ckpt_viz.codes import CODE_FOR_REASON
+    from ckpt_viz.vocabulary import RELEASE_REASONS
+
+    rows = ["| reason | shown as | a later refusal is, unless the trace says more |", "|---|---|---|"]
+    rows.extend(f"| `{r}` | {reason_word(r)} | `{CODE_FOR_REASON[r]}` |" if r in CODE_FOR_REASON
+                else f"| `{r}` | {reason_word(r)} | - |" for r in RELEASE_REASONS)
+    return "\n".join(rows)
+
+
+def broken() -> str:
+    """Every broken run to explore (`ckpt_viz.run.broken.broken_scenarios`): what it does, the code it must get."""
+    from ckpt_viz.run.broken import broken_scenarios  # imports torch: the runs are real
+
+    rows = ["| run | what it does | finding |", "|---|---|---|"]
+    rows.extend(f"| `{name}` | {_cell(s.title)} | `{s.expected_code}` |" for name, s in broken_scenarios().items())
+    return "\n".join(rows)
+
+
 def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-TABLES: dict[str, Callable[[], str]] = {"codes": codes, "kinds": kinds}
+TABLES: dict[str, Callable[[], str]] = {"codes": codes, "kinds": kinds, "categories": categories, "states": states,
+                                        "reasons": reasons, "broken": broken}
 _BLOCK = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite. CI runs exactly this (see .ci/run), then ruff.
+# Set up (idempotent) and run the whole test suite. CI runs exactly this (see .ci/run), then ruff and mypy.
 # Extra arguments go to pytest; the inner loop while editing skips the slow and browser tests:
 #   bash scripts/test.sh -m "not slow and not browser"
 set -euo pipefail

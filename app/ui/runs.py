@@ -46,6 +46,7 @@ class RunConfig:
         stamp: (mtime_ns, size) of the file, so that an edited file is read or run again.
         timeout_s, memory_mb: the sandbox's limits for a model file.
         name: the user's name of an uploaded file (shown instead of its temporary path).
+        plan: also profile the model for the planner (the Plan page's button; `RunRequest.plan`).
     """
 
     source: str
@@ -57,6 +58,7 @@ class RunConfig:
     timeout_s: float = 60.0
     memory_mb: int = 4096
     name: str = ""
+    plan: bool = False
 
     @property
     def runs_model(self) -> bool:
@@ -69,7 +71,8 @@ class RunConfig:
     def request(self) -> RunRequest:
         """What `obtain_trace` runs or reads for this config (memory and graphs always on)."""
         return RunRequest(self.source, self.target, mode=self.mode, schedule=self.schedule,
-                          microbatches=self.microbatches, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+                          microbatches=self.microbatches, timeout_s=self.timeout_s, memory_mb=self.memory_mb,
+                          plan=self.plan)
 
     @property
     def label(self) -> str:
@@ -160,6 +163,11 @@ def current() -> Run:
         st.stop()
     assert loaded.run is not None
     return loaded.run
+
+
+def obtain_run(config: RunConfig) -> Loaded:
+    """The run of `config` (not the sidebar's: e.g. the Plan page's profiled run), recorded once as `current()`'s."""
+    return _obtain([config])[config]
 
 
 def _obtain(configs: list[RunConfig]) -> dict[RunConfig, Loaded]:

@@ -149,7 +149,7 @@ def _record(warm: WarmSandbox, job: Job) -> None:
         out = warm.record(first.target, [c.mode for c in job.configs], timeout_s=first.timeout_s,
                           memory_mb=first.memory_mb, cancel=job.cancel,
                           extra={"seed": 0, "microbatches": first.microbatches, "schedule": first.schedule,
-                                 "memory": True, "graphs": True})
+                                 "memory": True, "graphs": True, "plan_profile": first.plan})
     except Exception as err:  # bad arguments, or the warm process could not start: every mode says so
         out = [err] * len(job.configs)
     for config, result in zip(job.configs, out, strict=True):

@@ -7,7 +7,7 @@ open) or has its lists replaced is seen as changed and the result is built again
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ckpt_viz.trace import Trace
 
@@ -26,7 +26,7 @@ def derived(trace: Trace, key: Any, build: Callable[[Trace], T]) -> T:
     version = _version(trace)
     found = trace._derived.get(key)
     if found is not None and found[0] == version:
-        return found[1]  # type: ignore[no-any-return]
+        return cast(T, found[1])  # what `build` returned for this key (`Trace._derived` holds any type)
     value = build(trace)
     trace._derived[key] = (version, value)
     return value

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ckpt_viz.analysis.findings import Facts, Finding, code_of, finding
-from ckpt_viz.events import Error, Event, GradsRouted, PhaseSet, UnaskedGradsAccumulated
+from ckpt_viz.events import Event, GradsRouted, PhaseSet, UnaskedGradsAccumulated
 
 __all__ = ["ERROR_CODES", "silent_findings"]
 
@@ -57,25 +57,25 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
     for pass_seq, items in skipped.items():
         dw = next((e for e in dw_passes if e.seq == pass_seq), None)
         hs = ", ".join(f"h{h}" for h, _ in items)
-        first, dx = items[0]
+        first, last_dx = items[0]
         if dw is not None:
             where = f" ({dw.site})" if dw.site else ""
             summary = f"the DW pass at event #{dw.seq}{where} reached h{dw.handle_id} but skipped {hs}."
             extra = (f"DW reached h{dw.handle_id} at event #{dw.seq}; it never reached {hs}.",)
-            events = (*f.story_events(first, dx, until=dx.seq), dw)
+            story = (*f.story_events(first, last_dx, until=last_dx.seq), dw)
         else:
-            call = f.call_after(dx.seq)  # the DW call (it reached no handle of the micro-batch), if one came
+            call = f.call_after(last_dx.seq)  # the DW call (it reached no handle of the micro-batch), if one came
             if call is not None:
                 summary = (f"the backward called at event #{call.seq}{f' ({call.site})' if call.site else ''} after "
                            f"DX reached none of {hs}: never released, their parameters got no weight gradient.")
                 extra = (f"The backward at event #{call.seq} reached none of {hs}; it was not given their handles.",)
-                events = (*f.story_events(first, dx, until=dx.seq), call)
+                story = (*f.story_events(first, last_dx, until=last_dx.seq), call)
             else:
                 summary = f"no DW ran after DX reached {hs}: never released, their parameters got no weight gradient."
                 extra = (f"No DW pass reached {hs} after its DX.",)
-                events = f.story_events(first, dx, until=dx.seq)
-        site = dw.site if dw is not None else (call.site if call is not None else dx.site)
-        found.append(finding(f, "dw_skipped_handles", first, summary, site=site, events=_ordered(events),
+                story = f.story_events(first, last_dx, until=last_dx.seq)
+        site = dw.site if dw is not None else (call.site if call is not None else last_dx.site)
+        found.append(finding(f, "dw_skipped_handles", first, summary, site=site, events=_ordered(story),
                              extra=extra))
     return found
 
@@ -147,7 +147,6 @@ def _error_findings(f: Facts) -> list[Finding]:
             continue
         h = e.handle_id if e.handle_id is not None else f.handle_before(e.seq)
         story = f.story_events(h, e, until=e.seq) if h is not None else (e,)
-        assert isinstance(e, Error)
         found.append(finding(f, code, h, f"{e.where or 'the run'} raised {e.type} at event "
                                          f"#{e.seq}{f' ({e.site})' if e.site else ''}.",
                              site=e.site, error=e, events=_ordered((*story, e))))
@@ -159,7 +158,8 @@ def _stage_classes(f: Facts) -> list[str]:
     dist = f.trace.meta.get("distributed")
     if not isinstance(dist, dict):
         return []
-    headers = dist.get("headers") if isinstance(dist.get("headers"), dict) else {"": dist}
+    named = dist.get("headers")
+    headers = named if isinstance(named, dict) else {"": dist}
     found = [c for h in headers.values() if isinstance(h, dict) for c in (h.get("stage_classes") or ())]
     return list(dict.fromkeys(str(c) for c in found))
 

@@ -184,8 +184,8 @@ def _build(trace: Trace) -> tuple[Action, ...]:
         return ()
     origin = events[0].t_ns
     done: list[dict[str, Any]] = []
-    rows: dict[tuple, dict[str, Any]] = {}  # key -> its current (last started) action
-    open_replays: dict[Any, tuple] = {}
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}  # key -> its current (last started) action
+    open_replays: dict[tuple[Any, int | None], tuple[dict[str, Any], int, float]] = {}
     for e in events:
         tags = e.tags
         if not tags:
@@ -335,18 +335,18 @@ def tick_at(trace: Trace, seq: int) -> float | None:
     """Where event `seq` falls on an in-process run's tick axis (NOTE [ Timeline boxes ], rule 6): inside an
     action, its tick plus the share of the action's events before it; between actions, the end of the last
     one before it; None for a run without ticks or before its first action."""
-    done = [a for a in actions(trace) if a.tick is not None]
+    done = [(a, a.tick, a.tick_end) for a in actions(trace) if a.tick is not None and a.tick_end is not None]
     if not done:
         return None
-    starts = [a.start_seq for a in done]
+    starts = [a.start_seq for a, _, _ in done]
     i = bisect_right(starts, seq) - 1
     if i < 0:
         return None
-    a = done[i]
+    a, tick, tick_end = done[i]
     if seq > a.end_seq:
-        return float(a.tick_end)  # type: ignore[arg-type]
+        return float(tick_end)
     width = a.end_seq - a.start_seq + 1
-    return a.tick + (a.tick_end - a.tick) * (seq - a.start_seq) / width  # type: ignore[operator]
+    return tick + (tick_end - tick) * (seq - a.start_seq) / width
 
 
 def _amount(value: float, unit: str) -> str:

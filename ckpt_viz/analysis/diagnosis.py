@@ -82,7 +82,8 @@ def _error_findings(trace: Trace, f: Facts, found: list[Finding]) -> list[Findin
 def _partial_finding(trace: Trace, f: Facts) -> list[Finding]:
     """NOTE [ Nothing said clean that is not ], rule 2."""
     meta = trace.meta
-    distributed = meta.get("distributed") if isinstance(meta.get("distributed"), dict) else {}
+    named = meta.get("distributed")
+    distributed = named if isinstance(named, dict) else {}
     missing = list(distributed.get("missing_ranks") or ())
     if not meta.get("partial") and not missing:
         return []

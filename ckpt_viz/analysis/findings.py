@@ -43,16 +43,25 @@ NOTE [ Reading a cause from the trace ]
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ckpt_viz.analysis._story import explanation
 from ckpt_viz.analysis.handles import created_events, handle_label
 from ckpt_viz.analysis.lifecycle import Transition, lifecycle
 from ckpt_viz.analysis.passes import passes
 from ckpt_viz.codes import CODE_FOR_REASON, DIAGNOSIS_CODES
-from ckpt_viz.events import Error, Event, PhaseSet, Released, ReplayRefused, SessionActivated
+from ckpt_viz.events import (
+    Error,
+    Event,
+    ForwardFailed,
+    PhaseSet,
+    Released,
+    ReplayRefused,
+    SessionActivated,
+    SessionCleared,
+)
 from ckpt_viz.trace import Trace
 
 __all__ = ["STORY_KINDS", "Facts", "Finding", "code_of", "finding", "handle_finding"]
@@ -127,14 +136,15 @@ class Facts:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self.sources = trace.meta.get("sources") if isinstance(trace.meta.get("sources"), dict) else {}
+        sources = trace.meta.get("sources")
+        self.sources: dict[str, Any] = sources if isinstance(sources, dict) else {}
         self.lifecycle = lifecycle(trace)
         self.by_handle: dict[int, list[Event]] = {}
         self.by_kind: dict[str, list[Event]] = {}  # the few kinds the findings read apart from handles'
         self.handle_errors: dict[int, list[Error]] = {}
         self.activations: list[dict[str, Any]] = []
-        self.errors: list[Event] = []
-        self.cleared: list[Event] = []
+        self.errors: list[Error] = []
+        self.cleared: list[SessionCleared] = []
         open_by_sid: dict[Any, dict[str, Any]] = {}
         by_handle, by_kind = self.by_handle, self.by_kind
         for e in trace.events:
@@ -147,11 +157,11 @@ class Facts:
             kind = e.kind
             if kind in _READ_KINDS:
                 by_kind.setdefault(kind, []).append(e)
-        self.errors = by_kind.get("error", [])
-        self.cleared = by_kind.get("session_cleared", [])
-        for e in self.errors:
-            if e.handle_id is not None:
-                self.handle_errors.setdefault(e.handle_id, []).append(e)  # type: ignore[arg-type]
+        self.errors = [e for e in by_kind.get("error", ()) if isinstance(e, Error)]
+        self.cleared = [e for e in by_kind.get("session_cleared", ()) if isinstance(e, SessionCleared)]
+        for error in self.errors:
+            if error.handle_id is not None:
+                self.handle_errors.setdefault(error.handle_id, []).append(error)
         for e in sorted([*by_kind.get("session_activated", ()), *by_kind.get("session_deactivated", ())],
                         key=lambda e: e.seq):
             if isinstance(e, SessionActivated):
@@ -194,7 +204,7 @@ class Facts:
     def story_events(self, h: int, *key: Event | None, until: int | None = None) -> tuple[Event, ...]:
         """The handle's events a story shows (STORY_KINDS, the session clears that named it), up to `until`."""
         chosen = {e.seq: e for e in self.by_handle.get(h, ()) if e.kind in STORY_KINDS}
-        chosen.update((e.seq, e) for e in self.cleared if h in e.handles)  # type: ignore[attr-defined]
+        chosen.update((e.seq, e) for e in self.cleared if h in e.handles)
         chosen.update((e.seq, e) for e in key if e is not None)
         last = until if until is not None else max((e.seq for e in key if e is not None), default=None)
         return tuple(chosen[s] for s in sorted(chosen) if last is None or s <= last)
@@ -240,7 +250,10 @@ def code_of(event: Event) -> str | None:
     return event.code if isinstance(event, Error) else None
 
 
-def _first(events: Iterable[Event], test: Any) -> Event | None:
+_E = TypeVar("_E", bound=Event)
+
+
+def _first(events: Iterable[_E], test: Callable[[_E], bool]) -> _E | None:
     return next((e for e in events if test(e)), None)
 
 
@@ -273,15 +286,15 @@ def _ordinary_code(f: Facts, events: list[Event], release: Event) -> tuple[str, 
     """See NOTE [ Reading a cause from the trace ], rule 3; returns (code, detail)."""
     bound = {e.session_id for e in events if e.kind in ("session_bound", "prefired") and e.seq < release.seq}
     active = f.active_at(release.seq)
-    retaining = active is not None and active["retain"]
+    retaining = active if active is not None and active["retain"] else None
     if not bound:
-        if retaining:
-            return "session_never_bound", (f"inside session {active['sid']!r} (retain_on_unpack=True), which never "
+        if retaining is not None:
+            return "session_never_bound", (f"inside session {retaining['sid']!r} (retain_on_unpack=True), which never "
                                            "had the handle bound")
         return "released_by_ordinary_backward", "by an ordinary backward outside any retaining session"
     names = ", ".join(repr(s) for s in sorted(bound, key=repr))
-    if retaining and active["sid"] not in bound:
-        return "session_mismatch", f"inside session {active['sid']!r} while the handle is bound to {names}"
+    if retaining is not None and retaining["sid"] not in bound:
+        return "session_mismatch", f"inside session {retaining['sid']!r} while the handle is bound to {names}"
     if active is None:
         return "session_not_retaining", f"outside its session {names} (the session was left before this backward)"
     return "session_not_retaining", f"inside session {active['sid']!r} with retain_on_unpack=False"
@@ -303,22 +316,22 @@ def _from_release(f: Facts, h: int, events: list[Event], release: Event, refused
         code, detail = _ordinary_code(f, events, release)
         detail = f", {detail}"
     elif reason == "backward_exception":
-        cause = _first(reversed([e for e in events if e.seq <= release.seq]), lambda e: e.kind == "error")
+        cause = next((e for e in reversed(events) if e.seq <= release.seq and isinstance(e, Error)), None)
         if cause is None:  # raised outside the handle (torch's own checkpoint, the engine): the error that ended it
             cause = _first(f.errors, lambda e: release.seq < e.seq <= release.seq + 64)
         error = cause or error
         carried = code_of(cause) if cause is not None else None
         if carried == "phase_not_set":
             code, detail = "phase_not_set", ": the backward reached it while its phase was still 'ordinary'"
-        elif carried in _BACKWARD_ERROR_CODES:
-            code, detail = carried, f": {cause.type} in the backward"  # type: ignore[union-attr]
+        elif carried in _BACKWARD_ERROR_CODES and cause is not None:  # carried is cause's code
+            code, detail = carried, f": {cause.type} in the backward"
         elif isinstance(cause, Error):
             detail = f": {cause.type} in the backward"
     elif reason == "forward_exception":
-        failed = _first(events, lambda e: e.kind == "forward_failed")
+        failed = next((e for e in events if isinstance(e, ForwardFailed)), None)
         error = _first(events, lambda e: e.kind == "error" and e.seq > release.seq) or error
         if failed is not None:
-            detail = f": the forward raised {failed.type}"  # type: ignore[attr-defined]
+            detail = f": the forward raised {failed.type}"
     tail = "." if refused is None else f"; {_refusal(refused)}."
     return finding(f, code, h, head + detail + tail, release=release, refused=refused, site=release.site, error=error)
 

@@ -35,11 +35,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ckpt_viz.analysis._cache import derived
 from ckpt_viz.events import (
     Event,
+    EventBase,
     GradsRouted,
     HandleCreated,
     NodeCollected,
@@ -186,10 +189,11 @@ def _nothing(s: _Handle, e: Event) -> None:
 
 
 # NOTE [ Handle states ]: what each kind does to its handle (a kind not here does nothing)
-_STEPS: dict[type, object] = {PhaseSet: _phase_set, HandleCreated: _created, ReplayStarted: _replay_started,
-                              ReplayFinished: _replay_finished, GradsRouted: _routed, Released: _released,
-                              ReplayFailed: _failed, NodeCollected: _collected, TensorUnpacked: _unpacked,
-                              ReplayRefused: _refused}
+# (each step takes the event of its own type, hence `Any` for the event)
+_STEPS: dict[type[EventBase], Callable[[_Handle, Any], None]] = {
+    PhaseSet: _phase_set, HandleCreated: _created, ReplayStarted: _replay_started, ReplayFinished: _replay_finished,
+    GradsRouted: _routed, Released: _released, ReplayFailed: _failed, NodeCollected: _collected,
+    TensorUnpacked: _unpacked, ReplayRefused: _refused}
 
 
 class Lifecycle:
@@ -215,7 +219,7 @@ class Lifecycle:
                         state.move(first_seq, "recorded", None)
                 if state.pending is not None and type(event) is not Released:
                     state.resolve()
-                steps.get(type(event), nothing)(state, event)  # type: ignore[operator]
+                steps.get(type(event), nothing)(state, event)
             elif type(event) is SessionCleared:
                 for frame in event.frames:
                     state = handles.get(frame)
@@ -278,8 +282,10 @@ class Lifecycle:
     def reason_at(self, handle_id: int, seq: int | None) -> str | None:
         """The reason of the transition in force at `seq` (the release reason while released), or None."""
         s = self._handles.get(handle_id)
-        at = bisect_right(s.seqs, self._at(seq)) if s is not None else 0
-        return s.reasons[at - 1] if at else None  # type: ignore[union-attr]
+        if s is None:
+            return None
+        at = bisect_right(s.seqs, self._at(seq))
+        return s.reasons[at - 1] if at else None
 
     def released(self, handle_id: int) -> Transition | None:
         """The handle's first release (its reason says why), or None if it was never released."""

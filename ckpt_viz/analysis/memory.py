@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ckpt_viz.analysis._cache import derived
 from ckpt_viz.analysis.words import CATEGORY_MEANINGS, category_word, format_bytes
 from ckpt_viz.trace import MemorySample, Trace
-from ckpt_viz.vocabulary import MEMORY_CATEGORIES
+from ckpt_viz.vocabulary import MEMORY_CATEGORIES, MemoryCategory
 
 __all__ = ["OTHER_NOTABLE", "MemoryFacts", "MemoryPeak", "StageReading", "memory", "memory_table", "other_note",
            "rank_memory", "rank_trace", "stage_memory", "stage_peaks"]
@@ -100,10 +100,11 @@ def _facts(samples: list[MemorySample]) -> MemoryFacts:
         return MemoryFacts()
     names = {c for s in samples for c in s.bytes_by_category}
     categories = tuple([c for c in MEMORY_CATEGORIES if c in names] + sorted(names - set(MEMORY_CATEGORIES)))
-    by_category = {c: tuple(s.bytes_by_category.get(c, 0) for s in samples) for c in categories}  # type: ignore[misc]
+    by_category: dict[str, tuple[int, ...]] = {
+        c: tuple(s.bytes_by_category.get(c, 0) for s in samples) for c in categories}
     totals = tuple(map(sum, zip(*by_category.values()))) if by_category else (0,) * len(samples)
     i = max(range(len(totals)), key=totals.__getitem__)
-    reading = {c: by_category[c][i] for c in categories}
+    reading: dict[str, int] = {c: by_category[c][i] for c in categories}
     top = tuple(sorted(((c, b) for c, b in reading.items() if b > 0), key=lambda cb: -cb[1])[:3])
     peak = MemoryPeak(seq=samples[i].seq, t_ns=samples[i].t_ns, total=totals[i], by_category=reading, top=top)
     return MemoryFacts(seqs=tuple(s.seq for s in samples), t_ns=tuple(s.t_ns for s in samples),
@@ -116,11 +117,11 @@ def _summed(samples: list[MemorySample]) -> list[MemorySample]:
     out = []
     for s in samples:
         latest[s.rank] = s
-        total: dict[str, int] = {}
+        total: dict[MemoryCategory, int] = {}
         for reading in latest.values():
             for c, b in reading.bytes_by_category.items():
                 total[c] = total.get(c, 0) + b
-        out.append(MemorySample(seq=s.seq, t_ns=s.t_ns, bytes_by_category=total))  # type: ignore[arg-type]
+        out.append(MemorySample(seq=s.seq, t_ns=s.t_ns, bytes_by_category=total))
     return out
 
 
@@ -170,7 +171,8 @@ def other_note(bytes_by_category: dict[str, int]) -> str | None:
     if not total or other < OTHER_NOTABLE * total:
         return None
     return (f"\"other\" is {100 * other / total:.0f}% of the total here ({format_bytes(other)}): "
-            f"{CATEGORY_MEANINGS['other']}")
+            f"{CATEGORY_MEANINGS['other']} Pass the model and its inputs to record(model=..., tensors=...) and run "
+            "the loss inside the block so they are counted as such.")
 
 
 def rank_trace(trace: Trace, rank: int) -> Trace:

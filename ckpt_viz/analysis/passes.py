@@ -46,7 +46,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ckpt_viz.analysis._cache import derived
 from ckpt_viz.events import Error, Event, MemorySampled, Released, ReplayFinished, ReplayStarted, SessionActivated
@@ -199,8 +199,8 @@ _CHECKED = frozenset(("replay_started", "replay_finished", "released", "error"))
 
 
 def _backwards(events: Sequence[Event]) -> list[BackwardPass]:
-    found: list[dict] = []
-    current: dict | None = None
+    found: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
     entered: set[int | None] = set()
     join, neutral, checked = _JOIN, _NEUTRAL, _CHECKED
     for i, e in enumerate(events):

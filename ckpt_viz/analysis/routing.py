@@ -210,7 +210,8 @@ def _graph_flow(snapshot: GraphSnapshot, wanted: set[int]) -> list[tuple[Any, An
         has_parent.add(d)
 
     def reached(starts: list[Any], owner: Any) -> list[Any]:
-        found, stack, seen = [], list(starts), set()
+        found: list[Any] = []  # handle ids and "input"
+        stack, seen = list(starts), set()
         while stack:
             nid = stack.pop()
             if nid in seen or nid in inner:

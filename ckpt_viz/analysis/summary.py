@@ -15,6 +15,7 @@ from ckpt_viz.analysis.handles import observed_mode
 from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.analysis.memory import MemoryPeak, memory
 from ckpt_viz.trace import Trace
+from ckpt_viz.vocabulary import State
 
 __all__ = ["RunSummary", "summary"]
 
@@ -44,7 +45,7 @@ class RunSummary:
     handles: int
     replays: int
     released: int
-    states: dict[str, int] = field(default_factory=dict)
+    states: dict[State, int] = field(default_factory=dict)
     refused: int
     errors: int
     peak: MemoryPeak | None
@@ -58,7 +59,8 @@ def summary(trace: Trace) -> RunSummary:
         life = lifecycle(t)
         states = life.counts_at(None)
         meta = t.meta
-        distributed = meta.get("distributed") if isinstance(meta.get("distributed"), dict) else {}
+        named = meta.get("distributed")
+        distributed = named if isinstance(named, dict) else {}
         return RunSummary(
             model=str(meta.get("model") or ""), mode=str(meta.get("mode") or observed_mode(t)),
             schedule=str(meta.get("schedule") or ""), events=len(t.events), handles=len(life.handle_ids),

@@ -79,26 +79,37 @@ CATEGORY_WORDS: dict[str, str] = {
     "parameters": "parameters",
     "gradients": "gradients",
     "optimizer_state": "optimizer state",
+    "optimizer_step": "optimizer step",
     "activations": "activations",
     "checkpoint_inputs": "checkpoint inputs",
     "replay_activations": "replay activations",
     "excluded_outputs": "excluded outputs",
     "inputs": "inputs",
+    "outputs": "outputs",
     "other": "other",
 }
 
 CATEGORY_MEANINGS: dict[str, str] = {
     "parameters": "The model's weights (nn.Parameter storages). They stay the same size for the whole step.",
-    "gradients": "The parameters' .grad tensors, filled by the backward (by DW in split modes).",
-    "optimizer_state": "What the optimizer keeps per parameter (Adam's moments, momentum buffers).",
+    "gradients": "The parameters' .grad tensors, filled by the backward (by DW in split modes), and during a "
+                 "backward the gradients flowing between the ops before they land in a .grad.",
+    "optimizer_state": "The optimizer's state, kept from step to step (AdamW: two running averages per "
+                       "parameter and a step count).",
+    "optimizer_step": "Working tensors the optimizer's step() makes and frees while it runs (not its state): "
+                      "one parameter's worth at a time in torch's per-parameter loop, all parameters' at once "
+                      "in a foreach step.",
     "activations": "Tensors autograd saved for backward outside any checkpoint: what checkpointing avoids keeping.",
     "checkpoint_inputs": "The inputs a checkpoint keeps instead of its activations, to re-run its forward later.",
     "replay_activations": "Activations rebuilt by a replay (the recompute), kept until the backward that needs "
                           "them is done; in split modes until DW.",
     "excluded_outputs": "Outputs of excluded ops inside a checkpoint, kept so the replay does not recompute them.",
-    "inputs": "The model's inputs and targets given to the recording.",
-    "other": "Everything else that is live and none of the above: outputs and the loss, and gradients flowing "
-             "between blocks during the backward (not yet accumulated into a parameter's .grad).",
+    "inputs": "The tensors passed to the model (a top-level module's arguments) and those given to "
+              "record(tensors=...), while nothing above holds them.",
+    "outputs": "What the model returns (the logits, an HF model's loss), while your code keeps it.",
+    "other": "Everything else that is live: the forward's working tensors that no backward keeps, tensors your "
+             "own code makes between the forward, the backward and the optimizer's step (a loss computed "
+             "outside the model, a batch made in the block), caches, and tensors from before the block that "
+             "nothing here holds.",
 }
 
 _TRIGGERS = {"backward": "a backward", "prefire": "a prefire (ahead of the backward)"}

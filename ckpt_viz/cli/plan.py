@@ -18,7 +18,7 @@ _API = "ckpt-viz plan"
 
 def add_plan_command(sub: Any) -> None:
     """Register `plan` with the `ckpt-viz` subparsers."""
-    from ckpt_viz.plan.schema import KINDS
+    from ckpt_viz.plan.schema import KINDS, SCHEDULES
 
     plan = sub.add_parser("plan", help="what to checkpoint to fit a memory budget (curve, choice, code)",
                           description="Predict the peak and recompute of checkpointing policies from a trace's plan "
@@ -29,6 +29,11 @@ def add_plan_command(sub: Any) -> None:
                                        "print the curve only)")
     plan.add_argument("--kind", choices=KINDS, default=None,
                       help="checkpoint kind (default: the trace's mode when it is one, else nonreentrant)")
+    plan.add_argument("--schedule", choices=SCHEDULES, default=None,
+                      help="a pipeline profile's schedule to plan under (default: the trace's, else 1F1B); its "
+                           "checkpoints are split reentrant, as the pipeline executor runs them")
+    plan.add_argument("--microbatches", type=int, default=None,
+                      help="a pipeline's micro-batch count (default: the profile's)")
     plan.add_argument("--blocks", help="comma-separated blocks the plan may checkpoint (default: all profiled)")
     plan.add_argument("--exclude", default="", help="comma-separated excluded regions (ckpt_viz runtime)")
     plan.add_argument("--keep-ops", default="", help="comma-separated ATen ops whose outputs checkpointed blocks "
@@ -59,39 +64,50 @@ def _profile(trace: Any, path: str) -> Any:
         from ckpt_viz.run.zoo import build_builtin
 
         spec = build_builtin(model, seed=int(meta.get("seed", 0) or 0))
-        return profile_spec(spec, seed=int(meta.get("seed", 0) or 0))
+        microbatch = int(meta.get("microbatches") or 4) if meta.get("mode") == "pipeline" else None
+        return profile_spec(spec, seed=int(meta.get("seed", 0) or 0), microbatch=microbatch)
     raise CkptVizError(f"{_API}: {path} holds no plan profile (meta['plan_profile']) and is not a built-in model's "
                        "trace.\nTip: record one step inside `with ckpt_viz.plan.profiling(model) as prof:` and "
                        "call ckpt_viz.plan.attach(rec.trace, prof.profile) before saving the trace.")
 
 
 def plan_text(profile: Any, *, budget: int | None, kind: str, candidates: list[str] | None,
-              exclude: list[str], keep_ops: list[str], runtime: str) -> tuple[str, Any]:
-    """The text `ckpt-viz plan` prints, and the Recommendation (None without a budget)."""
+              exclude: list[str], keep_ops: list[str], runtime: str, schedule: str | None = None,
+              microbatches: int | None = None) -> tuple[str, Any]:
+    """The text `ckpt-viz plan` prints, and the Recommendation (None without a budget).
+
+    `schedule` (a pipeline profile's) plans the pipeline step under it (`kind` is then split-reentrant).
+    """
     from ckpt_viz.plan.model import predict
     from ckpt_viz.plan.schema import Policy
     from ckpt_viz.plan.search import block_ranges, curve, format_bytes, recommend
     from ckpt_viz.plan.snippets import code
 
     names = [b.name for b in profile.blocks]
-    base = predict(profile, Policy(frozenset(), kind, frozenset(exclude)))
+    pipe = {"schedule": schedule, "microbatches": microbatches} if schedule is not None else {}
+    base = predict(profile, Policy(frozenset(), kind, frozenset(exclude), **pipe))
     lines = [f"model {profile.label or '?'}: {len(names)} blocks ({block_ranges(names, names)}), profiled step "
              f"peak {format_bytes(base.peak)} ({base.where}), step {profile.step_time_ns / 1e6:.1f} ms"]
+    if schedule is not None:
+        lines[0] += (f"; a pipeline of {len(profile.stage_calls)} stages under {schedule} with "
+                     f"{microbatches or profile.microbatches} micro-batches")
     if profile.suspended:
         lines.append(f"  (the profile suspended {len(profile.suspended)} checkpoint(s) of the loop for its step)")
     options = [(), tuple(keep_ops)] if keep_ops else [()]
     rec = None
     if budget is not None:
-        rec = recommend(profile, budget, kind=kind, exclude=exclude, save_ops_options=options, candidates=candidates)
+        rec = recommend(profile, budget, kind=kind, exclude=exclude, save_ops_options=options, candidates=candidates,
+                        **pipe)
         points = rec.curve
         method = rec.method
     else:
-        points = curve(profile, kind=kind, exclude=exclude, candidates=candidates)
+        points = curve(profile, kind=kind, exclude=exclude, candidates=candidates, **pipe)
         method = ""
     step = profile.step_time_ns or 1
     chosen = rec.prediction.policy if rec is not None and rec.prediction is not None else None
     lines.append("")
-    lines.append(f"trade-off curve ({kind}; least recompute for each peak{'; ' + method if method else ''}):")
+    under = f" under {schedule}" if schedule is not None else ""
+    lines.append(f"trade-off curve ({kind}{under}; least recompute for each peak{'; ' + method if method else ''}):")
     lines.append(f"  {'peak':>12}  {'recompute':>11}  {'step':>6}  blocks")
     for p in points:
         mark = "  <- chosen" if chosen is not None and p.blocks == chosen.blocks and p.save_ops == chosen.save_ops \
@@ -104,10 +120,14 @@ def plan_text(profile: Any, *, budget: int | None, kind: str, candidates: list[s
     if rec is not None:
         lines.append("")
         lines.append(f"budget {format_bytes(budget)}: {rec.words}")
-        if chosen is not None and chosen.blocks:
+        if chosen is not None and chosen.blocks and chosen.kind in ("nonreentrant", "reentrant"):
             lines.append("")
             lines.append(f"code to paste ({runtime}'s checkpoint):")
             lines.append(code(chosen, runtime=runtime if not chosen.exclude else "ckpt_viz", comment=rec.words))
+        elif chosen is not None and chosen.blocks:  # DX and DW are two calls of the training loop: no code to paste
+            lines.append("")
+            lines.append(f"blocks to checkpoint ({chosen.kind}; the training loop calls backward_input and "
+                         f"backward_weight itself): {block_ranges(chosen.blocks, names)}")
     return "\n".join(lines), rec
 
 
@@ -118,18 +138,26 @@ def plan_command(args: argparse.Namespace) -> int:
     trace = Trace.load(args.trace)
     profile = _profile(trace, args.trace)
     budget = parse_bytes(args.budget, _API) if args.budget is not None else None
-    mode = (trace.meta or {}).get("mode")
+    meta = trace.meta or {}
+    mode = meta.get("mode")
     kind = args.kind or (mode if mode in ("nonreentrant", "reentrant", "split-reentrant", "split-nonreentrant")
                          else "nonreentrant")
+    schedule = _schedule(profile, args, meta)
+    microbatches = None
+    if schedule is not None:
+        kind = "split-reentrant"  # the pipeline executor's checkpoints (NOTE [ Plan pipelines ] in plan/model.py)
+        microbatches = args.microbatches or profile.microbatches or 1
     text, rec = plan_text(profile, budget=budget, kind=kind, candidates=_split(args.blocks) or None,
-                          exclude=_split(args.exclude), keep_ops=_split(args.keep_ops), runtime=args.runtime)
+                          exclude=_split(args.exclude), keep_ops=_split(args.keep_ops), runtime=args.runtime,
+                          schedule=schedule, microbatches=microbatches)
     print(text)
     if args.json:
         from ckpt_viz.plan.search import curve
 
+        pipe = {"schedule": schedule, "microbatches": microbatches} if schedule is not None else {}
         points = rec.curve if rec is not None else curve(profile, kind=kind, exclude=_split(args.exclude),
-                                                         candidates=_split(args.blocks) or None)
-        payload = {"budget": budget, "kind": kind,
+                                                         candidates=_split(args.blocks) or None, **pipe)
+        payload = {"budget": budget, "kind": kind, "schedule": schedule,
                    "curve": [{"peak": p.peak, "recompute_ns": p.recompute_ns, "blocks": sorted(p.blocks),
                               "save_ops": sorted(p.save_ops)} for p in points],
                    "chosen": None if rec is None or rec.prediction is None else
@@ -140,6 +168,26 @@ def plan_command(args: argparse.Namespace) -> int:
     if rec is not None and rec.prediction is None:
         return 1
     return 0
+
+
+def _schedule(profile: Any, args: argparse.Namespace, meta: dict) -> str | None:
+    """The schedule to plan a pipeline profile under (--schedule, else the trace's, else 1F1B); None for a
+    profile without stages (refusing --schedule and --microbatches there)."""
+    from ckpt_viz.errors import CkptVizError
+    from ckpt_viz.plan.schema import SCHEDULES
+
+    if not profile.stage_calls:
+        if args.schedule is not None or args.microbatches is not None:
+            raise CkptVizError(f"{_API}: --schedule and --microbatches plan a pipeline, and {args.trace}'s plan "
+                               "profile has no pipeline stages.\nTip: leave them out, or profile the pipeline "
+                               "with ckpt_viz.plan.profile_spec(spec, microbatch=M).")
+        return None
+    if args.microbatches is not None and args.microbatches < 1:
+        raise CkptVizError(f"{_API}: --microbatches must be at least 1, got {args.microbatches}.\nTip: e.g. "
+                           "--microbatches 4.")
+    if args.schedule is not None:
+        return args.schedule
+    return meta.get("schedule") if meta.get("schedule") in SCHEDULES else "1F1B"
 
 
 def _write(path: str, text: str) -> None:

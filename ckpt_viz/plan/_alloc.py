@@ -15,9 +15,13 @@ NOTE [ Allocator record ]
   3. Live bytes at index i are the sum of sizes up to i: frees of storages allocated before the
      record started count too (a `.grad` replaced, an input dropped), so a reading is the
      allocator's own "allocated" figure relative to the start, not only the new storages.
-  4. One torch profiler per process: `start` refuses (CkptVizError) while another runs, e.g. a
-     user's torch.profiler. Where CUDA is present the CPU record is still exact for CPU tensors;
-     CUDA tensors are not in it (the plan reads CPU steps).
+  4. One torch profiler per process: `start` refuses (CkptVizError) while another runs: a user's
+     torch.profiler, or a `record(memory=True)` whose memory probe reads the allocator through the
+     profiler. The error says what to do instead: profile a step apart from the recording and
+     attach the profile to its trace. (The other nesting, the recording inside the plan's block,
+     would put the recording's saved-tensor hooks on top of the profile's, which would then see
+     nothing saved.) Where CUDA is present the CPU record is still exact for CPU tensors; CUDA
+     tensors are not in it (the plan reads CPU steps).
   5. torch prints a line to stderr when a profiler starts and stops; file descriptor 2 is sent to
      /dev/null around those two calls only.
 """
@@ -88,9 +92,11 @@ class Allocations:
         from torch.autograd import _enable_profiler, _prepare_profiler
 
         if torch.autograd._profiler_enabled():
-            raise CkptVizError(f"{self.api}: torch's profiler is already running in this process, and the plan reads "
-                               "the allocator through it (one profiler at a time).\nTip: stop your torch.profiler, "
-                               "or profile outside record(memory=True) when its probe uses the profiler.")
+            raise CkptVizError(f"{self.api}: torch's profiler is already running in this process (yours, or a "
+                               "record(memory=True) that reads the allocator through it), and the plan reads the "
+                               "allocator through it too: one profiler at a time.\nTip: stop your torch.profiler; "
+                               "with record(memory=True), profile one step before or after the recording (not inside "
+                               "it) and add the profile to its trace: ckpt_viz.plan.attach(rec.trace, prof.profile).")
         # state, report_input_shapes, profile_memory, with_stack, with_flops, with_modules, experimental
         config = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
         self._config = (config, {ProfilerActivity.MTIA})

@@ -4,13 +4,12 @@ Owns `measure_step` (any step function) and `measure_spec` (a `ModelSpec` in a r
 chosen set of checkpointed blocks, through `ckpt_viz.run.scenarios.run_scenario`). Imports torch.
 
 NOTE [ Measured peak ]
-  `record(memory=True)` samples memory at ckpt_viz's events only, so a peak between two events
-  (the head's and the loss's backward, a block's weight gradients in a plain backward) is missed
-  (issue 29 measured 10-12 % low on an HF Llama). The plan's reference is therefore the allocator's
-  own record of the step (ckpt_viz/plan/_alloc.py): the bytes that existed before the step
-  (parameters, buffers, gradients, the inputs) plus the highest running sum of every allocation
-  and free during it. That is the CPU allocator's "allocated" figure at its highest point, to the
-  byte. `verify` reports it beside the recording's own peak by category.
+  The plan's reference is the allocator's own record of the step (ckpt_viz/plan/_alloc.py):
+  the bytes that existed before the step (parameters, buffers, gradients, the inputs) plus the
+  highest running sum of every allocation and free during it. That is the CPU allocator's
+  "allocated" figure at its highest point, to the byte; it needs no recording open (a
+  `record(memory=True)` reads the allocator through torch's profiler too, and one profiler runs at
+  a time). `verify` reports it beside the recording's own peak by category.
 """
 from __future__ import annotations
 

@@ -42,6 +42,12 @@ NOTE [ Plan timeline ]
      that keeps each frame (its inputs, its RNG state) until DW ends. A split step whose inputs need
      no grad (token ids) has nothing for DX to do: DW is then the whole backward with the replays,
      as in the plain kinds. Each of these was measured against the allocator (tests/plan).
+  8. Recompute time: a block's replay reruns its forward (up to its last saved tensor for the
+     non-reentrant kinds, which stop early), less the excluded regions and kept ops it takes from
+     caches, plus the runtime's own work for the replay: a fixed part, a part per tensor it saves
+     again and one per excluded region it passes, per kind, measured on the profile's machine
+     (ckpt_viz/plan/calibrate.py NOTE [ Replay cost ]; none when the profile has no
+     `replay_costs`). The figures are those of ckpt_viz's runtime; torch's checkpoint has its own.
 """
 from __future__ import annotations
 
@@ -59,9 +65,11 @@ from ckpt_viz.plan.schema import (
     ROLE_PARAM_GRAD,
     ROLE_PRIVATE,
     ROLE_SAVED,
+    BlockProfile,
     PlanProfile,
     Policy,
     Prediction,
+    ReplayCost,
     check_profile,
 )
 
@@ -164,10 +172,12 @@ class _Step:
         # non-reentrant step's session keeps its frames (inputs, RNG state) until DW ends
         self.rng_to_end = kind != "nonreentrant"
         self.session = kind == "split-nonreentrant"
+        self.region_saved = [0] * len(blocks)  # tensors the excluded regions saved: a replay does not save them
         for r in profile.regions:
             if r.name in exclude and r.block < len(blocks):
                 self.skipped[r.block].append((r.f0, r.f1))
                 self.kept_ns[r.block] += r.time_ns
+                self.region_saved[r.block] += r.saved_count
                 keep = set(r.saved_allocs) if reentrant else set(r.saved_allocs) - set(r.input_allocs)
                 keep |= set(r.output_allocs)
                 self.kept[r.block] |= {a for a in keep if 0 <= a < n and sizes[a] > 0}
@@ -465,13 +475,24 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
                "other": p.base.get("other", 0)}
     recompute = []
     flops = []
+    cost = p.replay_costs.get(kind)
     for b, blk in enumerate(blocks):
-        full = blk.time_ns  # a replay that stops early still costs about the whole forward (benchmarks/bench_plan.py)
-        recompute.append(max(0, full - step.kept_ns[b]))
+        recompute.append(_replay_ns(step, b, blk, cost, early_stop=not reentrant))
         flops.append(blk.flops)
     return Timeline(kind=kind, blocks=tuple(b.name for b in blocks), windows=tuple(windows),
                     base=sum(base_by.values()), base_by_category=base_by, recompute_ns=tuple(recompute),
                     recompute_flops=tuple(flops), step_ns=p.step_time_ns)
+
+
+def _replay_ns(step: _Step, b: int, blk: BlockProfile, cost: ReplayCost | None, *, early_stop: bool) -> int:
+    """NOTE rule 8: block b's replay time: the forward it reruns, less what it takes from caches, and the
+    runtime's own work for it (ckpt_viz/plan/calibrate.py NOTE [ Replay cost ])."""
+    forward = blk.time_to_last_pack_ns if early_stop and blk.time_to_last_pack_ns else blk.time_ns
+    ns = max(0, forward - step.kept_ns[b])
+    if cost is not None:
+        tensors = max(0, blk.saved_count - step.region_saved[b])
+        ns += cost.fixed_ns + cost.per_tensor_ns * tensors + cost.per_region_ns * len(step.skipped[b])
+    return ns
 
 
 @lru_cache(maxsize=64)
@@ -583,7 +604,10 @@ def _categories_at(line: Timeline, x: np.ndarray, where: int) -> dict[str, int]:
 #      and of the next one, the gradient sent to the stage before until that stage's DW, and a
 #      micro-batch's handles (RNG states, kept inputs, kept replay outputs) until its DW.
 #   4. Weight gradients: the first micro-batch's DW makes `.grad`; later ones add into it (their
-#      gradient is a transient).
+#      gradient is a transient). A plain block's is freed once added; a checkpointed block's are
+#      computed by its replay's own backward and added when that backward ends, so they stay until
+#      the block's backward ends (the gradient of its input, `w1`), all of them together (measured
+#      against the allocator: tests/plan/test_search.py, the pipeline's recommendation when run).
 #   5. The step is the schedule's actions in the executor's order (`ckpt_viz.run.schedules`), one
 #      process: the peak is the whole process's; a stage's bytes are those its actions made
 #      (parameters and its own gradients included), its peak their highest point.
@@ -600,8 +624,10 @@ def _stage_ranges(p: PlanProfile) -> list[tuple[tuple[int, int], tuple[int, int]
     return out
 
 
-def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> dict[tuple[str, int], list]:
-    """NOTE [ Plan pipelines ], rule 2: each (action kind, stage)'s keyed events (key, bytes, category)."""
+def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]
+                    ) -> tuple[dict[tuple[str, int], list], dict[int, int]]:
+    """NOTE [ Plan pipelines ], rule 2: each (action kind, stage)'s keyed events (key, bytes, category); and the
+    weight gradients a checkpointed block's backward makes, by allocation, with the block (rule 4)."""
     step = _Step(p, "split-reentrant", exclude, frozenset())
     sizes, role, cat, alloc_of = p.sizes, step.role, step.cat, step.alloc_of
     ranges = _stage_ranges(p)
@@ -613,6 +639,7 @@ def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> 
                  for s in range(S)]
     rng = p.rng_state_bytes
     lists: dict[tuple[str, int], list] = {}
+    grad_block: dict[int, int] = {}
 
     def plain(i: int) -> tuple:
         a = i if sizes[i] > 0 else alloc_of[i]
@@ -642,11 +669,17 @@ def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> 
             forward += _holds(step, ends[f_hi], rng)
         lists[("F", s)] = forward
         replay_at = {p.blocks[b].w0: b for b in mine}
+        grads_done = {p.blocks[b].w1: b for b in mine if 0 <= p.blocks[b].w0 <= p.blocks[b].w1}  # NOTE rule 4
+        for b in grads_done.values():
+            blk = p.blocks[b]
+            grad_block.update({i: b for i in range(blk.w0, blk.w1) if sizes[i] > 0 and role[i] == ROLE_PARAM_GRAD})
         has_dx = p.stage_calls[s].w1 >= 0
         dx: list = []
         dw: list = []
         own_grads = {a for a in p.stage_calls[s].input_allocs if a >= 0}
         for i in range(w_lo, w_hi):
+            if i in grads_done:
+                dw.append((("grads done", grads_done[i]), 0, _GRAD))
             if i in replay_at:
                 (dx if has_dx else dw).extend(_keyed_replay(step, replay_at[i]))
             a = i if sizes[i] > 0 else alloc_of[i]
@@ -659,6 +692,8 @@ def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> 
             if slot or (has_dx and a in own_grads):  # DW asks for the weights only
                 continue
             dw.append(plain(i))
+        if w_hi in grads_done:
+            dw.append((("grads done", grads_done[w_hi]), 0, _GRAD))
         release = []
         for b in mine:
             release += _releases(step, b, rng)
@@ -675,7 +710,7 @@ def _pipeline_lists(p: PlanProfile, ckpt: set[int], exclude: frozenset[str]) -> 
                     release.append((a, 0, _OTHER))
         lists[("DX", s)] = dx
         lists[("DW", s)] = dw + release
-    return lists
+    return lists, grad_block
 
 
 def _holds(step: _Step, b: int, rng: int) -> list:
@@ -744,7 +779,8 @@ def predict_pipeline(profile: PlanProfile, policy: Policy) -> Prediction:
     x = choices(line, policy.blocks)
     ckpt = {b for b, v in enumerate(x) if v}
     exclude = frozenset(policy.exclude) | {r.name for r in profile.regions if r.fixed}
-    lists = _pipeline_lists(profile, ckpt, exclude)
+    lists, grad_block = _pipeline_lists(profile, ckpt, exclude)
+    held_grads: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (block, micro-batch) -> (bytes, stage, cat)
     role = profile.role
     inputs = profile.base.get("other", 0)
     base_stage = [st.param_bytes for st in profile.stage_calls]
@@ -776,6 +812,11 @@ def predict_pipeline(profile: PlanProfile, policy: Policy) -> Prediction:
         kinds = ("DX", "DW") if action.kind == "B" else (action.kind,)
         for kind in kinds:
             for key, size, c in lists[(kind, s)]:
+                if isinstance(key, tuple) and key[0] == "grads done":  # NOTE rule 4: the block's backward ended
+                    for nbytes, owner, cc in held_grads.pop((key[1], m), ()):
+                        totals[owner] -= nbytes
+                        by[owner, cc] -= nbytes
+                    continue
                 if key is None:
                     totals[s] += size
                     by[s, c] += size
@@ -785,13 +826,16 @@ def predict_pipeline(profile: PlanProfile, policy: Policy) -> Prediction:
                     if k in live:
                         continue
                     if isinstance(key, int) and role[key] == ROLE_PARAM_GRAD and m > 0:
-                        owner = s  # NOTE rule 4: added into .grad, then freed
+                        owner = s  # NOTE rule 4: added into .grad, then freed (a checkpointed block's: at its end)
                         totals[s] += size
                         by[s, c] += size
                         peak, peak_by, where = _top(totals, by, peak, peak_by, where, action, kind)
                         stage_peak, stage_by = _stage_top(totals, by, stage_peak, stage_by)
-                        totals[s] -= size
-                        by[s, c] -= size
+                        if key in grad_block:
+                            held_grads.setdefault((grad_block[key], m), []).append((size, s, c))
+                        else:
+                            totals[s] -= size
+                            by[s, c] -= size
                         continue
                     live[k] = (size, s, c)
                     if isinstance(key, int) and key in slot_refs:

@@ -30,12 +30,18 @@ NOTE [ Plan profile ]
      bytes of the storages it makes and which of them autograd saved, its time and FLOPs
      (torch.utils.flop_counter's formulas). It costs a Python call per op, so block times of
      such a profile are inflated; `PlanProfile.ops_timed` says so.
-  6. Block times: the profiled step's, or with `profile_spec(timed=k)` the fastest of k + 1 steps
-     (the time to the last saved tensor scaled with it): preemption on a shared machine only adds.
-  5. Inside `record(memory=True)`, whose memory probe keeps its own saved-tensor hooks, the
-     profile's hook notes each saved tensor and hands it on to the hooks that were on top when the
-     profile began (torch keeps one pair of hooks active, the innermost), so the recording still
-     sees what autograd saves.
+  6. Block times: the profiled step's, or with `profile_spec(timed=k)` the fastest of k + 1 steps:
+     preemption on a shared machine only adds. The time to the last saved tensor (where a
+     non-reentrant replay stops) is that less the shortest time after the block's last saved tensor,
+     of k more steps with a saved-tensor hook that notes only the time (all its calls fall before
+     the last saved tensor, none in what follows) and of the profiled step. Each block counts the tensors its forward
+     saved (`saved_count`), each excluded-region candidate likewise; with the replay costs of
+     ckpt_viz/plan/calibrate.py (NOTE [ Replay cost ], stored in the profile) they give the recompute.
+  5. Inside a `record()` that keeps saved-tensor hooks of its own, the profile's hook notes each
+     saved tensor and hands it on to the hooks that were on top when the profile began (torch keeps
+     one pair of hooks active, the innermost), so they still see what autograd saves. Inside
+     `record(memory=True)` the profile is refused: both read the allocator through torch's
+     profiler, and one runs at a time (ckpt_viz/plan/_alloc.py).
 """
 from __future__ import annotations
 
@@ -62,7 +68,7 @@ from ckpt_viz.plan.schema import (
     RegionProfile,
 )
 
-__all__ = ["Profiling", "attach", "default_blocks", "profile_spec", "profiling"]
+__all__ = ["Profiling", "attach", "default_blocks", "forward_times", "profile_spec", "profiling"]
 
 _API = "ckpt_viz.plan.profiling"
 
@@ -191,7 +197,7 @@ class Profiling:
 
     def __init__(self, model: torch.nn.Module, blocks: Sequence[str] | None = None, *, ops: bool = False,
                  regions: Sequence[str] | None = None, tensors: Any = (), label: str = "",
-                 stages: Sequence[str] = (), microbatches: int = 0) -> None:
+                 stages: Sequence[str] = (), microbatches: int = 0, costs: bool = True) -> None:
         if not isinstance(model, torch.nn.Module):
             raise CkptVizError(f"{_API}: model must be a torch.nn.Module, got {type(model).__name__}.\n"
                                "Tip: pass the model whose blocks you want to plan over.")
@@ -210,6 +216,7 @@ class Profiling:
                                    f"model.named_modules(), e.g. {[n for n, _ in model.named_modules()][1:4]}."
                                    ) from None
         self.ops = ops
+        self.costs = costs
         self.region_names = tuple(dict.fromkeys((*self._fixed, *(regions or ()))))
         self.label = label
         self.stage_names = tuple(stages)
@@ -401,6 +408,10 @@ class Profiling:
         if exc is None:
             assert end is not None
             self.profile = self._build(record, end, end_ns)
+            if self.costs:
+                from ckpt_viz.plan.calibrate import replay_costs
+
+                self.profile.replay_costs = replay_costs()
 
     # ------------------------------------------------------------ the profile
 
@@ -513,7 +524,7 @@ class Profiling:
                 backward_time_ns=(call["t_w1"] - call["t_w0"]) if "t_w1" in call and "t_w0" in call else None,
                 input_allocs=[a for a, _ in inputs], input_bytes=[b for _, b in inputs],
                 output_allocs=[a for a, _ in outputs], output_bytes=[b for _, b in outputs],
-                param_bytes=sum(params.values()), flops=flops, ops=ops))
+                param_bytes=sum(params.values()), flops=flops, ops=ops, saved_count=call["packs"]))
         regions = []
         for r in self._region_calls:
             if "f1" in r and r["call"] is not None:
@@ -523,7 +534,8 @@ class Profiling:
                 regions.append(RegionProfile(name=self.region_names[r["region"]], block=r["call"],
                                              f0=marks[r["f0"]], f1=marks[r["f1"]], time_ns=r["t1"] - r["t0"],
                                              output_allocs=outs, input_allocs=ins, saved_allocs=saved,
-                                             fixed=self.region_names[r["region"]] in self._fixed))
+                                             fixed=self.region_names[r["region"]] in self._fixed,
+                                             saved_count=r["last_pack"] - r["first_pack"]))
         stages = []
         for st in self._stage_calls:
             if "f1" not in st:
@@ -555,7 +567,7 @@ class Profiling:
 
 
 @contextlib.contextmanager
-def _timing(model: torch.nn.Module, blocks: Sequence[str]) -> Any:
+def forward_times(model: torch.nn.Module, blocks: Sequence[str]) -> Any:
     """The forward time of each block call (in call order) of the step the block runs, from module hooks."""
     times: list[int] = []
     starts: list[int] = []
@@ -571,14 +583,46 @@ def _timing(model: torch.nn.Module, blocks: Sequence[str]) -> Any:
             handle.remove()
 
 
-def _fastest(profile: PlanProfile, timings: list[list[int]]) -> None:
-    """NOTE [ Plan profile ], rule 6: each block's time, the fastest over the timed steps and the profiled one."""
+@contextlib.contextmanager
+def _tails(model: torch.nn.Module, blocks: Sequence[str]) -> Any:
+    """Per block call (in the order they end) of the step the block runs: the time from its last saved tensor to
+    its forward's end, from module hooks and a saved-tensor hook that notes the time of each saved tensor."""
+    tails: list[int] = []
+    last: list[int] = []  # per open block call: its last saved tensor's time (its start until one is saved)
+    handles = []
+
+    def pre(*_: Any) -> None:
+        last.append(time.perf_counter_ns())
+
+    def post(*_: Any) -> None:
+        tails.append(time.perf_counter_ns() - last.pop())
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if last:
+            last[-1] = time.perf_counter_ns()
+        return tensor.detach() if tensor.grad_fn is not None else tensor  # no cycle through its own grad_fn
+
+    for name in blocks:
+        module = model.get_submodule(name)
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, _same):
+            yield tails
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _fastest(profile: PlanProfile, timings: list[list[int]], tails: list[list[int]] = ()) -> None:
+    """NOTE [ Plan profile ], rule 6: each block's time, the fastest over the timed steps and the profiled one;
+    the time to its last saved tensor is that less the shortest time after its last saved tensor (the tail
+    steps' and the profiled step's)."""
+    n = len(profile.blocks)
     for block_index, block in enumerate(profile.blocks):
-        found = [t[block_index] for t in timings if len(t) == len(profile.blocks)]
-        best = min([block.time_ns, *found])
-        if best < block.time_ns and block.time_ns:
-            block.time_to_last_pack_ns = block.time_to_last_pack_ns * best // block.time_ns
-            block.time_ns = best
+        best = min([block.time_ns, *(t[block_index] for t in timings if len(t) == n)])
+        tail = min([block.time_ns - block.time_to_last_pack_ns, *(t[block_index] for t in tails if len(t) == n)])
+        block.time_ns = best
+        block.time_to_last_pack_ns = max(0, best - tail)
 
 
 def _same(value: Any) -> Any:
@@ -593,7 +637,7 @@ def _top_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
 
 def profiling(model: torch.nn.Module, blocks: Sequence[str] | None = None, *, ops: bool = False,
               regions: Sequence[str] | None = None, tensors: Any = (), label: str = "", stages: Sequence[str] = (),
-              microbatches: int = 0) -> Profiling:
+              microbatches: int = 0, costs: bool = True) -> Profiling:
     """Profile the one training step the block runs; see NOTE [ Plan profile ].
 
     Args:
@@ -608,6 +652,9 @@ def profiling(model: torch.nn.Module, blocks: Sequence[str] | None = None, *, op
         label: a name for the profile (the model's), shown by the planner.
         stages, microbatches: for a pipeline: the stage modules in order, and how many micro-batches
             the step's batch is one of (the profiled step runs one micro-batch through every stage).
+        costs: when the step ends, store this process's replay costs in the profile
+            (ckpt_viz.plan.calibrate: measured once per process, on a thread of its own, about a
+            second), so its recompute includes what the runtime adds to each replay.
 
     Example:
         with ckpt_viz.record(memory=True, model=model) as rec:
@@ -616,7 +663,7 @@ def profiling(model: torch.nn.Module, blocks: Sequence[str] | None = None, *, op
         ckpt_viz.plan.attach(rec.trace, prof.profile)
     """
     return Profiling(model, blocks, ops=ops, regions=regions, tensors=tensors, label=label, stages=stages,
-                     microbatches=microbatches)
+                     microbatches=microbatches, costs=costs)
 
 
 def attach(trace: Any, profile: PlanProfile) -> None:
@@ -627,7 +674,7 @@ def attach(trace: Any, profile: PlanProfile) -> None:
 
 
 def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int | None = None,
-                 warmup: int = 1, timed: int = 2) -> PlanProfile:
+                 warmup: int = 1, timed: int = 2, costs: bool = True) -> PlanProfile:
     """Profile one step of a `ModelSpec` (a built-in, a model file's, an HF model's) without checkpointing.
 
     Args:
@@ -640,7 +687,10 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
             those of a warm step, as a replay's are.
         timed: more unprofiled steps whose block forwards are timed (module hooks only); each
             block's time is the fastest of these and the profiled step's (a busy machine only
-            ever adds time), NOTE [ Plan profile ], rule 6.
+            ever adds time), and as many again that time what follows each block's last saved
+            tensor (NOTE [ Plan profile ], rule 6).
+        costs: store this process's replay costs in the profile (ckpt_viz.plan.calibrate, measured
+            on the first call), so its recompute includes what the runtime adds to each replay.
     """
     from ckpt_viz.run.harness import inputs_requiring_grad
     from ckpt_viz.run.rng import rng_guard
@@ -669,11 +719,18 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
             if hf_layers:
                 stack.enter_context(hf.own_checkpointing(model, hf_layers, None))
             timings: list[list[int]] = []
-            for step in range(warmup + timed):  # first calls pay for lazy initialisation: not what a replay costs
-                with torch.random.fork_rng(), _timing(model, blocks) as times:
+            tails: list[list[int]] = []
+            steps: list[int] = []
+            for step in range(warmup + 2 * timed):  # first calls pay for lazy initialisation: not what a replay costs
+                clock = forward_times(model, blocks) if step < warmup + timed else _tails(model, blocks)
+                with torch.random.fork_rng(), clock as times:
+                    start = time.perf_counter_ns()
                     spec.loss_of(model(*args, **kw), targets).backward()
+                    spent = time.perf_counter_ns() - start
                 if step >= warmup:
-                    timings.append(times)
+                    (timings if step < warmup + timed else tails).append(times)
+                    if step < warmup + timed:
+                        steps.append(spent)
                 for p in model.parameters():
                     p.grad = None
                 for t in tree_flatten((args, kw))[0]:
@@ -681,15 +738,21 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
                         t.grad = None
             torch.manual_seed(seed)
             pipeline = {"stages": tuple(spec.stages), "microbatches": microbatch} if microbatch else {}
-            with profiling(model, blocks, ops=ops, tensors=(args, kw, targets), label=spec.name, **pipeline) as prof:
+            with profiling(model, blocks, ops=ops, tensors=(args, kw, targets), label=spec.name, costs=False,
+                           **pipeline) as prof:
                 loss = spec.loss_of(model(*args, **kw), targets)
                 loss.backward()
                 del loss
         assert prof.profile is not None
-        _fastest(prof.profile, timings)
+        _fastest(prof.profile, timings, tails)
+        prof.profile.step_time_ns = min([prof.profile.step_time_ns, *steps])  # the fastest step, as block times
         for p in model.parameters():
             p.grad = None
     assert prof.profile is not None
+    if costs:  # outside the run lock: the calibration runs its own model (NOTE [ Replay cost ], rule 5)
+        from ckpt_viz.plan.calibrate import replay_costs
+
+        prof.profile.replay_costs = replay_costs()
     return prof.profile
 
 

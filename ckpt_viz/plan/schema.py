@@ -32,6 +32,7 @@ __all__ = [
     "Prediction",
     "Recommendation",
     "RegionProfile",
+    "ReplayCost",
     "StagePeak",
     "check_profile",
     "profile_of",
@@ -54,6 +55,20 @@ _Index = Annotated[int, Meta(ge=-1, le=2**40)]
 _Bytes = Annotated[int, Meta(ge=-(2**62), le=2**62)]
 _Name = Annotated[str, Meta(max_length=1024)]
 _Events = Meta(max_length=1 << 26)
+
+
+class ReplayCost(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What one kind's replay costs beyond the forward it reruns (ckpt_viz/plan/calibrate.py NOTE [ Replay cost ]).
+
+    Attributes:
+        fixed_ns: per replay.
+        per_tensor_ns: per tensor the replay saves.
+        per_region_ns: per excluded region the replay passes (its cache lookup instead of its forward).
+    """
+
+    fixed_ns: _Count = 0
+    per_tensor_ns: _Count = 0
+    per_region_ns: _Count = 0
 
 
 class OpProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -92,6 +107,7 @@ class BlockProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
         param_bytes: its parameters' bytes.
         flops: its forward's FLOPs (with ops=True).
         ops: its forward's ops (with ops=True).
+        saved_count: the tensors its forward saved for backward (a non-reentrant replay's hook runs once each).
     """
 
     name: _Name
@@ -110,6 +126,7 @@ class BlockProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     param_bytes: _Count = 0
     flops: _Count | None = None
     ops: Annotated[list[OpProfile], Meta(max_length=1 << 20)] = []
+    saved_count: _Count = 0
 
 
 class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -118,6 +135,7 @@ class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     Attributes:
         fixed: the model already wraps it (`checkpoint_exclude_wrapper`): excluded in every policy.
         saved_allocs, input_allocs, output_allocs: what its forward saved, read and made.
+        saved_count: the tensors its forward saved (a replay does not save them again).
     """
 
     name: _Name
@@ -129,6 +147,7 @@ class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     input_allocs: Annotated[list[_Index], Meta(max_length=4096)] = []
     saved_allocs: Annotated[list[_Index], Meta(max_length=1 << 20)] = []
     fixed: bool = False
+    saved_count: _Count = 0
 
 
 class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -146,7 +165,7 @@ class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
         backward_start: the event index where the first backward call began.
         end: the number of events in the step.
         base: bytes that existed before the step, by category (parameters, gradients, other).
-        step_time_ns: the profiled step's time.
+        step_time_ns: the step's time (`profile_spec`: the fastest of its timed steps and the profiled one).
         suspended: checkpoints the profile suspended (NOTE [ Plan profile ], rule 1).
         ops_timed: block times were measured with the per-op recorder on (inflated).
         rng_state_bytes: the CPU RNG state a checkpoint keeps (preserve_rng_state).
@@ -157,6 +176,9 @@ class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
             it sends to the stage before).
         dx_targets: the step's inputs include a leaf that requires grad, so a split step's DX has
             something to differentiate (without one, DX does nothing and DW is the whole backward).
+        replay_costs: per checkpoint kind, what a replay costs beyond its forward on the machine that
+            made the profile (ckpt_viz/plan/calibrate.py NOTE [ Replay cost ]); empty: not calibrated,
+            the recompute is the forward alone.
     """
 
     sizes: Annotated[list[_Bytes], _Events]
@@ -176,6 +198,7 @@ class PlanProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     microbatches: _Count = 0
     stage_calls: Annotated[list[BlockProfile], Meta(max_length=4096)] = []
     dx_targets: bool = True
+    replay_costs: dict[CheckpointKind, ReplayCost] = {}
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ NOTE [ Plan search ]
   4. Per-op choices (`save_ops` options: sets of op names whose outputs a checkpointed block
      keeps) are searched by solving once per option and keeping the best; the options are few
      (op kinds such as "mm" or attention), not one per op call.
+  6. Pipelines (a profile with stages, planned under a schedule): the peak comes from simulating
+     the schedule's actions (NOTE [ Plan pipelines ] in ckpt_viz/plan/model.py), not from the
+     linear windows, so every subset of at most PIPELINE_EXHAUSTIVE_MAX candidate blocks is
+     predicted and the curve is the Pareto front of them all.
 """
 from __future__ import annotations
 
@@ -46,11 +50,12 @@ from ckpt_viz.errors import CkptVizError
 from ckpt_viz.plan.model import Timeline, predict, timeline
 from ckpt_viz.plan.schema import CurvePoint, PlanProfile, Policy, Prediction, Recommendation
 
-__all__ = ["EXHAUSTIVE_MAX", "Model", "block_ranges", "curve", "describe", "format_bytes", "linear_model",
-           "parse_bytes", "recommend"]
+__all__ = ["EXHAUSTIVE_MAX", "PIPELINE_EXHAUSTIVE_MAX", "Model", "block_ranges", "curve", "describe", "format_bytes",
+           "linear_model", "parse_bytes", "recommend"]
 
 _API = "ckpt_viz.plan.recommend"
 EXHAUSTIVE_MAX = 14
+PIPELINE_EXHAUSTIVE_MAX = 12  # NOTE [ Plan search ], rule 6: each subset is a simulated pipeline step
 
 
 @dataclass(frozen=True)
@@ -297,9 +302,42 @@ def _curve_of(model: Model, free: np.ndarray) -> tuple[list[tuple[float, float, 
     return sorted(kept, key=lambda p: p[0]), "scipy.optimize.milp (HiGHS, exact)"
 
 
+def _pipeline_points(profile: PlanProfile, schedule: str, microbatches: int | None, exclude: Iterable[str],
+                     candidates: Iterable[str] | None) -> tuple[list[tuple[float, float, frozenset[str]]], int]:
+    """NOTE [ Plan search ], rule 6: the Pareto front of a pipeline profile under `schedule`, every subset of the
+    candidate blocks predicted (`predict_pipeline`), and the number of candidates."""
+    line = timeline(profile, "split-reentrant")
+    free = _candidates(line, candidates)
+    names = [b for b, v in zip(line.blocks, free) if v]
+    if len(names) > PIPELINE_EXHAUSTIVE_MAX:
+        raise CkptVizError(f"{_API}: a pipeline plan predicts every subset of its blocks under the schedule; "
+                           f"{len(names)} candidate blocks are 2^{len(names)} subsets.\nTip: name at most "
+                           f"{PIPELINE_EXHAUSTIVE_MAX} candidate blocks (candidates=[...], `ckpt-viz plan --blocks`).")
+    found = []
+    for bits in range(1 << len(names)):
+        blocks = frozenset(n for i, n in enumerate(names) if bits >> i & 1)
+        p = predict(profile, Policy(blocks, "split-reentrant", frozenset(exclude), schedule=schedule,
+                                    microbatches=microbatches))
+        found.append((float(p.peak), float(p.recompute_ns), blocks))
+    found.sort(key=lambda f: (f[1], f[0], len(f[2])))
+    front: list[tuple[float, float, frozenset[str]]] = []
+    for f in found:
+        if not front or f[0] < front[-1][0]:
+            front.append(f)
+    return sorted(front, key=lambda f: f[0]), len(names)
+
+
 def curve(profile: PlanProfile, *, kind: str = "nonreentrant", exclude: Iterable[str] = (),
-          save_ops: Iterable[str] = (), candidates: Iterable[str] | None = None) -> tuple[CurvePoint, ...]:
-    """Every Pareto-optimal (peak, recompute) point over the candidate blocks, peak ascending."""
+          save_ops: Iterable[str] = (), candidates: Iterable[str] | None = None, schedule: str | None = None,
+          microbatches: int | None = None) -> tuple[CurvePoint, ...]:
+    """Every Pareto-optimal (peak, recompute) point over the candidate blocks, peak ascending.
+
+    `schedule` (a pipeline profile's: "GPipe", "1F1B", "ZB-H1") plans the pipeline step under that schedule
+    with `microbatches` (default: the profile's); its blocks are split reentrant checkpoints, whatever `kind`.
+    """
+    if schedule is not None:
+        points, _ = _pipeline_points(profile, schedule, microbatches, exclude, candidates)
+        return tuple(CurvePoint(peak=round(p), recompute_ns=round(c), blocks=b) for p, c, b in points)
     line = timeline(profile, kind, exclude, save_ops)
     model = linear_model(line)
     points, _ = _curve_of(model, _candidates(line, candidates))
@@ -310,8 +348,8 @@ def curve(profile: PlanProfile, *, kind: str = "nonreentrant", exclude: Iterable
 
 
 def recommend(profile: PlanProfile, budget: int, *, kind: str = "nonreentrant", exclude: Iterable[str] = (),
-              save_ops_options: Sequence[Iterable[str]] = ((),), candidates: Iterable[str] | None = None
-              ) -> Recommendation:
+              save_ops_options: Sequence[Iterable[str]] = ((),), candidates: Iterable[str] | None = None,
+              schedule: str | None = None, microbatches: int | None = None) -> Recommendation:
     """The policy with the least recompute whose predicted peak is at most `budget` bytes.
 
     Args:
@@ -322,6 +360,9 @@ def recommend(profile: PlanProfile, budget: int, *, kind: str = "nonreentrant", 
         save_ops_options: sets of op names a checkpointed block keeps (torch's selective
             checkpointing) to choose among; the default considers none.
         candidates: the blocks the plan may checkpoint (default: all the profile's blocks).
+        schedule, microbatches: for a pipeline profile, the schedule ("GPipe", "1F1B", "ZB-H1") and the
+            micro-batch count (default: the profile's) to plan under; the pipeline's checkpoints are
+            split reentrant (NOTE [ Plan pipelines ] in ckpt_viz/plan/model.py), so `kind` is that.
 
     Returns:
         The `Recommendation`: the chosen policy's prediction (None when nothing meets the budget),
@@ -330,6 +371,8 @@ def recommend(profile: PlanProfile, budget: int, *, kind: str = "nonreentrant", 
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0:
         raise CkptVizError(f"{_API}: budget must be a positive number of bytes, got {budget!r}.\n"
                            "Tip: pass e.g. budget=1.5 * 2**30, or '1.5GiB' to ckpt_viz.plan.parse_bytes.")
+    if schedule is not None:
+        return _recommend_pipeline(profile, budget, schedule, microbatches, frozenset(exclude), candidates)
     best: tuple[float, float, np.ndarray, frozenset[str]] | None = None
     all_points: list[CurvePoint] = []
     method = ""
@@ -363,6 +406,24 @@ def recommend(profile: PlanProfile, budget: int, *, kind: str = "nonreentrant", 
     words = describe(chosen, budget=budget, baseline=none, floor=int(floor))
     return Recommendation(budget=int(budget), prediction=chosen, curve=tuple(front), method=method, words=words,
                           floor=int(floor), baseline=none)
+
+
+def _recommend_pipeline(profile: PlanProfile, budget: int, schedule: str, microbatches: int | None,
+                        exclude: frozenset[str], candidates: Iterable[str] | None) -> Recommendation:
+    points, n = _pipeline_points(profile, schedule, microbatches, exclude, candidates)
+    front = tuple(CurvePoint(peak=round(p), recompute_ns=round(c), blocks=b) for p, c, b in points)
+
+    def policy(blocks: frozenset[str]) -> Policy:
+        return Policy(blocks, "split-reentrant", exclude, schedule=schedule, microbatches=microbatches)
+
+    meets = [p for p in front if p.peak <= budget]
+    chosen = predict(profile, policy(min(meets, key=lambda p: (p.recompute_ns, p.peak)).blocks)) if meets else None
+    none = predict(profile, policy(frozenset()))
+    floor = front[0].peak if front else none.peak
+    words = describe(chosen, budget=budget, baseline=none, floor=int(floor))
+    return Recommendation(budget=int(budget), prediction=chosen, curve=front,
+                          method=f"exhaustive over 2^{n} subsets under {schedule}", words=words, floor=int(floor),
+                          baseline=none)
 
 
 # ---------------------------------------------------------------- words
@@ -437,6 +498,8 @@ def describe(prediction: Prediction | None, *, budget: int | None = None, baseli
         what += f", exclude {block_ranges(p.exclude, _natural(tuple(p.exclude)))}"
     if p.blocks:
         what += f" ({p.kind})"
+    if p.schedule is not None:
+        what += f" under {p.schedule}" + (f" with {p.microbatches} micro-batches" if p.microbatches else "")
     step = prediction.step_ns - prediction.recompute_ns
     extra = f", +{100 * prediction.recompute_ns / step:.0f} % step time" if step > 0 else ""
     base = f" (without checkpointing {format_bytes(baseline.peak)})" if baseline is not None else ""

@@ -23,7 +23,7 @@ def _names(policy: Policy) -> list[str]:
     return out
 
 
-def _natural(name: str) -> tuple:
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
     import re
 
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name))

@@ -1,10 +1,12 @@
-"""Memory by category at every event: the dispatch tracker, and `open_probe` that picks a probe.
+"""Memory by category at every event: the dispatch tracker, and the rules every memory probe counts by.
 
 Owns `MemoryProbe`: a TorchDispatchMode that sees every storage an op allocates
 (with a finalizer for when it is freed), a global saved-tensor hook that sees what
 autograd keeps, and the runtime's hints (`ckpt_viz.runtime.memtags`). It costs a
-Python call per op; `open_probe` in probe/allocations.py gives the allocation-stream
-probe (which counts the same by the rules below, tested against this one) where it
+Python call per op and reads only when asked (`sample()`), so it misses what is
+allocated and freed between two readings; `open_probe` in probe/allocations.py gives
+the allocation-stream probe (which counts the same by the rules below, tested
+against this one, and also keeps the high-water marks between readings) where it
 can run, else this one. Never the UI.
 
 NOTE [ Memory categories ]
@@ -12,20 +14,33 @@ NOTE [ Memory categories ]
      up to the live bytes the probe saw (the tests check that against a separate
      ground-truth tracker).
   2. A storage's category is the first that applies, in this order:
-     parameters (storage of a known nn.Parameter), gradients (storage of a known
-     parameter's .grad, read at sample time), then the strongest *live hold* on it:
-     checkpoint_inputs > excluded_outputs > replay_activations > activations,
-     and otherwise other (model inputs and outputs, the loss, grads in flight).
+     parameters (storage of a known nn.Parameter, or of a buffer of a module run in
+     the block), gradients (storage of a known parameter's .grad, read at sample
+     time), then the strongest *live hold* on it: optimizer_state > checkpoint_inputs
+     > excluded_outputs > replay_activations > activations > outputs > inputs
+     (`RANK` in probe/ledger.py), then the category of the pass that allocated it
+     (rule 3), and otherwise other.
   3. Holds have lifetimes. The global saved-tensor hook wraps every tensor autograd
      saves in a small object that lives exactly as long as the saved variable, so
      a hold ends when the graph frees it; the category is the one open in
      `memtags.category(...)` at pack time, else "activations". The runtime adds
      holds tied to its own objects (`memtags.hold(owner, tensor, category)`): a
-     non-reentrant frame's recomputed tensors, excluded-region outputs.
+     non-reentrant frame's recomputed tensors, excluded-region outputs. The sampling
+     points (probe/points.py) add holds for the life of the storage (owner None): a
+     top-level module's inputs and outputs, an optimizer's state, `record(tensors=)`.
+     A storage allocated while the block ran and held by nothing counts for the pass
+     open when it was allocated (`PHASE_CATEGORIES`, set by the points): in a backward
+     "gradients" (the gradients flowing between the ops, before any lands in a .grad),
+     in an optimizer's step "optimizer_step" (the step's working tensors), elsewhere
+     "other" (in a forward, the working tensors no backward keeps; between the passes,
+     tensors your own code makes, e.g. a loss computed outside the model).
+     A storage from before the block that nothing holds is "other", and so is a cache
+     the runtime reads (`memtags.seen`), whenever it was made.
   4. In a pipeline, bytes count for the stage of their strongest live hold (the
      stage tag open when the hold began), else the stage that allocated them.
   5. Storages that existed before the probe started are registered from the
-     parameters and tensors given to it, and from any tensor an op reads.
+     parameters, buffers and tensors given to it, the modules and optimizers the
+     sampling points meet, and from any tensor an op reads.
   6. Probes stack. A thread pushes one saved-tensor hook pair for all its probes
      (a `_Layer`) when its first probe opens, and one TorchDispatchMode when its
      first tracker (this class, not an `AllocationProbe`) joins, and pops them when
@@ -47,6 +62,12 @@ NOTE [ Memory categories ]
      different seq, different memory, handle ids shifted in the next run). So the
      first probe imports torch._dynamo on a short-lived thread whose stack holds
      nothing of the user's.
+  9. `torch.get_rng_state()` allocates a state tensor outside any op (torch's
+     checkpoint and ours keep one per region for the replay), which no dispatch mode
+     sees; while a tracker runs, that function (`torch.get_rng_state` and
+     `torch.random.get_rng_state`, which torch's checkpoint, `fork_rng` and the
+     runtime call) registers its result as an op's output on the tracker's thread. A
+     reference taken before the probe opened is not wrapped.
 """
 from __future__ import annotations
 
@@ -62,22 +83,23 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ckpt_viz import bus
+from ckpt_viz.probe.ledger import PHASE_CATEGORIES
+from ckpt_viz.probe.ledger import RANK as _RANK
 from ckpt_viz.runtime import memtags
 from ckpt_viz.runtime.memtags import CATEGORIES
 
 __all__ = ["CATEGORIES", "MemoryProbe", "join_layer", "leave_layer"]
 
-_RANK = {"checkpoint_inputs": 4, "excluded_outputs": 3, "replay_activations": 2, "activations": 1}
-
 
 class _Storage:
-    __slots__ = ("holds", "nbytes", "ref", "stage")
+    __slots__ = ("default", "holds", "nbytes", "ref", "stage")
 
-    def __init__(self, nbytes: int, stage: Any) -> None:
+    def __init__(self, nbytes: int, stage: Any, default: str) -> None:
         self.ref: Any = None  # the weakref whose callback forgets this record
         self.nbytes = nbytes
         self.holds: dict[tuple[str, Any], int] = {}  # (category, stage) -> live holds
         self.stage = stage
+        self.default = default  # the category when nothing holds it (NOTE rule 3)
 
     def strongest(self) -> tuple[str, Any] | None:
         best = None
@@ -109,13 +131,18 @@ class _Tracker(TorchDispatchMode):
         for value in _tensors_of(args, kwargs):
             seen(value)
         out = func(*args, **(kwargs or {}))
+        made = probes[0].made if len(probes) == 1 else self._made_by_all
         for value in _tensors_of(out, None):
-            seen(value)
+            made(value)
         return out
 
     def _seen_by_all(self, tensor: torch.Tensor) -> None:
         for probe in self.layer.trackers:
             probe.seen(tensor)
+
+    def _made_by_all(self, tensor: torch.Tensor) -> None:
+        for probe in self.layer.trackers:
+            probe.made(tensor)
 
 
 _Tensor = torch.Tensor
@@ -230,13 +257,18 @@ class MemoryProbe:
 
     deferred = False  # read with `sample()` after each event (an AllocationProbe is read with mark/finish)
 
-    def __init__(self, params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, params: Iterable[torch.Tensor] = (), tensors: Iterable[torch.Tensor] = (),
+                 buffers: Iterable[torch.Tensor] = ()) -> None:
         self._live: dict[int, _Storage] = {}
         self._lock = threading.RLock()
         self._params: list[torch.Tensor] = []
         self._param_ids: set[int] = set()
         self._param_storages: set[int] = set()
-        self._pending = (list(params), list(tensors))
+        self._modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # those add_module counted
+        self._pending = (list(params), list(tensors), list(buffers))
+        self.phase: str | None = None
+        self._default = "other"  # PHASE_CATEGORIES[self.phase]
+        self.thread: int | None = None  # the thread that opened it
         self._layer: _Layer | None = None
         self._detach_holder: Any = None
         me = weakref.ref(self)  # the callbacks below must not keep the probe alive (NOTE rule 7)
@@ -269,24 +301,28 @@ class MemoryProbe:
             self.add_param(tensor)
         return record
 
-    def seen(self, tensor: torch.Tensor) -> None:
+    def seen(self, tensor: torch.Tensor, default: str = "other") -> None:
         """`register` for the dispatch mode, which needs no record back (every op's tensors come here)."""
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
         if id(storage) not in self._live:
-            self._new(storage)
+            self._new(storage, default)
         if tensor.__class__ is not _Tensor and isinstance(tensor, torch.nn.Parameter) \
                 and id(tensor) not in self._param_ids:
             self.add_param(tensor)
 
-    def _new(self, storage: Any) -> _Storage:
+    def made(self, tensor: torch.Tensor) -> None:
+        """An op's output: a storage first seen here was allocated now, in the pass open now (NOTE rule 3)."""
+        self.seen(tensor, self._default)
+
+    def _new(self, storage: Any, default: str = "other") -> _Storage:
         key = id(storage)
         with self._lock:
             record = self._live.get(key)
             if record is None:
-                record = _Storage(storage.nbytes(), bus.current_tags().get("stage"))
+                record = _Storage(storage.nbytes(), bus.current_tags().get("stage"), default)
                 ref = _StorageRef(storage, self._storage_freed)
                 ref.key = key
                 record.ref = ref
@@ -307,6 +343,30 @@ class MemoryProbe:
         self._params.append(param)
         self._param_storages.add(id(param.untyped_storage()))
         self.register(param)
+        if param.grad is not None:
+            self.register(param.grad)
+
+    def add_buffer(self, buffer: torch.Tensor) -> None:
+        """Count `buffer`'s storage as "parameters" (model state that is not trained)."""
+        if id(buffer) not in self._param_ids:
+            self._param_ids.add(id(buffer))
+            self._param_storages.add(id(buffer.untyped_storage()))
+            self.register(buffer)
+
+    def add_module(self, module: torch.nn.Module) -> None:
+        """Count `module`'s parameters and buffers as "parameters" (once per module)."""
+        if module in self._modules:
+            return
+        self._modules.add(module)
+        for p in module.parameters():
+            self.add_param(p)
+        for b in module.buffers():
+            self.add_buffer(b)
+
+    def set_phase(self, phase: str | None) -> None:
+        """What ops allocate from now on (and nothing holds) counts for this pass (NOTE rule 3)."""
+        self.phase = phase
+        self._default = PHASE_CATEGORIES[phase]
 
     def assign_stage(self, tensors: Iterable[torch.Tensor], stage: Any) -> None:
         """Count these tensors' storages (e.g. a pipeline stage's parameters) under `stage` in `by_stage`."""
@@ -316,15 +376,19 @@ class MemoryProbe:
                 record.stage = stage
 
     def hold(self, owner: Any, tensor: torch.Tensor, category: str) -> None:
-        """Count `tensor`'s storage as held for `category` until `owner` is garbage-collected."""
+        """Count `tensor`'s storage as held for `category` until `owner` is garbage-collected (owner None: for
+        as long as the storage lives)."""
         record = self.register(tensor)
         if record is None or category not in _RANK:
+            if record is not None and category == "other":  # a cache the runtime reads (memtags.seen)
+                record.default = "other"
             return
         key = (category, bus.current_tags().get("stage"))
-        ref = weakref.ref(owner, self._owner_gone)
         with self._lock:
             record.holds[key] = record.holds.get(key, 0) + 1
-            self._holds[id(ref)] = (ref, record, key)
+            if owner is not None:
+                ref = weakref.ref(owner, self._owner_gone)
+                self._holds[id(ref)] = (ref, record, key)
 
     def _release(self, ref: weakref.ref) -> None:
         with self._lock:
@@ -351,10 +415,10 @@ class MemoryProbe:
             elif key in grads:
                 category = "gradients"
             elif not record.holds:
-                category = "other"
+                category = record.default
             else:
                 best = record.strongest()
-                category = "other" if best is None else best[0]
+                category = record.default if best is None else best[0]
                 if best is not None and best[1] is not None:
                     stage = best[1]
             totals[category] += record.nbytes
@@ -372,19 +436,22 @@ class MemoryProbe:
     # ------------------------------------------------------------ lifetime
 
     def __enter__(self) -> MemoryProbe:
-        params, tensors = self._pending
+        params, tensors, buffers = self._pending
         for p in params:
             self.add_param(p)
-            if p.grad is not None:
-                self.register(p.grad)
+        for b in buffers:
+            self.add_buffer(b)
         for t in tensors:
-            self.register(t)
+            self.hold(None, t, "inputs")
         self._layer = join_layer(self, tracker=True)
         self._detach_holder = memtags.install(self.hold)
+        self.thread = threading.get_ident()
+        _watch_rng(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         """Stop counting and drop every record, so nothing keeps the probe alive (NOTE rule 7)."""
+        _unwatch_rng(self)
         layer, self._layer = self._layer, None
         if self._detach_holder is not None:
             self._detach_holder()
@@ -397,4 +464,41 @@ class MemoryProbe:
                 self._live.clear()
                 self._holds.clear()
             self._params.clear()
-            self._pending = ([], [])
+            self._pending = ([], [], [])
+
+
+_RNG: dict[str, Any] = {"probes": ()}  # the original get_rng_state functions while probes watch them
+
+
+def _watch_rng(probe: MemoryProbe) -> None:
+    """NOTE rule 9: while `probe` runs, `torch.get_rng_state()` on its thread registers its result."""
+    _RNG["probes"] = (*_RNG["probes"], weakref.ref(probe))
+    if "original" in _RNG:  # a nested probe: the wrapper is in place and now reaches it too
+        return
+    original = torch.random.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:
+        state = original()
+        for ref in _RNG["probes"]:
+            owner = ref()
+            if owner is not None and owner.thread == threading.get_ident():
+                owner.made(state)
+        return state
+
+    get_rng_state.__wrapped__ = original  # type: ignore[attr-defined]
+    _RNG["original"] = original
+    _RNG["ours"] = get_rng_state
+    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
+
+
+def _unwatch_rng(probe: MemoryProbe) -> None:
+    _RNG["probes"] = tuple(ref for ref in _RNG["probes"] if ref() is not None and ref() is not probe)
+    if _RNG["probes"]:
+        return
+    original, ours = _RNG.pop("original", None), _RNG.pop("ours", None)
+    if original is None:
+        return
+    if torch.random.get_rng_state is ours:
+        torch.random.get_rng_state = original
+    if torch.get_rng_state is ours:
+        torch.get_rng_state = original

@@ -15,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import altair as alt
 
 __all__ = ["collecting", "rows_data"]
 
-_SINK: ContextVar[dict[str, list[dict]] | None] = ContextVar("chart_datasets", default=None)
+_SINK: ContextVar[dict[str, list[dict[str, Any]]] | None] = ContextVar("chart_datasets", default=None)
 
 
 @contextmanager
-def collecting(datasets: dict[str, list[dict]] | None) -> Iterator[None]:
+def collecting(datasets: dict[str, list[dict[str, Any]]] | None) -> Iterator[None]:
     """While the chart is built, `rows_data` puts rows in `datasets` (None: inline, as altair does)."""
     token = _SINK.set(datasets)
     try:
@@ -33,7 +34,7 @@ def collecting(datasets: dict[str, list[dict]] | None) -> Iterator[None]:
         _SINK.reset(token)
 
 
-def rows_data(rows: list[dict]) -> alt.Data | alt.NamedData:
+def rows_data(rows: list[dict[str, Any]]) -> alt.Data | alt.NamedData:
     """A layer's data: its rows inline, or by name in the `datasets` being collected."""
     sink = _SINK.get()
     if sink is None:

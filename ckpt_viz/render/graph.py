@@ -102,7 +102,8 @@ TORCHVIZ_LEGEND = "\n".join([
 
 def dot_text(*lines: Any) -> str:
     """Lines of data as one graphviz label or tooltip: each drawn as its characters (NOTE [ Text in a graph ])."""
-    return graphviz.nohtml("\\n".join(graphviz.escape(str(line)) for line in lines))
+    text: str = graphviz.nohtml("\\n".join(graphviz.escape(str(line)) for line in lines))  # (untyped) a str subclass
+    return text
 
 
 def _shape_text(shape: Any) -> str:
@@ -262,8 +263,9 @@ def _region(graph: graphviz.Digraph, h: int, name: str | None, nodes: list[Graph
             cluster.attr(fontcolor=colour)
         excluded: dict[int, list[int]] = {}
         for i in members:
-            if nodes[i].exclude is not None:
-                excluded.setdefault(nodes[i].exclude, []).append(i)
+            exclude = nodes[i].exclude
+            if exclude is not None:
+                excluded.setdefault(exclude, []).append(i)
             else:
                 _node(cluster, i, nodes[i])
         for x, inner in excluded.items():  # an excluded region inside the checkpoint: kept, not recomputed
@@ -331,7 +333,7 @@ def _collapse(nodes: list[GraphNode], edges: list[tuple[int, int]], regions: dic
         if owner in regions and (n.kind in ("leaf", "trigger") or _numel(n.shape) == 0):
             satellites[owner].append(i)
 
-    def signature(h: int) -> tuple:
+    def signature(h: int) -> tuple[Any, ...]:
         items = sorted((nodes[i].kind, _DIGITS.sub("#", nodes[i].name), tuple(nodes[i].shape or ()))
                        for i in [*regions[h], *satellites[h]])
         return (states.get(h), internal[h], tuple(items))
@@ -373,9 +375,9 @@ def render_torchviz_view(trace: Trace, seq: int | None = None, *, snapshot: Grap
     See TORCHVIZ_LEGEND for its colours.
     """
     snapshot = snapshot if snapshot is not None else snapshot_before(trace, seq if seq is not None else _end(trace))
-    drawing = snapshot.torchviz if snapshot is not None else None
-    if drawing is None:
+    if snapshot is None or snapshot.torchviz is None:
         return None
+    drawing = snapshot.torchviz
     graph = graphviz.Digraph("torchviz", graph_attr={"rankdir": rankdir, "label": dot_text(snapshot.label),
                                                      "labelloc": "t", "fontname": "Helvetica", "fontsize": "12"},
                              node_attr={"style": "filled", "shape": "box", "align": "left", "fontsize": "10",

@@ -63,7 +63,7 @@ def _shown(facts: MemoryFacts) -> list[str]:
     return [c for c in facts.categories if any(facts.by_category[c])]
 
 
-def memory_series(trace: Trace, *, max_points: int = 2000, categories: list[str] | None = None) -> list[dict]:
+def memory_series(trace: Trace, *, max_points: int = 2000, categories: list[str] | None = None) -> list[dict[str, Any]]:
     """Rows {seq, category, bytes} for a stacked chart, at most `max_points` samples (NOTE [ Samples drawn ]).
 
     Args:
@@ -104,9 +104,9 @@ def bytes_y(field: str, top: float, *, stack: Any = None, title: str | None = "m
     its title names the unit ("memory (KiB)"), or is left out with `title=None`; `extent`: the labels' width in
     pixels (to line its plot up with another chart's)."""
     unit, size = _unit(top)
+    extents: dict[str, Any] = {"minExtent": extent, "maxExtent": extent} if extent is not None else {}
     axis = alt.Axis(labelExpr=f"format(datum.value / {size}, '~g') + ' {unit}'",
-                    title=f"{title} ({unit})" if title else None, values=_ticks(top, size),
-                    **({"minExtent": extent, "maxExtent": extent} if extent is not None else {}))
+                    title=f"{title} ({unit})" if title else None, values=_ticks(top, size), **extents)
     return alt.Y(f"{field}:Q", stack=stack, axis=axis)
 
 
@@ -133,7 +133,8 @@ def _part_at(trace: Trace, seq: int) -> str:
     return part_word(part) if part is not None else ""
 
 
-def memory_cursor(traces: dict[str, Trace], cursor: int | None, cursor_in: str | Trace | None = None) -> list[dict]:
+def memory_cursor(traces: dict[str, Trace], cursor: int | None,
+                  cursor_in: str | Trace | None = None) -> list[dict[str, Any]]:
     """The cursor rule's rows in `render_memory(traces, ...)`: [{"seq": cursor}] for one trace, [{"x": ...}] (its
     point on the axis of parts) for several; [] when there is no cursor (or no event to place it at)."""
     if cursor is None:
@@ -149,7 +150,7 @@ def memory_cursor(traces: dict[str, Trace], cursor: int | None, cursor_in: str |
 
 def render_memory(traces: dict[str, Trace], *, cursor: int | None = None, max_points: int = 2000,
                   cursor_in: str | Trace | None = None, cursor_data: str | None = None,
-                  datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
+                  datasets: dict[str, list[dict[str, Any]]] | None = None) -> alt.LayerChart:
     """Bytes over the run: stacked by category for one trace, total per trace to compare several.
 
     Args:
@@ -264,8 +265,8 @@ def _hover_columns(trace: Trace, picked: list[int], categories: list[str], x_sca
 
 def _compare(traces: dict[str, Trace], rule: alt.Chart | None, max_points: int) -> alt.LayerChart:
     points = min(max_points, _ALTAIR_MAX_ROWS // len(traces) - 2)
-    rows: list[dict] = []
-    peaks: list[dict] = []
+    rows: list[dict[str, Any]] = []
+    peaks: list[dict[str, Any]] = []
     for name, trace in traces.items():
         facts, step = memory(trace), passes(trace)
         for i in drawn_samples(facts.totals, points):
@@ -317,7 +318,8 @@ def _layered(layers: list[Any], title: alt.TitleParams) -> alt.LayerChart:
 def render_peaks(traces: dict[str, Trace]) -> alt.Chart:
     """One horizontal bar per trace: its bytes by category at its peak, stacked in the palette's colours
     (parameters first), each segment's tooltip in KiB/MiB."""
-    rows, present = [], []
+    rows: list[dict[str, Any]] = []
+    present: list[str] = []
     for name, trace in traces.items():
         peak = memory(trace).peak
         if peak is None:
@@ -352,7 +354,7 @@ def _in_order(categories: list[str]) -> list[str]:
 
 
 def render_rank_memory(trace: Trace, *, cursor: int | None = None, max_points: int = 400,
-                       datasets: dict[str, list[dict]] | None = None) -> alt.ConcatChart:
+                       datasets: dict[str, list[dict[str, Any]]] | None = None) -> alt.ConcatChart:
     """Small multiples: each rank's bytes by category over the event seq (`analysis.memory.rank_memory`), stacked as
     in `render_memory`, one panel per rank on one x and one y scale (so the panels compare), each titled with the
     rank's peak; the cursor marked in every panel."""
@@ -366,8 +368,7 @@ def render_rank_memory(trace: Trace, *, cursor: int | None = None, max_points: i
         events = trace.events
         lo, hi = (events[0].seq, events[-1].seq) if events else (0, 1)
         x = alt.X("seq:Q", title="event seq", scale=alt.Scale(domain=[lo, max(hi, lo + 1)], nice=False, zero=False))
-        y = bytes_y("bytes", top, stack="zero")
-        y.scale = alt.Scale(domain=[0, max(top, 1)])
+        y = bytes_y("bytes", top, stack="zero").scale(domain=[0, max(top, 1)])
         panels = []
         for rank, f in facts.items():
             order = {c: i for i, c in enumerate(categories)}

@@ -41,13 +41,15 @@ __all__ = [
 CATEGORY_COLOURS: dict[str, str] = {
     "parameters": "#bab0ac",          # neutral grey: the base band, constant through a step
     "gradients": "#b07aa1",           # mauve
-    "optimizer_state": "#ff9da7",     # pink: kept per parameter by the optimizer
+    "optimizer_state": "#79706e",     # dark warm grey: kept from step to step, like the parameters
+    "optimizer_step": "#d7b5a6",      # light tan: the step's working tensors, gone when it returns
     "activations": "#e15759",         # red: what autograd saves for backward
     "checkpoint_inputs": "#edc948",   # yellow: what a checkpoint keeps (as the "recorded" state)
     "replay_activations": "#59a14f",  # green: rebuilt by a replay (as the replay states)
     "excluded_outputs": "#9c755f",    # brown: kept outputs of excluded (not recomputed) ops
-    "inputs": "#4e79a7",              # dark blue: the model's inputs and targets
-    "other": "#76b7b2",               # teal: outputs, the loss, grads in flight
+    "inputs": "#499894",              # dark teal: what goes into the model
+    "outputs": "#ff9da7",             # pink: what comes out of it
+    "other": "#76b7b2",               # teal: your code's own tensors between the passes, caches
 }
 
 # -- handle states: one per `ckpt_viz.vocabulary.STATES`, in its order

@@ -25,6 +25,7 @@ Layout:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from ckpt_viz.events import Event
@@ -56,12 +57,12 @@ class _Tracks:
     def __init__(self, origin: int) -> None:
         self.origin = origin
         self.events: list[dict[str, Any]] = []
-        self.stacks: dict[tuple[int, int], list[tuple[Any, str, int, dict]]] = {}
+        self.stacks: dict[tuple[int, int], list[tuple[Any, str, int, dict[str, Any]]]] = {}
 
-    def open(self, pid: int, tid: int, key: Any, name: str, t_ns: int, args: dict) -> None:
+    def open(self, pid: int, tid: int, key: Any, name: str, t_ns: int, args: dict[str, Any]) -> None:
         self.stacks.setdefault((pid, tid), []).append((key, name, t_ns, args))
 
-    def close(self, pid: int, tid: int, key: Any, t_ns: int, extra: dict | None = None) -> bool:
+    def close(self, pid: int, tid: int, key: Any, t_ns: int, extra: dict[str, Any] | None = None) -> bool:
         stack = self.stacks.get((pid, tid), [])
         if not any(k == key for k, *_ in stack):
             return False
@@ -94,17 +95,17 @@ _ACTION_NAMES = {"I": "I", "W": "W", "DX": "DX", "DW": "DW", "F": "F", "B": "B",
 _ACTION_PASS = {"I": " (DX)", "W": " (DW)", "META": " (metadata inference)"}
 
 
-def _action_key(event: Event) -> tuple | None:
+def _action_key(event: Event) -> tuple[Any, ...] | None:
     tags = event.tags or {}
     if tags.get("action") not in _ACTION_NAMES or not isinstance(tags.get("stage"), int):
         return None
     return (tags.get("rank"), tags.get("step"), tags["stage"], tags.get("microbatch"), tags["action"])
 
 
-def _action_spans(events: list[Event]) -> tuple[dict[int, tuple], dict[int, tuple]]:
+def _action_spans(events: list[Event]) -> tuple[dict[int, tuple[Any, ...]], dict[int, tuple[Any, ...]]]:
     """(first seq -> action key, last seq -> action key) of every schedule action of a ranked trace."""
-    first: dict[tuple, int] = {}
-    last: dict[tuple, int] = {}
+    first: dict[tuple[Any, ...], int] = {}
+    last: dict[tuple[Any, ...], int] = {}
     for e in events:
         key = _action_key(e)
         if key is not None:
@@ -120,14 +121,15 @@ def render_perfetto(trace: Trace) -> dict[str, Any]:
         return {"traceEvents": [], "displayTimeUnit": "ms", "metadata": dict(meta or {})}
     origin = events[0].t_ns
     tracks = _Tracks(origin)
-    visits: dict[int, tuple[int, int]] = {}  # handle -> (pid, tid) of its open engine visit
-    replays: dict[int, tuple[int, int]] = {}  # handle -> where its open replay slice is
-    releases: dict[int, int] = {}
+    visits: dict[int | None, tuple[int, int]] = {}  # handle -> (pid, tid) of its open engine visit
+    replays: dict[int | None, tuple[int, int]] = {}  # handle -> where its open replay slice is
+    releases: dict[int | None, int] = {}
     flows: list[dict[str, Any]] = []
     stages: set[int] = set()
     ranked = any("rank" in (e.tags or {}) for e in events)
     lanes: dict[int, set[int]] = {}  # ranked: rank -> its stages
     opens, closes = _action_spans(events) if ranked else ({}, {})
+    tid_of: Callable[[str], int]  # a phase track's tid
     for e in events:
         if ranked:  # one process per rank, one track per stage: every slice of a stage on it (nested)
             pid = int(e.tags.get("rank") or 0)
@@ -197,9 +199,9 @@ def render_perfetto(trace: Trace) -> dict[str, Any]:
             out.append({"ph": "C", "name": f"memory: {category}", "pid": pid, "tid": 0, "ts": ts,
                         "args": {"bytes": nbytes}})
         for stage, cats in (getattr(sample, "by_stage", None) or {}).items():
-            where = pid if pid != _MEMORY_PID else (int(stage) if str(stage).isdigit() else _MEMORY_PID)
-            pooled = pooled or where == _MEMORY_PID
-            out.append({"ph": "C", "name": f"memory of stage {stage}", "pid": where, "tid": 0, "ts": ts,
+            stage_pid = pid if pid != _MEMORY_PID else (int(stage) if str(stage).isdigit() else _MEMORY_PID)
+            pooled = pooled or stage_pid == _MEMORY_PID
+            out.append({"ph": "C", "name": f"memory of stage {stage}", "pid": stage_pid, "tid": 0, "ts": ts,
                         "args": {"bytes": sum(cats.values())}})
     if ranked:
         names = [{"ph": "M", "name": "process_name", "pid": r, "tid": 0,

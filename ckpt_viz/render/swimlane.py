@@ -34,6 +34,8 @@ __all__ = ["LIFECYCLE_COLOURS", "lane_label", "lifecycle_intervals", "render_lif
 
 LIFECYCLE_COLOURS: dict[str, str] = palette.STATE_COLOURS  # one per `STATES`, in its order (the one palette)
 _LEGEND_WORDS = "{" + ", ".join(f"'{k}': '{v}'" for k, v in STATE_WORDS.items()) + "}"
+# (sort key, interval rows, refusal rows) of one handle's lane
+_Lane = tuple[tuple[Any, ...], list[dict[str, Any]], list[dict[str, Any]]]
 
 
 def lane_label(handle_id: int, tags: Any, name: str | None = None) -> str:
@@ -91,7 +93,7 @@ def lifecycle_intervals(trace: Trace, *, start: int | None = None, stop: int | N
     return intervals + points
 
 
-def _lanes(trace: Trace, handles: list[int]) -> list[tuple[tuple, list[dict[str, Any]], list[dict[str, Any]]]]:
+def _lanes(trace: Trace, handles: list[int]) -> list[_Lane]:
     """(sort key, interval rows, refusal rows) of each handle, in lane order; each lane built once per trace."""
     life = lifecycle(trace)
     created, names = created_events(trace), handle_labels(trace)
@@ -104,7 +106,7 @@ def _lanes(trace: Trace, handles: list[int]) -> list[tuple[tuple, list[dict[str,
     return sorted(lanes, key=lambda lane: lane[0])
 
 
-def _lane(life: Lifecycle, h: int, tags: Any, end: int, order: int, name: str | None) -> tuple:
+def _lane(life: Lifecycle, h: int, tags: Any, end: int, order: int, name: str | None) -> _Lane:
     """One handle's lane. See NOTE [ Lanes ]."""
     stage, mb = tags.get("stage"), tags.get("microbatch")
     key = (stage is None, stage if isinstance(stage, int) else 0, mb is None, mb if isinstance(mb, int) else 0, order)
@@ -126,7 +128,7 @@ def _lane(life: Lifecycle, h: int, tags: Any, end: int, order: int, name: str | 
 
 def render_lifecycles(trace: Trace, *, cursor: int | None = None, start: int | None = None,
                       stop: int | None = None, handles: Collection[int] | None = None,
-                      datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
+                      datasets: dict[str, list[dict[str, Any]]] | None = None) -> alt.LayerChart:
     """One lane per handle (grouped by stage and micro-batch), bars by state, dark red crosses at refused replays.
 
     Args:

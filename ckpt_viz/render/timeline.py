@@ -88,7 +88,7 @@ def default_x(trace: Trace) -> str:
 
 
 def render_timeline(trace: Trace, *, cursor: int | None = None, x: str | None = None, title: str | None = None,
-                    datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
+                    datasets: dict[str, list[dict[str, Any]]] | None = None) -> alt.LayerChart:
     """Stage (or rank and stage) by x, one box per action coloured by kind, replays nested, the cursor marked.
 
     Args:
@@ -151,7 +151,7 @@ def _timeline(trace: Trace, cursor: int | None, x: str, title: str | None) -> al
                                          title=title or str(trace.meta.get("schedule") or "schedule"))
 
 
-def _lane_key(lane: str) -> tuple:
+def _lane_key(lane: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", lane))
 
 
@@ -179,7 +179,7 @@ def stage_memory_rows(trace: Trace, x: str = "time") -> list[dict[str, Any]]:
 
 
 def render_stage_memory(trace: Trace, *, cursor: int | None = None, x: str | None = None,
-                        datasets: dict[str, list[dict]] | None = None) -> alt.LayerChart:
+                        datasets: dict[str, list[dict[str, Any]]] | None = None) -> alt.LayerChart:
     """Bytes held per pipeline stage over the run (a line per stage) on the timeline's x (NOTE [ Timeline x ]),
     in KiB/MiB, the cursor marked."""
     x = x or default_x(trace)
@@ -204,7 +204,8 @@ def _stage_memory(trace: Trace, rows: list[dict[str, Any]], cursor: int | None, 
     return alt.layer(*layers).properties(height=220, title="memory held per stage")
 
 
-def render_bubbles(trace: Trace, *, step: Any = None, datasets: dict[str, list[dict]] | None = None) -> alt.Chart:
+def render_bubbles(trace: Trace, *, step: Any = None,
+                   datasets: dict[str, list[dict[str, Any]]] | None = None) -> alt.Chart:
     """One bar per rank and per stage over a step (`analysis.actions.bubbles`): its busy time, then its idle time
     (the bubble), labelled with the bubble's share. `step`: the step tag (default: the first recorded step)."""
     with collecting(datasets):

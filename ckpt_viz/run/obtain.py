@@ -36,6 +36,9 @@ class RunRequest:
         seed: the RNG seed of the run (and of the built-in model's weights).
         memory, graphs: record memory samples and graph snapshots.
         timeout_s, memory_mb: the sandbox's limits for a model file.
+        plan: also profile the model for the planner (`ckpt_viz.plan.profile_spec` on a fresh
+            model; a pipeline: one of its micro-batches) and attach the profile to the trace
+            (`meta["plan_profile"]`); a model file's is made in its sandboxed child.
     """
 
     source: str
@@ -48,6 +51,7 @@ class RunRequest:
     graphs: bool = True
     timeout_s: float = 60.0
     memory_mb: int = 4096
+    plan: bool = False
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -83,7 +87,7 @@ def obtain_trace(request: RunRequest, *, listen: Callable[[Any], None] | None = 
         from ckpt_viz.usermodel.sandbox import EXTRA_KEYS, record_in_subprocess
 
         extra = {"seed": request.seed, "microbatches": request.microbatches, "schedule": request.schedule,
-                 "memory": request.memory, "graphs": request.graphs}
+                 "memory": request.memory, "graphs": request.graphs, "plan_profile": request.plan}
         return record_in_subprocess(request.target, request.mode, timeout_s=request.timeout_s,
                                     memory_mb=request.memory_mb, extra={k: v for k, v in extra.items()
                                                                         if k in EXTRA_KEYS})
@@ -93,8 +97,15 @@ def obtain_trace(request: RunRequest, *, listen: Callable[[Any], None] | None = 
     spec = build_builtin(request.target, seed=request.seed)
     unsubscribe = bus.subscribe(listen) if listen is not None else None
     try:
-        return run_scenario(spec, request.mode, seed=request.seed, microbatches=request.microbatches,
-                            schedule=request.schedule, memory=request.memory, graphs=request.graphs)
+        trace = run_scenario(spec, request.mode, seed=request.seed, microbatches=request.microbatches,
+                             schedule=request.schedule, memory=request.memory, graphs=request.graphs)
     finally:
         if unsubscribe is not None:
             unsubscribe()
+    if request.plan:
+        from ckpt_viz.plan.profile import attach, profile_spec
+
+        microbatch = request.microbatches if request.mode == "pipeline" else None
+        attach(trace, profile_spec(build_builtin(request.target, seed=request.seed), seed=request.seed,
+                                   microbatch=microbatch))
+    return trace

@@ -94,7 +94,7 @@ def _done_marks(action: Action) -> tuple[tuple[str, int, int], ...]:
     return tuple((mark, action.stage, action.microbatch) for mark in marks)
 
 
-def _ready(action: Action, done: dict, stages: int, tick: int) -> bool:
+def _ready(action: Action, done: dict[tuple[str, int, int], int], stages: int, tick: int) -> bool:
     """Whether `action`'s dependencies finished by `tick`; `done` maps each mark to its finishing tick."""
     s, m = action.stage, action.microbatch
     if action.kind == "F":
@@ -111,7 +111,7 @@ def _zb_h1(stages: int, microbatches: int) -> dict[int, list[Action]]:
     main = {s: deque(_one_f_one_b(s, stages, microbatches, "DX")) for s in range(stages)}
     waiting_dw: dict[int, deque[int]] = {s: deque() for s in range(stages)}
     held = [0] * stages
-    done: dict = {}
+    done: dict[tuple[str, int, int], int] = {}
     plan: dict[int, list[Action]] = {s: [] for s in range(stages)}
     tick = 0
     while any(main[s] or waiting_dw[s] for s in range(stages)):
@@ -163,7 +163,7 @@ def simulate(schedule: dict[int, list[Action]]) -> list[tuple[Action, int]]:
     """
     stages = len(schedule)
     queues = {s: deque(schedule[s]) for s in range(stages)}
-    done: dict = {}
+    done: dict[tuple[str, int, int], int] = {}
     busy_until = [0] * stages
     order: list[tuple[Action, int]] = []
     tick = 0

@@ -4,9 +4,9 @@ Owns a flag, a category context and the probes' hold callbacks (per context). Th
 runtime calls these only while a probe is attached (`enabled`), so with no probe each
 hook point costs one flag check (spec D8). Imports nothing from torch; never the UI.
 
-Categories (the memory view's vocabulary):
-    parameters, gradients, activations, checkpoint_inputs, replay_activations,
-    excluded_outputs, other
+Categories (the memory view's vocabulary; `ckpt_viz.trace.MEMORY_CATEGORIES`, in its order):
+    parameters, gradients, optimizer_state, optimizer_step, activations, checkpoint_inputs,
+    replay_activations, excluded_outputs, inputs, outputs, other
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from ckpt_viz import bus
 
 __all__ = ["CATEGORIES", "NULL", "category", "current", "enabled", "hold", "install", "seen"]
 
-CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "activations", "checkpoint_inputs",
-                               "replay_activations", "excluded_outputs", "other")
+CATEGORIES: tuple[str, ...] = ("parameters", "gradients", "optimizer_state", "optimizer_step", "activations",
+                               "checkpoint_inputs", "replay_activations", "excluded_outputs", "inputs", "outputs",
+                               "other")
 
 enabled: bool = False  # a probe is attached somewhere in the process (the one cheap check at hook points)
 NULL = contextlib.nullcontext()  # reusable; for `with (category(x) if enabled else NULL):`
@@ -76,7 +77,8 @@ def current() -> str | None:
 
 
 def hold(owner: Any, tensor: Any, name: str) -> None:
-    """Say that `tensor`'s storage is held for `name` for as long as `owner` lives (for this context's probes)."""
+    """Say that `tensor`'s storage is held for `name` for as long as `owner` lives (for this context's probes);
+    owner None: for as long as the storage lives."""
     for holder in bus.context_value(_HOLDERS, ()):
         holder(owner, tensor, name)
 

@@ -186,9 +186,7 @@ class Trace:
 
     def handle_ids(self) -> list[int]:
         """Handle ids in order of first appearance."""
-        order = dict.fromkeys(e.handle_id for e in self.events)
-        order.pop(None, None)
-        return list(order)  # type: ignore[arg-type]
+        return list(dict.fromkeys(e.handle_id for e in self.events if e.handle_id is not None))
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)

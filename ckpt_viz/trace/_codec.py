@@ -28,7 +28,7 @@ import os
 import zlib
 from functools import lru_cache
 from os import PathLike
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT", "decode", "encode", "load", "package_version", "save"]
 
-FORMAT = "ckpt_viz.trace"
+FORMAT: Final = "ckpt_viz.trace"
 GZIP_LEVEL = 1  # traces are repetitive: level 1 is several times faster than 9 and nearly as small
 _WRONG_VALUE = ("Tip: a hand-built trace or a runtime hook put a value of the wrong type there; build events with "
                 "their types in ckpt_viz.events and keep meta plain JSON.")

@@ -106,7 +106,8 @@ def read_bounded(name: str, max_bytes: int, api: str) -> bytes:
         _check_kind(name, info, api)
         if info.st_size > max_bytes:
             too_big(api, name, f"the file holds {info.st_size:,} bytes, over the cap of {max_bytes:,} bytes")
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             chunk = os.read(fd, min(max(info.st_size, 1 << 16) + 1, max_bytes + 1 - size))
             if not chunk:

@@ -275,7 +275,10 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
             stage = reached(f"running mode {mode!r}")
             before = last_trace()
             try:
-                trace = run_scenario(spec, mode, **extra)
+                trace = run_scenario(spec, mode, **{k: v for k, v in extra.items() if k != "plan_profile"})
+                if extra.get("plan_profile"):  # the planner's profile of a fresh model (ckpt_viz.plan.profile)
+                    stage = reached(f"profiling the model for the plan (mode {mode!r})")
+                    _attach_profile(trace, load_model(request["load_ref"], seed=extra.get("seed", 0)), mode, extra)
             except TimeLimitReached:
                 _save_partial(workdir, i, before)
                 return 1
@@ -290,6 +293,14 @@ def run_child(workdir: Path, parent_pid: int | None = None) -> int:
             if not isinstance(exc, Exception):
                 return code  # KeyboardInterrupt, SystemExit: stop here
     return code
+
+
+def _attach_profile(trace: Any, spec: Any, mode: str, extra: dict[str, Any]) -> None:
+    """Profile `spec` for the planner (a pipeline mode: one of its micro-batches) into `trace.meta`."""
+    from ckpt_viz.plan.profile import attach, profile_spec
+
+    microbatch = extra.get("microbatches", 4) if mode == "pipeline" else None
+    attach(trace, profile_spec(spec, seed=extra.get("seed", 0), microbatch=microbatch))
 
 
 def _collect_cold(workdir: Path, host_fd: int) -> int:

@@ -63,8 +63,11 @@ def _warm_up(folder: Path) -> None:
     loader.start()  # the memory probe does (NOTE [ Memory categories ], rule 8, in ckpt_viz.probe.memory)
     loader.join()
     _say("stage warming up")
-    for mode in ("none", "nonreentrant", "reentrant", "split-reentrant"):
-        run_scenario(build_builtin("mlp"), mode, memory=True, graphs=True).save(folder / "tmp" / "warm-up.json")
+    from ckpt_viz.probe.stream import no_profiler
+
+    with no_profiler():  # torch's profiler would leave its thread here, in the process every run forks from
+        for mode in ("none", "nonreentrant", "reentrant", "split-reentrant"):
+            run_scenario(build_builtin("mlp"), mode, memory=True, graphs=True).save(folder / "tmp" / "warm-up.json")
     os.unlink(folder / "tmp" / "warm-up.json")
 
 

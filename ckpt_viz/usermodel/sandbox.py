@@ -116,7 +116,7 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MEMORY_MB = 4096
 DEFAULT_MAX_TRACE_MB = 512
 DEFAULT_MAX_EVENTS = 2_000_000
-EXTRA_KEYS = ("seed", "microbatches", "schedule", "memory", "graphs")
+EXTRA_KEYS = ("seed", "microbatches", "schedule", "memory", "graphs", "plan_profile")
 _API = "ckpt_viz.record_in_subprocess"
 _REPORT_BYTES = 4 * 2**20
 _LOG_MEMORY_MARKERS = ("MemoryError", *MEMORY_MARKERS)
@@ -132,7 +132,8 @@ def _check_extra(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     unknown = [k for k in extra if k not in EXTRA_KEYS]
     if unknown:
         raise SandboxError(f"{_API}: unknown extra key(s) {', '.join(map(repr, unknown))}; allowed: "
-                           f"{', '.join(map(repr, EXTRA_KEYS))}.\nTip: they are passed to run_scenario.")
+                           f"{', '.join(map(repr, EXTRA_KEYS))}.\nTip: they are passed to run_scenario (plan_profile: "
+                           "also profile the model for ckpt_viz.plan, in the same child).")
     try:
         json.dumps(extra)
     except (TypeError, ValueError) as exc:
@@ -159,7 +160,8 @@ def record_in_subprocess(ref: str, mode: str, *, timeout_s: float = DEFAULT_TIME
         memory_mb: memory limit of the child in MiB (address space per process; resident memory of all
             its processes together, where a cgroup is available); None for no limit (needed for CUDA).
         extra: keyword arguments of `run_scenario` (and of `load_model` for "seed"): seed, microbatches,
-            schedule, memory, graphs.
+            schedule, memory, graphs; and plan_profile (True: the child also profiles a fresh model for
+            the planner, `ckpt_viz.plan.profile_spec`, and attaches the profile to each mode's trace).
         max_trace_mb, max_events: caps on the trace coming back (file size; events plus memory samples).
         disk_mb: under bubblewrap, the size of the run's folder, a tmpfs (NOTE [ Run folder ] in
             `ckpt_viz.usermodel.isolation`); the traces are written there before they are copied out.

@@ -119,8 +119,9 @@ def _library_paths() -> tuple[str, ...]:
     paths = {_PACKAGE_DIR, sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
              sysconfig.get_paths()["platlib"]}
     torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        paths.add(str(Path(torch.__file__).resolve().parent))
+    torch_file = getattr(torch, "__file__", None) if torch is not None else None
+    if torch_file:
+        paths.add(str(Path(torch_file).resolve().parent))
     return tuple(os.path.realpath(p) + os.sep for p in paths if p)
 
 

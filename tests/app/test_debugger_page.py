@@ -26,7 +26,9 @@ def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def expected():
-    (finding,) = diagnose(record_broken("dx-after-dw"))
+    # recorded as the app records it: with memory, whose sampling points add a `memory_sampled` event as each
+    # backward opens (ckpt_viz/probe/points.py NOTE rule 3), so the story's seqs are the app's
+    (finding,) = diagnose(record_broken("dx-after-dw", memory=True))
     return finding
 
 

@@ -508,8 +508,9 @@ def test_a_refusal_error_without_a_recorded_release_names_the_code_it_carries() 
     assert d.code == "session_cleared_early" and d.refused_event.seq == 1 and d.release_event is None
 
 
-def test_the_readme_lists_the_codes_of_the_table() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    table = readme.split("| code | cause |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", table, flags=re.MULTILINE)
-    assert rows == [(code, d.cause) for code, d in DIAGNOSIS_CODES.items()]
+def test_the_debugger_doc_lists_the_codes_of_the_table() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "debugger.md").read_text()
+    table = doc.split("<!-- table:codes -->\n", 1)[1].split("<!-- /table:codes -->", 1)[0]
+    rows = re.findall(r"^\| (\w+) \| `([a-z_]+)` \| (.+?) \| .+ \|$", table, flags=re.MULTILINE)
+    assert rows == [(d.spec_id, code, " ".join(d.cause.split()).replace("|", "\\|"))
+                    for code, d in DIAGNOSIS_CODES.items()]

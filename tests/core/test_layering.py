@@ -506,6 +506,40 @@ def test_every_public_name_resolves_to_its_definition() -> None:
         ckpt_viz.render_nothing  # noqa: B018
 
 
+def _public_namespace(code: str = "import ckpt_viz") -> tuple[list[str], list[str]]:
+    """In a fresh interpreter after `code`: (the names a user reaches as `ckpt_viz.<name>`, `ckpt_viz.__all__`).
+
+    The names are those `dir(ckpt_viz)` lists that do not start with `_`, less the package's own submodules that
+    importing it binds as a side effect (`ckpt_viz.bus`, `ckpt_viz.trace`, ...), plus the names it loads lazily
+    (`_LAZY`, and `_SUBMODULES`: `ckpt_viz.hf`, `ckpt_viz.pipelining`). Nothing lazy is touched, so torch stays out.
+    """
+    probe = (f"{code}\nimport json, types\nbound = vars(ckpt_viz)\n"
+             "lazy = set(ckpt_viz._LAZY) | set(ckpt_viz._SUBMODULES)\n"
+             "own = lambda v: isinstance(v, types.ModuleType) and v.__name__.startswith('ckpt_viz.')\n"
+             "names = [n for n in dir(ckpt_viz) if not n.startswith('_')\n"
+             "         and (n in lazy or (n in bound and not own(bound[n])))]\n"
+             "print(json.dumps([sorted(names), sorted(ckpt_viz.__all__)]))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    names, listed = json.loads(proc.stdout)
+    return names, listed
+
+
+def test_all_is_the_public_namespace() -> None:
+    # httpx's check: what a user can reach at the top is exactly what __all__ promises. A helper imported at the top
+    # of ckpt_viz/__init__.py (`TYPE_CHECKING`, `Any`, `importlib`, even `annotations` of `from __future__`) is
+    # reachable as `ckpt_viz.Any`: bind it under a `_` name, or do without it.
+    names, listed = _public_namespace()
+    assert not set(names) - set(listed), f"public but not in __all__: {sorted(set(names) - set(listed))}"
+    assert not set(listed) - set(names), f"in __all__ but not reachable: {sorted(set(listed) - set(names))}"
+
+
+def test_public_namespace_check_sees_a_leak() -> None:
+    names, listed = _public_namespace("import ckpt_viz, typing\nckpt_viz.Leak = typing.Any\nckpt_viz._ok = 1")
+    assert "Leak" in names and "Leak" not in listed and "_ok" not in names
+    assert "bus" not in names and "record" in names and "hf" in names  # a side-effect submodule; a lazy one
+
+
 def test_all_is_sorted_and_lists_every_lazy_name() -> None:
     names = ckpt_viz.__all__
     kind = lambda n: 0 if n.isupper() else 1 if n[0].isupper() else 2  # noqa: E731  CONSTANTS, Classes, functions
@@ -513,6 +547,7 @@ def test_all_is_sorted_and_lists_every_lazy_name() -> None:
     assert set(ckpt_viz._LAZY) <= set(names)
     # The TYPE_CHECKING block spells out the lazy names for type checkers: it must match _LAZY.
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
-    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in (getattr(n.test, "id", ""),
+                                                                         getattr(n.test, "attr", "")))
     spelled = {a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
     assert spelled == {**ckpt_viz._LAZY, **dict.fromkeys(ckpt_viz._SUBMODULES, "ckpt_viz")}

@@ -56,7 +56,7 @@ def test_one_rank_ending(how: str, tmp_path) -> None:
         assert trace.meta["partial"] == {"reason": "exception", "signal": None,
                                          "error": "ValueError: the training loop failed", "step": 0}
         (error,) = trace.of_kind("error")
-        assert error.data["type"] == "ValueError"
+        assert error.type == "ValueError"
     else:
         assert done.returncode == -signal.SIGTERM  # the default action still ends the process by the signal
         assert trace.meta["partial"] == {"reason": "signal", "signal": "SIGTERM", "error": None, "step": 0}

@@ -20,7 +20,7 @@ from ckpt_viz.errors import CkptVizError
 from ckpt_viz.plan.measure import measure_spec
 from ckpt_viz.plan.model import predict, timeline
 from ckpt_viz.plan.profile import profile_spec
-from ckpt_viz.plan.schema import KINDS, Policy
+from ckpt_viz.plan.schema import KINDS, SCHEDULES, Policy
 from ckpt_viz.plan.search import block_ranges, curve, describe, linear_model, parse_bytes, recommend
 from ckpt_viz.run.zoo import MLPBlock, ModelSpec, Stack, build_builtin
 
@@ -145,3 +145,69 @@ def test_candidates_limit_the_choice(twelve: object) -> None:
     assert all(p.blocks <= allowed for p in points)
     assert len(points) <= 8
 
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> tuple[ModelSpec, object]:
+    """2 pipeline stages of 3 MLP blocks on a batch large enough that checkpointing lowers the peak."""
+    from ckpt_viz.run.zoo import PipelineModel
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = PipelineModel(16, n_stages=2, blocks_per_stage=3)
+        x = torch.randn(512, 16)
+    spec = ModelSpec("pipeline6", model, (x,), checkpoint=tuple(f"stages.{s}.{b}" for s in range(2) for b in range(3)),
+                     stages=("stages.0", "stages.1"))
+    return spec, profile_spec(spec, microbatch=4)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_pipeline_recommendation_is_the_least_recompute_of_every_subset(pipeline: tuple, schedule: str) -> None:
+    # 4. A pipeline is planned under its schedule: every subset is predicted through the schedule's actions, and
+    #    the recommendation is the least recompute among the subsets whose predicted peak meets the budget.
+    _, profile = pipeline
+    names = [b.name for b in profile.blocks]
+    every = {blocks: predict(profile, Policy(blocks, "split-reentrant", schedule=schedule, microbatches=4))
+             for blocks in _all(names)}
+    peaks = sorted({p.peak for p in every.values()})
+    rec = recommend(profile, 1 << 62, schedule=schedule, microbatches=4)
+    assert len(rec.curve) >= 2, rec.curve  # checkpointing trades memory for recompute here
+    assert [(c.peak, c.recompute_ns) for c in rec.curve] == [
+        (c.peak, c.recompute_ns) for c in curve(profile, schedule=schedule, microbatches=4)]
+    for budget in (peaks[0], peaks[len(peaks) // 3], peaks[-1] - 1):
+        rec = recommend(profile, budget, schedule=schedule, microbatches=4)
+        assert rec.prediction is not None and rec.prediction.peak <= budget
+        assert rec.prediction.policy.schedule == schedule and rec.prediction.stages
+        best = min(p.recompute_ns for p in every.values() if p.peak <= budget)
+        assert rec.prediction.recompute_ns == best, (budget, sorted(rec.prediction.policy.blocks))
+        assert f"under {schedule} with 4 micro-batches" in rec.words
+    assert recommend(profile, peaks[0] - 1, schedule=schedule, microbatches=4).prediction is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_pipeline_recommendation_meets_the_budget_when_run(pipeline: tuple, schedule: str) -> None:
+    spec, profile = pipeline
+    top = recommend(profile, 1 << 62, schedule=schedule, microbatches=4)
+    for point in top.curve:  # each point's peak as the budget: the point (or one as good) is chosen, and run
+        rec = recommend(profile, point.peak, schedule=schedule, microbatches=4)
+        assert rec.prediction is not None
+        blocks = tuple(sorted(rec.prediction.policy.blocks))
+        measured = measure_spec(spec, "pipeline", blocks, schedule=schedule, microbatches=4).peak
+        assert measured <= point.peak, (blocks, measured, point.peak)
+
+
+def test_a_pipeline_plan_over_too_many_blocks_is_refused_with_a_way_out() -> None:
+    from ckpt_viz.run.zoo import PipelineModel
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = PipelineModel(4, n_stages=2, blocks_per_stage=7)
+        x = torch.randn(8, 4)
+    names = tuple(f"stages.{s}.{b}" for s in range(2) for b in range(7))
+    spec = ModelSpec("pipeline14", model, (x,), checkpoint=names, stages=("stages.0", "stages.1"))
+    profile = profile_spec(spec, microbatch=2, costs=False)
+    with pytest.raises(CkptVizError, match=r"(?s)recommend: .*14 candidate blocks are 2\^14 subsets.*Tip: name at "
+                                           r"most 12 candidate blocks"):
+        recommend(profile, 10**9, schedule="1F1B")
+    assert len(curve(profile, schedule="1F1B", candidates=names[:3])) >= 1  # fewer candidates: planned

@@ -19,6 +19,7 @@ import ckpt_viz.plan as plan
 from ckpt_viz.errors import CkptVizError, TraceError
 from ckpt_viz.plan.measure import measure_step
 from ckpt_viz.plan.schema import Policy, check_profile, profile_of
+from ckpt_viz.plan.search import block_ranges, format_bytes
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import MLPBlock, build_builtin
 from ckpt_viz.trace import Trace
@@ -52,8 +53,8 @@ def _step(model: nn.Module, x: torch.Tensor) -> None:
 
 def test_profile_of_a_users_loop_inside_record_is_stored_and_predicts_its_runs(tmp_path: Path) -> None:
     model, x = _net()
-    seen: list[int] = []  # saved-tensor hooks below the profile's (a recording probe's) still see every tensor
-    with ckpt_viz.record(memory=True, model=model, tensors=(x,)) as rec, \
+    seen: list[int] = []  # saved-tensor hooks below the profile's still see every tensor
+    with ckpt_viz.record(model=model, tensors=(x,)) as rec, \
             torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(1) or t, lambda t: t):
         with plan.profiling(model, tensors=(x,)) as prof:
             _step(model, x)
@@ -75,6 +76,19 @@ def test_profile_of_a_users_loop_inside_record_is_stored_and_predicts_its_runs(t
             v = plan.verify(Policy(frozenset(blocks)), again, model=model, step=lambda: _step(model, x),
                             tensors=(x,), runtime=runtime)
             assert abs(v.error) <= 0.05, (blocks, runtime, v.words)
+
+
+def test_profiling_inside_a_memory_recording_is_refused_with_the_way_round() -> None:
+    # record(memory=True) reads the allocator through torch's profiler, and so does the plan: one at a time
+    model, x = _net()
+    with ckpt_viz.record(memory=True, model=model) as rec:
+        with pytest.raises(CkptVizError, match=r"one profiler at a time(.|\n)*Tip: .*ckpt_viz\.plan\.attach"):
+            with plan.profiling(model, tensors=(x,)):
+                _step(model, x)
+    with plan.profiling(model, tensors=(x,)) as prof:  # after the recording, as the tip says
+        _step(model, x)
+    plan.attach(rec.trace, prof.profile)
+    assert profile_of(rec.trace) == prof.profile
 
 
 def test_the_loops_own_checkpoints_are_suspended_for_the_profiled_step() -> None:
@@ -236,6 +250,63 @@ def test_cli_profiles_a_builtin_trace_and_refuses_others(tmp_path: Path, capsys:
     user.save(tmp_path / "u.json")
     with pytest.raises(CkptVizError, match=r"(?s)holds no plan profile.*Tip: record one step inside"):
         _run_cli(str(tmp_path / "u.json"))
+
+
+def test_cli_plans_a_pipeline_under_its_schedule(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    spec = build_builtin("pipeline")
+    trace = run_scenario(spec, "pipeline", microbatches=4, schedule="GPipe")
+    profile = plan.profile_spec(build_builtin("pipeline"), microbatch=4, costs=False)
+    plan.attach(trace, profile)
+    trace.save(tmp_path / "p.json")
+    budget = "1MiB"
+    for argv, schedule in (((), "GPipe"), (("--schedule", "ZB-H1"), "ZB-H1")):  # the trace's schedule, or the asked
+        assert _run_cli(str(tmp_path / "p.json"), "--budget", budget, "--json", str(tmp_path / "c.json"), *argv) == 0
+        out = capsys.readouterr().out
+        rec = plan.recommend(profile, plan.parse_bytes(budget), schedule=schedule, microbatches=4)
+        assert f"a pipeline of 2 stages under {schedule} with 4 micro-batches" in out
+        assert f"trade-off curve (split-reentrant under {schedule};" in out
+        assert f"budget 1.0 MiB: {rec.words}" in out
+        data = json.loads((tmp_path / "c.json").read_text())
+        assert data["schedule"] == schedule and data["kind"] == "split-reentrant"
+        assert [(p["peak"], p["recompute_ns"]) for p in data["curve"]] == [(p.peak, p.recompute_ns) for p in rec.curve]
+    # a profile without stages has no schedule to plan under
+    mlp = build_builtin("mlp")
+    other = run_scenario(mlp, "nonreentrant")
+    plan.attach(other, plan.profile_spec(mlp, costs=False))
+    other.save(tmp_path / "m.json")
+    with pytest.raises(CkptVizError, match=r"(?s)ckpt-viz plan: --schedule and --microbatches plan a pipeline.*Tip:"):
+        _run_cli(str(tmp_path / "m.json"), "--schedule", "1F1B")
+
+
+class _Transient(nn.Module):
+    """Ends the forward with a large buffer that nothing saves: the step's peak is there, not in its backward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.zeros(1 << 20)  # 4 MiB, freed when the forward returns
+        return x + scratch[0]
+
+
+def test_cli_names_the_blocks_of_a_split_plan_without_code(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # DX and DW are two calls the training loop makes itself: the plan names the blocks; no code to paste
+    from ckpt_viz.run.zoo import ModelSpec
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(MLPBlock(32, 128) for _ in range(4)), _Transient())
+    spec = ModelSpec("transient", model, (torch.randn(512, 32),), checkpoint=tuple(str(i) for i in range(4)))
+    profile = plan.profile_spec(spec, costs=False)
+    trace = Trace()
+    plan.attach(trace, profile)
+    trace.save(tmp_path / "s.json")
+    whole = plan.recommend(profile, 1 << 62, kind="split-reentrant")
+    budget = (whole.floor + whole.baseline.peak) // 2  # below no checkpointing, above the lowest reachable peak
+    assert _run_cli(str(tmp_path / "s.json"), "--kind", "split-reentrant", "--budget", str(budget)) == 0
+    out = capsys.readouterr().out
+    rec = plan.recommend(profile, budget, kind="split-reentrant")
+    assert rec.prediction is not None and rec.prediction.policy.blocks
+    assert "trade-off curve (split-reentrant;" in out and f"budget {format_bytes(budget)}: {rec.words}" in out
+    assert "blocks to checkpoint (split-reentrant; the training loop calls backward_input and backward_weight " \
+           f"itself): {block_ranges(rec.prediction.policy.blocks, [b.name for b in profile.blocks])}" in out
+    assert "import functools" not in out
 
 
 def test_curve_chart_marks_the_choice() -> None:

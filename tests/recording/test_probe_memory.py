@@ -1,8 +1,9 @@
 """Memory by category: exact against a ground-truth tracker, on every built-in model in every mode.
 
 The ground truth is an independent TorchDispatchMode that sees every storage an op
-touches and forgets it when its finalizer runs; the probe under test must attribute
-every live byte to exactly one category (at most 1% off at every event).
+touches (and the RNG states `torch.get_rng_state` makes outside any op) and forgets it
+when its finalizer runs; the probe `record(memory=True)` uses must attribute every live
+byte to exactly one category (at most 1% off at every event).
 """
 from __future__ import annotations
 
@@ -23,13 +24,29 @@ MODES = ["none", "nonreentrant", "reentrant", "split-reentrant", "split-nonreent
 
 
 class GroundTruth(TorchDispatchMode):
-    """Live bytes of every storage seen by any op, keyed by the storage's C pointer."""
+    """Live bytes of every storage seen by any op or made by `torch.get_rng_state`, keyed by the storage's C
+    pointer."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         super().__init__()
         self.live: dict[int, int] = {}
         for t in tensors:
             self._see(t)
+
+    def __enter__(self) -> GroundTruth:
+        original = self._rng = torch.random.get_rng_state
+
+        def get_rng_state() -> torch.Tensor:
+            state = original()
+            self._see(state)
+            return state
+
+        torch.get_rng_state = torch.random.get_rng_state = get_rng_state
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.get_rng_state = torch.random.get_rng_state = self._rng
+        super().__exit__(*exc)
 
     def _see(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
@@ -108,8 +125,13 @@ def test_cuda_runs_record_the_allocator_figure() -> None:
 
 
 def reading_at(trace: Any, seq: int) -> Any:
+    """The reading right after event `seq`: the first sample with that seq (points and high-water marks after the
+    event share it), else the last sample before it (memory is a step function)."""
     seqs = [s.seq for s in trace.memory]
-    return trace.memory[bisect.bisect_right(seqs, seq) - 1]
+    first = bisect.bisect_left(seqs, seq)
+    if first < len(seqs) and seqs[first] == seq:
+        return trace.memory[first]
+    return trace.memory[first - 1]
 
 
 def test_checkpointing_holds_fewer_activation_bytes_than_no_checkpoint() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
 import torch
 
 import ckpt_viz
@@ -29,7 +30,7 @@ def test_user_script_records_events_memory_and_graphs_and_saves(tmp_path: Path) 
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     x = torch.randn(4, 8)
-    with ckpt_viz.record(memory=True, graphs=True) as rec:  # no model given: parameters are found as ops read them
+    with ckpt_viz.record(memory=True, graphs=True) as rec:  # no model given: found as the top module runs
         for _ in range(2):
             opt.zero_grad()
             loss = net(x).pow(2).sum()
@@ -37,9 +38,10 @@ def test_user_script_records_events_memory_and_graphs_and_saves(tmp_path: Path) 
             opt.step()
     trace = rec.trace
     assert trace.count("handle_created") == 6 and trace.count("replay_started") == 6
-    assert 0 < len(trace.memory) <= len(trace.events)
-    readings = [(s.bytes_by_category, s.by_stage) for s in trace.memory]
-    assert all(a != b for a, b in itertools.pairwise(readings))  # only the steps are stored
+    samples = list(trace.memory)
+    assert samples and {s.seq for s in samples} <= {e.seq for e in trace.events}
+    assert all(a.seq <= b.seq and a.t_ns <= b.t_ns for a, b in itertools.pairwise(samples))  # in time order
+    assert_only_steps(samples)
     assert max(s.bytes_by_category["parameters"] for s in trace.memory) == sum(
         p.numel() * p.element_size() for p in net.parameters())
     assert any(s.bytes_by_category["gradients"] > 0 for s in trace.memory)
@@ -135,15 +137,30 @@ def test_threads_handed_one_recording_number_its_events_in_order() -> None:
         assert [e.at for e in events if e.at[0] == name] == [f"{name}{i}" for i in range(300)]
 
 
-def test_memory_is_kept_as_samples_of_its_steps_and_saves_what_it_reads(tmp_path: Path) -> None:
+def assert_only_steps(samples: list[MemorySample]) -> None:
+    """Only the steps are stored: an event's reading equal to the last one is kept only where later samples share
+    its seq (sampling points, high-water marks), so that the first sample of a seq is the reading after it."""
+    for i, (a, b) in enumerate(itertools.pairwise(samples)):
+        if (a.bytes_by_category, a.by_stage) == (b.bytes_by_category, b.by_stage):
+            assert a.seq < b.seq and i + 2 < len(samples) and samples[i + 2].seq == b.seq
+
+
+@pytest.mark.parametrize("probe", ["allocation-stream", "dispatch-tracker"])
+def test_memory_is_kept_as_samples_of_its_steps_and_saves_what_it_reads(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        probe: str) -> None:
+    if probe == "dispatch-tracker":  # torch's profiler taken: the fallback (probe/stream.py NOTE rule 1)
+        from ckpt_viz.probe.stream import AllocationStream
+
+        monkeypatch.setattr(AllocationStream, "acquire", staticmethod(lambda on_batch: None))
     torch.manual_seed(0)
     net = Net()
     with ckpt_viz.record(memory=True, model=net) as rec:
         net(torch.randn(4, 8)).sum().backward()
+    assert rec._probe is None  # handed back on close
     samples = rec.trace.memory
     assert isinstance(samples, list) and len(samples) > 3 and all(isinstance(s, MemorySample) for s in samples)
-    assert all(a.bytes_by_category != b.bytes_by_category or a.by_stage != b.by_stage
-               for a, b in itertools.pairwise(samples))  # only the steps
+    assert_only_steps(samples)
     assert samples[0].bytes_by_category["parameters"] == sum(p.numel() * p.element_size() for p in net.parameters())
     assert [s.seq for s in samples] == sorted(s.seq for s in samples) and samples[-1].seq <= rec.trace.events[-1].seq
     rec.trace.save(tmp_path / "t.json.gz")

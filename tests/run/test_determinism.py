@@ -2,7 +2,7 @@
 
 "The same" is every event's seq, kind, handle, mode, phase, session, tags, site and data, every
 memory sample (seq, bytes by category and stage) and every graph snapshot; only timestamps and
-thread ids may differ.
+thread ids may differ (and, for runs at once on threads, the memory probe: see below).
 """
 from __future__ import annotations
 
@@ -154,7 +154,27 @@ def test_eight_concurrent_runs_on_threads_give_the_solo_traces(mode: str) -> Non
     results = _on_threads([lambda model=model: record_run(model, mode) for model in picks])
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), f"thread {i} ({picks[i]} {mode}) raised {result!r}"
-        assert result == solo[picks[i]], f"thread {i} ({picks[i]} {mode}): {first_difference(solo[picks[i]], result)}"
+        want = solo[picks[i]]
+        if result["meta"]["memory_probe"] == "dispatch":
+            # torch's profiler is one thread's (probe/stream.py NOTE rule 1): the other threads read memory with
+            # the dispatch tracker, which reads the same at every event and sampling point but keeps no
+            # high-water mark between them, so its samples are the solo run's without those
+            assert _subsequence(result["memory"], want["memory"]), f"thread {i} ({picks[i]} {mode})"
+            assert [_at(result["memory"], e[0]) for e in want["events"]] == [
+                _at(want["memory"], e[0]) for e in want["events"]], f"thread {i} ({picks[i]} {mode})"
+            result = {**result, "memory": want["memory"], "meta": {**result["meta"], "memory_probe": "allocator"}}
+        assert result == want, f"thread {i} ({picks[i]} {mode}): {first_difference(want, result)}"
+
+
+def _subsequence(part: list[Any], whole: list[Any]) -> bool:
+    rest = iter(whole)
+    return all(item in rest for item in part)
+
+
+def _at(memory: list[Any], seq: int) -> Any:
+    """The reading right after event `seq`: the first sample of that seq, else the last one before."""
+    before = [m for m in memory if m[0] <= seq]
+    return next((m[1:] for m in before if m[0] == seq), before[-1][1:] if before else None)
 
 
 if __name__ == "__main__":  # the second process of `second_process`
