@@ -35,9 +35,10 @@ def record_none(depth=4, batch=384):
 
 
 def _per_block(trace):
-    """Activations after each block's forward, from the memory samples at the marks."""
+    """Activations each block's forward added, read as each block's forward ended (model=blocks makes each
+    block's exit a sampling point; a mark's seq can also carry the high-water samples that follow it)."""
     facts = memory(trace)
-    marks = [e for e in trace.of_kind("memory_sampled") if (e.at or "").startswith("after ")]
+    marks = [e for e in trace.of_kind("memory_sampled") if (e.at or "").endswith(" forward")]
     acts = [facts.at(e.seq).get("activations", 0) for e in marks]
     return [b - a for a, b in zip([0, *acts], acts)]
 
