@@ -9,6 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from ui.source import source_sidebar
+from ui.url import publish, restore
 
 # While a run is slow (a big trace loading), Streamlit dims what the page showed before: from 0.5 s on it fades
 # to a third of its opacity over 1 s, a smooth transition on every element that repaints the page at each frame
@@ -34,5 +35,6 @@ pg = st.navigation({
               st.Page("views/glossary.py", title="Glossary", icon=":material/menu_book:")],
 })
 st.sidebar.page_link("views/glossary.py", label="Glossary: the words on every page", icon=":material/menu_book:")
-source_sidebar()  # drawn here, not in a page, so the choice survives page changes (NOTE in cursor.py)
+restore()  # the URL's view, when this session did not write it: a reload, a link, the back button (ui/url.py)
+publish(source_sidebar())  # drawn here, not in a page, so the choice survives page changes (NOTE in cursor.py)
 pg.run()

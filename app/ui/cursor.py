@@ -81,13 +81,18 @@ def _from_slider(config: RunConfig) -> None:
 
 
 def cursor_position(run: Run) -> int:
-    """The cursor's event position in `run` (the first event when the run is new)."""
+    """The cursor's event position in `run` (the first event when the run is new, or where the URL put it)."""
+    from ui.url import pending_cursor, publish_cursor
+
     n = len(run.trace.events)
     config, position = st.session_state.get(CURSOR, (None, None))
     if config != run.config or position is None:
         position = 0
+    if (seq := pending_cursor(run.config)) is not None:  # a reload, a link, the back button (ui/url.py)
+        position = position_of(run, seq)
     position = min(max(int(position), 0), max(n - 1, 0))
     _store(run.config, position)
+    publish_cursor(run.config, seq_at(run, position) if n else 0)
     return position
 
 

@@ -16,6 +16,7 @@ NOTE [ Figures of a run ]
 """
 from __future__ import annotations
 
+import hashlib
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,6 +117,13 @@ def load_run(config: RunConfig) -> Loaded:
 
 
 # -- what the pages call --
+
+
+def run_key(config: RunConfig, name: str) -> str:
+    """The key of widget `name` for the run of `config`: a widget whose options are one run's own (its findings,
+    its handles) gets a key per run, so its value and its callback never reach another run's page (a picker
+    whose value outlived its run crashed the Debugger: issue 30)."""
+    return f"{name}_{hashlib.sha1(repr(config).encode()).hexdigest()[:12]}"
 
 
 def show_error(err: BaseException, config: RunConfig | None = None) -> None:

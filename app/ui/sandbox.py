@@ -312,10 +312,13 @@ def _progress(job: Job, warm: WarmSandbox) -> str:
 
 
 def _wait(job: Job, box: SessionSandbox) -> None:
-    """Show the run's elapsed time and a Cancel button until it ends (or `WAIT_S`, then poll)."""
-    line = st.empty()
-    st.button("Cancel", key="sandbox_cancel", help="Stop this run now (its processes are killed).",
-              on_click=job.cancel.set)  # first thing in the click's rerun, before the sidebar is drawn
+    """Show the run's elapsed time and a Cancel button until it ends (or `WAIT_S`, then poll); both go when it
+    ends (one placeholder holds them: a button drawn by this run would otherwise stay on the page under it)."""
+    holder = st.empty()
+    with holder.container():
+        line = st.empty()
+        st.button("Cancel", key="sandbox_cancel", help="Stop this run now (its processes are killed).",
+                  on_click=job.cancel.set)  # first thing in the click's rerun, before the sidebar is drawn
     deadline = None if WAIT_S is None else time.monotonic() + WAIT_S
     while not job.done.wait(0.2):
         line.info(_progress(job, box.warm))  # a rerun (the Cancel click) interrupts the page here
@@ -323,7 +326,7 @@ def _wait(job: Job, box: SessionSandbox) -> None:
             _poll(job, box.warm)
             st.stop()
     box.finish(job)
-    line.empty()
+    holder.empty()
 
 
 @st.fragment(run_every=0.5)

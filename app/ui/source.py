@@ -129,12 +129,16 @@ def source_sidebar() -> RunConfig | None:
         # "pipeline" only for the built-ins split into stages, with the micro-batch counts that split their batch
         counts = _microbatch_choices(config.target) if config is not None and kind == SOURCES[0] else None
         modes = [m for m in RUN_MODES if m != "pipeline" or kind != SOURCES[0] or counts]
+        if st.session_state.get("src_mode", DEFAULT_MODE) not in modes:  # a link's mode this model lacks
+            st.session_state["src_mode"] = DEFAULT_MODE
         mode = sb.selectbox("Mode", modes, index=modes.index(DEFAULT_MODE), key="src_mode",
                             help="How the checkpointed blocks run; split-* runs DX and DW as two passes."
                                  + ("" if "pipeline" in modes else " Mode 'pipeline' needs a model split into "
                                     "stages: the built-in 'pipeline'."))
         if mode == "pipeline":
             schedule = sb.selectbox("Schedule", SCHEDULES, index=SCHEDULES.index("1F1B"), key="src_schedule")
+            if counts and st.session_state.get("src_microbatches", 4) not in counts:  # a link's count it lacks
+                st.session_state["src_microbatches"] = 4 if 4 in counts else counts[0]
             if counts:
                 microbatches = sb.selectbox("Micro-batches", counts, index=counts.index(4) if 4 in counts else 0,
                                             key="src_microbatches", help="the counts that split this model's batch")

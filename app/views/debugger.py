@@ -1,18 +1,18 @@
 """The debugger: every problem of the run, what happened in order, the line of code, and the fix."""
 import streamlit as st
 
+from ckpt_viz.analysis.claims import outcome_claim
 from ckpt_viz.analysis.diagnosis import diagnose, replay_checks_note
 from ckpt_viz.render.graph import render_graph
 from ckpt_viz.render.swimlane import render_lifecycles
 from ckpt_viz.render.text import format_event
 from ui.cursor import cursor_bar, position_of, set_cursor
-from ui.graphview import show_svg
-from ui.runs import current
+from ui.graphview import graph_view, snapshot_note
+from ui.runs import current, run_key
 from ui.show import show_chart, source_line
 from ui.text import md
 
-FINDING = "debug_finding"
-FINDING_RUN = "debug_finding_run"  # the run the choice was made on: a new run starts at its first finding
+FINDING = "debug_finding"  # the picker's key is per run (`run_key`): a new run starts at its first finding
 
 
 def _label(findings: list, i: int) -> str:
@@ -21,24 +21,21 @@ def _label(findings: list, i: int) -> str:
     return md(f"{i + 1}. {who}: {f.cause or f.summary}")
 
 
-def _follow(run, findings: list) -> None:
-    """A finding was chosen: move the shared cursor to its releasing event (else its refusal or error)."""
-    i = st.session_state.get(FINDING)
-    if i is not None and findings[i].seq is not None:
+def _follow(run, key: str, findings: list) -> None:
+    """A finding of `run` was chosen: move its cursor to the finding's releasing event (else its refusal or
+    error). The picker is `run`'s own, so its value is an index into `findings`."""
+    i = st.session_state.get(key)
+    if isinstance(i, int) and 0 <= i < len(findings) and findings[i].seq is not None:
         set_cursor(run, findings[i].seq)
 
 
 run = current()
 st.title("Debugger")
 findings = diagnose(run.trace)
-if st.session_state.get(FINDING_RUN) != run.config:
-    st.session_state[FINDING_RUN] = run.config
-    st.session_state[FINDING] = 0  # a new run (its cursor at its first event): its first finding
 seq = cursor_bar(run)
 unchecked = replay_checks_note(run.trace)  # replays the sampled divergence checks skipped: never claim them clean
 if not findings:
-    st.success("No problem found in this run: every replay was served, every handle released, every session "
-               "cleared.")
+    st.success(md(outcome_claim(run.trace)))
     if unchecked:
         st.warning(md(unchecked))
     st.caption("To see the debugger at work, pick **Broken runs to explore** in the sidebar's source picker.")
@@ -48,9 +45,10 @@ st.caption(f"{len(findings)} problem{'s' if len(findings) != 1 else ''} found. C
            "to the event that caused it.")
 if unchecked:
     st.warning(md(unchecked))
-i = st.radio("Findings", range(len(findings)), key=FINDING, format_func=lambda i: _label(findings, i),
-             on_change=_follow, args=(run, findings), label_visibility="collapsed")
-f = findings[i or 0]
+key = run_key(run.config, FINDING)
+i = st.radio("Findings", range(len(findings)), key=key, format_func=lambda i: _label(findings, i),
+             on_change=_follow, args=(run, key, findings), label_visibility="collapsed")
+f = findings[i if isinstance(i, int) and 0 <= i < len(findings) else 0]
 at = f" (event #{f.seq})" if f.seq is not None else ""
 st.button(f"Move the cursor to this finding's event{at}", key="debug_goto", on_click=set_cursor,
           args=(run, f.seq), disabled=f.seq is None or position_of(run, f.seq) == position_of(run, seq))
@@ -71,6 +69,6 @@ if f.handle_id is not None:
     graph = render_graph(run.trace, seq, highlight=f.handle_id, collapse=False)
     if graph is not None:
         with st.expander(f"Autograd graph at the cursor, h{f.handle_id} highlighted"):
-            show_svg(graph, name=f"debugger h{f.handle_id}")
+            graph_view(graph, key="debug_graph_zoom", name=f"debugger h{f.handle_id}", note=snapshot_note(run, seq))
 with st.expander(f"The events of this finding ({len(f.events)})"):
     st.code("\n".join(format_event(e, site=True) for e in f.events) or "(none)", language=None, wrap_lines=True)

@@ -10,7 +10,7 @@ from ckpt_viz.render.swimlane import render_lifecycles
 from ckpt_viz.render.text import format_event
 from ckpt_viz.vocabulary import STATE_MEANINGS
 from ui.cursor import cursor_bar, position_of, seq_at, window
-from ui.runs import current
+from ui.runs import current, run_key
 from ui.show import show_chart, source_line
 from ui.text import md
 
@@ -49,14 +49,17 @@ if problems:
     st.dataframe([{"handle": f"h{d.handle_id}" if d.handle_id is not None else "-", "problem": d.cause,
                    "what happened": d.summary} for d in problems], hide_index=True, width="stretch")
 first = next((d.handle_id for d in problems if d.handle_id in handles), handles[0])
+# The picker is this run's own (`run_key`) and names each handle by what it checkpointed, never by a state: its
+# options stay the same while the cursor moves, so what it shows is always the chosen handle (issue 30). The state
+# at the cursor is said under it.
 if len(handles) <= 5_000:
-    # What each handle checkpointed: the module's qualified name, with its call index when it ran more than once.
     names = handle_labels(run.trace)
-    handle = st.selectbox("Handle", handles, index=handles.index(first), key="debug_handle",
-                          format_func=lambda h: " · ".join(filter(None, (
-                              f"h{h}", names.get(h), f"{state_word(life.state_at(h, seq))} at seq {seq}"))))
+    handle = st.selectbox("Handle", handles, index=handles.index(first), key=run_key(run.config, "debug_handle"),
+                          format_func=lambda h: f"h{h} · {names[h]}" if h in names else f"h{h}")
 else:
-    handle = int(st.number_input("Handle id", min(handles), max(handles), first, key="debug_handle_id"))
+    handle = int(st.number_input("Handle id", min(handles), max(handles), first,
+                                 key=run_key(run.config, "debug_handle_id")))
+st.markdown(f"At the cursor (seq {seq}), **h{handle}** is **{state_word(life.state_at(handle, seq))}**.")
 # The run's findings about this handle (`diagnose`, once per trace); with none, how it ended (`diagnose_handle`).
 mine = [d for d in problems if d.handle_id == handle]
 for d in mine or [diagnose_handle(run.trace, handle)]:

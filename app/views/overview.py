@@ -1,6 +1,7 @@
 """Overview: what ran, what happened to its handles, where memory peaked, and what went wrong."""
 import streamlit as st
 
+from ckpt_viz.analysis.claims import outcome_claim, run_claims
 from ckpt_viz.analysis.diagnosis import diagnose
 from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.analysis.summary import summary
@@ -19,6 +20,10 @@ st.title("Overview")
 st.caption(f"**{md(run.config.label)}** · {md(meta.get('description') or meta.get('model') or '')}")
 if meta.get("look_at"):
     st.info(f"**What to look at:** {md(meta['look_at'])}", icon=":material/visibility:")
+# What this run did, in sentences built from its analysis (ckpt_viz.analysis.claims): never a general claim that
+# its own figures could contradict.
+if said := run_claims(run.trace):
+    st.markdown("**What this run shows**\n\n" + "\n".join(f"- {md(c)}" for c in said))
 
 
 # A cursor move (step buttons, slider, a click on the chart) reruns only this part of the page: the sidebar and the
@@ -61,7 +66,7 @@ def at_the_cursor(run) -> None:
             st.page_link("views/debugger.py", label="What happened, and the fix: the Debugger",
                          icon=":material/troubleshoot:")
         else:
-            st.success("No problem found: no refused replay, no error, and every handle was released.")
+            st.success(md(outcome_claim(run.trace)))
         st.caption("Downloads")
         download_trace_buttons(run)
 

@@ -58,8 +58,8 @@ from ckpt_viz.events import (
 from ckpt_viz.trace import GraphSnapshot, Trace
 from ckpt_viz.vocabulary import STATES, State
 
-__all__ = ["DERIVED_REASONS", "MARK_MEANINGS", "Lifecycle", "Transition", "lifecycle", "refused_handles",
-           "region_states"]
+__all__ = ["DERIVED_REASONS", "HELD_STATES", "MARK_MEANINGS", "HeldReplays", "Lifecycle", "RecomputeTime",
+           "Transition", "held_replays", "lifecycle", "recompute_time", "refused_handles", "region_states"]
 
 MARK_MEANINGS: dict[str, str] = {
     "refused": "A backward asked for a replay after the handle was released or collected; the replay was refused.",
@@ -365,3 +365,110 @@ def refused_handles(trace: Trace, seq: int | None) -> list[int]:
     firsts = [(marks[0].seq, h) for h in life.handle_ids if (marks := life.refusals(h)) and at is not None
               and marks[0].seq <= at]
     return [h for _, h in sorted(firsts)]
+
+
+# -- replays held at once (the claims of "one block at a time" and of the split modes' peak read this)
+
+HELD_STATES: frozenset[str] = frozenset(("replaying", "replayed", "retained"))  # a replay's activations are live
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldReplays:
+    """How many handles held a replay at once (`HELD_STATES`), at most over the run.
+
+    Attributes:
+        most: the largest number held at once (0: no replay ran).
+        seq: the first seq where `most` were held (None when no replay ran).
+        handles: the handles held then, in order of first appearance.
+    """
+
+    most: int
+    seq: int | None
+    handles: tuple[int, ...]
+
+    def at(self, trace: Trace, seq: int | None) -> tuple[int, ...]:
+        """The handles of `trace` that hold a replay as of `seq` (None: the end)."""
+        life = lifecycle(trace)
+        return tuple(h for h in life.handle_ids if life.state_at(h, seq) in HELD_STATES)
+
+
+def held_replays(trace: Trace) -> HeldReplays:
+    """The most replays held at once in `trace` and where (NOTE [ Handle states ]: "replaying", "replayed" and
+    "retained" hold a replay's activations), computed once per trace.
+
+    A run that recomputes one block at a time has `most == 1`; a split run whose DX keeps every replay for
+    DW holds all of them at once.
+    """
+    def build(t: Trace) -> HeldReplays:
+        life = lifecycle(t)
+        changes: dict[int, int] = {}
+        for h in life.handle_ids:
+            held = False
+            for transition in life.transitions(h):
+                now = transition.state in HELD_STATES
+                if now != held:
+                    changes[transition.seq] = changes.get(transition.seq, 0) + (1 if now else -1)
+                    held = now
+        most, where, count = 0, None, 0
+        for seq in sorted(changes):
+            count += changes[seq]
+            if count > most:
+                most, where = count, seq
+        handles = tuple(h for h in life.handle_ids if life.state_at(h, where) in HELD_STATES) if where is not None \
+            else ()
+        return HeldReplays(most=most, seq=where, handles=handles)
+    return derived(trace, "held_replays", build)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecomputeTime:
+    """What the replays of a run cost in time: the compute side of checkpointing's trade.
+
+    Attributes:
+        replays: how many replays ran (`replay_started` events).
+        replay_ns: the time spent replaying, in nanoseconds: the union of every replay's span (from its
+            `replay_started` to the handle's next `replay_finished` or `replay_failed`), so a replay nested
+            in another one counts once.
+        step_ns: the recorded span of the run, from its first event to its last.
+        by_handle: handle -> nanoseconds of its own replays.
+    """
+
+    replays: int
+    replay_ns: int
+    step_ns: int
+    by_handle: dict[int, int]
+
+    @property
+    def share(self) -> float:
+        """`replay_ns` over `step_ns` (0 for a run without a span)."""
+        return self.replay_ns / self.step_ns if self.step_ns > 0 else 0.0
+
+
+def recompute_time(trace: Trace) -> RecomputeTime:
+    """The time `trace`'s replays took (see `RecomputeTime`), computed once per trace.
+
+    Times are the recorded clock: a run recorded with memory=True sends every op through Python, forward
+    and replay alike, so compare replays with the forward of the same recording, not with an unrecorded run.
+    """
+    def build(t: Trace) -> RecomputeTime:
+        open_at: dict[int, int] = {}
+        spans: list[tuple[int, int]] = []
+        by_handle: dict[int, int] = {}
+        replays = 0
+        for e in t.events:
+            if type(e) is ReplayStarted and e.handle_id is not None:
+                replays += 1
+                open_at[e.handle_id] = e.t_ns
+            elif type(e) in (ReplayFinished, ReplayFailed) and e.handle_id in open_at:
+                start = open_at.pop(e.handle_id)  # type: ignore[arg-type]
+                spans.append((start, e.t_ns))
+                by_handle[e.handle_id] = by_handle.get(e.handle_id, 0) + e.t_ns - start  # type: ignore[index]
+        total, end = 0, None
+        for a, b in sorted(spans):
+            if end is not None and b <= end:
+                continue
+            total += b - (a if end is None else max(a, end))
+            end = b
+        step = t.events[-1].t_ns - t.events[0].t_ns if t.events else 0
+        return RecomputeTime(replays=replays, replay_ns=total, step_ns=step, by_handle=by_handle)
+    return derived(trace, "recompute_time", build)

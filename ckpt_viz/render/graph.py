@@ -23,10 +23,12 @@ NOTE [ Collapsing repeated blocks ]
      kinds, names (digits ignored: blocks.3.fc1 == blocks.7.fc1) and shapes, they
      have as many internal edges, they are in the same state, and the run missed
      the same parts of their reach (`analysis.routing.reach_after`).
-  3. When the graph has more than `collapse_above` nodes, each run of at least
-     `min_repeat` identical regions with consecutive handle ids becomes one node
-     "Block xN"; edges into or out of the run are redirected to it. A highlighted or
-     refused handle is never collapsed: it must stay visible.
+  3. When the graph is big (more than `collapse_above` nodes, or more than
+     `collapse_regions_above` regions), each run of at least `min_repeat` identical regions
+     with consecutive handle ids keeps its first region drawn in full (what the run
+     repeats) and the rest become one node "Block xN"; edges into or out of them are
+     redirected to it. A highlighted or refused handle is never collapsed: it must stay
+     visible.
 """
 from __future__ import annotations
 
@@ -36,13 +38,16 @@ from typing import Any
 
 import graphviz
 
+from ckpt_viz.analysis.handles import handle_labels
 from ckpt_viz.analysis.lifecycle import refused_handles, region_states
-from ckpt_viz.analysis.routing import Reach, reach_after, snapshot_before
-from ckpt_viz.analysis.words import state_word
+from ckpt_viz.analysis.routing import Reach, reach_after, snapshot_before, snapshot_relation
+from ckpt_viz.analysis.words import phase_word, state_word
 from ckpt_viz.render.palette import ACTION_COLOURS, CATEGORY_COLOURS, CURSOR_COLOUR, MARK_COLOURS, STATE_FILLS
 from ckpt_viz.trace import GraphNode, GraphSnapshot, Trace
 
 __all__ = [
+    "COLLAPSE_ABOVE",
+    "COLLAPSE_REGIONS_ABOVE",
     "EDGE_COLOURS",
     "EXCLUDED_FILL",
     "GRAPH_LEGEND",
@@ -74,18 +79,21 @@ EDGE_COLOURS: dict[str, str] = {"dx": ACTION_COLOURS["DX"], "dw": ACTION_COLOURS
 # torchviz.make_dot's own fill colours (a `TorchvizNode.fill`), drawn as make_dot draws them.
 TORCHVIZ_FILLS: tuple[str, ...] = ("lightblue", "orange", "darkolivegreen1", "darkolivegreen3")
 _FONT = {"fontname": "Helvetica", "fontsize": "10"}
+COLLAPSE_ABOVE = 100  # a graph with more nodes than this is big (NOTE [ Collapsing repeated blocks ], rule 3) ...
+COLLAPSE_REGIONS_ABOVE = 8  # ... and so is one with more checkpoint regions than this
 
 GRAPH_LEGEND = "\n".join([
     "White box: backward node. Grey box: parameter (with its shape). Teal oval: input tensor.",
     "Orange diamond: backward trigger of a split handle. Yellow 3-D box: checkpoint node.",
-    "Region h<id> · <state>: one checkpoint region, in the states of the Handles page; yellow recorded,",
+    "Region \"h<id> · <module>\" over its state: one checkpoint region, in the states of the Handles page at the",
+    "cursor; yellow recorded,",
     "light blue waiting for DX, light orange waiting for DW, green replaying / replayed / retained,",
     "grey dashed released, red dashed collected. A dark red border: its replay was refused;",
     "a magenta border: the handle picked elsewhere (Debugger).",
     "Brown dashed box inside a region: an excluded region, kept from the forward and not recomputed.",
     "Edges: blue reached by DX (input grads), orange reached by DW (weight grads), purple both, grey neither;",
     "a handle whose DX or DW the backward after the snapshot skipped is not coloured for it.",
-    "Folder \"Block xN\": N identical regions drawn as one node.",
+    "Folder \"Block xN\": N more regions identical to the one drawn in full before them, as one node.",
 ])
 TORCHVIZ_LEGEND = "\n".join([
     "Drawn in torchviz.make_dot's style, from its drawing kept at snapshot time (no replay): grey box:",
@@ -117,7 +125,7 @@ def _numel(shape: Any) -> int:
 def _label(node: GraphNode) -> str:
     kind, name, h = node.kind, node.name, node.handle_id
     if kind == "checkpoint":
-        return dot_text(name, f"h{h}" + (f" · {node.phase}" if node.phase in ("dx", "dw") else ""))
+        return dot_text(name, f"h{h}" + (f" · {phase_word(node.phase)}" if node.phase in ("dx", "dw") else ""))
     if kind == "trigger":
         return dot_text(f"trigger h{h}")
     if kind == "input" and _numel(node.shape) == 0:
@@ -139,7 +147,8 @@ _DIGITS = re.compile(r"\d+")
 
 
 def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapshot | None = None,
-                 collapse: bool = True, rankdir: str = "TB", collapse_above: int = 100, min_repeat: int = 3,
+                 collapse: bool = True, rankdir: str = "TB", collapse_above: int = COLLAPSE_ABOVE,
+                 collapse_regions_above: int = COLLAPSE_REGIONS_ABOVE, min_repeat: int = 3,
                  highlight: int | None = None) -> graphviz.Digraph | None:
     """Draw the autograd graph shown at the cursor with its checkpoint regions in their states.
 
@@ -149,22 +158,27 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
         snapshot: draw this snapshot instead of the one shown at `seq` (states still as of `seq`).
         collapse: collapse runs of identical regions (see NOTE [ Collapsing repeated blocks ]).
         rankdir: "TB" (loss at the top) or "LR".
-        collapse_above: collapse only graphs with more nodes than this (0: any graph).
-        min_repeat: the shortest run of identical regions that is collapsed.
+        collapse_above: collapse graphs with more nodes than this (0: any graph) ...
+        collapse_regions_above: ... or with more checkpoint regions than this.
+        min_repeat: the shortest run of identical regions that is collapsed (its first region stays drawn).
         highlight: a handle id to point out (a magenta border), e.g. the Debugger's handle.
 
     Returns:
-        The graph (None when the trace has no snapshot): clusters "cluster_h<id>" labelled
-        "h<id> · <state word>", excluded regions "cluster_x<id>_h<handle>" inside them, nodes
-        "n<index>", collapsed runs "block<k>".
+        The graph (None when the trace has no snapshot), titled with the snapshot and where it was
+        taken relative to the cursor (`analysis.routing.snapshot_relation`): clusters "cluster_h<id>"
+        labelled "h<id> · <module name>" over "<state word>" (`analysis.handles.handle_labels`),
+        excluded regions "cluster_x<id>_h<handle>" inside them, nodes "n<index>", collapsed runs
+        "block<k>".
 
     Legend:
     """
-    snapshot = snapshot if snapshot is not None else snapshot_before(trace, seq if seq is not None else _end(trace))
+    end = seq if seq is not None else _end(trace)
+    snapshot = snapshot if snapshot is not None else snapshot_before(trace, end)
     if snapshot is None:
         return None
     states = region_states(trace, snapshot, seq)
     reach = reach_after(trace, snapshot, seq)
+    names = handle_labels(trace)
     nodes = list(snapshot.nodes)
     edges = _edges(snapshot, nodes)
     regions = _regions(nodes)
@@ -172,24 +186,30 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
     keep = refused | ({highlight} if highlight in regions else set())
     block_of: dict[int, int] = {}  # node index -> block number
     blocks: list[tuple[list[int], int]] = []  # (handle ids, nodes per region)
-    if collapse and len(nodes) > collapse_above and len(regions) >= min_repeat:
+    big = len(nodes) > collapse_above or len(regions) > collapse_regions_above
+    if collapse and big and len(regions) >= min_repeat:
         block_of, blocks = _collapse(nodes, edges, regions, states, min_repeat, keep, reach)
     collapsed = {h for handles, _ in blocks for h in handles}
 
-    graph = graphviz.Digraph("autograd", graph_attr={"rankdir": rankdir, "label": dot_text(snapshot.label),
+    where = snapshot_relation(trace, end) if snapshot is snapshot_before(trace, end) else f"taken at seq {snapshot.seq}"
+    title = dot_text(snapshot.label, f"snapshot {where}; handle states at seq {end}")
+    graph = graphviz.Digraph("autograd", graph_attr={"rankdir": rankdir, "label": title,
                                                      "labelloc": "t", "fontname": "Helvetica", "fontsize": "12"},
                              node_attr={**_FONT, "style": "filled"}, edge_attr={"arrowsize": "0.6"})
     for h in sorted(regions):
         if h not in collapsed:
-            _region(graph, h, nodes, regions[h], states.get(h, "recorded"), h in refused, h == highlight, reach)
+            _region(graph, h, names.get(h), nodes, regions[h], states.get(h, "recorded"), h in refused,
+                    h == highlight, reach)
     for i, n in enumerate(nodes):
         if _region_of(n) is None and i not in block_of:
             _node(graph, i, n, reach)
     for k, (handles, size) in enumerate(blocks):
         state = states.get(handles[0], "recorded")
+        first, last = names.get(handles[0]), names.get(handles[-1])
         graph.node(f"block{k}", label=dot_text(f"Block x{len(handles)}",
                                             f"h{handles[0]} – h{handles[-1]} · {state_word(state)}",
-                                            f"{size} nodes each"),
+                                            *([f"{first} – {last}"] if first and last else []),
+                                            f"{size} nodes each, like h{handles[0] - 1}"),
                    shape=_NODE_SHAPES["block"], fillcolor=REGION_FILLS.get(state, NODE_COLOURS["block"]),
                    tooltip=dot_text(", ".join(f"h{h}" for h in handles)))
     _edge_lines(graph, nodes, edges, block_of, reach)
@@ -197,15 +217,17 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
 
 
 def collapse_runs(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapshot | None = None,
-                  min_repeat: int = 3, keep: Iterable[int] = ()) -> list[list[int]]:
-    """The runs of identical regions `render_graph(collapse=True)` would draw as one block, as handle-id lists
-    (refused handles and `keep` stay out of every run)."""
+                  min_repeat: int = 3, keep: Iterable[int] = (), collapse_above: int = 0,
+                  collapse_regions_above: int = 0) -> list[list[int]]:
+    """The regions `render_graph(collapse=True, collapse_above=..., collapse_regions_above=...)` draws as one block
+    each, as handle-id lists: each run of identical regions but its first, which stays drawn (refused handles and
+    `keep` stay out of every run). With the thresholds at 0 (the default), at any size."""
     snapshot = snapshot if snapshot is not None else snapshot_before(trace, seq if seq is not None else _end(trace))
     if snapshot is None:
         return []
     nodes = list(snapshot.nodes)
     regions = _regions(nodes)
-    if len(regions) < min_repeat:
+    if len(regions) < min_repeat or not (len(nodes) > collapse_above or len(regions) > collapse_regions_above):
         return []
     kept = set(keep) | set(refused_handles(trace, seq))
     _, blocks = _collapse(nodes, _edges(snapshot, nodes), regions, region_states(trace, snapshot, seq), min_repeat,
@@ -231,14 +253,16 @@ def _regions(nodes: list[GraphNode]) -> dict[int, list[int]]:
     return regions
 
 
-def _region(graph: graphviz.Digraph, h: int, nodes: list[GraphNode], members: list[int], state: str,
-            refused: bool, highlight: bool, reach: Reach) -> None:
+def _region(graph: graphviz.Digraph, h: int, name: str | None, nodes: list[GraphNode], members: list[int],
+            state: str, refused: bool, highlight: bool, reach: Reach) -> None:
     style = "filled,dashed" if state in _DASHED_STATES else "filled,rounded"
-    label = ("▶ " if highlight else "") + f"h{h} · {state_word(state)}" + (" · replay refused" if refused else "")
+    head = ("▶ " if highlight else "") + f"h{h}" + (f" · {name}" if name else "")
+    words = state_word(state) + (" · replay refused" if refused else "")
     colour = CURSOR_COLOUR if highlight else MARK_COLOURS["refused"] if refused else "#636363"
     with graph.subgraph(name=f"cluster_h{h}") as cluster:
-        cluster.attr(label=dot_text(label), style=style, fillcolor=REGION_FILLS.get(state, "#ffffff"), color=colour,
-                     penwidth="3" if highlight or refused else "1", tooltip=dot_text(f"h{h}: {state_word(state)}"))
+        cluster.attr(label=dot_text(head, words), style=style, fillcolor=REGION_FILLS.get(state, "#ffffff"),
+                     color=colour, penwidth="3" if highlight or refused else "1",
+                     tooltip=dot_text(f"h{h}{f' {name}' if name else ''}: {words}"))
         if refused:
             cluster.attr(fontcolor=colour)
         excluded: dict[int, list[int]] = {}
@@ -323,10 +347,10 @@ def _collapse(nodes: list[GraphNode], edges: list[tuple[int, int]], regions: dic
     run: list[int] = []
 
     def close_run() -> None:
-        if len(run) >= min_repeat:
+        if len(run) >= min_repeat:  # NOTE rule 3: the first region of the run stays drawn
             k = len(blocks)
-            blocks.append((list(run), len(regions[run[0]]) + len(satellites[run[0]])))
-            for h in run:
+            blocks.append((list(run[1:]), len(regions[run[0]]) + len(satellites[run[0]])))
+            for h in run[1:]:
                 for i in [*regions[h], *satellites[h]]:
                     block_of[i] = k
 

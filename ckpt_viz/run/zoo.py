@@ -43,7 +43,8 @@ class ModelSpec:
         checkpoint: qualified names of the submodules to checkpoint.
         stages: for pipeline scenarios, the qualified names of the stage modules in order.
         description: one line for people.
-        look_at: one line for people: what this model shows, and where to look.
+        look_at: one line for people: where to look and what to compare; never a fact about a run (the pages
+            state those from the run's analysis, `ckpt_viz.analysis.claims`).
         kwargs: keyword arguments of `model(...)`.
         targets: what the loss compares the output with (a tensor or a pytree of them), or
             None; the pipeline splits it into micro-batches with the inputs.
@@ -171,8 +172,8 @@ def _mlp() -> ModelSpec:
     model = Stack([MLPBlock(32, 128) for _ in range(4)], 32)
     return ModelSpec("mlp", model, (torch.randn(384, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(4)),
                      description="4 residual MLP blocks, each checkpointed",
-                     look_at="Memory: compare the peak with mode 'none'; checkpointing keeps only each "
-                             "block's input, then recomputes one block at a time in backward")
+                     look_at="Memory: compare the peak with mode 'none' (Compare modes), and see how many "
+                             "replays the backward holds at once in each mode")
 
 
 def _transformer() -> ModelSpec:
@@ -180,16 +181,16 @@ def _transformer() -> ModelSpec:
     return ModelSpec("transformer", model, (torch.randn(4, 64, 32),),
                      checkpoint=tuple(f"blocks.{i}" for i in range(3)),
                      description="3 pre-norm transformer blocks (attention + MLP), each checkpointed",
-                     look_at="Memory: attention and MLP activations dominate; checkpointed modes keep a block's "
-                             "input instead of its activations")
+                     look_at="Memory: which categories fill the peak, in mode 'none' and in the checkpointed "
+                             "modes (Compare modes)")
 
 
 def _dropout() -> ModelSpec:
     model = Stack([MLPBlock(32, 128, dropout=0.25) for _ in range(3)], 32)
     return ModelSpec("dropout", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
                      description="3 MLP blocks with dropout: the replay must reuse the forward's RNG state",
-                     look_at="Overview: the gradients match mode 'none' bit for bit, so the replay drew the "
-                             "same dropout mask")
+                     look_at="Debugger: a replay that drew another dropout mask than its forward would be "
+                             "found there as a divergence")
 
 
 def _closure() -> ModelSpec:
@@ -197,16 +198,16 @@ def _closure() -> ModelSpec:
     return ModelSpec("closure", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
                      description="3 blocks whose checkpointed function captures its parameters in a closure "
                                  "(DW reaches them only through the backward trigger)",
-                     look_at="Routing (split-reentrant): DW reaches the captured weights through the backward "
-                             "trigger, not through the block's inputs")
+                     look_at="Routing (split-reentrant): how DW reaches the captured weights, through the "
+                             "backward trigger or the block's inputs")
 
 
 def _excluded() -> ModelSpec:
     model = Stack([ExcludedNormBlock(32) for _ in range(3)], 32)
     return ModelSpec("excluded", model, (torch.randn(512, 32),), checkpoint=tuple(f"blocks.{i}" for i in range(3)),
                      description="3 blocks with an excluded LayerNorm: its output is kept, never recomputed",
-                     look_at="Memory: the 'excluded_outputs' band is the LayerNorm output kept from the forward; "
-                             "the replay skips it")
+                     look_at="Memory: the 'excluded outputs' band (the LayerNorm outputs kept from the forward), "
+                             "and the graph's excluded regions")
 
 
 def _pipeline() -> ModelSpec:

@@ -1,5 +1,6 @@
-"""The graph page headless (AppTest): which snapshot it says it shows, torchviz's own view, Collapse, zoom,
-a trace without make_dot's drawing, and the excluded model's excluded regions; each graph an inert SVG image."""
+"""The graph page headless (AppTest): which snapshot it says it shows and where it was taken relative to the
+cursor, torchviz's own view, big graphs collapsed by default (expand on request), zoom (Fit by default), a trace
+without make_dot's drawing, and the excluded model's excluded regions; each graph an inert SVG image."""
 from __future__ import annotations
 
 import base64
@@ -32,13 +33,17 @@ def _graph_page(**state: object) -> AppTest:
 
 def _svg(at: AppTest) -> str:
     """The page's one graph: an <img> whose source is the SVG as a data: URL (NOTE [ A graph is an image ])."""
-    images = [(m.group(1), m.group(2)) for element in at.get("html")
-              for m in re.finditer(r'<img class="ckpt-graph"[^>]*src="data:image/svg\+xml;base64,([^"]+)" '
-                                   r'style="([^"]*)"', element.proto.body)]
+    images = [(m.group(1), m.group(2), m.group(3)) for element in at.get("html")
+              for m in re.finditer(r'<img class="ckpt-graph"[^>]*data-zoom="([^"]+)"[^>]*'
+                                   r'src="data:image/svg\+xml;base64,([^"]+)" style="([^"]*)"', element.proto.body)]
     assert len(images) == 1 and not at.get("iframe")
-    svg = base64.b64decode(images[0][0]).decode("utf-8")
-    width, height = _size(svg)  # the image keeps the SVG's own size: 1 pt is 4/3 px
-    assert f"width:{width * 4 / 3:.0f}px;height:{height * 4 / 3:.0f}px" in images[0][1]
+    zoom, data, style = images[0]
+    svg = base64.b64decode(data).decode("utf-8")
+    width, height = _size(svg)
+    if zoom == "fit":  # the whole graph in its frame: the browser shrinks it, never grows it
+        assert "width:auto;height:auto;max-width:100%;max-height:" in style, style
+    else:  # the image keeps the SVG's own size: 1 pt is 4/3 px
+        assert f"width:{width * 4 / 3:.0f}px;height:{height * 4 / 3:.0f}px" in style, style
     assert "<script" not in svg and "<a " not in svg and "href" not in svg
     return svg
 
@@ -59,10 +64,16 @@ def test_the_page_says_which_snapshot_it_shows_and_zooms() -> None:
     first, last = trace.graphs[0], trace.graphs[-1]
     at = _graph_page()
     at.slider(key="cursor_slider").set_value(0).run()
-    assert (f"No snapshot was taken by seq 0 yet: this is the first one, snapshot **{first.label}** "
-            f"(taken at seq {first.seq}, {len(first.nodes)} nodes)") in _captions(at)
+    assert (f"Showing snapshot **{first.label}** ({len(first.nodes)} nodes), taken at seq {first.seq}, "
+            f"{first.seq} seqs after the cursor (seq 0): none was taken by then. The regions are drawn in their "
+            "states at the cursor (seq 0).") in _captions(at)
     at.button(key="cursor_last").click().run()
-    assert f"Showing snapshot **{last.label}** (taken at seq {last.seq}" in _captions(at)
+    end = trace.events[-1].seq
+    assert (f"Showing snapshot **{last.label}** ({len(last.nodes)} nodes), taken at seq {last.seq}, "
+            f"{end - last.seq} seqs before the cursor (seq {end}): the last one by then.") in _captions(at)
+    assert at.select_slider(key="graph_zoom").value == "Fit"  # the default: the whole graph in its frame
+    _svg(at)
+    at.select_slider(key="graph_zoom").set_value(100).run()
     full = _size(_svg(at))
     at.select_slider(key="graph_zoom").set_value(50).run()
     half = _size(_svg(at))
@@ -76,7 +87,7 @@ def test_torchviz_view_is_make_dots_drawing_with_direction_and_its_own_legend() 
     assert "AccumulateGrad" in svg and 'fill="lightblue"' in svg and "cluster" not in svg
     assert "torchviz.make_dot's style" in _captions(at) and "Region h<id>" not in _captions(at)
     assert "White box" not in _captions(at)
-    assert not [t for t in at.toggle if t.key == "graph_collapse"]  # Collapse is hidden, and says why
+    assert not [t for t in at.toggle if t.key == "graph_expand"]  # Collapse is hidden, and says why
     assert "Collapse applies to the checkpoint view only" in _captions(at)
     tall = _size(svg)
     at.radio(key="graph_rankdir").set_value("LR").run()
@@ -84,20 +95,26 @@ def test_torchviz_view_is_make_dots_drawing_with_direction_and_its_own_legend() 
     assert tall[1] > tall[0] and wide[0] > wide[1]
 
 
-def test_collapse_says_what_it_collapsed() -> None:
-    from ckpt_viz.render.graph import collapse_runs
+def test_a_big_graph_opens_collapsed_says_what_it_collapsed_and_expands_on_request() -> None:
+    from ckpt_viz.render.graph import COLLAPSE_ABOVE, COLLAPSE_REGIONS_ABOVE, collapse_runs
 
-    trace = obtain_trace(RunRequest("builtin", "mlp", mode="split-reentrant"))
-    at = _graph_page()
+    trace = obtain_trace(RunRequest("builtin", "transformer", mode="split-reentrant"))
+    assert len(trace.graphs[-1].nodes) > COLLAPSE_ABOVE  # the snapshot before DW: every replay retained
+    runs = collapse_runs(trace, None, collapse_above=COLLAPSE_ABOVE, collapse_regions_above=COLLAPSE_REGIONS_ABOVE)
+    assert runs == [[1, 2]]  # h0 drawn in full, h1 and h2 as one node
+    at = _graph_page(src_model="transformer")
     at.button(key="cursor_last").click().run()
-    at.toggle(key="graph_collapse").set_value(True).run()
-    runs = collapse_runs(trace, None)
-    if runs:
-        # handle ids count on from earlier recordings in the process: compare the run's length
-        assert re.search(rf"Collapsed: h\d+–h\d+ \({len(runs[0])} identical regions\)", _captions(at))
-        assert f"Block x{len(runs[0])}" in _svg(at)
-    else:
-        assert "Nothing to collapse here" in _captions(at) and "Block x" not in _svg(at)
+    assert "Collapsed: h1–h2 (blocks.1 – blocks.2), 2 regions identical to h0, as one node." in _captions(at)
+    svg = _svg(at)
+    assert "Block x2" in svg and re.findall(r"<title>(cluster_h\d+)</title>", svg) == ["cluster_h0"]
+    at.toggle(key="graph_expand").set_value(True).run()
+    assert "Collapsed:" not in _captions(at)
+    svg = _svg(at)
+    assert "Block x" not in svg and len(re.findall(r"<title>cluster_h\d+</title>", svg)) == 3
+    # A small graph is never collapsed: the same run's first snapshot (before DX).
+    at.toggle(key="graph_expand").set_value(False).run()
+    at.button(key="cursor_first").click().run()
+    assert "Collapsed:" not in _captions(at) and "Block x" not in _svg(at)
 
 
 def test_a_trace_without_make_dots_drawing_still_opens(tmp_path: Path) -> None:
@@ -135,7 +152,7 @@ def test_a_refused_replay_is_marked_on_the_graph_from_its_refusal_on() -> None:
     refusal = trace.of_kind("replay_refused")[0]
     at = _graph_page(src_kind="Broken runs to explore", src_broken="second-backward")
     at.button(key="cursor_last").click().run()
-    assert len(re.findall(r"h\d+ · released · replay refused", _svg(at))) == 1
+    assert len(re.findall(r">released · replay refused<", _svg(at))) == 1
     before = [i for i, e in enumerate(trace.events) if e.seq < refusal.seq][-1]
     at.slider(key="cursor_slider").set_value(before).run()
     assert "replay refused" not in _svg(at)

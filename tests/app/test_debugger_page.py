@@ -59,6 +59,12 @@ def _plain(markdown: str) -> str:
     return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown.replace("  \n", "\n")).replace("\u2060", "")
 
 
+def _finding_picker(at: AppTest):
+    """The Debugger's finding picker: one per run (its key is `ui.runs.run_key(config, "debug_finding")`)."""
+    (radio,) = [r for r in at.radio if (r.key or "").startswith("debug_finding_")]
+    return radio
+
+
 def _position(at: AppTest) -> int:
     return at.slider(key="cursor_slider").value
 
@@ -68,7 +74,7 @@ def test_the_debugger_page_shows_the_finding_and_follows_it_to_its_event(expecte
     at.switch_page("views/debugger.py").run()
     assert not at.exception, at.exception
     assert [t.value for t in at.title] == ["Debugger"]
-    radio = at.radio(key="debug_finding")
+    radio = _finding_picker(at)
     assert len(radio.options) == 1 and DIAGNOSIS_CODES["released_by_dw"].cause in _plain(radio.options[0])
     assert any(DIAGNOSIS_CODES["released_by_dw"].cause in _plain(e.value) for e in at.error)
     codes = [c.value for c in at.code]
@@ -105,12 +111,12 @@ def test_choosing_another_finding_moves_the_cursor_to_its_event(tmp_path: Path) 
     first, second = diagnose(rec.trace)
     assert (first.code, second.code) == ("released_explicitly", "session_never_cleared")
     at = _debugger_on_saved(rec.trace, tmp_path / "two.json")
-    assert len(at.radio(key="debug_finding").options) == 2
-    at.radio(key="debug_finding").set_value(1).run()
+    assert len(_finding_picker(at).options) == 2
+    _finding_picker(at).set_value(1).run()
     assert not at.exception, at.exception
     assert _position(at) == second.seq  # a saved recording's seqs are its positions
     assert any(second.fix in _plain(i.value) for i in at.info)
-    at.radio(key="debug_finding").set_value(0).run()
+    _finding_picker(at).set_value(0).run()
     assert _position(at) == first.seq == first.release_event.seq
 
 
@@ -163,7 +169,8 @@ def test_a_clean_run_whose_replays_were_sampled_says_how_many_were_not_checked(
     assert rec.trace.meta["replay_checks"]["skipped"] == 1 and not diagnose(rec.trace)
     at = _debugger_on_saved(rec.trace, tmp_path / "sampled.json")
     (success,) = [s.value for s in at.success]
-    assert success.startswith("No problem found in this run")
+    assert _plain(success) == ("No problem found: 0 refused replays, 0 errors; 1 of 1 handle released by the end "
+                               "of the run.")
     (warning,) = [_plain(w.value) for w in at.warning]
     assert "0 of 1 checkpointed runs checked" in warning and "1 not checked" in warning and "checks('all')" in warning
 

@@ -2,7 +2,7 @@
 one `ckpt_viz.analysis.summary.summary` (NOTE [ Figures of a run ] in app/ui/runs.py): on every built-in model in
 every mode and on every broken run. (Overview "Released 3" against Compare "released 0" for one non-reentrant run
 was the bug: both now read `RunSummary.released`.) And the Handles page answers for each handle what
-`diagnose(trace, h)`, else `diagnose_handle(trace, h)`, says, with the state at the cursor in its picker."""
+`diagnose(trace, h)`, else `diagnose_handle(trace, h)`, says, with the state at the cursor said under its picker."""
 from __future__ import annotations
 
 import re
@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from ckpt_viz.analysis.diagnosis import diagnose, diagnose_handle
+from ckpt_viz.analysis.handles import handle_labels
 from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.analysis.summary import RunSummary, summary
 from ckpt_viz.analysis.words import format_bytes, state_word
@@ -138,13 +139,16 @@ def test_the_handles_page_answers_for_each_handle_what_the_diagnosis_says(name: 
     at.switch_page("views/handles.py").run()
     at.button(key="cursor_next_release").click().run()
     seq = trace.events[at.slider(key="cursor_slider").value].seq
-    picker = at.selectbox(key="debug_handle")
+    (picker,) = [b for b in at.selectbox if (b.key or "").startswith("debug_handle_")]  # the run's own picker
     life = lifecycle(trace)
-    for h in life.handle_ids:  # the picker says each handle's state at the cursor, in words
-        assert picker.format_func(h).endswith(f"{state_word(life.state_at(h, seq))} at seq {seq}"), h
+    for h in life.handle_ids:  # the picker names each handle, never a state that the cursor would make stale
+        assert picker.format_func(h) in (f"h{h}", f"h{h} · {handle_labels(trace).get(h)}"), h
     for h in life.handle_ids:
-        at.selectbox(key="debug_handle").set_value(h).run()
+        picker.set_value(h).run()
         assert not at.exception, at.exception
+        # The chosen handle's state at the cursor, said under the picker in words.
+        said = _plain("\n".join(m.value for m in at.markdown))
+        assert f"At the cursor (seq {seq}), h{h} is {state_word(life.state_at(h, seq))}." in said.replace("**", ""), h
         expected = diagnose(trace, h) or [diagnose_handle(trace, h)]
         boxes = [_plain(b.value) for b in [*at.error, *at.success] if b.value.startswith(f"**h{h}")]
         assert boxes == [f"**h{h}: {d.cause or 'no problem found.'}** {d.summary}" for d in expected], h

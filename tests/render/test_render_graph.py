@@ -78,12 +78,13 @@ def _graph(snapshot: GraphSnapshot, states: dict[int, str] | None = None, *, ref
 def test_regions_become_clusters_labelled_with_their_state() -> None:
     dot = _graph(block_snapshot(2, replay=True), {0: "replayed", 1: "released"})
     h0, h1 = _cluster_attrs(dot, "cluster_h0"), _cluster_attrs(dot, "cluster_h1")
-    assert h0["label"] == "h0 · replayed" and h0["fillcolor"] == REGION_FILLS["replayed"]
-    assert h1["label"] == "h1 · released" and h1["style"] == "filled,dashed"
+    # Each region is named by its handle and what it checkpointed (analysis.handles.handle_labels), over its state.
+    assert h0["label"] == "h0 · Block.forward\\nreplayed" and h0["fillcolor"] == REGION_FILLS["replayed"]
+    assert h1["label"] == "h1 · Block.forward\\nreleased" and h1["style"] == "filled,dashed"
     # Inside h0: its checkpoint node and its retained replay; its trigger and dummy input stay outside.
     inside = _nodes(_cluster(dot, "cluster_h0"))
     labels = {a["label"] for a in inside.values()}
-    assert "_CheckpointBackward\\nh0 · dx" in labels and "blocks.0.weight\\n(4, 4)" in labels
+    assert "_CheckpointBackward\\nh0 · DX" in labels and "blocks.0.weight\\n(4, 4)" in labels
     assert "AddmmBackward0" in labels and "trigger h0" not in labels
     assert "trigger h0" in {a["label"] for a in _nodes(dot).values()}
     assert "<svg" in _svg(dot)
@@ -95,13 +96,13 @@ def test_the_states_are_the_lifecycles_at_the_cursor() -> None:
     assert region_states(trace, snapshot, None) == {1: "retained", 0: "released"}
     assert region_states(trace, snapshot, 0) == {1: "not_created", 0: "recorded"}
     early = render_graph(trace, 0).source
-    assert _cluster_attrs(early, "cluster_h0")["label"] == "h0 · recorded"
-    assert _cluster_attrs(early, "cluster_h1")["label"] == "h1 · not created yet"
+    assert _cluster_attrs(early, "cluster_h0")["label"] == "h0 · Block.forward\\nrecorded"
+    assert _cluster_attrs(early, "cluster_h1")["label"] == "h1 · Block.forward\\nnot created yet"
 
 
 def test_without_events_a_region_existed_before_the_recording() -> None:
-    assert _cluster_attrs(_graph(block_snapshot(1)), "cluster_h0")["label"] == "h0 · recorded"
-    assert _cluster_attrs(_graph(block_snapshot(1, replay=True)), "cluster_h0")["label"] == "h0 · retained"
+    assert _cluster_attrs(_graph(block_snapshot(1)), "cluster_h0")["label"] == "h0\\nrecorded"  # no name known
+    assert _cluster_attrs(_graph(block_snapshot(1, replay=True)), "cluster_h0")["label"] == "h0\\nretained"
 
 
 def test_node_kinds_are_told_apart_by_shape_and_colour() -> None:
@@ -113,7 +114,7 @@ def test_node_kinds_are_told_apart_by_shape_and_colour() -> None:
     assert by_label["dummy\\n(0)"]["shape"] == "ellipse"  # the zero-size input of the checkpoint
     trigger = by_label["trigger h0"]
     assert (trigger["shape"], trigger["fillcolor"]) == ("diamond", NODE_COLOURS["trigger"])
-    checkpoint = by_label["_CheckpointBackward\\nh0 · dx"]
+    checkpoint = by_label["_CheckpointBackward\\nh0 · DX"]
     assert (checkpoint["shape"], checkpoint["fillcolor"]) == ("box3d", NODE_COLOURS["checkpoint"])
 
 
@@ -134,38 +135,53 @@ def test_legend_is_the_docstring_and_names_every_colour_role() -> None:
         assert word in GRAPH_LEGEND
 
 
-def test_twelve_identical_blocks_collapse_to_one_node() -> None:
+def test_twelve_identical_blocks_collapse_to_one_region_and_one_node() -> None:
     snapshot = block_snapshot(12, replay=True)
     full = _graph(snapshot, collapse=False)
     collapsed = _graph(snapshot, collapse_above=10)
     assert len(_nodes(full)) == 3 + 12 * 6
     assert full.count("subgraph cluster_h") == 12
-    assert "Block x12" in _nodes(collapsed)["block0"]["label"]
-    assert "h0 – h11 · retained" in _nodes(collapsed)["block0"]["label"]
-    # What remains: the loss, the head weight, the model input and the block.
-    assert len(_nodes(collapsed)) == 4
-    assert "cluster_h" not in collapsed
+    # The first region stays drawn in full (what the run repeats); the other eleven are one node.
+    assert "Block x11" in _nodes(collapsed)["block0"]["label"]
+    assert "h1 – h11 · retained" in _nodes(collapsed)["block0"]["label"]
+    assert "like h0" in _nodes(collapsed)["block0"]["label"]
+    # What remains: the loss, the head weight, the model input, h0's region (6 nodes) and the block.
+    assert len(_nodes(collapsed)) == 3 + 6 + 1
+    assert re.findall(r"subgraph (cluster_h\d+)", collapsed) == ["cluster_h0"]
     edges = _edges(collapsed)
     assert edges["n0 -> block0"]["color"] == EDGE_COLOURS["both"]
-    assert edges["block0 -> n2"]["color"] == EDGE_COLOURS["dx"]
+    h0 = 3 + 11 * 6  # h0's checkpoint node, the last region of the chain: between the block and the input
+    assert edges[f"block0 -> n{h0}"]["color"] == EDGE_COLOURS["both"]
+    assert edges[f"n{h0} -> n2"]["color"] == EDGE_COLOURS["dx"]
+    assert collapse_runs(Trace(graphs=[snapshot]), min_repeat=3) == [list(range(1, 12))]
     assert "<svg" in _svg(collapsed)
 
 
 def test_small_graphs_and_collapse_false_stay_expanded() -> None:
-    assert "block0" not in _graph(block_snapshot(12, replay=True))  # 75 nodes: under the default threshold of 100
+    assert "block0" not in _graph(block_snapshot(8, replay=True))  # 51 nodes, 8 regions: under both thresholds
     assert "block0" not in _graph(block_snapshot(40, replay=True), collapse=False)
-    assert "Block x40" in _graph(block_snapshot(40, replay=True))
+    assert "Block x39" in _graph(block_snapshot(40, replay=True))
+
+
+def test_many_regions_collapse_though_the_graph_has_few_nodes() -> None:
+    # A deep model checkpointed layer by layer draws few nodes per region before backward; 9 regions is big.
+    dot = _graph(block_snapshot(9, replay=True))
+    assert len(snapshot_nodes := block_snapshot(9, replay=True).nodes) < 100, len(snapshot_nodes)
+    assert "Block x8" in dot and "subgraph cluster_h0 {" in dot
+    assert "block0" not in _graph(block_snapshot(9, replay=True), collapse_regions_above=9)
 
 
 def test_different_states_break_a_run_of_blocks() -> None:
     states = {h: "released" if h >= 8 else "replayed" for h in range(12)}
     dot = _graph(block_snapshot(12, replay=True), states, collapse_above=10)
     labels = re.findall(r'label="(Block x\d+\\nh\d+ – h\d+ · \w+)', dot)
-    assert labels == ["Block x8\\nh0 – h7 · replayed", "Block x4\\nh8 – h11 · released"]
+    assert labels == ["Block x7\\nh1 – h7 · replayed", "Block x3\\nh9 – h11 · released"]
+    assert "subgraph cluster_h0 {" in dot and "subgraph cluster_h8 {" in dot
     # A run shorter than min_repeat stays as clusters.
     states[5] = "replaying"
     dot = _graph(block_snapshot(12, replay=True), states, collapse_above=10, min_repeat=3)
-    assert "subgraph cluster_h5 {" in dot and "Block x5\\nh0 – h4" in dot and "Block x2\\nh6 – h7" not in dot
+    assert "subgraph cluster_h5 {" in dot and "Block x4\\nh1 – h4" in dot and "h7 – h7" not in dot
+    assert "subgraph cluster_h6 {" in dot and "subgraph cluster_h7 {" in dot
 
 
 def test_thousands_of_nodes_render_and_collapse() -> None:
@@ -174,8 +190,18 @@ def test_thousands_of_nodes_render_and_collapse() -> None:
     assert len(snapshot.nodes) > 5000
     assert len(_nodes(_graph(snapshot, collapse=False))) == len(snapshot.nodes)
     collapsed = _graph(snapshot)
-    assert len(_nodes(collapsed)) == 4 and "Block x850" in collapsed
+    assert len(_nodes(collapsed)) == 3 + 6 + 1 and "Block x849" in collapsed
     assert "<svg" in _svg(collapsed)
+
+
+def test_the_title_says_which_snapshot_is_shown_relative_to_the_cursor() -> None:
+    snapshot = block_snapshot(2, replay=True)  # taken at seq 0
+    trace = with_states(snapshot, {0: "released", 1: "retained"})
+    late = _attrs(re.search(r"^\s*graph \[(.*)\]$", render_graph(trace, 5).source, re.M).group(1))["label"]
+    assert late == ("snapshot\\nsnapshot taken at seq 0, 5 seqs before the cursor (seq 5): the last one by then; "
+                    "handle states at seq 5"), late
+    at = _attrs(re.search(r"^\s*graph \[(.*)\]$", render_graph(trace, snapshot.seq).source, re.M).group(1))
+    assert at["label"] == "snapshot\\nsnapshot taken at seq 0, at the cursor; handle states at seq 0"
 
 
 HOSTILE = ['say "hi"', 'Weird"Backward\\', "<b>bold</b>", "<<FONT FACE=\"x\" POINT-SIZE=\"99\">face</FONT>>",
@@ -237,7 +263,7 @@ def test_a_refused_handle_gets_a_red_border_and_says_so() -> None:
     snapshot = block_snapshot(3)
     dot = _graph(snapshot, {0: "recorded", 2: "recorded"}, refused=(1, 7))  # 7 is not in the graph: ignored
     h1 = _cluster_attrs(dot, "cluster_h1")
-    assert h1["label"] == "h1 · released · replay refused"
+    assert h1["label"] == "h1 · Block.forward\\nreleased · replay refused"
     assert (h1["color"], h1["penwidth"]) == (palette.MARK_COLOURS["refused"], "3")
     assert "refused" not in _cluster(dot, "cluster_h0") and "refused" not in _cluster(dot, "cluster_h2")
     assert "<svg" in _svg(dot)
@@ -247,18 +273,18 @@ def test_the_highlighted_handle_gets_the_magenta_border_and_is_never_collapsed()
     snapshot = block_snapshot(12, replay=True)
     dot = _graph(snapshot, collapse_above=10, highlight=5)
     h5 = _cluster_attrs(dot, "cluster_h5")
-    assert h5["label"] == "▶ h5 · retained" and (h5["color"], h5["penwidth"]) == (palette.CURSOR_COLOUR, "3")
+    assert h5["label"] == "▶ h5\\nretained" and (h5["color"], h5["penwidth"]) == (palette.CURSOR_COLOUR, "3")
     labels = re.findall(r'label="(Block x\d+\\nh\d+ – h\d+)', dot)
-    assert labels == ["Block x5\\nh0 – h4", "Block x6\\nh6 – h11"]
-    assert collapse_runs(Trace(graphs=[snapshot]), keep=[5]) == [list(range(5)), list(range(6, 12))]
+    assert labels == ["Block x4\\nh1 – h4", "Block x5\\nh7 – h11"]  # h0 and h6 drawn: the first of each run
+    assert collapse_runs(Trace(graphs=[snapshot]), keep=[5]) == [list(range(1, 5)), list(range(7, 12))]
 
 
 def test_collapse_runs_tells_what_collapses_at_any_size() -> None:
-    assert collapse_runs(Trace(graphs=[block_snapshot(3, replay=True)])) == [[0, 1, 2]]
+    assert collapse_runs(Trace(graphs=[block_snapshot(3, replay=True)])) == [[1, 2]]  # h0 stays drawn
     assert collapse_runs(Trace(graphs=[block_snapshot(2, replay=True)])) == []  # under min_repeat
     assert collapse_runs(with_states(block_snapshot(3), {0: "recorded", 1: "replayed", 2: "recorded"})) == []
     assert collapse_runs(with_states(block_snapshot(4), {}, refused=(1,))) == []  # a refused handle breaks the run
-    assert "Block x3" in _graph(block_snapshot(3, replay=True), collapse_above=0)
+    assert "Block x2" in _graph(block_snapshot(3, replay=True), collapse_above=0)
 
 
 def _excluded_snapshot() -> GraphSnapshot:
@@ -292,10 +318,13 @@ def test_refused_handles_as_of_the_cursor() -> None:
 def test_the_graph_at_the_cursor_is_the_last_snapshot_before_it() -> None:
     trace = split_trace()  # one snapshot, at seq 6, handles 0 and 1 waiting for DX there
     early, late = render_graph(trace, 2).source, render_graph(trace, 25).source
-    assert _attrs(re.search(r"graph \[(.*)\]", early).group(1))["label"] == "before DX"  # the first one, before it
-    assert _cluster_attrs(early, "cluster_h0")["label"] == "h0 · recorded"
-    assert _cluster_attrs(render_graph(trace, 7).source, "cluster_h0")["label"] == "h0 · waiting for DX"
-    assert _cluster_attrs(late, "cluster_h0")["label"] == "h0 · released"
+    # The first one, taken after the cursor, drawn in the states at the cursor; its title says so.
+    assert _attrs(re.search(r"graph \[(.*)\]", early).group(1))["label"] == (
+        "before DX\\nsnapshot taken at seq 6, 4 seqs after the cursor (seq 2): none was taken by then; handle states "
+        "at seq 2")
+    assert _cluster_attrs(early, "cluster_h0")["label"] == "h0 · Block.forward\\nrecorded"
+    assert _cluster_attrs(render_graph(trace, 7).source, "cluster_h0")["label"] == "h0 · Block.forward\\nwaiting for DX"
+    assert _cluster_attrs(late, "cluster_h0")["label"] == "h0 · Block.forward\\nreleased"
 
 
 def test_dot_svg_is_an_inline_element_at_a_fixed_scale() -> None:
@@ -322,4 +351,4 @@ def test_every_lifecycle_state_has_a_region_colour_and_the_legend_names_it() -> 
     dot = _graph(block_snapshot(2, replay=True), {0: "retained", 1: "collected"})
     assert _cluster_attrs(dot, "cluster_h0")["fillcolor"] == REGION_FILLS["retained"]
     h1 = _cluster_attrs(dot, "cluster_h1")
-    assert h1["label"] == "h1 · collected" and h1["style"] == "filled,dashed"
+    assert h1["label"] == "h1 · Block.forward\\ncollected" and h1["style"] == "filled,dashed"
