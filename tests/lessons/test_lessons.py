@@ -289,9 +289,10 @@ def test_a_check_that_does_not_hold_fails_the_step_and_a_missing_figure_is_named
         check_step(lesson, lesson.steps[1])
 
 
-@pytest.mark.parametrize("model", BUILTIN_MODEL_NAMES)
+@pytest.mark.parametrize("model", [m for m in BUILTIN_MODEL_NAMES if m != "pipeline"])
 def test_checkpointed_modes_peak_measurably_below_none(model: str) -> None:
-    """The models teach checkpointing: see NOTE [ Sizes: activations dominate ] in ckpt_viz/run/zoo.py."""
+    """The models teach checkpointing: see NOTE [ Sizes: activations dominate ] in ckpt_viz/run/zoo.py (the
+    pipeline model teaches schedules, not this: its rule there)."""
     from ckpt_viz.lessons.helpers import builtin, peak
 
     none = peak(builtin(model, "none"))
