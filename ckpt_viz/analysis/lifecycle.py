@@ -460,9 +460,9 @@ def recompute_time(trace: Trace) -> RecomputeTime:
                 replays += 1
                 open_at[e.handle_id] = e.t_ns
             elif type(e) in (ReplayFinished, ReplayFailed) and e.handle_id in open_at:
-                start = open_at.pop(e.handle_id)  # type: ignore[arg-type]
+                start = open_at.pop(e.handle_id)
                 spans.append((start, e.t_ns))
-                by_handle[e.handle_id] = by_handle.get(e.handle_id, 0) + e.t_ns - start  # type: ignore[index]
+                by_handle[e.handle_id] = by_handle.get(e.handle_id, 0) + e.t_ns - start
         total, end = 0, None
         for a, b in sorted(spans):
             if end is not None and b <= end:
