@@ -49,7 +49,7 @@ PAGE_S = 1.5  # the first page's target, for every page
 # The sidebar's pages in its order (app/streamlit_app.py): link name -> the title the page shows.
 PAGES = {"Autograd graph": "Autograd graph", "Memory": "Memory", "Handles": "Handles", "Debugger": "Debugger",
          "Routing (DX/DW)": "Routing (DX/DW)", "Schedule timeline": "Schedule timeline", "Events": "Events",
-         "Compare": "Compare", "Lessons": "Lessons", "Glossary": "Glossary", "Overview": "Overview"}
+         "Compare": "Compare two runs", "Lessons": "Lessons", "Glossary": "Glossary", "Overview": "Overview"}
 NOT_TRACE = {"Lessons"}  # records its own runs: not a figure of the trace
 # The page `title` drawn: its heading shown, the run ended, every chart new and drawn, every graph frame and
 # table drawn.

@@ -222,6 +222,23 @@ class Recording:
         if self._probe is not None:
             self._probe.assign_stage(_tensors_in(tensors), stage)
 
+    def mark(self, label: str) -> None:
+        """A named point of the run (a `memory_sampled` event, `at=label`): with memory=True, memory is read there.
+
+        Memory is read at events only (NOTE [ What a recording captures ], rule 2), so a loop with no checkpoint
+        emits none; mark the points to compare ("block 0", "loss", "end").
+
+        Example:
+            with ckpt_viz.record(memory=True, model=model) as rec:
+                loss = model(x).sum(); rec.mark("loss"); loss.backward(); rec.mark("end")
+        """
+        if self._channel is None or not self._channel.is_open:
+            raise RecordingError("ckpt_viz.Recording.mark: this recording is not open.\n"
+                                 "Tip: call rec.mark(...) inside the `with ckpt_viz.record() as rec:` block.")
+        from ckpt_viz.events import MemorySampled
+
+        bus.emit(MemorySampled, capture_site=False, at=str(label))
+
     def snapshot(self, roots: Any, label: str) -> None:
         """Add a graph snapshot of the graph behind `roots` now (needs graphs=True or works anyway)."""
         from ckpt_viz.probe.graph import capture_graph

@@ -8,12 +8,11 @@ from ckpt_viz.render.swimlane import render_lifecycles
 from ckpt_viz.render.text import format_event
 from ui.cursor import cursor_bar, position_of, set_cursor
 from ui.graphview import graph_view, snapshot_note
-from ui.runs import current
+from ui.runs import current, run_key
 from ui.show import show_chart, source_line
 from ui.text import md
 
-FINDING = "debug_finding"  # the picker's value: an index into the findings of the run of FINDING_RUN
-FINDING_RUN = "debug_finding_run"  # the run the choice was made on: a new run starts at its first finding
+FINDING = "debug_finding"  # the picker's key is per run (`run_key`): a new run starts at its first finding
 
 
 def _label(findings: list, i: int) -> str:
@@ -22,10 +21,10 @@ def _label(findings: list, i: int) -> str:
     return md(f"{i + 1}. {who}: {f.cause or f.summary}")
 
 
-def _follow(run, findings: list) -> None:
+def _follow(run, key: str, findings: list) -> None:
     """A finding of `run` was chosen: move its cursor to the finding's releasing event (else its refusal or
-    error). The picker's value is an index into `findings` (reset for each new run)."""
-    i = st.session_state.get(FINDING)
+    error). The picker is `run`'s own, so its value is an index into `findings`."""
+    i = st.session_state.get(key)
     if isinstance(i, int) and 0 <= i < len(findings) and findings[i].seq is not None:
         set_cursor(run, findings[i].seq)
 
@@ -33,9 +32,6 @@ def _follow(run, findings: list) -> None:
 run = current()
 st.title("Debugger")
 findings = diagnose(run.trace)
-if st.session_state.get(FINDING_RUN) != run.config:
-    st.session_state[FINDING_RUN] = run.config
-    st.session_state[FINDING] = 0  # a new run (its cursor at its first event): its first finding
 seq = cursor_bar(run)
 unchecked = replay_checks_note(run.trace)  # replays the sampled divergence checks skipped: never claim them clean
 if not findings:
@@ -49,8 +45,9 @@ st.caption(f"{len(findings)} problem{'s' if len(findings) != 1 else ''} found. C
            "to the event that caused it.")
 if unchecked:
     st.warning(md(unchecked))
-i = st.radio("Findings", range(len(findings)), key=FINDING, format_func=lambda i: _label(findings, i),
-             on_change=_follow, args=(run, findings), label_visibility="collapsed")
+key = run_key(run.config, FINDING)
+i = st.radio("Findings", range(len(findings)), key=key, format_func=lambda i: _label(findings, i),
+             on_change=_follow, args=(run, key, findings), label_visibility="collapsed")
 f = findings[i if isinstance(i, int) and 0 <= i < len(findings) else 0]
 at = f" (event #{f.seq})" if f.seq is not None else ""
 st.button(f"Move the cursor to this finding's event{at}", key="debug_goto", on_click=set_cursor,

@@ -58,8 +58,8 @@ from ckpt_viz.events import (
 from ckpt_viz.trace import GraphSnapshot, Trace
 from ckpt_viz.vocabulary import STATES, State
 
-__all__ = ["DERIVED_REASONS", "HELD_STATES", "MARK_MEANINGS", "HeldReplays", "Lifecycle", "Transition",
-           "held_replays", "lifecycle", "refused_handles", "region_states"]
+__all__ = ["DERIVED_REASONS", "HELD_STATES", "MARK_MEANINGS", "HeldReplays", "Lifecycle", "RecomputeTime",
+           "Transition", "held_replays", "lifecycle", "recompute_time", "refused_handles", "region_states"]
 
 MARK_MEANINGS: dict[str, str] = {
     "refused": "A backward asked for a replay after the handle was released or collected; the replay was refused.",
@@ -418,3 +418,57 @@ def held_replays(trace: Trace) -> HeldReplays:
             else ()
         return HeldReplays(most=most, seq=where, handles=handles)
     return derived(trace, "held_replays", build)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecomputeTime:
+    """What the replays of a run cost in time: the compute side of checkpointing's trade.
+
+    Attributes:
+        replays: how many replays ran (`replay_started` events).
+        replay_ns: the time spent replaying, in nanoseconds: the union of every replay's span (from its
+            `replay_started` to the handle's next `replay_finished` or `replay_failed`), so a replay nested
+            in another one counts once.
+        step_ns: the recorded span of the run, from its first event to its last.
+        by_handle: handle -> nanoseconds of its own replays.
+    """
+
+    replays: int
+    replay_ns: int
+    step_ns: int
+    by_handle: dict[int, int]
+
+    @property
+    def share(self) -> float:
+        """`replay_ns` over `step_ns` (0 for a run without a span)."""
+        return self.replay_ns / self.step_ns if self.step_ns > 0 else 0.0
+
+
+def recompute_time(trace: Trace) -> RecomputeTime:
+    """The time `trace`'s replays took (see `RecomputeTime`), computed once per trace.
+
+    Times are the recorded clock: a run recorded with memory=True sends every op through Python, forward
+    and replay alike, so compare replays with the forward of the same recording, not with an unrecorded run.
+    """
+    def build(t: Trace) -> RecomputeTime:
+        open_at: dict[int, int] = {}
+        spans: list[tuple[int, int]] = []
+        by_handle: dict[int, int] = {}
+        replays = 0
+        for e in t.events:
+            if type(e) is ReplayStarted and e.handle_id is not None:
+                replays += 1
+                open_at[e.handle_id] = e.t_ns
+            elif type(e) in (ReplayFinished, ReplayFailed) and e.handle_id in open_at:
+                start = open_at.pop(e.handle_id)
+                spans.append((start, e.t_ns))
+                by_handle[e.handle_id] = by_handle.get(e.handle_id, 0) + e.t_ns - start
+        total, end = 0, None
+        for a, b in sorted(spans):
+            if end is not None and b <= end:
+                continue
+            total += b - (a if end is None else max(a, end))
+            end = b
+        step = t.events[-1].t_ns - t.events[0].t_ns if t.events else 0
+        return RecomputeTime(replays=replays, replay_ns=total, step_ns=step, by_handle=by_handle)
+    return derived(trace, "recompute_time", build)

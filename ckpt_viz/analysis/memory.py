@@ -25,7 +25,7 @@ from ckpt_viz.trace import MemorySample, Trace
 from ckpt_viz.vocabulary import MEMORY_CATEGORIES, MemoryCategory
 
 __all__ = ["OTHER_NOTABLE", "MemoryFacts", "MemoryPeak", "StageReading", "memory", "memory_table", "other_note",
-           "rank_memory", "rank_trace", "stage_memory"]
+           "rank_memory", "rank_trace", "stage_memory", "stage_peaks"]
 
 OTHER_NOTABLE = 0.2  # "other" this share of the total or more gets a note (see `other_note`)
 
@@ -208,3 +208,14 @@ def rank_trace(trace: Trace, rank: int) -> Trace:
     def build(t: Trace) -> Trace:
         return Trace(events=t.events, memory=[s for s in t.memory if s.rank == rank], meta=t.meta)
     return derived(trace, ("rank_trace", rank), build)
+
+
+def stage_peaks(trace: Trace) -> dict[str, int]:
+    """The most bytes each pipeline stage held at once (its peak over `stage_memory`), by stage in order;
+    {} for a run without by-stage readings. In a merged trace a stage's readings are its rank's."""
+    def build(t: Trace) -> dict[str, int]:
+        peaks: dict[str, int] = {}
+        for reading in stage_memory(t):
+            peaks[reading.stage] = max(peaks.get(reading.stage, 0), reading.nbytes)
+        return dict(sorted(peaks.items(), key=lambda kv: (len(kv[0]), kv[0])))
+    return derived(trace, "stage_peaks", build)

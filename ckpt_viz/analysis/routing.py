@@ -64,8 +64,8 @@ from ckpt_viz.analysis.words import reason_word
 from ckpt_viz.events import GradsRouted, PhaseSet, Released
 from ckpt_viz.trace import GraphSnapshot, Trace
 
-__all__ = ["Reach", "Routing", "handle_flow", "input_words", "no_pass_words", "pass_title", "reach_after", "routing_at",
-           "routing_rows", "snapshot_before", "snapshot_relation"]
+__all__ = ["Reach", "Routing", "handle_flow", "input_words", "no_pass_words", "pass_title", "reach_after",
+           "routing_at", "routing_rows", "snapshot_before", "snapshot_relation"]
 
 _PHASE_TITLE = {"dx": "DX pass (input grads)", "dw": "DW pass (weight grads)", "ordinary": "full backward"}
 
@@ -306,36 +306,6 @@ def routing_rows(trace: Trace, cursor: int | None) -> list[dict[str, str]]:
     return rows
 
 
-def no_pass_words(trace: Trace, r: Routing) -> str:
-    """What runs at a cursor where no backward pass has reached a checkpoint yet (`r.start_seq` is None), in a
-    sentence built from `r.waiting` (NOTE [ Routing at a cursor ], rule 2): a running backward is never called
-    "not started"."""
-    if not lifecycle(trace).handle_ids:
-        return "This run has no checkpoint handle: no backward pass routes gradients through a checkpoint."
-    if r.waiting == "the forward":
-        return "The forward is running here: no backward pass has started yet. Move the cursor forward."
-    if r.waiting:
-        return (f"{r.waiting[0].upper()}{r.waiting[1:]} is running here: its routing shows once it reaches a "
-                "checkpoint. Move the cursor forward.")
-    return "No backward pass has reached a checkpoint by this point. Move the cursor forward."
-
-
-def snapshot_relation(trace: Trace, seq: int) -> str:
-    """Where the graph snapshot shown at cursor `seq` (`snapshot_before`) was taken relative to the cursor, in
-    words: "taken at seq 12, 9 seqs before the cursor (seq 21): the last one by then"; "" when the trace has
-    none."""
-    snapshot = snapshot_before(trace, seq)
-    if snapshot is None:
-        return ""
-    if snapshot.seq == seq:
-        return f"taken at seq {seq}, at the cursor"
-    if snapshot.seq > seq:
-        return (f"taken at seq {snapshot.seq}, {snapshot.seq - seq:,} seqs after the cursor (seq {seq}): none was "
-                "taken by then")
-    return (f"taken at seq {snapshot.seq}, {seq - snapshot.seq:,} seqs before the cursor (seq {seq}): the last one by "
-            "then")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reach:
     """What the backward calls after a graph snapshot reached, as of a cursor (NOTE [ Reach that happened ]).
@@ -435,3 +405,33 @@ def reach_after(trace: Trace, snapshot: GraphSnapshot, seq: int | None = None) -
             dw.discard(n.id)
     return Reach(dx=frozenset(dx), dw=frozenset(dw), missed_dx=tuple(sorted(missed["dx"])),
                  missed_dw=tuple(sorted(missed["dw"])))
+
+
+def no_pass_words(trace: Trace, r: Routing) -> str:
+    """What runs at a cursor where no backward pass has reached a checkpoint yet (`r.start_seq` is None), in a
+    sentence built from `r.waiting` (NOTE [ Routing at a cursor ], rule 2): a running backward is never called
+    "not started"."""
+    if not lifecycle(trace).handle_ids:
+        return "This run has no checkpoint handle: no backward pass routes gradients through a checkpoint."
+    if r.waiting == "the forward":
+        return "The forward is running here: no backward pass has started yet. Move the cursor forward."
+    if r.waiting:
+        return (f"{r.waiting[0].upper()}{r.waiting[1:]} is running here: its routing shows once it reaches a "
+                "checkpoint. Move the cursor forward.")
+    return "No backward pass has reached a checkpoint by this point. Move the cursor forward."
+
+
+def snapshot_relation(trace: Trace, seq: int) -> str:
+    """Where the graph snapshot shown at cursor `seq` (`snapshot_before`) was taken relative to the cursor, in
+    words: "taken at seq 12, 9 seqs before the cursor (seq 21): the last one by then"; "" when the trace has
+    none."""
+    snapshot = snapshot_before(trace, seq)
+    if snapshot is None:
+        return ""
+    if snapshot.seq == seq:
+        return f"taken at seq {seq}, at the cursor"
+    if snapshot.seq > seq:
+        return (f"taken at seq {snapshot.seq}, {snapshot.seq - seq:,} seqs after the cursor (seq {seq}): none was "
+                "taken by then")
+    return (f"taken at seq {snapshot.seq}, {seq - snapshot.seq:,} seqs before the cursor (seq {seq}): the last one "
+            "by then")

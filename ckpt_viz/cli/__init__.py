@@ -7,7 +7,7 @@
     ckpt-viz merge traces/                                         one trace from a distributed run's rank files
     ckpt-viz app                                                   start the Streamlit app
     ckpt-viz demo                                                  print the events of a built-in run
-    ckpt-viz lesson [N]                                            list the lessons, or walk lesson N
+    ckpt-viz lesson [N] [--set NAME=VALUE]                         list the lessons, or walk lesson N
     ckpt-viz plan trace.json --budget 1.5GiB                       what to checkpoint to fit a budget
 
 Owns argument parsing (here) and one module per command group: record, info (and export), app (and demo).
@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     lesson = sub.add_parser("lesson", help="list the lessons, or walk lesson N in the terminal")
     lesson.add_argument("number", type=int, nargs="?", metavar="N")
     lesson.add_argument("--no-pause", action="store_true", help="run straight through, even on a terminal")
+    lesson.add_argument("--set", action="append", metavar="NAME=VALUE",
+                        help="set a knob of the lesson's steps (e.g. depth=8; blocks=0,2 for a pick of several)")
     lesson.set_defaults(run=lesson_command)
     add_plan_command(sub)
     return parser

@@ -39,8 +39,11 @@ NOTE [ Replay cost ]
 """
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +51,8 @@ from torch import nn
 
 from ckpt_viz.plan.schema import KINDS, ReplayCost
 
-__all__ = ["CHAINS", "RUNS", "WARMUP", "calibration_spec", "fit_costs", "measure_costs", "replay_costs",
-           "saved_tensors"]
+__all__ = ["CHAINS", "RUNS", "WARMUP", "calibration_spec", "fit_costs", "forward_times", "measure_costs",
+           "replay_costs", "saved_tensors"]
 
 # (tanh ops, excluded region in the middle) per calibration block
 CHAINS: tuple[tuple[int, bool], ...] = ((1, False), (4, False), (12, False), (32, False), (4, True), (12, True))
@@ -146,7 +149,6 @@ def measure_costs(*, runs: int = RUNS, warmup: int = WARMUP, chains: Sequence[tu
 
 
 def _measure(runs: int, warmup: int, chains: tuple[tuple[int, bool], ...]) -> dict[str, ReplayCost]:
-    from ckpt_viz.plan.profile import forward_times
     from ckpt_viz.run.scenarios import run_scenario
 
     spec = calibration_spec(chains)
@@ -191,3 +193,20 @@ def replay_costs() -> dict[str, ReplayCost]:
         if _costs is None:
             _costs = measure_costs()
         return dict(_costs)
+
+
+@contextlib.contextmanager
+def forward_times(model: torch.nn.Module, blocks: Sequence[str]) -> Any:
+    """The forward time of each block call (in call order) of the step the block runs, from module hooks."""
+    times: list[int] = []
+    starts: list[int] = []
+    handles = []
+    for name in blocks:
+        module = model.get_submodule(name)
+        handles.append(module.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter_ns())))
+        handles.append(module.register_forward_hook(lambda *_: times.append(time.perf_counter_ns() - starts.pop())))
+    try:
+        yield times
+    finally:
+        for handle in handles:
+            handle.remove()

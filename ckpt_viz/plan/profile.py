@@ -56,6 +56,7 @@ from torch.utils._pytree import tree_flatten
 
 from ckpt_viz.errors import CkptVizError
 from ckpt_viz.plan._alloc import Allocations, Record
+from ckpt_viz.plan.calibrate import forward_times
 from ckpt_viz.plan.schema import (
     ROLE_INPUT_GRAD,
     ROLE_OTHER,
@@ -68,7 +69,7 @@ from ckpt_viz.plan.schema import (
     RegionProfile,
 )
 
-__all__ = ["Profiling", "attach", "default_blocks", "forward_times", "profile_spec", "profiling"]
+__all__ = ["Profiling", "attach", "default_blocks", "profile_spec", "profiling"]
 
 _API = "ckpt_viz.plan.profiling"
 
@@ -564,23 +565,6 @@ class Profiling:
         earlier = sum(1 for call in self._calls[:c] if call["block"] == index)
         name = self.block_names[index]
         return name if earlier == 0 else f"{name}#{earlier}"
-
-
-@contextlib.contextmanager
-def forward_times(model: torch.nn.Module, blocks: Sequence[str]) -> Any:
-    """The forward time of each block call (in call order) of the step the block runs, from module hooks."""
-    times: list[int] = []
-    starts: list[int] = []
-    handles = []
-    for name in blocks:
-        module = model.get_submodule(name)
-        handles.append(module.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter_ns())))
-        handles.append(module.register_forward_hook(lambda *_: times.append(time.perf_counter_ns() - starts.pop())))
-    try:
-        yield times
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextlib.contextmanager

@@ -177,8 +177,8 @@ def render_graph(trace: Trace, seq: int | None = None, *, snapshot: GraphSnapsho
     if snapshot is None:
         return None
     states = region_states(trace, snapshot, seq)
-    names = handle_labels(trace)
     reach = reach_after(trace, snapshot, seq)
+    names = handle_labels(trace)
     nodes = list(snapshot.nodes)
     edges = _edges(snapshot, nodes)
     regions = _regions(nodes)

@@ -161,7 +161,10 @@ class PipelineModel(nn.Module):
 #   one block at a time. So batches (and sequences) are large and widths small: memory
 #   recording sends every op through Python, so the cost of a run is the number of ops,
 #   not their size, and these runs stay well under a second. tests/lessons checks that
-#   every model's checkpointed modes peak below "none".
+#   every model's checkpointed modes peak below "none", but the pipeline model's: it
+#   teaches schedules, and its micro-batches are small, so with memory read at every
+#   module boundary and high-water mark its working tensors ("other") outweigh the
+#   activations a checkpoint saves (checkpointed 48-50 KB against 40 KB with none).
 #   The split modes peak above the others: DX replays every checkpoint and keeps each
 #   replay's saved activations for DW, so at the peak all blocks' activations are live
 #   at once (SPLIT_COST, in ckpt_viz.lessons.glossary, says it for people).

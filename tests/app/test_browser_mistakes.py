@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.browser,
                                  reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
 
 CORPUS = ROOT / "tests" / "data" / "mistakes"
+FINDINGS = '[class*="st-key-debug_finding_"]'  # the Debugger's picker: its key is per run (ui.runs.run_key)
 
 
 def _wait_cursor(page, position: int) -> None:
@@ -97,7 +98,7 @@ def test_every_mistake_of_the_corpus_on_the_debugger(browser_page) -> None:
     # 1. The app's first run, a built-in model: nothing to debug, nothing to jump to.
     goto_page(page, "Debugger")
     expect(main.get_by_text("No problem found in this run", exact=False)).to_be_visible()
-    assert main.locator(".st-key-debug_finding").count() == 0
+    assert main.locator(FINDINGS).count() == 0
     assert _disabled(page, "cursor_next_error") and _disabled(page, "cursor_next_refusal")
     first = int(main.locator('[data-testid="stSlider"]').inner_text().split(" to ")[1].split(")")[0]) + 1
 
@@ -130,11 +131,11 @@ def test_every_mistake_of_the_corpus_on_the_debugger(browser_page) -> None:
                 assert any(e in f.events or e.seq == f.seq for f in expected), (path.name, e)
         if not expected:
             expect(main.get_by_text("No problem found in this run", exact=False)).to_be_visible()
-            assert main.locator(".st-key-debug_finding").count() == 0, path.name
+            assert main.locator(FINDINGS).count() == 0, path.name
             continue
         _wait_story(page, expected[0])
         assert "No problem found" not in shown_text(main), path.name
-        options = main.locator('.st-key-debug_finding [data-testid="stRadioOption"]')
+        options = main.locator(f'{FINDINGS} [data-testid="stRadioOption"]')
         assert options.count() == len(expected), path.name
         for i, f in enumerate(expected):
             assert _words(f.cause) in _words(shown_text(options.nth(i))), (path.name, i)

@@ -60,8 +60,9 @@ def _plain(markdown: str) -> str:
 
 
 def _finding_picker(at: AppTest):
-    """The Debugger's finding picker (its value is reset to the first finding for each new run)."""
-    return at.radio(key="debug_finding")
+    """The Debugger's finding picker: one per run (its key is `ui.runs.run_key(config, "debug_finding")`)."""
+    (radio,) = [r for r in at.radio if (r.key or "").startswith("debug_finding_")]
+    return radio
 
 
 def _position(at: AppTest) -> int:
@@ -188,11 +189,11 @@ def test_a_new_run_starts_at_its_first_finding_and_names_its_code() -> None:
     at.run()
     at.switch_page("views/debugger.py").run()
     assert not at.exception, at.exception
-    at.radio(key="debug_finding").set_value(1).run()
+    _finding_picker(at).set_value(1).run()
     assert not at.exception, at.exception
     assert any(c.value == "Finding code: run\\_partial" for c in at.caption)
     at.session_state["src_trace_path"] = str(second)
     at.run()
     assert not at.exception, at.exception
-    assert at.radio(key="debug_finding").value == 0 and _position(at) == 0
+    assert _finding_picker(at).value == 0 and _position(at) == 0
     assert any(c.value == "Finding code: error\\_raised" for c in at.caption)
