@@ -31,25 +31,21 @@ pytestmark = [pytest.mark.browser,
 
 
 def _handle_picker_agrees_with_the_lifecycle(page) -> None:
-    """What the browser draws in the Handles page's picker: h0, its block's qualified name, and its state at
-    the cursor, which must be what the lifecycle of the same default run (recorded here, independently) says."""
+    """What the browser draws in the Handles page's picker: h0 and its block's qualified name, no state (a state in
+    the picker would be the state of when it was chosen, not at the cursor: issue 30; the state line at each
+    cursor stop is tests/app/test_browser_flows.py's), as the same default run recorded here names it."""
     import re
 
     from ckpt_viz.analysis.handles import handle_labels
-    from ckpt_viz.analysis.lifecycle import lifecycle
-    from ckpt_viz.analysis.words import state_word
     from ckpt_viz.catalog import DEFAULT_MODEL
     from ckpt_viz.run.obtain import RunRequest, obtain_trace
 
     picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').first
     shown = " ".join(i.input_value() for i in picker.locator("input").all())  # the chosen option is the input's value
-    match = re.search(r"h0 · (\S+) · (.+) at seq (\d+)", shown)
+    match = re.fullmatch(r"h0 · (\S+)", shown.strip())
     assert match, shown
     trace = obtain_trace(RunRequest("builtin", DEFAULT_MODEL, mode="split-reentrant"))
     assert match[1] == handle_labels(trace)[0] == "blocks.0"
-    cursor = re.match(r"seq (\d+) · ", page.locator('[data-testid="stCode"]').first.inner_text())
-    assert int(match[3]) == int(cursor[1]), (shown, cursor)  # the state is the one at the cursor
-    assert match[2] == state_word(lifecycle(trace).state_at(0, int(match[3]))), shown
     _handle_finding_agrees_with_diagnose(page, trace)
 
 
