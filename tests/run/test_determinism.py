@@ -160,8 +160,8 @@ def test_eight_concurrent_runs_on_threads_give_the_solo_traces(mode: str) -> Non
             # the dispatch tracker, which reads the same at every event and sampling point but keeps no
             # high-water mark between them, so its samples are the solo run's without those
             assert _subsequence(result["memory"], want["memory"]), f"thread {i} ({picks[i]} {mode})"
-            assert [_at(result["memory"], e[0]) for e in want["events"]] == [
-                _at(want["memory"], e[0]) for e in want["events"]], f"thread {i} ({picks[i]} {mode})"
+            assert [_at(result["memory"], e["seq"]) for e in want["events"]] == [
+                _at(want["memory"], e["seq"]) for e in want["events"]], f"thread {i} ({picks[i]} {mode})"
             result = {**result, "memory": want["memory"], "meta": {**result["meta"], "memory_probe": "allocator"}}
         assert result == want, f"thread {i} ({picks[i]} {mode}): {first_difference(want, result)}"
 
