@@ -27,40 +27,16 @@ NOTE [ Allocator record ]
 """
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
-import sys
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from ckpt_viz.errors import CkptVizError
+from ckpt_viz.probe.stream import quiet_stderr
 
 __all__ = ["Allocations", "Record"]
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """NOTE rule 5."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield
-        return
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, 2)
-        finally:
-            os.close(null)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -101,7 +77,7 @@ class Allocations:
         config = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
         self._config = (config, {ProfilerActivity.MTIA})
         gc.collect()  # garbage of earlier runs freed now, not inside the record
-        with _quiet_stderr():
+        with quiet_stderr():
             _prepare_profiler(*self._config)
             _enable_profiler(*self._config)
         self._running = True
@@ -118,7 +94,7 @@ class Allocations:
         if not self._running:
             return Record([], [], [])
         self._running = False
-        with _quiet_stderr(), warnings.catch_warnings():
+        with quiet_stderr(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = _disable_profiler()
         events = [(e.extra_fields.ptr, e.extra_fields.alloc_size) for e in result.experimental_event_tree()]

@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AllocationStream", "Batch", "no_profiler"]
+__all__ = ["AllocationStream", "Batch", "no_profiler", "quiet_stderr"]
 
 _LOCK = threading.Lock()
 _held_off = 0  # open no_profiler() blocks (NOTE rule 8)
@@ -69,8 +69,8 @@ _START = operator.attrgetter("start_time_ns")
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null for the block (NOTE rule 5)."""
+def quiet_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for the block: torch's profiler prints on start and stop (NOTE rule 5)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -165,7 +165,7 @@ class _Session:
         from torch.autograd import _enable_profiler, _prepare_profiler
 
         config, activities = self.config
-        with _quiet_stderr():
+        with quiet_stderr():
             _prepare_profiler(config, activities)
             _enable_profiler(config, activities)
         self.running = True
@@ -175,7 +175,7 @@ class _Session:
         from torch.autograd import _disable_profiler
 
         self.running = False
-        with _quiet_stderr(), warnings.catch_warnings():
+        with quiet_stderr(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Failed to recover relationship ... kineto events" (NOTE rule 5)
             result = _disable_profiler()
         # No op events: every event is an allocation (or a free), a root of the tree, in the order made on each
