@@ -20,10 +20,8 @@ NOTE [ The user's line ]
   2. The site is the innermost frame of the user's; when the stack holds none (a model file
      run by `ckpt-viz record`, whose model is a transformers class), the innermost library
      frame, so the event still names the model line that made the call.
-  3. The caches (`_skip_cache`: file -> kind; `_site_cache`: (file, line) -> site) are read
-     by the C twin of `call_site` (ckpt_viz/csrc/busfast.c): it follows a user's file
-     (False) and skips a never-the-user's file (True); a library file (a str) sends it to
-     this walk, so both give the same site.
+  3. Two caches keep the walk cheap: `_skip_cache` (file -> kind) and `_site_cache`
+     ((file, line) -> site); `skip_package` clears the first.
 
 Example: an HF Llama step in train.py, `loss = model(ids, labels=ids).loss` on line 12, with
 `model.gradient_checkpointing_enable()`: every handle_created's site is "train.py:12", not

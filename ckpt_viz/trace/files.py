@@ -14,11 +14,10 @@ NOTE [ Bounded reads ]
      block, never end, or show the process's memory or environment.
   2. At most `max_bytes` are read (the size is checked before reading, and the read stops one
      byte past the cap in case the file grows), and at most `max_bytes` are inflated from a
-     gzip file: the stream is inflated in one call whose output is capped at 128 MiB, then
-     in pieces of 4 MiB, counted, so a 6 GB gzip bomb is refused after `max_bytes` of work.
-     What is inflated is kept up to 128 MiB; past that it is dropped and counted only, and a
-     file that turns out to fit is inflated a second time.
-     The memory a refused bomb takes is 128 MiB, whatever the cap.
+     gzip file: the stream is inflated in pieces of at most 4 MiB, counted, so a 6 GB gzip
+     bomb is refused after `max_bytes` of work. What is inflated is kept up to 128 MiB; past
+     that it is dropped and counted only, and a file that turns out to fit is inflated a
+     second time. The memory a refused bomb takes is 128 MiB and a piece, whatever the cap.
   3. The caps default to DEFAULT_MAX_BYTES and DEFAULT_MAX_EVENTS; the environment variables
      CKPT_VIZ_TRACE_MAX_BYTES and CKPT_VIZ_TRACE_MAX_EVENTS change the defaults, and the
      keyword arguments of `Trace.load` override both.
@@ -177,11 +176,11 @@ def _inflate(raw: bytes, max_bytes: int, keep: int) -> tuple[bytes | None, int]:
         while not member.eof:
             if pos >= len(view):
                 raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-            # While the result is kept, all the rest in one call, its output capped at what may be kept (one
-            # piece, nothing to join: 10-20 ms less for 60 MB); then pieces, counted. A tail zlib leaves is a
-            # copy of the rest of the input: it is never fed again, the view is (from where zlib stopped).
-            piece = view[pos:] if chunks is not None else view[pos:pos + _IN_PIECE]
-            out = member.decompress(piece, keep - size + 1 if chunks is not None else _OUT_PIECE)
+            # Pieces in and out, so a refused bomb holds at most `keep` and one piece (not a kept result and
+            # zlib's copy of it). A tail zlib leaves is a copy of its piece of input: it is never fed again,
+            # the view is (from where zlib stopped).
+            piece = view[pos:pos + _IN_PIECE]
+            out = member.decompress(piece, _OUT_PIECE)
             pos += len(piece) - len(member.unconsumed_tail)
             size += len(out)
             if size > max_bytes:

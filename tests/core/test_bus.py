@@ -347,7 +347,11 @@ def test_threads_emitting_into_one_recording_get_the_seq_of_their_place_in_it() 
     threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 60
+    while len(kept) < 100 and time.monotonic() < deadline:  # the threads may not have started yet
+        time.sleep(0.001)
     half = list(kept[:100])  # a reader reads some events while the threads keep more
+    assert len(half) == 100
     for t in threads:
         t.join()
     mine = _phase(9, capture_site=False)

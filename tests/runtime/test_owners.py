@@ -114,7 +114,7 @@ def test_nested_recordings_name_captured_parameters_from_the_innermost_that_know
         assert got == [["weight", "bias"], ["0.weight", "0.bias"]]
 
 
-# ---------------------------------------------------------------- whole recordings (re-homed from the C twins' tests)
+# ---------------------------------------------------------------- whole recordings (once the C twins' tests)
 
 def _step(split: bool) -> tuple[list, list]:
     torch.manual_seed(0)
