@@ -108,6 +108,119 @@ def _answered(number: int, step: int) -> AppTest:
     return at
 
 
+def _charts(at: AppTest) -> list[list[dict]]:
+    """Each chart's rows (its Arrow datasets), in the page's order: a compared step's left column first."""
+    import pyarrow as pa
+
+    return [[row for data in [d.data.data for d in chart.proto.datasets] + [chart.proto.data.data] if data
+             for row in pa.ipc.open_stream(io.BytesIO(data)).read_all().to_pylist()]
+            for chart in at.get("vega_lite_chart")]
+
+
+def _replays_per_lane(rows: list[dict]) -> dict[str, int]:
+    """The lanes chart's "replaying" bars, counted per lane."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.get("kind") == "interval" and r.get("state") == "replaying":
+            counts[r["lane"]] = counts.get(r["lane"], 0) + 1
+    return counts
+
+
+def _lanes_charts(at: AppTest) -> list[list[dict]]:
+    return [rows for rows in _charts(at) if any(r.get("kind") == "interval" for r in rows)]
+
+
+def _stacked_memory(rows: list[dict]) -> dict[float, dict[str, int]]:
+    """The memory chart's stacked rows: bytes by category at each place on the event axis."""
+    at: dict[float, dict[str, int]] = {}
+    for r in rows:
+        if r.get("category") and r.get("bytes") is not None and r.get("x") is not None:
+            at.setdefault(r["x"], {})[r["category"]] = r["bytes"]
+    return at
+
+
+def _events_text(at: AppTest) -> str:
+    """The Events view: the code block of the events around the cursor (the first code block is the step's)."""
+    return "\n".join(c.value for c in at.code if re.search(r"^\s*seq\b", c.value, re.M))
+
+
+def test_lesson_1_shows_what_autograd_saves_outweighing_the_weights_in_the_memory_chart() -> None:
+    from ckpt_viz.lessons.helpers import kib
+
+    lesson = LESSONS[0]
+    at = _answered(1, 0)
+    shown = show_step(lesson, lesson.steps[0])
+    (memory_rows,) = [rows for rows in _charts(at) if _stacked_memory(rows)]
+    stacked = _stacked_memory(memory_rows)
+    top = max(stacked.values(), key=lambda by: sum(by.values()))  # the drawn peak
+    assert max(top, key=top.get) == "activations" and top["activations"] > top["parameters"], top
+    assert kib(top["activations"]) == shown.figures["acts"] and kib(top["parameters"]) == shown.figures["params"]
+    levels = {kib(by.get("activations", 0)) for by in stacked.values()}
+    per_block = float(shown.figures["per_block"].removesuffix(" KiB")) * 1024
+    # each block's forward adds the same activations: the chart passes through 1, 2, ... blocks' worth
+    assert {kib(int(k * per_block)) for k in range(1, shown.figures["blocks"] + 1)} <= levels, levels
+
+
+def test_lesson_2_shows_holders_the_recompute_and_early_stop_in_its_views() -> None:
+    lesson = LESSONS[1]
+    holders = _answered(2, 0)  # the events at the end of the forward: one tensor_packed per holder
+    assert "tensor_packed" in _events_text(holders)
+    assert any(r.get("category") == "checkpoint_inputs" for rows in _charts(holders) for r in rows)
+    replay = _answered(2, 1)  # the lanes: each block's handle replays once; the events: it stops early
+    (lanes,) = _lanes_charts(replay)
+    assert sorted(_replays_per_lane(lanes).values()) == [1, 1, 1, 1]
+    assert "replay_started" in _events_text(replay) and "early_stopped" in _events_text(replay)
+    trade = _answered(2, 2)  # both sides of the trade: the peaks side by side, the recompute beside them
+    shown = show_step(lesson, lesson.steps[2])
+    peaks = [max(sum(by.values()) for by in _stacked_memory(rows).values())
+             for rows in _charts(trade) if _stacked_memory(rows)]
+    assert len(peaks) == 2 and peaks[1] < peaks[0], peaks  # left: without checkpointing; right: every block
+    metrics = [(m.label, m.value) for m in trade.metric]
+    assert ("Replays", str(shown.figures["replays"])) in metrics and ("Recompute time", shown.figures["recompute"]) \
+        in metrics
+
+
+def test_lesson_3_draws_one_region_per_block_and_the_replay_inside_each_backward() -> None:
+    at = _answered(3, 0)
+    (graph,) = _graphs(at)
+    regions = set(re.findall(r"h(\d+) · ", graph))
+    assert regions == {"0", "1", "2", "3"}, regions  # one checkpoint region per block, no holders
+    at = _answered(3, 1)
+    (lanes,) = _lanes_charts(at)
+    assert sorted(_replays_per_lane(lanes).values()) == [1, 1, 1, 1]
+    for lane in _replays_per_lane(lanes):  # replaying, then released: the replay ran inside the node's backward
+        states = [r["state"] for r in sorted((r for r in lanes if r.get("lane") == lane and r.get("kind") ==
+                                              "interval"), key=lambda r: r["start_seq"])]
+        assert states.index("replaying") < states.index("released"), (lane, states)
+    text = _events_text(at)
+    assert text.index("backward_entered") < text.index("replay_started"), text
+
+
+def test_lesson_7_lanes_show_one_replay_per_handle_with_a_session_and_two_without() -> None:
+    at = _answered(7, 0)
+    assert [_plain(s.value) for s in at.subheader][:2] == ["with a session", "without a session"]
+    with_session, without = _lanes_charts(at)
+    assert set(_replays_per_lane(with_session).values()) == {1} and len(_replays_per_lane(with_session)) == 4
+    assert set(_replays_per_lane(without).values()) == {2} and len(_replays_per_lane(without)) == 4
+    assert [m.value for m in at.metric if m.label == "Replays"] == ["4", "8"]
+    prefire = _answered(7, 1)
+    text = _events_text(prefire)
+    assert "prefired" in text and text.index("prefired") < text.index("replay_started"), text
+
+
+def test_lesson_11_lanes_show_the_replays_make_dot_caused_and_the_snapshot_none() -> None:
+    lesson = LESSONS[10]
+    at = _answered(11, 0)
+    shown = show_step(lesson, lesson.steps[0])
+    (lanes,) = _lanes_charts(at)
+    assert list(_replays_per_lane(lanes).values()) == [shown.figures["replays"]] and shown.figures["replays"] > 1
+    assert "replay_started" in _events_text(at)
+    at = _answered(11, 1)
+    (graph,) = _graphs(at)
+    assert graph.count("<g id=\"node") == show_step(lesson, lesson.steps[1]).figures["nodes"]
+    assert _events_text(at).count("replay_started") == 1  # the backward's own replay, no other
+
+
 def test_lesson_4_shows_the_bubble_on_the_schedule_timeline_of_both_schedules() -> None:
     at = _answered(4, 2)
     rows = _chart_rows(at)
