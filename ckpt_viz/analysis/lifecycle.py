@@ -402,12 +402,12 @@ def held_replays(trace: Trace) -> HeldReplays:
     def build(t: Trace) -> HeldReplays:
         life = lifecycle(t)
         changes: dict[int, int] = {}
-        for h in life.handle_ids:
+        for s in life._handles.values():  # the transitions' parallel lists, read in place
             held = False
-            for transition in life.transitions(h):
-                now = transition.state in HELD_STATES
+            for seq, state in zip(s.seqs, s.states):
+                now = state in HELD_STATES
                 if now != held:
-                    changes[transition.seq] = changes.get(transition.seq, 0) + (1 if now else -1)
+                    changes[seq] = changes.get(seq, 0) + (1 if now else -1)
                     held = now
         most, where, count = 0, None, 0
         for seq in sorted(changes):
