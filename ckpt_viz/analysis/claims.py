@@ -20,7 +20,6 @@ from __future__ import annotations
 from ckpt_viz.analysis.lifecycle import held_replays, lifecycle
 from ckpt_viz.analysis.memory import memory
 from ckpt_viz.analysis.passes import passes
-from ckpt_viz.analysis.routing import routing_at
 from ckpt_viz.analysis.summary import summary
 from ckpt_viz.analysis.words import category_word, format_bytes, part_word, reason_word, state_word
 from ckpt_viz.trace import Trace
@@ -103,19 +102,18 @@ _KINDS = {"DX": "DX", "DW": "DW", "B": "full backward", "F": "full backward"}
 
 def passes_claim(trace: Trace) -> str | None:
     """The run's backward passes by kind (DX, DW or full: the part of the step each starts in, `passes`), with
-    their replays and releases (`routing_at` at the end of each pass); None when no backward pass reached a
-    checkpoint."""
+    their replays and releases (each pass's, as `routing_at` at its end counts them); None when no backward pass
+    reached a checkpoint."""
     step = passes(trace)
     found = step.backwards
     if not found:
         return None
     kinds: dict[str, list[int]] = {}
     for p in found:
-        r = routing_at(trace, p.end_seq)
         totals = kinds.setdefault(_KINDS[step.of_event[p.positions[0]]], [0, 0, 0])
         totals[0] += 1
-        totals[1] += len(r.replayed) + len(r.replaying)
-        totals[2] += len(r.released)
+        totals[1] += p.replays
+        totals[2] += p.released
     parts = []
     for kind, (count, replays, released) in kinds.items():
         name = _plural(count, f"{kind} pass", f"{kind} passes") if kind != "full backward" else \

@@ -94,6 +94,9 @@ class BackwardPass(msgspec.Struct, frozen=True, gc=False, kw_only=True):
         site: the user's line that ran it, when known.
         stage / microbatch / rank: the pipeline tags of its events, or None.
         positions: the positions (indices in `trace.events`) of its events.
+        replays: the handles it replayed (a `replay_started`; each handle once), as `routing_at` at its end
+            counts them (replayed and still replaying).
+        released: its `released` events, as `routing_at` at its end lists them.
     """
 
     start_seq: int
@@ -104,6 +107,8 @@ class BackwardPass(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     microbatch: object
     rank: object
     positions: tuple[int, ...]
+    replays: int = 0
+    released: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,12 +213,15 @@ def _backwards(events: Sequence[Event]) -> list[BackwardPass]:
     site: str | None = None
     group: tuple[object, object, object] = _NO_GROUP
     entered: set[int | None] = set()
+    replayed: set[int] = set()
+    released = 0
     join, neutral, checked = _JOIN, _NEUTRAL, _CHECKED
 
     def close() -> None:
         assert positions is not None
         found.append(BackwardPass(start_seq=start, end_seq=end, phase=phase, site=site, stage=group[0],
-                                  microbatch=group[1], rank=group[2], positions=tuple(positions)))
+                                  microbatch=group[1], rank=group[2], positions=tuple(positions),
+                                  replays=len(replayed), released=released))
 
     for i, e in enumerate(events):
         kind = e.kind
@@ -235,13 +243,18 @@ def _backwards(events: Sequence[Event]) -> list[BackwardPass]:
             if positions is not None:
                 close()
             positions, start, phase, site, group = [], e.seq, e_phase, e_site, e_group
-            entered = set()
+            entered, replayed, released = set(), set(), 0
         positions.append(i)
         end = e.seq
         phase = phase or e_phase
         site = site or e_site
         if kind == "backward_entered":
             entered.add(e.handle_id)
+        elif e.handle_id is not None:
+            if kind == "replay_started":
+                replayed.add(e.handle_id)
+            elif kind == "released":
+                released += 1
     if positions is not None:
         close()
     return found

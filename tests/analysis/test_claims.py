@@ -109,7 +109,9 @@ def test_each_sentence_states_the_runs_own_figures(run: tuple[str, str, str]) ->
         assert said is None
     else:
         assert said.startswith(f"{len(step.backwards)} backward pass")
-        ends = (routing_at(trace, p.end_seq) for p in step.backwards)
+        ends = [routing_at(trace, p.end_seq) for p in step.backwards]
+        assert [p.replays for p in step.backwards] == [len(r.replayed) + len(r.replaying) for r in ends]
+        assert [p.released for p in step.backwards] == [len(r.released) for r in ends]
         replays = sum(len(r.replayed) + len(r.replaying) for r in ends)
         counted = sum(int(n) for n in re.findall(r"(\d+) replays?\b", said))
         assert counted == replays, said
