@@ -22,12 +22,14 @@ step waits for what it changed rather than for a fixed time.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from browser import CHROMIUM, CHROMIUM_ARGS, ROOT, goto_page, pick_option, settle
 
@@ -176,6 +178,8 @@ def _healthy(page, where: str, heading: str | None) -> None:
     boxes = page.locator('[data-testid="stException"]')
     assert boxes.count() == 0, f"{where}: {boxes.first.inner_text()[:800]}"
     picker = page.locator('[data-testid="stSidebar"] [data-testid="stRadio"]').filter(has_text="Broken runs to explore")
+    with contextlib.suppress(PlaywrightTimeout):  # a run the page started after it settled may redraw it (CI saw it)
+        picker.first.wait_for(state="visible", timeout=30_000)
     assert picker.count() == 1, f"{where}: the source picker is gone"
     if heading is not None:
         shown = page.locator('[data-testid="stMain"] h1').first.inner_text()
