@@ -110,12 +110,30 @@ def goto_page(page, label: str, title: str | None = None, *, pause_ms: int = 500
 
 
 def pick_option(page, key: str, option: str) -> None:
-    """Pick `option` in the sidebar selectbox of widget key `key` (the caller waits for the run). The box is scrolled
-    into view first: the sidebar is taller than the window, and a box below the fold does not open its list."""
-    box = page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]')
-    box.scroll_into_view_if_needed()
-    box.click()
-    page.get_by_role("option", name=option, exact=True).click()
+    """Pick `option` in the sidebar selectbox of widget key `key` (the caller waits for the run)."""
+    choose(page, page.locator(f'[data-testid="stSidebar"] .st-key-{key} [data-testid="stSelectbox"]'), option)
+
+
+def choose(page, box, option: str, *, tries: int = 3) -> None:
+    """Open the selectbox `box` and click `option` in its list. The box is scrolled into view first (a box below the
+    fold does not open its list); a script run that redraws the box closes an open list, so a list that shows no
+    `option` within 10 s is opened again, up to `tries` times (the last try's timeout is the error)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    wanted = page.get_by_role("option", name=option, exact=True)
+    for attempt in range(tries):
+        box.scroll_into_view_if_needed()
+        box.click()
+        try:
+            wanted.wait_for(state="visible", timeout=10_000 if attempt < tries - 1 else 30_000)
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise
+            page.keyboard.press("Escape")
+            settle(page, pause_ms=0)
+            continue
+        wanted.click()
+        return
 
 
 def open_saved_trace(page, path: str) -> None:

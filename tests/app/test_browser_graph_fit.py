@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, goto_page, settle
+from browser import CHROMIUM, choose, goto_page, settle
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -150,9 +150,8 @@ def test_every_graph_has_its_zoom_fit_first(browser_page, server) -> None:
     from ckpt_viz.lessons.loader import load_lessons
 
     lesson = next(le for le in load_lessons() if any("graph" in step.views for step in le.steps))
-    box = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').first
-    box.click()
-    page.get_by_role("option", name=f"{lesson.number}. {lesson.title}", exact=True).click()
+    choose(page, page.locator('[data-testid="stMain"] .st-key-lesson_pick [data-testid="stSelectbox"]'),
+           f"{lesson.number}. {lesson.title}")
     settle(page, 120_000)
     step = next(i for i, s in enumerate(lesson.steps) if "graph" in s.views)
     for _ in range(step):

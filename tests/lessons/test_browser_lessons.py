@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, screenshot, settle
+from browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, choose, screenshot, settle
 from ckpt_viz.lessons.loader import load_lessons
 from ckpt_viz.lessons.runner import show_step
 
@@ -58,8 +58,7 @@ def _open(page, lesson, step: int) -> None:
 
     main = page.locator('[data-testid="stMain"]')
     name = f"{lesson.number}. {lesson.title}"
-    main.locator('[data-testid="stSelectbox"]').first.click()
-    page.get_by_role("option", name=name, exact=True).click()
+    choose(page, main.locator('.st-key-lesson_pick [data-testid="stSelectbox"]'), name)
     # the picked lesson's first step, not the page before the pick: a Next clicked before the rerun started
     # would step the lesson shown before (settle alone can look while the script has not started yet)
     expect(main.get_by_text(f"Step 1 of {len(lesson.steps)}: {lesson.steps[0].title}", exact=True)).to_be_visible(
