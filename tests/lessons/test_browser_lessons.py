@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, choose, screenshot, settle
+from browser import CHROMIUM, CHROMIUM_ARGS, ROOT, SHOTS, choose, screenshot, settle
 from ckpt_viz.lessons.loader import load_lessons
 from ckpt_viz.lessons.runner import show_step
 
@@ -101,10 +101,45 @@ def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(lesso
     expect(main.get_by_text("Checked on the run:", exact=False)).to_be_visible()
     # the views follow the verdict in the same script run: wait for them as for the verdict
     expect(main.locator(RUN_VIEWS).first, "the answer shows no view of the run").to_be_visible(timeout=120_000)
+    _every_view_drawn(page, step)
     assert not page.errors, page.errors
     if lesson.number in (4, 8):
         SHOTS.mkdir(parents=True, exist_ok=True)
         screenshot(page, SHOTS / f"2{lesson.number // 4}_lesson{lesson.number:02d}.png")
+
+
+# what each view of app/ui/lessonview.py draws, as the browser shows it (the charts on a canvas or an SVG)
+DRAWN = {"memory": '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg',
+         "lanes": '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg',
+         "timeline": '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg',
+         "stages": '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg',
+         "curve": '[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg',
+         "graph": "img.ckpt-graph", "routing": "img.ckpt-graph",
+         "events": '[data-testid="stCode"]:has-text("seq")',
+         "cost": '[data-testid="stMetric"]:has-text("Recompute time")',
+         "debugger": '[data-testid="stAlert"]'}
+
+
+def _every_view_drawn(page, step) -> None:
+    """Each view the step names is on the page under its title and drawn (a chart painted, a graph's image decoded,
+    the events' text, the recompute metric, the Debugger's verdict), once per run shown (two where it compares)."""
+    import sys
+
+    from playwright.sync_api import expect
+
+    sys.path.insert(0, str(ROOT / "app"))
+    from ui.lessonview import VIEW_TITLES
+
+    main = page.locator('[data-testid="stMain"]')
+    runs = 2 if step.compare else 1
+    assert "This run has nothing to draw here." not in main.inner_text()
+    for name in step.views:
+        titles = main.get_by_text(VIEW_TITLES[name], exact=True)
+        expect(titles.nth(runs - 1), f"the {name} view's title").to_be_visible()
+        wanted = runs * sum(1 for v in step.views if DRAWN[v] == DRAWN[name])
+        assert main.locator(DRAWN[name]).count() >= wanted, f"the {name} view is not drawn {wanted} time(s)"
+    images = main.locator("img.ckpt-graph")
+    assert all(images.nth(k).evaluate("i => i.complete && i.naturalWidth > 0") for k in range(images.count()))
 
 
 def test_walk_lesson_one_to_its_end_and_on_to_the_next_lesson(lessons_page) -> None:
