@@ -159,3 +159,18 @@ def browser_page(server: str, tmp_path: Path):
             yield page
         finally:
             context.close()
+
+
+@pytest.fixture(scope="session")
+def matrix_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The matrices' saved trace (mlp, reentrant, recorded here) and merged 2-rank trace (tests/data/distributed by
+    `ckpt-viz merge`'s code), as files the app opens by path: {"saved": path, "merged": path}."""
+    from ckpt_viz.cli.merge import merge_run
+    from ckpt_viz.run.obtain import RunRequest, obtain_trace
+
+    folder = tmp_path_factory.mktemp("matrix")
+    obtain_trace(RunRequest("builtin", "mlp", mode="reentrant")).save(folder / "saved.json")
+    merged, _ = merge_run(str(Path(__file__).resolve().parent / "data" / "distributed"))
+    assert {e.tags.get("rank") for e in merged} == {0, 1}
+    merged.save(folder / "merged.json")
+    return {"saved": str(folder / "saved.json"), "merged": str(folder / "merged.json")}

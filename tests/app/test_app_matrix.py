@@ -49,20 +49,6 @@ def _in_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # `streamlit run app` runs from the root; model references are relative to it
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The saved trace (mlp, reentrant, recorded here) and the merged 2-rank trace, as files the app opens by path."""
-    from ckpt_viz.cli.merge import merge_run
-    from ckpt_viz.run.obtain import RunRequest, obtain_trace
-
-    folder = tmp_path_factory.mktemp("matrix")
-    obtain_trace(RunRequest("builtin", "mlp", mode="reentrant")).save(folder / "saved.json")
-    merged, _ = merge_run(str(ROOT / "tests" / "data" / "distributed"))
-    assert {e.tags.get("rank") for e in merged} == {0, 1}
-    merged.save(folder / "merged.json")
-    return {"saved": str(folder / "saved.json"), "merged": str(folder / "merged.json")}
-
-
 def _pages() -> list[tuple[str, str]]:
     """(page file, title) of every page the entrypoint registers, in its order."""
     registered = (ROOT / "app" / "streamlit_app.py").read_text()
@@ -83,7 +69,8 @@ def test_the_pages_name_what_the_entrypoint_registers() -> None:
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
-def test_every_page_with_a_cursor_move(files: dict[str, str], name: str) -> None:
+def test_every_page_with_a_cursor_move(matrix_files: dict[str, str], name: str) -> None:
+    files = matrix_files
     state = dict(SOURCES[name])
     if state.get("src_trace_path") in files:
         state["src_trace_path"] = files[str(state["src_trace_path"])]

@@ -31,7 +31,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from browser import CHROMIUM, CHROMIUM_ARGS, ROOT, goto_page, pick_option, settle
+from browser import CHROMIUM, CHROMIUM_ARGS, goto_page, pick_option, settle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -69,20 +69,6 @@ ROTATION: list[tuple[str, str, str, str]] = [
     ("file", "examples/hf_gpt2.py:make_model", "split-reentrant", ""),
 ]
 WAIT_MS = 240_000  # a model file runs in the sandbox; the first one starts it
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The saved trace (mlp, reentrant, recorded here) and the merged 2-rank trace, as files the app opens by path."""
-    from ckpt_viz.cli.merge import merge_run
-    from ckpt_viz.run.obtain import RunRequest, obtain_trace
-
-    folder = tmp_path_factory.mktemp("matrix")
-    obtain_trace(RunRequest("builtin", "mlp", mode="reentrant")).save(folder / "saved.json")
-    merged, _ = merge_run(str(ROOT / "tests" / "data" / "distributed"))
-    assert {e.tags.get("rank") for e in merged} == {0, 1}
-    merged.save(folder / "merged.json")
-    return {"saved": str(folder / "saved.json"), "merged": str(folder / "merged.json")}
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +276,8 @@ def _check_compare(page, server: str, params: dict[str, str], s, where: str) -> 
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
-def test_the_figures_of_each_kind_of_source(page, server, files, name: str) -> None:
+def test_the_figures_of_each_kind_of_source(page, server, matrix_files, name: str) -> None:
+    files = matrix_files
     from ckpt_viz.analysis.summary import summary
 
     source = SOURCES[name]
@@ -311,7 +298,8 @@ def test_the_figures_of_each_kind_of_source(page, server, files, name: str) -> N
 _KIND_PARAM = {"builtin": ("model",), "broken": ("broken",), "file": ("file", "upload"), "trace": ("trace", "upload")}
 
 
-def test_the_source_changes_while_on_each_page(page, server, files) -> None:
+def test_the_source_changes_while_on_each_page(page, server, matrix_files) -> None:
+    files = matrix_files
     assert len(ROTATION) == len(PAGES)
     sidebar = page.locator('[data-testid="stSidebar"]')
     kinds = {"builtin": "Built-in model", "file": "Model file (.py)", "trace": "Saved trace",
