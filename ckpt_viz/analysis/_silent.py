@@ -41,13 +41,17 @@ def _ordered(events: tuple[Event, ...]) -> tuple[Event, ...]:
 
 def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
     skipped: dict[int | None, list[tuple[int, Event]]] = {}
-    dw_passes = [e for e in f.by_kind.get("backward_entered", ()) if e.phase == "dw"]
-    for h, events in f.by_handle.items():
-        dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.mode == "reentrant"]
-        if not dx or h in leaked or any(e.kind == "released" or (isinstance(e, PhaseSet) and e.new == "dw")
-                                        for e in events):
+    entered = f.by_kind.get("backward_entered", ())
+    dw_passes = [e for e in entered if e.phase == "dw"]
+    with_dx = {e.handle_id for e in entered if e.phase == "dx" and e.mode == "reentrant"}
+    life = f.lifecycle
+    for h in f.handles:
+        # (nearly every handle of a long run is ruled out here, without its events)
+        if h not in with_dx or h in leaked or life.was_released(h):
             continue
-        if f.lifecycle.released(h) is not None:
+        events = f.by_handle[h]
+        dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.mode == "reentrant"]
+        if any(e.kind == "released" or (isinstance(e, PhaseSet) and e.new == "dw") for e in events):
             continue
         if any(e.kind == "backward_entered" and e.seq > dx[-1].seq for e in events):
             continue
@@ -81,10 +85,14 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
 
 
 def _params_without_grad(f: Facts) -> list[Finding]:
+    first: dict[int, GradsRouted] = {}  # each handle's first routing that left a parameter without a gradient
+    for e in f.by_kind.get("grads_routed", ()):
+        if (isinstance(e, GradsRouted) and e.handle_id is not None and e.handle_id not in first
+                and any(not c.accumulated for c in e.captured)):
+            first[e.handle_id] = e
     found = []
-    for h, events in f.by_handle.items():
-        routed = next((e for e in events if isinstance(e, GradsRouted)
-                       and any(not c.accumulated for c in e.captured)), None)
+    for h in f.handles:
+        routed = first.get(h)
         if routed is None:
             continue
         missing = [c.name or f"a parameter of shape {tuple(c.shape)}" for c in routed.captured if not c.accumulated]
@@ -123,9 +131,17 @@ def _sessions_never_cleared(f: Facts) -> list[Finding]:
 
 
 def _replayed_twice(f: Facts) -> list[Finding]:
+    started = f.by_kind.get("replay_started", ())
+    twice = {h for h, n in Counter(e.handle_id for e in started).items() if n > 1 and h is not None}
+    by_handle: dict[int, list[Event]] = {}  # the replays of handles replayed more than once
+    for e in started:
+        if e.handle_id in twice:
+            by_handle.setdefault(e.handle_id, []).append(e)
     found = []
-    for h, events in f.by_handle.items():
-        replays = [e for e in events if e.kind == "replay_started"]
+    for h in f.handles:
+        replays = by_handle.get(h)
+        if replays is None or len(replays) < 2:
+            continue
         counts = Counter(e.tags.get("microbatch") for e in replays)
         mb, n = next(((m, c) for m, c in counts.items() if c > 1), (None, 0))
         if n < 2:

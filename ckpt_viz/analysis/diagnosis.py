@@ -122,7 +122,7 @@ def _stop_words(partial: object) -> str:
 
 def _all(trace: Trace) -> list[Finding]:
     facts = _facts(trace)
-    found = [handle_finding(facts, h) for h in facts.by_handle if facts.suspect(h)]
+    found = [handle_finding(facts, h) for h in facts.handles if facts.suspect(h)]
     problems = [d for d in found if not d.ok]
     leaked = {d.handle_id for d in problems if d.handle_id is not None}
     problems += silent_findings(facts, leaked)

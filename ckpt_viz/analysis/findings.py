@@ -45,6 +45,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 from ckpt_viz.analysis._story import explanation
@@ -139,24 +140,17 @@ class Facts:
         sources = trace.meta.get("sources")
         self.sources: dict[str, Any] = sources if isinstance(sources, dict) else {}
         self.lifecycle = lifecycle(trace)
-        self.by_handle: dict[int, list[Event]] = {}
+        self.handles: list[int] = self.lifecycle.handle_ids  # in order of first appearance
         self.by_kind: dict[str, list[Event]] = {}  # the few kinds the findings read apart from handles'
         self.handle_errors: dict[int, list[Error]] = {}
         self.activations: list[dict[str, Any]] = []
         self.errors: list[Error] = []
         self.cleared: list[SessionCleared] = []
         open_by_sid: dict[Any, dict[str, Any]] = {}
-        by_handle, by_kind = self.by_handle, self.by_kind
+        by_kind, read = self.by_kind, _READ_KINDS
         for e in trace.events:
-            h = e.handle_id
-            if h is not None:
-                events = by_handle.get(h)
-                if events is None:
-                    events = by_handle[h] = []
-                events.append(e)
-            kind = e.kind
-            if kind in _READ_KINDS:
-                by_kind.setdefault(kind, []).append(e)
+            if e.kind in read:
+                by_kind.setdefault(e.kind, []).append(e)
         self.errors = [e for e in by_kind.get("error", ()) if isinstance(e, Error)]
         self.cleared = [e for e in by_kind.get("session_cleared", ()) if isinstance(e, SessionCleared)]
         for error in self.errors:
@@ -171,6 +165,20 @@ class Facts:
                 open_by_sid[e.session_id] = act
             elif e.session_id in open_by_sid:
                 open_by_sid.pop(e.session_id)["end"] = e.seq
+
+    @cached_property
+    def by_handle(self) -> dict[int, list[Event]]:
+        """handle -> its events, in order. Built at the first finding that tells a handle's story: a clean run (a
+        1M-event one has 60k handles) is diagnosed from the lifecycle and `by_kind` without it."""
+        by_handle: dict[int, list[Event]] = {}
+        for e in self.trace.events:
+            h = e.handle_id
+            if h is not None:
+                events = by_handle.get(h)
+                if events is None:
+                    events = by_handle[h] = []
+                events.append(e)
+        return by_handle
 
     def _event(self, h: int, transition: Transition | None) -> Event | None:
         if transition is None:
@@ -242,7 +250,7 @@ class Facts:
 
 _READ_KINDS = frozenset(("error", "session_cleared", "session_activated", "session_deactivated", "session_bound",
                          "prefired", "replay_diverged", "backward_entered", "unasked_grads_accumulated",
-                         "backward_called"))
+                         "backward_called", "grads_routed", "replay_started"))
 
 
 def code_of(event: Event) -> str | None:

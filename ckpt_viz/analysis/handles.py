@@ -8,6 +8,7 @@ Standard library only.
 from __future__ import annotations
 
 from ckpt_viz.analysis._cache import derived
+from ckpt_viz.analysis.lifecycle import lifecycle
 from ckpt_viz.events import HandleCreated
 from ckpt_viz.trace import Trace
 from ckpt_viz.vocabulary import HANDLE_MODES
@@ -16,14 +17,9 @@ __all__ = ["created_events", "handle_label", "handle_labels", "mode_counts", "ob
 
 
 def created_events(trace: Trace) -> dict[int, HandleCreated]:
-    """handle -> its `handle_created` event, once per trace (handles created before the recording are absent)."""
-    def build(t: Trace) -> dict[int, HandleCreated]:
-        found: dict[int, HandleCreated] = {}
-        for e in t.events:
-            if isinstance(e, HandleCreated) and e.handle_id is not None and e.handle_id not in found:
-                found[e.handle_id] = e
-        return found
-    return derived(trace, "created", build)
+    """handle -> its `handle_created` event, once per trace (handles created before the recording are absent); kept
+    by the lifecycle's one pass over the events."""
+    return derived(trace, "created", lambda t: lifecycle(t).created_events())
 
 
 def handle_label(created: HandleCreated | None) -> str:

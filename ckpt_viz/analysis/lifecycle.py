@@ -98,7 +98,7 @@ class Transition:
 class _Handle:
     """One handle's running state while the pass walks the events; transitions as parallel lists."""
 
-    __slots__ = ("kinds", "pending", "phase", "reasons", "refusals", "replays", "seqs", "state", "states",
+    __slots__ = ("created", "kinds", "pending", "phase", "reasons", "refusals", "replays", "seqs", "state", "states",
                  "unconsumed")
 
     def __init__(self) -> None:
@@ -112,6 +112,7 @@ class _Handle:
         self.kinds: list[str | None] = []
         self.reasons: list[str | None] = []
         self.refusals: list[tuple[int, str | None]] = []
+        self.created: HandleCreated | None = None  # its first handle_created event
 
     def move(self, seq: int, new: State, kind: str | None, reason: str | None = None) -> None:
         if new != self.state:
@@ -135,6 +136,8 @@ def _phase_set(s: _Handle, e: PhaseSet) -> None:
 
 
 def _created(s: _Handle, e: HandleCreated) -> None:
+    if s.created is None:
+        s.created = e
     s.move(e.seq, "recorded", "handle_created")
 
 
@@ -184,10 +187,6 @@ def _refused(s: _Handle, e: ReplayRefused) -> None:
     s.refusals.append((e.seq, e.reason))
 
 
-def _nothing(s: _Handle, e: Event) -> None:
-    return None
-
-
 # NOTE [ Handle states ]: what each kind does to its handle (a kind not here does nothing)
 # (each step takes the event of its own type, hence `Any` for the event)
 _STEPS: dict[type[EventBase], Callable[[_Handle, Any], None]] = {
@@ -208,19 +207,22 @@ class Lifecycle:
         self.end_seq: int | None = events[-1].seq if events else None
         handles: dict[int, _Handle] = {}
         first_seq = events[0].seq if events else 0
-        steps, nothing = _STEPS, _nothing
+        steps = _STEPS
         for event in events:
             h = event.handle_id
+            kind = type(event)
             if h is not None:
                 state = handles.get(h)
                 if state is None:
                     state = handles[h] = _Handle()
-                    if type(event) is not HandleCreated:  # rule 1: existed before the recording
+                    if kind is not HandleCreated:  # rule 1: existed before the recording
                         state.move(first_seq, "recorded", None)
-                if state.pending is not None and type(event) is not Released:
+                if state.pending is not None and kind is not Released:
                     state.resolve()
-                steps.get(type(event), nothing)(state, event)
-            elif type(event) is SessionCleared:
+                step = steps.get(kind)
+                if step is not None:
+                    step(state, event)
+            elif kind is SessionCleared:
                 for frame in event.frames:
                     state = handles.get(frame)
                     if state is not None:
@@ -293,6 +295,15 @@ class Lifecycle:
         if s is None or "released" not in s.states:
             return None
         return self._transition(handle_id, s.states.index("released"))
+
+    def created_events(self) -> dict[int, HandleCreated]:
+        """handle -> its first `handle_created` event (handles created before the recording are absent)."""
+        return {h: s.created for h, s in self._handles.items() if s.created is not None}
+
+    def was_released(self, handle_id: int) -> bool:
+        """Whether the handle was ever released (`released` without building its transition)."""
+        s = self._handles.get(handle_id)
+        return s is not None and "released" in s.states
 
     def releases(self, handle_id: int) -> list[Transition]:
         """Every release of the handle (a non-reentrant frame recomputed by a later backward is released again)."""

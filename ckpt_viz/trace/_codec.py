@@ -8,9 +8,10 @@ The system calls (bounded reads, the capped gunzip, atomic fsync-ed writes) are 
 Never pickle: a trace file is plain JSON that `json.load` reads. Standard library and msgspec only.
 
 NOTE [ Trace checks ]
-  1. "format" and "schema_version" come first, so `head -c 60 trace.json` identifies a file. They are read
-     first: a file of another schema version is refused with a message that says how to record it again,
-     before its events are decoded.
+  1. "format" and "schema_version" come first, so `head -c 60 trace.json` identifies a file. They decide the
+     message: a file that is not a trace, or of another schema version, is refused as such (with how to record
+     it again) before any complaint about its events. The document is decoded once; the header is read on its
+     own only to explain a refusal.
   2. Every field is checked against its declaration (`ckpt_viz.events`, `MemorySample`, `GraphSnapshot`):
      its type, its range (integers within 64 bits and usually much less, bounded texts and lists) and, for
      kinds, phases, modes, reasons and categories, its vocabulary. A refusal names the field's path
@@ -152,16 +153,41 @@ def encode(trace: Trace, *, name: str = "<bytes>", api: str = "ckpt_viz.Trace.to
                          f"nothing was written.\n{_WRONG_VALUE}") from None
 
 
-def decode(raw: bytes, name: str, api: str, *, max_events: int = files.DEFAULT_MAX_EVENTS) -> Trace:
+def decode(raw: bytes | bytearray, name: str, api: str, *, max_events: int = files.DEFAULT_MAX_EVENTS) -> Trace:
     """Check the JSON bytes of a trace file and build the `Trace` (NOTE [ Trace checks ])."""
     from ckpt_viz.trace import Trace
 
-    if not raw.strip():
+    if not raw or raw.isspace():
         raise TraceError(f"{api}: {name} is empty.\n{_RERECORD}")
     if raw[:1] == b"\x80":  # pickle protocol 2 and later start with PROTO
         raise TraceError(f"{api}: {name} is not a ckpt_viz trace: it looks like a Python pickle, which ckpt_viz never "
                          "unpickles (unpickling a file can run any code).\nTip: open a file written by Trace.save or "
                          "`ckpt-viz record` (plain JSON).")
+    # The whole document is decoded first (one pass over the bytes); a refusal, or another schema version, is then
+    # explained by the header, so its message comes first (NOTE [ Trace checks ], rule 1).
+    try:
+        doc = _decoder(max_events).decode(raw)
+    except msgspec.ValidationError as err:
+        _check_header(raw, name, api)
+        tip = (_WRONG_VALUE if api.endswith((".save", ".to_json")) else "Tip: the file was changed or damaged after "
+               "it was written; record the run again, or fix that field.")
+        raise TraceError(f"{api}: {name} is not a valid trace: {_where(err, max_events)}.\n{tip}") from None
+    except msgspec.DecodeError as err:
+        _check_header(raw, name, api)
+        raise TraceError(f"{api}: {name} is not a valid trace: its JSON is malformed ({err}).\n{_RERECORD}") from None
+    if doc.schema_version != SCHEMA_VERSION or type(doc.schema_version) is not int:
+        _check_header(raw, name, api)
+    _check_order(doc, name, api)
+    try:
+        msgspec.convert(doc.meta, _Meta)
+    except msgspec.ValidationError as err:
+        raise TraceError(f"{api}: {name} is not a valid trace: meta: {_where(err, max_events)}.\nTip: fix or remove "
+                         "that meta field; ckpt_viz writes it with this type.") from None
+    return Trace(events=doc.events, memory=doc.memory, graphs=doc.graphs, meta=doc.meta)
+
+
+def _check_header(raw: bytes | bytearray, name: str, api: str) -> None:
+    """Refuse a document that is not JSON, not a ckpt_viz trace, or of another schema version (rule 1)."""
     try:
         header = _HEADER.decode(raw)
     except msgspec.DecodeError as err:
@@ -178,21 +204,6 @@ def decode(raw: bytes, name: str, api: str, *, max_events: int = files.DEFAULT_M
         when = "an older" if type(version) is int and version < SCHEMA_VERSION else "another"
         raise TraceError(f"{api}: {name} is a trace of schema version {_show(version)}, written by {when} ckpt_viz; "
                          f"this version reads schema version {SCHEMA_VERSION} only.\n{_RERECORD}")
-    try:
-        doc = _decoder(max_events).decode(raw)
-    except msgspec.ValidationError as err:
-        tip = (_WRONG_VALUE if api.endswith((".save", ".to_json")) else "Tip: the file was changed or damaged after "
-               "it was written; record the run again, or fix that field.")
-        raise TraceError(f"{api}: {name} is not a valid trace: {_where(err, max_events)}.\n{tip}") from None
-    except msgspec.DecodeError as err:
-        raise TraceError(f"{api}: {name} is not a valid trace: its JSON is malformed ({err}).\n{_RERECORD}") from None
-    _check_order(doc, name, api)
-    try:
-        msgspec.convert(doc.meta, _Meta)
-    except msgspec.ValidationError as err:
-        raise TraceError(f"{api}: {name} is not a valid trace: meta: {_where(err, max_events)}.\nTip: fix or remove "
-                         "that meta field; ckpt_viz writes it with this type.") from None
-    return Trace(events=doc.events, memory=doc.memory, graphs=doc.graphs, meta=doc.meta)
 
 
 def _where(err: msgspec.ValidationError, max_events: int) -> str:
@@ -257,13 +268,14 @@ def load(path: str | PathLike[str], *, max_bytes: int | None = None, max_events:
     cap_bytes = files.limit(max_bytes, files.MAX_BYTES_ENV, files.DEFAULT_MAX_BYTES, "max_bytes", api)
     cap_events = files.limit(max_events, files.MAX_EVENTS_ENV, files.DEFAULT_MAX_EVENTS, "max_events", api)
     raw = files.read_bounded(name, cap_bytes, api)
+    text: bytes | bytearray = raw
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = files.gunzip_bounded(raw, cap_bytes, api, name)
+            text = files.gunzip_bounded(raw, cap_bytes, api, name)
         except EOFError:
             raise TraceError(f"{api}: {name} is not a valid trace: the gzip data is truncated (the file was cut "
                              f"short).\n{_RERECORD}") from None
         except (OSError, zlib.error) as err:
             raise TraceError(f"{api}: {name} is not a valid trace: it is not a valid gzip file, or it is corrupt "
                              f"({err}).\n{_RERECORD}") from None
-    return decode(raw, name, api, max_events=cap_events)
+    return decode(text, name, api, max_events=cap_events)

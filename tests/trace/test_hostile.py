@@ -346,6 +346,7 @@ def test_a_site_pointing_at_etc_passwd_shows_nothing_from_it(tmp_path: Path) -> 
 def test_gunzip_in_one_call_then_pieces_gives_the_same_bytes_and_errors(monkeypatch: pytest.MonkeyPatch,
                                                                         keep: int) -> None:
     monkeypatch.setattr(trace_files, "_KEEP", keep)
+    monkeypatch.setattr(trace_files, "_KEEP_RATIO", 0)
     monkeypatch.setattr(trace_files, "_IN_PIECE", 512)
     monkeypatch.setattr(trace_files, "_OUT_PIECE", 2048)
     rng = random.Random(7)
@@ -363,3 +364,26 @@ def test_gunzip_in_one_call_then_pieces_gives_the_same_bytes_and_errors(monkeypa
         trace_files.gunzip_bounded(one[:30] + bytes(200) + one[230:], 10**7, "api", "t.json.gz")
     with pytest.raises(TraceError, match="inflates to more than 40,000 bytes"):
         trace_files.gunzip_bounded(one + two, 40_000, "api", "t.json.gz")
+
+
+def test_a_trace_ckpt_viz_wrote_is_inflated_once_past_the_fixed_keep(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """NOTE [ Bounded reads ], rule 2: what is kept on the first pass grows with the compressed size, so a trace
+    (which inflates about 11 times) is not inflated twice once it is past 128 MiB; a bomb still is dropped."""
+    calls: list[int] = []
+    inflate = trace_files._inflate
+
+    def counted(raw: bytes, max_bytes: int, keep: int) -> tuple[bytes | None, int]:
+        calls.append(keep)
+        return inflate(raw, max_bytes, keep)
+
+    monkeypatch.setattr(trace_files, "_inflate", counted)
+    monkeypatch.setattr(trace_files, "_KEEP", 1_000)  # as if the trace were bigger than the fixed keep
+    trace = refused_trace()
+    trace.save(tmp_path / "t.json.gz")
+    assert Trace.load(tmp_path / "t.json.gz").events == trace.events
+    assert len(calls) == 1, calls
+    calls.clear()
+    packed = gzip.compress(b" " * (4 << 20))  # 4 MiB inflated from 4 KiB: past 16 times its size, not kept
+    assert trace_files.gunzip_bounded(packed, 10**8, "api", "b.json.gz") == b" " * (4 << 20)
+    assert len(calls) == 2 and calls[0] < 4 << 20, calls
