@@ -58,6 +58,7 @@ NOTE [ Observing torch's checkpoint ]
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections import Counter
@@ -296,6 +297,7 @@ def _observed_generator(fn: Callable, *rest: Any, **kwargs: Any) -> Any:
     return original(fn, preserve, observed, determinism_check, debug, early_stop, *args, **kwargs)
 
 
+@functools.lru_cache(maxsize=4)  # torch's generator, read at each install: a record() block per step reads it once
 def _generator_fits(generator: Any) -> bool:
     try:
         names = tuple(inspect.signature(generator).parameters)
