@@ -6,14 +6,16 @@
    among them). The process first measures its
    replay costs once (`ckpt_viz.plan.calibrate`, NOTE [ Replay cost ]: a tiny model of its own,
    nothing of the models below), then runs paired interleaved rounds: in each round, for each
-   model, its runs in a shuffled order, each run (a) profiled (`profile_spec`: a warm-up step, two
-   timed steps, the profiled step; each block's forward the fastest of the three) and predicted
-   (`predict(...).recompute_ns`), then (b) run right after (`run_scenario`: a warm-up run, then
-   three runs) and measured the same way: each block's replays (its handles' `replay_started` to
-   `replay_finished` in the trace, summed over a pipeline's micro-batches) the fastest of the
-   three runs, summed over the blocks. The round's ratio is predicted / measured; a run's figure
-   is the median of its rounds' ratios. Before the rounds every model runs each kind past the
-   recording's first divergence checks (FIRST_CHECKS runs of a region), so both sides are steady.
+   model, one profile (`profile_spec`: a warm-up step, two timed steps, the profiled step; each
+   block's forward the fastest of the three; and each block's replay in each kind, measured in
+   recorded runs of the model: ckpt_viz/plan/profile.py NOTE [ Plan profile ], rule 7), then its
+   runs in a shuffled order, each run (a) predicted from that profile (`predict(...).recompute_ns`),
+   then (b) run right after (`run_scenario`: a warm-up run, then three runs) and measured: each
+   block's replays (its handles' `replay_started` to `replay_finished` in the trace, summed over a
+   pipeline's micro-batches) the fastest of the three runs, summed over the blocks. The round's
+   ratio is predicted / measured; a run's figure is the median of its rounds' ratios. Before the
+   rounds every model runs each kind past the recording's first divergence checks (FIRST_CHECKS
+   runs of a region), so both sides are steady.
    Targets: every run within 20 %, the median over runs within 10 %.
 2. Planning speed: the whole trade-off curve of a 32-layer model (HF Llama, random init; a
    32-block residual MLP without transformers), per kind, from the profile (the timeline
@@ -133,13 +135,16 @@ def recompute_rows(rounds: int, quick: bool, subsets: int) -> list[dict[str, Any
         for _ in range(rounds):
             order = list(runs)
             random.shuffle(order)
+            profiles = {"single": profile_spec(spec)}  # one profile per round predicts every policy of the model
+            if spec.stages and "pipeline" in modes:
+                profiles["pipeline"] = profile_spec(spec, microbatch=MICROBATCHES)
             for run in order:
                 mode, blocks = run
                 if mode == "pipeline":
-                    profile = profile_spec(spec, microbatch=MICROBATCHES)
+                    profile = profiles["pipeline"]
                     policy = Policy(frozenset(blocks), "split-reentrant", schedule="1F1B", microbatches=MICROBATCHES)
                 else:
-                    profile = profile_spec(spec)
+                    profile = profiles["single"]
                     policy = Policy(frozenset(blocks), mode)
                 p = predict(profile, policy).recompute_ns
                 m = measure(spec, mode, blocks)

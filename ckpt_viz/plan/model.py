@@ -48,6 +48,11 @@ NOTE [ Plan timeline ]
      again and one per excluded region it passes, per kind, measured on the profile's machine
      (ckpt_viz/plan/calibrate.py NOTE [ Replay cost ]; none when the profile has no
      `replay_costs`). The figures are those of ckpt_viz's runtime; torch's checkpoint has its own.
+     Where the profile measured the block's replay in a recorded run of the model itself (`profile_spec`
+     does, per kind: `BlockProfile.replay_ns`), that figure is the replay, and the formula only moves it
+     by what the policy changes (its excluded regions and kept ops): measured + formula(policy) -
+     formula(no policy). The formula alone predicted every kind low (a replay inside a backward runs
+     slower than the same forward in a plain step: benchmarks/README.md, bench_plan).
 """
 from __future__ import annotations
 
@@ -393,7 +398,8 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
         raise CkptVizError(f"{_API}: unknown checkpoint kind {kind!r}; expected one of "
                            f"{', '.join(repr(k) for k in KINDS)}.\nTip: 'nonreentrant' is torch's default.")
     check_profile(profile, _API)
-    exclude = frozenset(exclude) | {r.name for r in profile.regions if r.fixed}  # the model's own regions
+    fixed = frozenset(r.name for r in profile.regions if r.fixed)  # the model's own regions
+    exclude = frozenset(exclude) | fixed
     step = _Step(profile, kind, exclude, save_ops)
     p = profile
     blocks = p.blocks
@@ -473,12 +479,16 @@ def build_timeline(profile: PlanProfile, kind: str, exclude: frozenset[str] = fr
         windows.append(_window("after the backward", -1, [step.span(lo, p.end)]))
     base_by = {"parameters": p.base.get("parameters", 0), "gradients": p.base.get("gradients", 0),
                "other": p.base.get("other", 0)}
-    recompute = []
-    flops = []
     cost = p.replay_costs.get(kind)
-    for b, blk in enumerate(blocks):
-        recompute.append(_replay_ns(step, b, blk, cost, early_stop=not reentrant))
-        flops.append(blk.flops)
+    recompute = [_replay_ns(step, b, blk, cost, early_stop=not reentrant) for b, blk in enumerate(blocks)]
+    flops = [blk.flops for blk in blocks]
+    if any(kind in blk.replay_ns for blk in blocks):  # NOTE rule 8: the replay measured in the model itself
+        plain = recompute
+        if exclude != fixed or save_ops:
+            default = _Step(profile, kind, fixed, frozenset())
+            plain = [_replay_ns(default, b, blk, cost, early_stop=not reentrant) for b, blk in enumerate(blocks)]
+        recompute = [max(0, blk.replay_ns[kind] + r - r0) if kind in blk.replay_ns else r
+                     for blk, r, r0 in zip(blocks, recompute, plain)]
     return Timeline(kind=kind, blocks=tuple(b.name for b in blocks), windows=tuple(windows),
                     base=sum(base_by.values()), base_by_category=base_by, recompute_ns=tuple(recompute),
                     recompute_flops=tuple(flops), step_ns=p.step_time_ns)

@@ -42,6 +42,11 @@ NOTE [ Plan profile ]
      one pair of hooks active, the innermost), so they still see what autograd saves. Inside
      `record(memory=True)` the profile is refused: both read the allocator through torch's
      profiler, and one runs at a time (ckpt_viz/plan/_alloc.py).
+  7. Replays (`profile_spec`, not a user's own loop): after the profiled step the model runs recorded with
+     every block checkpointed, in each kind (a pipeline: as its stages run, split reentrant): first past the
+     recording's first divergence checks of its regions (a checked replay is slower, and a long run checks
+     few), then a warm-up run and REPLAY_RUNS runs per kind; a block's replay is its handle's
+     `replay_started` to `replay_finished` (per micro-batch in a pipeline), the fastest of those runs.
 """
 from __future__ import annotations
 
@@ -657,8 +662,65 @@ def attach(trace: Any, profile: PlanProfile) -> None:
     trace.meta["plan_profile"] = msgspec.to_builtins(profile)
 
 
+REPLAY_RUNS = 3  # recorded runs per kind whose replays are measured (each block's fastest), after a warm-up run
+
+
+def _replays_by_label(trace: Any) -> dict[str, int]:
+    """Each block's replay in `trace` (its handles' `replay_started` to `replay_finished`), per replay: a block
+    replayed once per micro-batch counts the mean of its replays."""
+    from ckpt_viz.analysis.handles import handle_labels
+
+    labels = handle_labels(trace)
+    started: dict[int, int] = {}
+    total: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for event in trace.events:
+        if event.kind == "replay_started" and event.handle_id is not None:
+            started[event.handle_id] = event.t_ns
+        elif event.kind == "replay_finished" and event.handle_id in started:
+            label = labels.get(event.handle_id, "")
+            total[label] = total.get(label, 0) + event.t_ns - started.pop(event.handle_id)
+            count[label] = count.get(label, 0) + 1
+    return {label: ns // count[label] for label, ns in total.items()}
+
+
+def measure_replays(spec: Any, blocks: Sequence[str], *, microbatch: int | None = None, seed: int = 0,
+                    runs: int = REPLAY_RUNS) -> dict[str, dict[str, int]]:
+    """NOTE [ Plan profile ], rule 7: kind -> block -> one replay of the block, measured in recorded runs of the
+    model with every block checkpointed in that kind (a pipeline's: "split-reentrant", as its stages run)."""
+    import dataclasses
+
+    from ckpt_viz.plan.schema import KINDS
+    from ckpt_viz.run.scenarios import run_scenario
+    from ckpt_viz.runtime.divergence_sampling import FIRST_CHECKS
+
+    checked = dataclasses.replace(spec, checkpoint=tuple(blocks))
+    pipeline = microbatch is not None and bool(spec.stages)
+    modes = {"split-reentrant": "pipeline"} if pipeline else {kind: kind for kind in KINDS}
+
+    def run(mode: str) -> Any:
+        for p in spec.model.parameters():
+            p.grad = None
+        return run_scenario(checked, mode, seed=seed, microbatches=microbatch or 4)
+
+    first = next(iter(modes.values()))
+    for _ in range(FIRST_CHECKS):  # past the recording's first divergence checks of each region (they are slower)
+        run(first)
+    found: dict[str, dict[str, int]] = {}
+    for kind, mode in modes.items():
+        run(mode)  # a warm-up run of this kind
+        best: dict[str, int] = {}
+        for _ in range(runs):
+            for label, ns in _replays_by_label(run(mode)).items():
+                best[label] = min(best.get(label, ns), ns)
+        found[kind] = {name: best[name] for name in blocks if name in best}
+    for p in spec.model.parameters():
+        p.grad = None
+    return found
+
+
 def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int | None = None,
-                 warmup: int = 1, timed: int = 2, costs: bool = True) -> PlanProfile:
+                 warmup: int = 1, timed: int = 2, costs: bool = True, replays: bool = True) -> PlanProfile:
     """Profile one step of a `ModelSpec` (a built-in, a model file's, an HF model's) without checkpointing.
 
     Args:
@@ -675,6 +737,9 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
             tensor (NOTE [ Plan profile ], rule 6).
         costs: store this process's replay costs in the profile (ckpt_viz.plan.calibrate, measured
             on the first call), so its recompute includes what the runtime adds to each replay.
+        replays: also measure each block's replay in each kind in recorded runs of the model
+            (`measure_replays`, NOTE [ Plan profile ], rule 7): the recompute the plan predicts is then
+            those replays. About 17 more runs of the step; False predicts from the formula alone.
     """
     from ckpt_viz.run.harness import inputs_requiring_grad
     from ckpt_viz.run.rng import rng_guard
@@ -733,6 +798,11 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
         for p in model.parameters():
             p.grad = None
     assert prof.profile is not None
+    if replays:  # outside the run lock: run_scenario takes it
+        for kind, by_block in measure_replays(spec, blocks, microbatch=microbatch, seed=seed).items():
+            for block in prof.profile.blocks:
+                if block.name in by_block:
+                    block.replay_ns[kind] = by_block[block.name]
     if costs:  # outside the run lock: the calibration runs its own model (NOTE [ Replay cost ], rule 5)
         from ckpt_viz.plan.calibrate import replay_costs
 

@@ -108,6 +108,9 @@ class BlockProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
         flops: its forward's FLOPs (with ops=True).
         ops: its forward's ops (with ops=True).
         saved_count: the tensors its forward saved for backward (a non-reentrant replay's hook runs once each).
+        replay_ns: per checkpoint kind, one replay of the block as a recorded run of the model itself measured
+            it (`profile_spec(replays=True)`; ckpt_viz/plan/model.py NOTE [ Plan timeline ], rule 8); empty for a
+            profile of the user's own loop.
     """
 
     name: _Name
@@ -127,6 +130,7 @@ class BlockProfile(msgspec.Struct, kw_only=True, omit_defaults=True):
     flops: _Count | None = None
     ops: Annotated[list[OpProfile], Meta(max_length=1 << 20)] = []
     saved_count: _Count = 0
+    replay_ns: dict[CheckpointKind, _Count] = {}
 
 
 class RegionProfile(msgspec.Struct, kw_only=True, omit_defaults=True):

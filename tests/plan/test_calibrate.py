@@ -6,6 +6,7 @@ that `predict` adds exactly the costs the profile holds (ckpt_viz/plan/calibrate
 """
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -13,12 +14,12 @@ import ckpt_viz
 from ckpt_viz.plan.calibrate import CHAINS, calibration_spec, fit_costs, measure_costs, saved_tensors
 from ckpt_viz.plan.model import forget_timelines, predict, timeline
 from ckpt_viz.plan.profile import profile_spec
-from ckpt_viz.plan.schema import KINDS, Policy, ReplayCost
+from ckpt_viz.plan.schema import KINDS, PlanProfile, Policy, ReplayCost
 from ckpt_viz.run.zoo import build_builtin
 
 
 def test_the_calibration_counts_saved_tensors_as_the_profile_does() -> None:
-    profile = profile_spec(calibration_spec(), costs=False)
+    profile = profile_spec(calibration_spec(), costs=False, replays=False)
     assert [b.saved_count for b in profile.blocks] == [saved_tensors(k, r)[0] for k, r in CHAINS]
     regions = {r.block: r.saved_count for r in profile.regions}
     assert regions == {i: saved_tensors(k, r)[1] for i, (k, r) in enumerate(CHAINS) if r}
@@ -50,7 +51,7 @@ def test_calibration_inside_a_recording_leaves_it_as_it_was() -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_predicted_recompute_is_forward_plus_the_profiles_costs(kind: str) -> None:
     # The excluded built-in: each block has an excluded LayerNorm the replay takes from its cache.
-    profile = profile_spec(build_builtin("excluded"), costs=False)
+    profile = profile_spec(build_builtin("excluded"), costs=False, replays=False)  # the formula alone
     bare = timeline(profile, kind).recompute_ns
     early = kind in ("nonreentrant", "split-nonreentrant")
     for b, block in enumerate(profile.blocks):  # no costs: the forward part alone, less the excluded region
@@ -69,3 +70,23 @@ def test_predicted_recompute_is_forward_plus_the_profiles_costs(kind: str) -> No
         assert costed[b] == bare[b] + cost.fixed_ns + cost.per_tensor_ns * tensors + cost.per_region_ns
     names = frozenset(b.name for b in profile.blocks[:2])
     assert predict(profile, Policy(names, kind)).recompute_ns == costed[0] + costed[1]
+
+
+def test_a_measured_replay_is_the_prediction_and_a_policy_moves_it_by_the_formula() -> None:
+    """ckpt_viz/plan/model.py NOTE [ Plan timeline ], rule 8: where the profile measured a block's replay in the
+    model itself, that is the block's recompute; ops the policy keeps move it by what the formula says they save."""
+    profile = profile_spec(build_builtin("transformer"), ops=True)
+    assert all(set(b.replay_ns) == set(KINDS) and min(b.replay_ns.values()) > 0 for b in profile.blocks)
+    formula = msgspec.convert(msgspec.to_builtins(profile), PlanProfile)  # the same profile, replays not measured
+    for block in formula.blocks:
+        block.replay_ns = {}
+    kept = frozenset({max(profile.blocks[0].ops, key=lambda o: o.time_ns).name})  # the slowest op: kept, not rerun
+    names = frozenset(b.name for b in profile.blocks)
+    for kind in KINDS:
+        measured = [b.replay_ns[kind] for b in profile.blocks]
+        assert list(timeline(profile, kind).recompute_ns) == measured
+        assert predict(profile, Policy(names, kind)).recompute_ns == sum(measured)
+        before, after = timeline(formula, kind).recompute_ns, timeline(formula, kind, save_ops=kept).recompute_ns
+        assert after[0] < before[0]  # the formula takes the kept op's time off the replay
+        moved = timeline(profile, kind, save_ops=kept).recompute_ns
+        assert list(moved) == [max(0, m + a - b) for m, a, b in zip(measured, after, before)]
