@@ -132,10 +132,10 @@ def _sessions_never_cleared(f: Facts) -> list[Finding]:
 
 def _replayed_twice(f: Facts) -> list[Finding]:
     started = f.by_kind.get("replay_started", ())
-    twice = {h for h, n in Counter(e.handle_id for e in started).items() if n > 1 and h is not None}
+    again = {h for h, n in Counter(e.handle_id for e in started).items() if n > 1 and h is not None}
     by_handle: dict[int, list[Event]] = {}  # the replays of handles replayed more than once
     for e in started:
-        if e.handle_id in twice:
+        if e.handle_id in again:
             by_handle.setdefault(e.handle_id, []).append(e)
     found = []
     for h in f.handles:

@@ -222,7 +222,7 @@ class Lifecycle:
                 step = steps.get(kind)
                 if step is not None:
                     step(state, event)
-            elif kind is SessionCleared:
+            elif type(event) is SessionCleared:  # (narrows `event` for the type checker)
                 for frame in event.frames:
                     state = handles.get(frame)
                     if state is not None:
