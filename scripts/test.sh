@@ -5,7 +5,7 @@
 #      one worker, so its module fixtures are made once; CKPT_VIZ_TEST_WORKERS sets the number, 1 runs in-process),
 #      each with one torch intra-op thread unless OMP_NUM_THREADS says otherwise (workers that each start a thread per
 #      CPU oversubscribe the CPUs: torch's busy-waiting threads made the parallel phase no faster than one worker);
-#   2. the tests marked `serial` ([tool.pytest.ini_options] markers: a wall-clock bound, a memory peak, the
+#   2. the tests marked `serial` ([tool.pytest.ini_options] markers: wall-clock timing, a memory peak, the
 #      machine's process table), one at a time, with nothing beside them.
 # Extra arguments go to pytest in both phases; a `-m` expression is combined with each phase's own. The inner loop
 # while editing skips the slow and browser tests:
