@@ -1,6 +1,7 @@
 """Shared fixtures: a fixed seed, fresh runtime state, a private temp folder, a recorder, a tiny model, gpu skip."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -43,6 +44,25 @@ def private_tempdir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     monkeypatch.setenv("TMPDIR", str(folder))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def torch_operator_log() -> Iterator[None]:
+    """Every test ends with torch's operator logger ("LoggingTensor") as a fresh one: propagating, no level, no filters.
+
+    torch's debug-mode checkpoint (`debug=True`) leaves it at INFO, not propagating, with its traceback filters on.
+    pytest then hangs its log-capture handlers on it in every later test (it attaches them to each logger that does
+    not propagate), and the next debug-mode checkpoint's operator log, whose arguments are not %-format arguments,
+    raises in pytest's formatting: tests/recording/test_torch_observer.py passed or failed by whether a test such as
+    tests/runtime/test_dropin.py's debug tests had run before it in the same process.
+    """
+    yield
+    logger = logging.Logger.manager.loggerDict.get("LoggingTensor")
+    if isinstance(logger, logging.Logger):
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
+        for found in list(logger.filters):
+            logger.removeFilter(found)
 
 
 @pytest.fixture

@@ -499,6 +499,7 @@ def test_chart_and_table_agree_after_more_than_16_sources(tmp_path: Path) -> Non
 # 7. Hostile saved traces (issue 13): a clear error each, the app's memory bounded, nothing read outside the trace.
 
 
+@pytest.mark.serial  # this process's memory peak (ru_maxrss) may grow by less than 400 MiB
 def test_hostile_saved_traces_show_a_clear_error_and_the_app_keeps_working(tmp_path: Path) -> None:
     import os
     import resource

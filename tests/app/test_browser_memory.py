@@ -15,6 +15,8 @@ import pytest
 
 from browser import CHROMIUM, CHROMIUM_ARGS, settle, streamlit_server
 
+# Not `serial`: the memory compared is the resident memory of the server this test starts for itself (found by its
+# port), which a test running beside it does not change; its waits are generous timeouts, not bounds.
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                  reason=f"{CHROMIUM} is missing (apt-get install chromium)")]

@@ -15,7 +15,8 @@ from browser import CHROMIUM, settle
 ROOT = Path(__file__).resolve().parent.parent.parent
 LOOPS = ROOT / "tests" / "data" / "bad_models" / "sleeps_forever.py"
 
-pytestmark = [pytest.mark.browser,
+# serial: Cancel must stop the run within 2 s of the click, a wall-clock bound a test beside it would stretch.
+pytestmark = [pytest.mark.browser, pytest.mark.serial,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                  reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
 

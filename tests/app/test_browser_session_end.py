@@ -24,7 +24,8 @@ MODEL = ROOT / "examples" / "user_model.py"
 TTL_S = 10
 SESSIONS = 3
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow,
+# serial: it watches the process table for the sessions' sandboxes, against a wall-clock bound (TTL + 60 s).
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.serial,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                  reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
 

@@ -14,7 +14,8 @@ import pytest
 
 from browser import CHROMIUM, cursor_text, settle
 
-pytestmark = [pytest.mark.browser,
+# serial: the dimming is sampled against the wall clock (none before 0.4 s, dimmed after 1.7 s, in steps).
+pytestmark = [pytest.mark.browser, pytest.mark.serial,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                  reason=f"{CHROMIUM} is missing (apt-get install chromium)")]
 _HEADING_OPACITY = ("() => { const h = [...document.querySelectorAll('[data-testid=\"stMain\"] .stElementContainer')]"

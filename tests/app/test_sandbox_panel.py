@@ -100,6 +100,7 @@ def test_limits_show_before_the_first_upload_and_stay_across_uploads() -> None:
     assert not warm.alive
 
 
+@pytest.mark.serial  # Cancel stops the run within 2 s (wall clock)
 def test_cancel_stops_a_looping_file_within_two_seconds_and_try_again_reruns_only_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(src_kind="Model file (.py)", src_file_how="Path", src_ref=f"{EXAMPLE}:make_model")
@@ -199,6 +200,7 @@ def test_a_session_takes_a_spare_sandbox_started_ahead_and_no_other_session_gets
     assert other_warm.alive
 
 
+@pytest.mark.serial  # Cancel ends the wait within 2 s (wall clock)
 def test_a_sandbox_still_starting_says_so_and_cancel_stops_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox, "SPARES", 0)  # the session starts its own warm process: the wait is seen
     monkeypatch.setattr(sandbox, "WAIT_S", 0.5)
@@ -233,6 +235,7 @@ if sys.argv[1] == "killed":
 '''
 
 
+@pytest.mark.serial  # the spare sandbox's processes gone from the process table within 5 s (wall clock)
 @pytest.mark.parametrize("end", ["exits", "killed"])
 def test_an_app_that_ends_leaves_no_spare_sandbox_running(end: str, tmp_path: Path) -> None:
     script = tmp_path / "app_process.py"

@@ -115,6 +115,15 @@ def _is_slow(block: Block) -> bool:
     return "--distributed" in block.code or "torchrun" in block.code
 
 
+def _marks(doc: Path, index: int) -> list[pytest.MarkDecorator]:
+    """`slow` for a block that starts torchrun; `serial` for it and every later block of its doc (which runs it
+    first, `doc_runs`): the merge after torchrun checks the ranks' clocks (every receive after its send), aligned
+    from round trips that a busy machine stretches unevenly."""
+    blocks = runnable_blocks(doc)
+    serial = [pytest.mark.serial] if any(_is_slow(b) for b in blocks[:index + 1]) else []
+    return ([pytest.mark.slow] if _is_slow(blocks[index]) else []) + serial
+
+
 # -------------------------------------------------------------------------------------------------- 1. the README
 
 
@@ -136,15 +145,14 @@ def test_the_readme_has_the_three_starts() -> None:
     assert any(c.startswith("ckpt-viz record --distributed") for c in commands), "the torchrun start runs"
 
 
-@pytest.mark.parametrize("index", [pytest.param(i, marks=[pytest.mark.slow] if _is_slow(b) else [])
-                                   for i, b in enumerate(RUNNABLE)],
+@pytest.mark.parametrize("index", [pytest.param(i, marks=_marks(README, i)) for i in range(len(RUNNABLE))],
                          ids=[f"README.md:{b.line}:{b.lang}" for b in RUNNABLE])
 def test_readme_block_runs_as_it_is(doc_runs, index: int) -> None:
     _assert_ran(README, index, doc_runs(README, index))
 
 
 @pytest.mark.slow  # the examples of docs/ are checked like the README's, outside the inner loop
-@pytest.mark.parametrize(("doc", "index"), DOC_BLOCKS,
+@pytest.mark.parametrize(("doc", "index"), [pytest.param(d, i, marks=_marks(d, i)) for d, i in DOC_BLOCKS],
                          ids=[f"{d.name}:{runnable_blocks(d)[i].line}:{runnable_blocks(d)[i].lang}"
                               for d, i in DOC_BLOCKS])
 def test_doc_block_runs_as_it_is(doc_runs, doc: Path, index: int) -> None:

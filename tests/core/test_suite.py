@@ -26,7 +26,7 @@ def test_every_slow_entry_names_a_test_that_exists() -> None:
 
 def test_the_inner_loop_markers_are_registered(pytestconfig: pytest.Config) -> None:
     registered = {line.split(":")[0] for line in pytestconfig.getini("markers")}
-    assert {"slow", "browser", "gpu"} <= registered
+    assert {"slow", "browser", "gpu", "serial"} <= registered  # serial: scripts/test.sh runs those alone, last
     assert "--strict-markers" in pytestconfig.getini("addopts")  # a misspelt marker fails, not selects nothing
 
 

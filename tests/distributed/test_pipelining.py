@@ -26,7 +26,9 @@ import torch
 from ckpt_viz import Trace
 from ckpt_viz.errors import CheckpointUsageError
 
-pytestmark = pytest.mark.slow
+# serial: the 2-rank spawn (conftest's out_dir, shared with test_merge.py) measures the ranks' clock offsets from
+# round trips, and test_rank_header bounds them (under 50 ms); the tests here only read what the spawn saved
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 WORLD = 2
 CASES = list(worker.CASES)

@@ -72,6 +72,9 @@ def _open(page, lesson, step: int) -> None:
         settle(page, 240_000)
 
 
+# serial: it counts the painted charts (`_every_view_drawn`) at one instant after the first view shows, and how soon
+# the browser paints them depends on what else the machine runs (a parallel run saw "the lanes view is not drawn")
+@pytest.mark.serial
 @pytest.mark.parametrize(("lesson", "i"), ASKED, ids=[f"lesson{le.number:02d}" for le, _ in ASKED])
 def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(lessons_page, lesson, i: int) -> None:
     from playwright.sync_api import expect

@@ -15,7 +15,9 @@ from ckpt_viz.errors import DotLimitError
 from ckpt_viz.render.svg import dot_svg, end_dot, run_dot
 from procs import live_processes
 
-pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz's dot (apt-get install graphviz)")
+pytestmark = [pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz's dot (apt-get install graphviz)"),
+              # serial: dot stopped between 1.5 and 5 s, and within 1 s of its owner's end (wall-clock bounds)
+              pytest.mark.serial]
 
 
 def _tangle(nodes: int, edges: int, seed: int) -> str:

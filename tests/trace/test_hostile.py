@@ -95,6 +95,7 @@ def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.serial  # the child's memory peak (VmHWM) and time (under 60 s)
 def test_gzip_bomb_is_refused_quickly_with_bounded_memory(bomb: Path) -> None:
     report = _load_in_a_child(str(bomb), timeout=150)
     _assert_clear(report["err"], str(bomb), f"inflates to more than {DEFAULT_MAX_BYTES:,} bytes",
@@ -103,6 +104,7 @@ def test_gzip_bomb_is_refused_quickly_with_bounded_memory(bomb: Path) -> None:
     assert report["s"] < 60, report["s"]
 
 
+@pytest.mark.serial  # beside the test above, so the module's bomb is made in one phase only
 def test_gzip_bomb_under_a_smaller_cap_from_the_environment(bomb: Path) -> None:
     report = _load_in_a_child(str(bomb), env={"CKPT_VIZ_TRACE_MAX_BYTES": str(8 << 20)})
     _assert_clear(report["err"], str(bomb), "inflates to more than 8,388,608 bytes")

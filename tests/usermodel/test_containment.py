@@ -190,6 +190,7 @@ def _check_filled(message: str, workdir_mb: int) -> None:
     assert filled["/dev/shm"][0] <= MASK_MB
 
 
+@pytest.mark.serial  # the host folder's disk use sampled every 20 ms while the run fills its own
 @needs_bwrap
 def test_a_cold_run_cannot_fill_the_disk(tmp_path: Path, own_tmp: Path) -> None:
     model = _copy(tmp_path / "model", "fills_disk.py")
@@ -200,6 +201,7 @@ def test_a_cold_run_cannot_fill_the_disk(tmp_path: Path, own_tmp: Path) -> None:
     assert os.listdir(own_tmp) == []
 
 
+@pytest.mark.serial  # the host folder's disk use sampled every 20 ms while the run fills its own
 @needs_bwrap
 def test_a_warm_run_cannot_fill_the_disk_and_the_next_run_has_its_space_back(tmp_path: Path, own_tmp: Path) -> None:
     models = tmp_path / "model"

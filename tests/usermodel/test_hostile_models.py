@@ -118,6 +118,7 @@ def test_model_cannot_kill_its_parent(tmp_path: Path) -> None:
     assert _processes(str(tmp)) == [] and os.listdir(tmp) == []
 
 
+@pytest.mark.serial  # the child gone within 1 s of its parent (wall clock)
 @needs_bwrap
 def test_killing_the_parent_ends_the_child_within_a_second(tmp_path: Path) -> None:
     model, tmp = _copy(tmp_path, "sleeps_with_helper.py"), _own_tmp(tmp_path)
@@ -136,6 +137,7 @@ def test_killing_the_parent_ends_the_child_within_a_second(tmp_path: Path) -> No
     assert [str(p) for p in Path("/sys/fs/cgroup").rglob(left)] == []  # its cgroups too
 
 
+@pytest.mark.serial  # the child gone within 1 s of the CLI (wall clock)
 def test_sigterm_to_the_cli_ends_the_child_and_removes_its_folder(tmp_path: Path) -> None:
     model, tmp = _copy(tmp_path, "sleeps_with_helper.py"), _own_tmp(tmp_path)
     cli = subprocess.Popen([sys.executable, "-m", "ckpt_viz", "record", f"{model}:make_model", "--mode", "reentrant",
@@ -193,6 +195,7 @@ class _Watch:
         self._thread.join()
 
 
+@pytest.mark.serial  # the run's processes and memory sampled every 10 ms
 @needs_cgroup
 def test_forked_processes_share_one_memory_limit(tmp_path: Path) -> None:
     model = _copy(tmp_path, "forks_allocating.py")
@@ -204,6 +207,7 @@ def test_forked_processes_share_one_memory_limit(tmp_path: Path) -> None:
     assert _processes(str(model)) == []
 
 
+@pytest.mark.serial  # the processes gone within 1 s of the run (wall clock)
 @needs_either
 def test_processes_in_new_sessions_end_with_the_run(tmp_path: Path) -> None:
     model = _copy(tmp_path, "new_session.py")

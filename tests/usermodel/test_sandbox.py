@@ -61,6 +61,7 @@ def test_good_model_gives_the_same_trace_as_in_process() -> None:
     assert _sandbox_dirs() <= before  # the temporary folder is gone
 
 
+@pytest.mark.serial  # stopped between 8 and 12 s (wall clock)
 def test_timeout_kills_the_child_and_its_subprocesses(tmp_path: Path) -> None:
     model = Path(shutil.copy(HOSTILE / "sleeps_with_helper.py", tmp_path / "sleeps_with_helper.py"))
     start = time.monotonic()
@@ -104,6 +105,7 @@ def test_syntax_error_passes_through_verbatim() -> None:
      None),
     ("segfaults.py", -signal.SIGSEGV, "was killed by SIGSEGV while loading the model, without writing a trace", 8),
 ])
+@pytest.mark.serial  # no process left with the shared tests/data/bad_models path (test_warm.py runs segfaults.py)
 def test_hostile_process_exit_is_reported(name: str, returncode: int, expected: str, line: int | None) -> None:
     with pytest.raises(SandboxCrashError) as info:
         record_in_subprocess(f"{BAD / name}:make_model", "reentrant")
@@ -168,6 +170,7 @@ def test_child_report_kinds() -> None:
     assert issubclass(SandboxRunError, ModelLoadError) and issubclass(SandboxCrashError, SandboxError)
 
 
+@pytest.mark.serial  # a FIFO refused in under 1 s (wall clock)
 def test_what_the_child_leaves_is_read_bounded(tmp_path: Path) -> None:
     """The parent reads only regular files, never through a link, within a cap (no spawn here)."""
     (tmp_path / "link").symlink_to("/etc/passwd")

@@ -105,6 +105,7 @@ def test_a_warm_run_records_the_same_trace_as_a_cold_child(warm: WarmSandbox) ->
     assert "Threads:\t1\n" in status  # no thread pool to break the next fork
 
 
+@pytest.mark.serial  # the time limit of 3 s ends the run in under 8 s (wall clock)
 def test_limits_apply_to_each_run_and_a_failed_run_does_not_break_the_next(warm: WarmSandbox) -> None:
     with pytest.raises(SandboxMemoryError) as info:
         _one(warm, f"{BAD / 'allocates_too_much.py'}:make_model", memory_mb=2048)
@@ -150,6 +151,7 @@ def test_processes_a_run_leaves_end_with_it(warm: WarmSandbox, models: Path) -> 
     assert live_processes(str(model)) == []
 
 
+@pytest.mark.serial  # the run ends within 1 s of the cancel (wall clock)
 def test_cancel_kills_a_looping_run_at_once(warm: WarmSandbox, models: Path) -> None:
     model = Path(shutil.copy(HOSTILE / "sleeps_with_helper.py", models / "sleeps_with_helper.py"))
     cancel = threading.Event()
@@ -173,6 +175,7 @@ def test_compare_runs_every_mode_in_one_child(warm: WarmSandbox) -> None:
         assert trace.meta["mode"] == mode
 
 
+@pytest.mark.serial  # the wait ends within 1 s of the cancel (wall clock)
 def test_a_start_shows_its_stages_and_cancel_ends_the_wait_for_it_at_once() -> None:
     box = WarmSandbox()
     try:
