@@ -16,6 +16,10 @@ NOTE [ Merging rank traces ]
      first event of I|B(s-1, m) after the last event of I|B(s, m) (same step). Each such edge
      between two ranks has a slack (consumer's first event minus producer's last event);
      a negative slack is a receive before its send, i.e. a clock error of at least that much.
+     Only a slack below minus the two ranks' offset uncertainty counts: a Cristian offset is
+     known to within half its round trip (`clock.rtt_ns` / 2), and a producer's last event is
+     written after its send returned, when the consumer may already have its data (a few
+     microseconds on a busy machine).
   3. Events are merged in aligned-time order (ties: rank, then the rank's own order), renumbered
      seq 0..N-1, and keep their tags with `rank` set. Handle ids are per rank in the files;
      they are renumbered (rank, id) -> one id, in order of first appearance, in `handle_id`,
@@ -249,6 +253,12 @@ def find_rank_files(folder: str) -> tuple[str, dict[int, str]]:
     return path, ranks_in(path)
 
 
+def _uncertainty(header: dict[str, Any]) -> int:
+    """How far a rank's Cristian offset may be off: half its round trip, the larger of its two anchors' (rule 2)."""
+    rtts = [c.get("rtt_ns") for c in (header.get("clock") or {}, header.get("clock_end") or {})]
+    return max([r // 2 for r in rtts if isinstance(r, int) and r > 0], default=0)
+
+
 def _offset_fn(header: dict[str, Any], base: dict[str, Any]) -> tuple[Any, str]:
     """(t -> offset_ns, how it was measured); see NOTE [ Merging rank traces ], rule 1."""
     clock = header.get("clock") or {}
@@ -286,10 +296,13 @@ def _spans(events: Iterable[Event]) -> dict[tuple, list[int]]:
     return spans
 
 
-def check_order(events: list[Event]) -> dict[str, Any]:
-    """The send-before-receive check of NOTE [ Merging rank traces ], rule 2, on aligned events."""
+def check_order(events: list[Event], uncertainty_ns: dict[int, int] | None = None) -> dict[str, Any]:
+    """The send-before-receive check of NOTE [ Merging rank traces ], rule 2, on aligned events; `uncertainty_ns`:
+    rank -> how far its offset to rank 0 may be off (half its round trip; 0 when not given)."""
     spans = _spans(events)
+    known = uncertainty_ns or {}
     checked, bad, worst = 0, [], None
+    within = 0  # receives before their send by less than the offsets' uncertainty
     slack_by_pair: dict[str, int] = {}
     for (step, stage, mb, action), (first, _, rank) in spans.items():
         if not isinstance(stage, int):
@@ -308,12 +321,15 @@ def check_order(events: list[Event]) -> dict[str, Any]:
             checked += 1
             pair = f"{producer[2]}->{rank}"
             slack_by_pair[pair] = min(slack, slack_by_pair.get(pair, slack))
-            if slack < 0:
+            if slack < -(known.get(producer[2], 0) + known.get(rank, 0)):
                 bad.append({"receiver": f"{stage}{action}{mb}", "sender": f"{key[1]}{key[3]}{mb}", "step": step,
                             "slack_ns": slack})
+            elif slack < 0:
+                within += 1
             if worst is None or slack < worst:
                 worst = slack
-    return {"edges_checked": checked, "receives_before_send": len(bad), "min_slack_ns": worst,
+    return {"edges_checked": checked, "receives_before_send": len(bad), "within_uncertainty": within,
+            "uncertainty_ns": {str(r): u for r, u in sorted(known.items())}, "min_slack_ns": worst,
             "min_slack_ns_by_ranks": dict(sorted(slack_by_pair.items())), "violations": bad[:20]}
 
 
@@ -380,7 +396,8 @@ def merge_traces(traces: dict[int, Trace], where: str = "the run", *, files: dic
         "run_id": base.get("run_id"), "world_size": base.get("world_size"), "merged": True,
         "ranks": sorted(headers), "headers": {str(r): headers[r] for r in sorted(headers)},
         "stages_by_rank": {str(r): headers[r].get("stages") for r in sorted(headers)},
-        "planned_order": _planned(headers), "clock_alignment": clocks, "alignment": check_order(events),
+        "planned_order": _planned(headers), "clock_alignment": clocks,
+        "alignment": check_order(events, {r: _uncertainty(h) for r, h in headers.items()}),
         "missing_ranks": missing}
     if missing or "partial" in meta:
         meta["partial"] = {"missing_ranks": missing, "ranks": meta.pop("partial", {})}
@@ -442,6 +459,11 @@ def _describe(trace: Trace, run: str, output: str) -> str:
         lines.append(f"  clock check FAILED: {check['receives_before_send']} of {check['edges_checked']} receives "
                      f"come before their send (worst by {-check['min_slack_ns'] / 1000:.1f} us): the clocks are off "
                      "by at least that much; times between ranks are not reliable.")
+    elif check.get("within_uncertainty"):
+        lines.append(f"  clock check: every receive comes after its send within the clock offsets' uncertainty "
+                     f"({check['edges_checked']} send/receive pairs between ranks; {check['within_uncertainty']} "
+                     f"before it by up to {-check['min_slack_ns'] / 1000:.1f} us, less than half a round trip of "
+                     "the offset measurement)")
     else:
         lines.append(f"  clock check: every receive comes after its send ({check['edges_checked']} send/receive "
                      f"pairs between ranks, smallest gap {check['min_slack_ns'] / 1000:.1f} us)")

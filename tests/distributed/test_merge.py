@@ -18,7 +18,7 @@ from ckpt_viz import Trace, TraceError
 from ckpt_viz.analysis.actions import actions, planned_vs_executed
 from ckpt_viz.analysis.memory import memory, rank_memory
 from ckpt_viz.cli import main
-from ckpt_viz.cli.merge import merge_run, merge_traces
+from ckpt_viz.cli.merge import _describe, merge_run, merge_traces
 from ckpt_viz.render.perfetto import render_perfetto
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "render"))
@@ -122,6 +122,25 @@ def test_clock_check_catches_a_wrong_offset() -> None:
     check = merge_traces(traces).meta["distributed"]["alignment"]
     assert check["receives_before_send"] > 0 and check["min_slack_ns"] < -30_000_000
     assert {v["receiver"][0] for v in check["violations"]} <= {"1", "2"}  # rank 1 holds stages 1 and 2 here
+
+
+def test_clock_check_allows_what_the_offsets_round_trip_leaves_unknown() -> None:
+    """NOTE [ Merging rank traces ], rule 2: a receive before its send by less than the ranks' offset uncertainty
+    (half the offset measurement's round trip) is within what the clocks can say; by more, it is a clock error."""
+    for rtt, counted in ((200_000_000, False), (20_000_000, True)):  # uncertainty 100 ms, then 10 ms; error 50 ms
+        traces = _rank_traces(DATA)
+        clock = traces[1].meta["distributed"]["clock"]
+        clock["offset_to_rank0_ns"] -= 50_000_000
+        clock["rtt_ns"] = rtt
+        traces[1].meta["distributed"].pop("clock_end", None)
+        merged = merge_traces(traces)
+        check = merged.meta["distributed"]["alignment"]
+        assert check["min_slack_ns"] < -30_000_000 and check["uncertainty_ns"]["1"] == rtt // 2
+        if counted:
+            assert check["receives_before_send"] > 0 and "clock check FAILED" in _describe(merged, "run", "out.json")
+        else:
+            assert check["receives_before_send"] == 0 and check["within_uncertainty"] > 0
+            assert "within the clock offsets' uncertainty" in _describe(merged, "run", "out.json")
 
 
 def test_merge_refuses_partial_mixed_and_missing_runs(tmp_path) -> None:
