@@ -72,9 +72,6 @@ def _open(page, lesson, step: int) -> None:
         settle(page, 240_000)
 
 
-# serial: it counts the painted charts (`_every_view_drawn`) at one instant after the first view shows, and how soon
-# the browser paints them depends on what else the machine runs (a parallel run saw "the lanes view is not drawn")
-@pytest.mark.serial
 @pytest.mark.parametrize(("lesson", "i"), ASKED, ids=[f"lesson{le.number:02d}" for le, _ in ASKED])
 def test_no_answer_and_nothing_of_the_run_shows_before_the_student_answers(lessons_page, lesson, i: int) -> None:
     from playwright.sync_api import expect
@@ -140,7 +137,9 @@ def _every_view_drawn(page, step) -> None:
         titles = main.get_by_text(VIEW_TITLES[name], exact=True)
         expect(titles.nth(runs - 1), f"the {name} view's title").to_be_visible()
         wanted = runs * sum(1 for v in step.views if DRAWN[v] == DRAWN[name])
-        assert main.locator(DRAWN[name]).count() >= wanted, f"the {name} view is not drawn {wanted} time(s)"
+        # drawn after the script run: wait for the `wanted`-th (a view never drawn still fails, after the wait)
+        expect(main.locator(DRAWN[name]).nth(wanted - 1), f"the {name} view is not drawn {wanted} time(s)"
+               ).to_be_attached(timeout=60_000)
     images = main.locator("img.ckpt-graph")
     assert all(images.nth(k).evaluate("i => i.complete && i.naturalWidth > 0") for k in range(images.count()))
 
