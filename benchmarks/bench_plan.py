@@ -13,9 +13,10 @@
    then (b) run right after (`run_scenario`: a warm-up run, then three runs) and measured: each
    block's replays (its handles' `replay_started` to `replay_finished` in the trace, summed over a
    pipeline's micro-batches) the fastest of the three runs, summed over the blocks. The round's
-   ratio is predicted / measured; a run's figure is the median of its rounds' ratios. Before the
-   rounds every model runs each kind past the recording's first divergence checks (FIRST_CHECKS
-   runs of a region), so both sides are steady.
+   ratio is predicted / measured; a run's figure is the median of its rounds' ratios. Both sides
+   run without the recording's divergence checks (`divergence.unchecked`): a plan is for training,
+   which runs no check; a checked replay is slower, and which runs a sampled recording checks is
+   random. Before the rounds every model runs each kind once.
    Targets: every run within 20 %, the median over runs within 10 %.
 2. Planning speed: the whole trade-off curve of a 32-layer model (HF Llama, random init; a
    32-block residual MLP without transformers), per kind, from the profile (the timeline
@@ -55,7 +56,7 @@ from ckpt_viz.plan.schema import KINDS, Policy
 from ckpt_viz.plan.search import curve, recommend
 from ckpt_viz.run.scenarios import run_scenario
 from ckpt_viz.run.zoo import MLPBlock, ModelSpec, Stack, build_builtin
-from ckpt_viz.runtime.divergence_sampling import FIRST_CHECKS
+from ckpt_viz.runtime.divergence import unchecked
 
 MODELS = ("mlp", "transformer", "dropout", "closure", "excluded", "pipeline")
 MICROBATCHES = 4
@@ -107,7 +108,8 @@ def replays_by_block(trace: Any) -> dict[str, int]:
 def _run(spec: ModelSpec, mode: str, blocks: tuple[str, ...]) -> Any:
     for param in spec.model.parameters():
         param.grad = None
-    return run_scenario(dataclasses.replace(spec, checkpoint=blocks), mode, microbatches=MICROBATCHES)
+    with unchecked():  # replays as a training run without a recording runs them, as the profile measures them
+        return run_scenario(dataclasses.replace(spec, checkpoint=blocks), mode, microbatches=MICROBATCHES)
 
 
 def measure(spec: ModelSpec, mode: str, blocks: tuple[str, ...], runs: int = MEASURED_RUNS) -> int:
@@ -126,9 +128,8 @@ def recompute_rows(rounds: int, quick: bool, subsets: int) -> list[dict[str, Any
         names = list(spec.checkpoint)
         modes = list(KINDS[:2] if quick else KINDS) + (["pipeline"] if spec.stages and not quick else [])
         runs = [(mode, blocks) for mode in modes for blocks in _subsets(names, subsets, zlib.crc32(name.encode()))]
-        for mode in modes:  # past the recording's first divergence checks of each region (module docstring)
-            for _ in range(FIRST_CHECKS + 1):
-                _run(spec, mode, tuple(names))
+        for mode in modes:  # warm: each kind once (lazy initialisation)
+            _run(spec, mode, tuple(names))
         ratios: dict[tuple, list[float]] = {run: [] for run in runs}
         pred: dict[tuple, list[int]] = {run: [] for run in runs}
         meas: dict[tuple, list[int]] = {run: [] for run in runs}

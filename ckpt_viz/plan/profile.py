@@ -43,10 +43,11 @@ NOTE [ Plan profile ]
      `record(memory=True)` the profile is refused: both read the allocator through torch's
      profiler, and one runs at a time (ckpt_viz/plan/_alloc.py).
   7. Replays (`profile_spec`, not a user's own loop): after the profiled step the model runs recorded with
-     every block checkpointed, in each kind (a pipeline: as its stages run, split reentrant): first past the
-     recording's first divergence checks of its regions (a checked replay is slower, and a long run checks
-     few), then a warm-up run and REPLAY_RUNS runs per kind; a block's replay is its handle's
-     `replay_started` to `replay_finished` (per micro-batch in a pipeline), the fastest of those runs.
+     every block checkpointed, in each kind (a pipeline: as its stages run, split reentrant), without the
+     recording's divergence checks (`divergence.unchecked`, this thread only: a checked replay is slower, and
+     training without a recording checks none): a warm-up run and REPLAY_RUNS runs per kind; a block's replay
+     is its handle's `replay_started` to `replay_finished` (per micro-batch in a pipeline), the fastest of
+     those runs.
 """
 from __future__ import annotations
 
@@ -692,7 +693,7 @@ def measure_replays(spec: Any, blocks: Sequence[str], *, microbatch: int | None 
 
     from ckpt_viz.plan.schema import KINDS
     from ckpt_viz.run.scenarios import run_scenario
-    from ckpt_viz.runtime.divergence_sampling import FIRST_CHECKS
+    from ckpt_viz.runtime.divergence import unchecked
 
     checked = dataclasses.replace(spec, checkpoint=tuple(blocks))
     pipeline = microbatch is not None and bool(spec.stages)
@@ -701,11 +702,9 @@ def measure_replays(spec: Any, blocks: Sequence[str], *, microbatch: int | None 
     def run(mode: str) -> Any:
         for p in spec.model.parameters():
             p.grad = None
-        return run_scenario(checked, mode, seed=seed, microbatches=microbatch or 4)
+        with unchecked():  # a replay as training runs it: no divergence check (a checked one is slower)
+            return run_scenario(checked, mode, seed=seed, microbatches=microbatch or 4)
 
-    first = next(iter(modes.values()))
-    for _ in range(FIRST_CHECKS):  # past the recording's first divergence checks of each region (they are slower)
-        run(first)
     found: dict[str, dict[str, int]] = {}
     for kind, mode in modes.items():
         run(mode)  # a warm-up run of this kind
@@ -739,7 +738,7 @@ def profile_spec(spec: Any, *, seed: int = 0, ops: bool = False, microbatch: int
             on the first call), so its recompute includes what the runtime adds to each replay.
         replays: also measure each block's replay in each kind in recorded runs of the model
             (`measure_replays`, NOTE [ Plan profile ], rule 7): the recompute the plan predicts is then
-            those replays. About 17 more runs of the step; False predicts from the formula alone.
+            those replays. 16 more runs of the step; False predicts from the formula alone.
     """
     from ckpt_viz.run.harness import inputs_requiring_grad
     from ckpt_viz.run.rng import rng_guard

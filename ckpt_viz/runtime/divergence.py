@@ -53,6 +53,7 @@ NOTE [ Replay divergence checks ]
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import weakref
@@ -67,7 +68,7 @@ from ckpt_viz.runtime import divergence_sampling as sampling
 from ckpt_viz.runtime import fingerprints as fp
 from ckpt_viz.runtime import owners
 
-__all__ = ["DIVERGENCES", "OFF", "ReplayWatch", "active", "checks", "set_checks", "watch"]
+__all__ = ["DIVERGENCES", "OFF", "ReplayWatch", "active", "checks", "set_checks", "unchecked", "watch"]
 
 # divergence kind -> its diagnosis code (a key of ckpt_viz.events.DIAGNOSIS_CODES)
 DIVERGENCES: dict[str, str] = {
@@ -93,6 +94,8 @@ def _policy_of(on: bool | str) -> str:
 
 _policy = _policy_of(os.environ.get(_ENV, "sampled"))
 _checks_on = _policy != "off"
+# True inside `unchecked()`: regions started in this context are not checked, whatever the process-wide setting
+_UNCHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("ckpt_viz_unchecked", default=False)
 
 
 def set_checks(on: bool | str) -> bool | str:
@@ -119,12 +122,24 @@ def checks(on: bool | str) -> Iterator[None]:
         set_checks(previous)
 
 
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Run the block with no replay-divergence checks in this context only (other threads and sessions keep theirs):
+    the planner's measurement of replays (ckpt_viz/plan/profile.py), which times replays as a training run without
+    a recording runs them."""
+    token = _UNCHECKED.set(True)
+    try:
+        yield
+    finally:
+        _UNCHECKED.reset(token)
+
+
 def active(scope: Any = None) -> bool:
     """Whether a region starting now is watched (NOTE [ Replay divergence checks ], rule 1).
 
     `scope`: `bus.current_scope()` when the caller has just read it.
     """
-    if not (_checks_on and bus.enabled):
+    if not (_checks_on and bus.enabled) or _UNCHECKED.get():
         return False
     return bool((scope if scope is not None else bus.current_scope()).channels)
 
@@ -393,7 +408,7 @@ OFF = _Off()
 def watch(frame: Any, args: tuple, kwargs: dict, inputs: tuple, scope: Any = None) -> ReplayWatch | None:
     """A watch for the region about to run, or None when no recording checks it or the policy skips this run
     (NOTE rule 1)."""
-    if not (_checks_on and bus.enabled):
+    if not (_checks_on and bus.enabled) or _UNCHECKED.get():
         return None
     scope = scope if scope is not None else bus.current_scope()
     if not scope.channels:
