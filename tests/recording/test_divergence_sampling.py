@@ -183,6 +183,23 @@ def test_checks_off_keep_no_counts() -> None:
     assert "replay_checks" not in trace.meta and replay_checks_note(trace) is None
 
 
+def test_unchecked_leaves_out_this_contexts_checks_only() -> None:
+    """`divergence.unchecked()` (the planner times replays with it): a region's first run, always checked otherwise,
+    is not checked inside it, while a recording on another thread at the same time keeps its checks."""
+    import threading
+
+    here, there = [Flaky()], [Flaky()]
+    other: list[Trace] = []
+    with divergence.unchecked():
+        inside = _step(here)
+        worker = threading.Thread(target=lambda: other.append(_step(there)))
+        worker.start()
+        worker.join()
+    assert not (inside.meta.get("replay_checks") or {}).get("checked")
+    assert other[0].meta["replay_checks"]["checked"] == 1
+    assert _step(here).meta["replay_checks"]["checked"] == 1  # after the block: its first checked run comes now
+
+
 def test_a_saved_trace_keeps_its_counts_and_explain_says_what_was_not_checked(
         never_sampled: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocks = [Flaky()]
