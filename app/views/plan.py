@@ -48,8 +48,9 @@ run = current()
 st.title("Plan")
 st.caption("What would the step's peak be, and what should be checkpointed to fit a memory budget? Predicted from "
            "one profiled step without checkpointing (ckpt_viz.plan): the peak from the allocator's record of that "
-           "step, the recompute from its blocks' forward times and the replay costs measured on the machine that "
-           "profiled it.")
+           "step; the recompute from each block's replays, timed in recorded runs of the model in each kind, or, "
+           "in a profile of your own loop, from its blocks' forward times and the replay costs measured on the "
+           "machine that profiled it.")
 
 if "plan_profile" in (run.trace.meta or {}):
     source, memo = run.trace, run.memo
@@ -69,7 +70,8 @@ else:
     if target not in asked:
         what = "the model file in its sandbox" if target.source == "user" else f"the built-in model {target.target}"
         st.info(md(f"This run holds no plan profile. Profiling runs {what} for a few steps without checkpointing "
-                   "(one of them under the allocator's record), then measures this machine's replay costs once."))
+                   "(one of them under the allocator's record), then with every block checkpointed in each kind "
+                   "to time its replays, and measures this machine's replay costs once."))
         if not st.button("Profile the model", key="plan_profile_button", type="primary"):
             st.stop()
         asked.add(target)
@@ -92,8 +94,10 @@ st.markdown(md(f"Profile of {profile.label or 'the model'}: {len(names)} blocks 
                f"step {profile.step_time_ns / 1e6:.1f} ms"
                + (f", one of {profile.microbatches} micro-batches through {len(profile.stage_calls)} stages"
                   if pipeline else "")
-               + ("." if profile.replay_costs else "; no replay costs measured: the recompute is the forward "
-                  "alone.")))
+               + ("; the recompute is each block's replay as timed in runs of the model."
+                  if any(b.replay_ns for b in profile.blocks) else
+                  "; the recompute is each block's forward time and this machine's replay costs."
+                  if profile.replay_costs else "; no replay costs measured: the recompute is the forward alone.")))
 
 left, middle, right = st.columns(3)
 mode = (run.trace.meta or {}).get("mode")

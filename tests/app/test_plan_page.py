@@ -86,6 +86,7 @@ def test_saved_trace_plan_is_the_planners_for_the_same_file_and_budget(saved: Pa
     # the crafted label is text: escaped wherever markdown is read
     line = next(m.value for m in at.markdown if m.value.startswith("Profile of"))
     assert shown(line).startswith(f"Profile of {CRAFTED}: 4 blocks (blocks.0-3)")
+    assert shown(line).endswith("the recompute is each block's replay as timed in runs of the model.")
     assert "\\<img" in line and "\\*\\*bold\\*\\*" in line and "\\]\\(http\u2060" in line  # each escaped
 
 
@@ -119,10 +120,12 @@ def test_a_builtin_is_profiled_by_the_button_and_planned() -> None:
 def test_a_pipeline_is_planned_per_schedule(tmp_path: Path) -> None:
     spec = build_builtin("pipeline")
     trace = run_scenario(spec, "pipeline", memory=True, microbatches=4, schedule="GPipe")
-    profile = profile_spec(build_builtin("pipeline"), microbatch=4, costs=False)
+    profile = profile_spec(build_builtin("pipeline"), microbatch=4, costs=False, replays=False)
     attach(trace, profile)
     trace.save(tmp_path / "pipe.json")
     at = _saved(tmp_path / "pipe.json")
+    line = next(m.value for m in at.markdown if m.value.startswith("Profile of"))  # what this profile holds
+    assert shown(line).endswith("no replay costs measured: the recompute is the forward alone.")
     assert at.selectbox(key="plan_schedule").value == "GPipe"
     assert at.selectbox(key="plan_kind_pipeline").value == "split-reentrant"
     for schedule in ("GPipe", "ZB-H1"):
