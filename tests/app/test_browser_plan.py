@@ -54,6 +54,10 @@ def test_the_curve_and_the_planners_recommendation_for_a_budget(browser_page, sa
     rec = recommend(profile, parse_bytes(budget), kind="reentrant")  # the trace's mode is the page's kind
     assert rec.prediction is not None and rec.prediction.peak <= parse_bytes(budget)  # it meets the budget
     assert rec.prediction.policy.blocks and len(rec.curve) >= 2
+    # where the recompute comes from, for this profile (its replays were timed in runs of the model)
+    assert all(b.replay_ns for b in profile.blocks)
+    expect(main.get_by_text("the recompute is each block's replay as timed in runs of the model.",
+                            exact=False)).to_be_visible()
     alert = main.locator('[data-testid="stAlertContentSuccess"]')
     expect(alert).to_have_count(1)
     assert shown_text(alert) == rec.words  # the planner's sentence for this file and budget, as it is
