@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "plan"
 
 from _common import format_table, stable_threads
 from ckpt_viz.analysis.handles import handle_labels
+from ckpt_viz.analysis.lifecycle import recompute_time
 from ckpt_viz.plan.calibrate import replay_costs
 from ckpt_viz.plan.model import forget_timelines, predict
 from ckpt_viz.plan.profile import profile_spec
@@ -92,16 +93,12 @@ def _specs(quick: bool) -> dict[str, ModelSpec]:
 
 
 def replays_by_block(trace: Any) -> dict[str, int]:
-    """Each block's replay time in `trace`: its handles' replay_started to replay_finished, summed."""
+    """Each block's replay time in `trace`: its handles' replays (`recompute_time(trace).by_handle`), summed."""
     labels = handle_labels(trace)
-    started: dict[int, int] = {}
     out: dict[str, int] = {}
-    for event in trace.events:
-        if event.kind == "replay_started":
-            started[event.handle_id] = event.t_ns
-        elif event.kind == "replay_finished" and event.handle_id in started:
-            label = labels.get(event.handle_id, str(event.handle_id)).split("#", 1)[0]
-            out[label] = out.get(label, 0) + event.t_ns - started.pop(event.handle_id)
+    for handle, ns in recompute_time(trace).by_handle.items():
+        label = labels.get(handle, str(handle)).split("#", 1)[0]
+        out[label] = out.get(label, 0) + ns
     return out
 
 

@@ -462,8 +462,8 @@ def _describe(trace: Trace, run: str, output: str) -> str:
     elif check.get("within_uncertainty"):
         lines.append(f"  clock check: every receive comes after its send within the clock offsets' uncertainty "
                      f"({check['edges_checked']} send/receive pairs between ranks; {check['within_uncertainty']} "
-                     f"before it by up to {-check['min_slack_ns'] / 1000:.1f} us, less than half a round trip of "
-                     "the offset measurement)")
+                     f"before it by up to {-check['min_slack_ns'] / 1000:.1f} us, less than the two ranks' offsets "
+                     "may be off: half of each one's measured round trip)")
     else:
         lines.append(f"  clock check: every receive comes after its send ({check['edges_checked']} send/receive "
                      f"pairs between ranks, smallest gap {check['min_slack_ns'] / 1000:.1f} us)")

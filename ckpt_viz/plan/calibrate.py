@@ -90,16 +90,12 @@ def calibration_spec(chains: Sequence[tuple[int, bool]] = CHAINS) -> object:
                      description="the plan's replay-cost calibration")
 
 
-def _replays_by_handle(trace: object) -> list[int]:
-    """Each replay's duration in event order of its start (one replay per handle in these runs)."""
-    started: dict[int, int] = {}
-    out: list[int] = []
-    for event in trace.events:  # type: ignore[attr-defined]
-        if event.kind == "replay_started":
-            started[event.handle_id] = event.t_ns
-        elif event.kind == "replay_finished" and event.handle_id in started:
-            out.append((event.handle_id, event.t_ns - started.pop(event.handle_id)))  # type: ignore[arg-type]
-    return [ns for _, ns in sorted(out)]  # handles are numbered in forward order
+def _replays_by_handle(trace: Any) -> list[int]:
+    """Each replay's duration, in handle order (one replay per handle in these runs; handles are numbered in
+    forward order): `recompute_time`'s per-handle replays."""
+    from ckpt_viz.analysis.lifecycle import recompute_time
+
+    return [ns for _, ns in sorted(recompute_time(trace).by_handle.items())]
 
 
 def fit_costs(tensors: Sequence[int], regions: Sequence[int], extra: Sequence[float]) -> ReplayCost:

@@ -667,21 +667,18 @@ REPLAY_RUNS = 3  # recorded runs per kind whose replays are measured (each block
 
 
 def _replays_by_label(trace: Any) -> dict[str, int]:
-    """Each block's replay in `trace` (its handles' `replay_started` to `replay_finished`), per replay: a block
-    replayed once per micro-batch counts the mean of its replays."""
+    """Each block's replay in `trace` (`recompute_time`'s per-handle replays, by the handles' region names), per
+    replay: a block replayed once per micro-batch counts the mean of its replays."""
     from ckpt_viz.analysis.handles import handle_labels
+    from ckpt_viz.analysis.lifecycle import lifecycle, recompute_time
 
-    labels = handle_labels(trace)
-    started: dict[int, int] = {}
+    labels, life = handle_labels(trace), lifecycle(trace)
     total: dict[str, int] = {}
     count: dict[str, int] = {}
-    for event in trace.events:
-        if event.kind == "replay_started" and event.handle_id is not None:
-            started[event.handle_id] = event.t_ns
-        elif event.kind == "replay_finished" and event.handle_id in started:
-            label = labels.get(event.handle_id, "")
-            total[label] = total.get(label, 0) + event.t_ns - started.pop(event.handle_id)
-            count[label] = count.get(label, 0) + 1
+    for handle, ns in recompute_time(trace).by_handle.items():
+        label = labels.get(handle, "")
+        total[label] = total.get(label, 0) + ns
+        count[label] = count.get(label, 0) + max(1, life.replays(handle))
     return {label: ns // count[label] for label, ns in total.items()}
 
 
