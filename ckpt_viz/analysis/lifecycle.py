@@ -95,101 +95,117 @@ class Transition:
     reason: str | None = None
 
 
-class _Handle:
-    """One handle's running state while the pass walks the events; transitions as parallel lists."""
+class _Walk:
+    """The running state of every handle while the pass walks the events, in flat lists indexed by the handle's
+    order of first appearance (few objects for the cyclic collector, however many handles); the transitions are
+    appended to flat parallel lists in the order they are found."""
 
-    __slots__ = ("created", "kinds", "pending", "phase", "reasons", "refusals", "replays", "seqs", "state", "states",
-                 "unconsumed")
+    __slots__ = ("created", "index", "pending", "phase", "refusals", "replays", "state", "t_handle", "t_kind",
+                 "t_reason", "t_seq", "t_state", "unconsumed")
 
     def __init__(self) -> None:
-        self.state: State = "not_created"
-        self.phase: str | None = None
-        self.unconsumed = 0
-        self.pending: int | None = None  # seq of an ordinary/dw grads_routed waiting for its next event (rule 4)
-        self.replays = 0
-        self.seqs: list[int] = []
-        self.states: list[State] = []
-        self.kinds: list[str | None] = []
-        self.reasons: list[str | None] = []
-        self.refusals: list[tuple[int, str | None]] = []
-        self.created: HandleCreated | None = None  # its first handle_created event
+        self.index: dict[int, int] = {}  # handle id -> its position
+        self.state: list[State] = []
+        self.phase: list[str | None] = []
+        self.unconsumed: list[int] = []
+        self.pending: list[int | None] = []  # seq of an ordinary/dw grads_routed waiting for its next event (rule 4)
+        self.replays: list[int] = []
+        self.created: dict[int, HandleCreated] = {}  # handle id -> its first handle_created event
+        self.refusals: dict[int, list[tuple[int, str | None]]] = {}
+        self.t_handle: list[int] = []
+        self.t_seq: list[int] = []
+        self.t_state: list[State] = []
+        self.t_kind: list[str | None] = []
+        self.t_reason: list[str | None] = []
 
-    def move(self, seq: int, new: State, kind: str | None, reason: str | None = None) -> None:
-        if new != self.state:
-            self.seqs.append(seq)
-            self.states.append(new)
-            self.kinds.append(kind)
-            self.reasons.append(reason)
-            self.state = new
+    def add(self, handle_id: int) -> int:
+        i = self.index[handle_id] = len(self.state)
+        self.state.append("not_created")
+        self.phase.append(None)
+        self.unconsumed.append(0)
+        self.pending.append(None)
+        self.replays.append(0)
+        return i
 
-    def resolve(self) -> None:
+    def move(self, i: int, seq: int, new: State, kind: str | None, reason: str | None = None) -> None:
+        if new != self.state[i]:
+            self.t_handle.append(i)
+            self.t_seq.append(seq)
+            self.t_state.append(new)
+            self.t_kind.append(kind)
+            self.t_reason.append(reason)
+            self.state[i] = new
+
+    def resolve(self, i: int) -> None:
         """Rule 4: a pending ordinary/dw grads_routed not followed by a release is retained from its seq."""
-        if self.pending is not None:
-            seq, self.pending = self.pending, None
-            self.move(seq, "retained", "grads_routed")
+        seq = self.pending[i]
+        if seq is not None:
+            self.pending[i] = None
+            self.move(i, seq, "retained", "grads_routed")
 
 
-def _phase_set(s: _Handle, e: PhaseSet) -> None:
-    s.phase = e.new
-    if s.state in _WAITING:
-        s.move(e.seq, _WAITING_FOR_PHASE.get(e.new, "recorded"), "phase_set")
+def _phase_set(w: _Walk, i: int, e: PhaseSet) -> None:
+    w.phase[i] = e.new
+    if w.state[i] in _WAITING:
+        w.move(i, e.seq, _WAITING_FOR_PHASE.get(e.new, "recorded"), "phase_set")
 
 
-def _created(s: _Handle, e: HandleCreated) -> None:
-    if s.created is None:
-        s.created = e
-    s.move(e.seq, "recorded", "handle_created")
+def _created(w: _Walk, i: int, e: HandleCreated) -> None:
+    w.created.setdefault(e.handle_id, e)  # type: ignore[arg-type]  # (a handle's event has its id)
+    w.move(i, e.seq, "recorded", "handle_created")
 
 
-def _replay_started(s: _Handle, e: ReplayStarted) -> None:
-    s.replays += 1
-    s.move(e.seq, "replaying", "replay_started")
+def _replay_started(w: _Walk, i: int, e: ReplayStarted) -> None:
+    w.replays[i] += 1
+    w.move(i, e.seq, "replaying", "replay_started")
 
 
-def _replay_finished(s: _Handle, e: ReplayFinished) -> None:
-    s.unconsumed += e.saved_count or 0
-    s.move(e.seq, "retained" if e.trigger == "prefire" else "replayed", "replay_finished")
+def _replay_finished(w: _Walk, i: int, e: ReplayFinished) -> None:
+    w.unconsumed[i] += e.saved_count or 0
+    w.move(i, e.seq, "retained" if e.trigger == "prefire" else "replayed", "replay_finished")
 
 
-def _routed(s: _Handle, e: GradsRouted) -> None:
+def _routed(w: _Walk, i: int, e: GradsRouted) -> None:
     if e.phase == "dx":
-        s.move(e.seq, "retained", "grads_routed")
+        w.move(i, e.seq, "retained", "grads_routed")
     else:
-        s.pending = e.seq
+        w.pending[i] = e.seq
 
 
-def _released(s: _Handle, e: Released) -> None:
-    s.pending = None
-    s.move(e.seq, "released", "released", e.reason)
+def _released(w: _Walk, i: int, e: Released) -> None:
+    w.pending[i] = None
+    w.move(i, e.seq, "released", "released", e.reason)
 
 
-def _failed(s: _Handle, e: ReplayFailed) -> None:
-    s.move(e.seq, _WAITING_FOR_PHASE.get(s.phase, "recorded"), "replay_failed")
+def _failed(w: _Walk, i: int, e: ReplayFailed) -> None:
+    w.move(i, e.seq, _WAITING_FOR_PHASE.get(w.phase[i], "recorded"), "replay_failed")
 
 
-def _collected(s: _Handle, e: NodeCollected) -> None:
-    if s.state in _WAITING:
-        s.move(e.seq, "collected", "node_collected")
+def _collected(w: _Walk, i: int, e: NodeCollected) -> None:
+    if w.state[i] in _WAITING:
+        w.move(i, e.seq, "collected", "node_collected")
 
 
-def _unpacked(s: _Handle, e: TensorUnpacked) -> None:
-    if s.state in _KEPT:
+def _unpacked(w: _Walk, i: int, e: TensorUnpacked) -> None:
+    if w.state[i] in _KEPT:
         if e.consumed:
-            s.unconsumed -= 1
-            if s.unconsumed <= 0:
-                s.unconsumed = 0
-                s.move(e.seq, "released", "tensor_unpacked", "consumed")
+            left = w.unconsumed[i] - 1
+            if left <= 0:
+                w.unconsumed[i] = 0
+                w.move(i, e.seq, "released", "tensor_unpacked", "consumed")
+            else:
+                w.unconsumed[i] = left
         else:
-            s.move(e.seq, "retained", "tensor_unpacked")
+            w.move(i, e.seq, "retained", "tensor_unpacked")
 
 
-def _refused(s: _Handle, e: ReplayRefused) -> None:
-    s.refusals.append((e.seq, e.reason))
+def _refused(w: _Walk, i: int, e: ReplayRefused) -> None:
+    w.refusals.setdefault(e.handle_id, []).append((e.seq, e.reason))  # type: ignore[arg-type]
 
 
 # NOTE [ Handle states ]: what each kind does to its handle (a kind not here does nothing)
 # (each step takes the event of its own type, hence `Any` for the event)
-_STEPS: dict[type[EventBase], Callable[[_Handle, Any], None]] = {
+_STEPS: dict[type[EventBase], Callable[[_Walk, int, Any], None]] = {
     PhaseSet: _phase_set, HandleCreated: _created, ReplayStarted: _replay_started, ReplayFinished: _replay_finished,
     GradsRouted: _routed, Released: _released, ReplayFailed: _failed, NodeCollected: _collected,
     TensorUnpacked: _unpacked, ReplayRefused: _refused}
@@ -198,6 +214,10 @@ _STEPS: dict[type[EventBase], Callable[[_Handle, Any], None]] = {
 class Lifecycle:
     """Every handle's transitions in one trace (NOTE [ Handle states ]), with O(log n) lookups at a seq.
 
+    The transitions are kept in four flat parallel lists (`_seqs`, `_states`, `_kinds`, `_reasons`), each
+    handle's in one run of them (`_span`), so a trace of a million events leaves a handful of objects for the
+    cyclic collector to walk, not several per handle.
+
     Attributes:
         handle_ids: handle ids in order of first appearance.
         end_seq: the seq of the trace's last event (None for an empty trace).
@@ -205,50 +225,70 @@ class Lifecycle:
 
     def __init__(self, events: list[Event]) -> None:
         self.end_seq: int | None = events[-1].seq if events else None
-        handles: dict[int, _Handle] = {}
+        w = _Walk()
+        index, pending, steps = w.index, w.pending, _STEPS
         first_seq = events[0].seq if events else 0
-        steps = _STEPS
         for event in events:
             h = event.handle_id
             kind = type(event)
             if h is not None:
-                state = handles.get(h)
-                if state is None:
-                    state = handles[h] = _Handle()
+                i = index.get(h)
+                if i is None:
+                    i = w.add(h)
                     if kind is not HandleCreated:  # rule 1: existed before the recording
-                        state.move(first_seq, "recorded", None)
-                if state.pending is not None and kind is not Released:
-                    state.resolve()
+                        w.move(i, first_seq, "recorded", None)
+                if pending[i] is not None and kind is not Released:
+                    w.resolve(i)
                 step = steps.get(kind)
                 if step is not None:
-                    step(state, event)
+                    step(w, i, event)
             elif type(event) is SessionCleared:  # (narrows `event` for the type checker)
                 for frame in event.frames:
-                    state = handles.get(frame)
-                    if state is not None:
-                        state.resolve()
-                        if state.state in _KEPT:
-                            state.unconsumed = 0
-                            state.move(event.seq, "released", "session_cleared", "session_cleared")
-        for state in handles.values():
-            state.resolve()
-        self.handle_ids: list[int] = list(handles)
-        self._handles = handles
+                    i = index.get(frame)
+                    if i is not None:
+                        w.resolve(i)
+                        if w.state[i] in _KEPT:
+                            w.unconsumed[i] = 0
+                            w.move(i, event.seq, "released", "session_cleared", "session_cleared")
+        for i in range(len(w.state)):
+            w.resolve(i)
+        self.handle_ids: list[int] = list(index)
+        self._index = index
+        self._phase, self._replays, self._created, self._refusals = w.phase, w.replays, w.created, w.refusals
+        # each handle's transitions together, in the order found (a stable sort by handle)
+        order = sorted(range(len(w.t_handle)), key=w.t_handle.__getitem__)
+        self._seqs = [w.t_seq[k] for k in order]
+        self._states = [w.t_state[k] for k in order]
+        self._kinds = [w.t_kind[k] for k in order]
+        self._reasons = [w.t_reason[k] for k in order]
+        counts = Counter(w.t_handle)
+        self._lo: list[int] = []
+        at = 0
+        for i in range(len(index)):
+            self._lo.append(at)
+            at += counts[i]
+        self._lo.append(at)
         into: dict[str, list[int]] = {s: [] for s in STATES}
         out: dict[str, list[int]] = {s: [] for s in STATES}
-        for state in handles.values():
+        for i in range(len(index)):
             previous: str = "not_created"
-            for seq, new in zip(state.seqs, state.states):
-                out[previous].append(seq)
-                into[new].append(seq)
+            for k in range(self._lo[i], self._lo[i + 1]):
+                new = self._states[k]
+                out[previous].append(self._seqs[k])
+                into[new].append(self._seqs[k])
                 previous = new
         for seqs in (*into.values(), *out.values()):
             seqs.sort()
         self._into, self._out = into, out
 
-    def _transition(self, h: int, i: int) -> Transition:
-        s = self._handles[h]
-        return Transition(seq=s.seqs[i], handle_id=h, state=s.states[i], kind=s.kinds[i], reason=s.reasons[i])
+    def _span(self, handle_id: int) -> range:
+        """The positions of the handle's transitions in the flat lists (empty for an unknown handle)."""
+        i = self._index.get(handle_id)
+        return range(self._lo[i], self._lo[i + 1]) if i is not None else range(0)
+
+    def _transition(self, h: int, k: int) -> Transition:
+        return Transition(seq=self._seqs[k], handle_id=h, state=self._states[k], kind=self._kinds[k],
+                          reason=self._reasons[k])
 
     # -- queries
 
@@ -259,16 +299,13 @@ class Lifecycle:
 
     def transitions(self, handle_id: int) -> list[Transition]:
         """The handle's state changes, in order (empty for an unknown handle)."""
-        s = self._handles.get(handle_id)
-        return [self._transition(handle_id, i) for i in range(len(s.seqs))] if s is not None else []
+        return [self._transition(handle_id, k) for k in self._span(handle_id)]
 
     def state_at(self, handle_id: int, seq: int | None) -> State:
         """One of `STATES` as of `seq` (inclusive; None: the end); "not_created" for an unknown handle."""
-        s = self._handles.get(handle_id)
-        if s is None or not s.seqs:
-            return "not_created"
-        at = bisect_right(s.seqs, self._at(seq))
-        return s.states[at - 1] if at else "not_created"
+        span = self._span(handle_id)
+        at = bisect_right(self._seqs, self._at(seq), span.start, span.stop)
+        return self._states[at - 1] if at > span.start else "not_created"
 
     def states_at(self, seq: int | None) -> dict[int, State]:
         """The state of every handle as of `seq`, in order of first appearance."""
@@ -283,63 +320,58 @@ class Lifecycle:
 
     def reason_at(self, handle_id: int, seq: int | None) -> str | None:
         """The reason of the transition in force at `seq` (the release reason while released), or None."""
-        s = self._handles.get(handle_id)
-        if s is None:
-            return None
-        at = bisect_right(s.seqs, self._at(seq))
-        return s.reasons[at - 1] if at else None
+        span = self._span(handle_id)
+        at = bisect_right(self._seqs, self._at(seq), span.start, span.stop)
+        return self._reasons[at - 1] if at > span.start else None
+
+    def _released_at(self, handle_id: int) -> list[int]:
+        return [k for k in self._span(handle_id) if self._states[k] == "released"]
 
     def released(self, handle_id: int) -> Transition | None:
         """The handle's first release (its reason says why), or None if it was never released."""
-        s = self._handles.get(handle_id)
-        if s is None or "released" not in s.states:
-            return None
-        return self._transition(handle_id, s.states.index("released"))
+        ks = self._released_at(handle_id)
+        return self._transition(handle_id, ks[0]) if ks else None
 
     def created_events(self) -> dict[int, HandleCreated]:
         """handle -> its first `handle_created` event (handles created before the recording are absent)."""
-        return {h: s.created for h, s in self._handles.items() if s.created is not None}
+        return dict(self._created)
 
     def was_released(self, handle_id: int) -> bool:
         """Whether the handle was ever released (`released` without building its transition)."""
-        s = self._handles.get(handle_id)
-        return s is not None and "released" in s.states
+        return any(self._states[k] == "released" for k in self._span(handle_id))
 
     def releases(self, handle_id: int) -> list[Transition]:
         """Every release of the handle (a non-reentrant frame recomputed by a later backward is released again)."""
-        s = self._handles.get(handle_id)
-        if s is None or "released" not in s.states:
-            return []
-        return [self._transition(handle_id, i) for i, state in enumerate(s.states) if state == "released"]
+        return [self._transition(handle_id, k) for k in self._released_at(handle_id)]
 
     def released_reasons(self) -> Counter[str | None]:
         """reason -> how many handles are released at the end of the trace for it."""
-        return Counter(s.reasons[-1] for s in self._handles.values() if s.states and s.states[-1] == "released")
+        lasts = (self._lo[i + 1] - 1 for i in range(len(self.handle_ids)) if self._lo[i + 1] > self._lo[i])
+        return Counter(self._reasons[k] for k in lasts if self._states[k] == "released")
 
     def reasons(self, handle_id: int) -> tuple[str | None, ...]:
         """The reasons of the handle's transitions, in order (a release's reason where it is one)."""
-        s = self._handles.get(handle_id)
-        return tuple(s.reasons) if s is not None else ()
+        span = self._span(handle_id)
+        return tuple(self._reasons[span.start:span.stop])
 
     def last_phase(self, handle_id: int) -> str | None:
         """The last phase a `phase_set` gave the handle, or None."""
-        s = self._handles.get(handle_id)
-        return s.phase if s is not None else None
+        i = self._index.get(handle_id)
+        return self._phase[i] if i is not None else None
 
     def replay_count(self) -> int:
         """How many times any handle's forward was re-run."""
-        return sum(s.replays for s in self._handles.values())
+        return sum(self._replays)
 
     def replays(self, handle_id: int) -> int:
         """How many times the handle's forward was re-run (`replay_started` events)."""
-        s = self._handles.get(handle_id)
-        return s.replays if s is not None else 0
+        i = self._index.get(handle_id)
+        return self._replays[i] if i is not None else 0
 
     def refusals(self, handle_id: int) -> list[Transition]:
         """The handle's refused replays: state is the handle's state then, reason the refusal's reason."""
-        s = self._handles.get(handle_id)
         return [Transition(seq=seq, handle_id=handle_id, state=self.state_at(handle_id, seq), kind="replay_refused",
-                           reason=r) for seq, r in (s.refusals if s is not None else ())]
+                           reason=r) for seq, r in self._refusals.get(handle_id, ())]
 
 
 def lifecycle(trace: Trace) -> Lifecycle:
@@ -413,12 +445,13 @@ def held_replays(trace: Trace) -> HeldReplays:
     def build(t: Trace) -> HeldReplays:
         life = lifecycle(t)
         changes: dict[int, int] = {}
-        for s in life._handles.values():  # the transitions' parallel lists, read in place
+        seqs, states = life._seqs, life._states  # the transitions' flat lists, read in place
+        for h in life.handle_ids:
             held = False
-            for seq, state in zip(s.seqs, s.states):
-                now = state in HELD_STATES
+            for k in life._span(h):
+                now = states[k] in HELD_STATES
                 if now != held:
-                    changes[seq] = changes.get(seq, 0) + (1 if now else -1)
+                    changes[seqs[k]] = changes.get(seqs[k], 0) + (1 if now else -1)
                     held = now
         most, where, count = 0, None, 0
         for seq in sorted(changes):
