@@ -154,4 +154,9 @@ def assert_lifecycle_is_the_reference(trace: Any, *, every_seq: bool = True) -> 
         assert life.counts_at(seq) == ref.counts_at(seq), seq
     assert life.released_reasons() == ref.released_reasons()
     assert life.replay_count() == sum(ref.replays.values())
+    # the queries for every handle at once say what the reference says of each handle
+    assert life.final_states() == ref.states_at(None)
+    assert life.refused() == [h for h in ref.order if ref.refusals[h]]
+    for reason in ("backward_exception", "forward_exception", "dw_complete", "consumed", "session_cleared"):
+        assert life.with_reason(reason) == {h for h in ref.order if any(t[3] == reason for t in ref.transitions[h])}
     return ref

@@ -221,13 +221,15 @@ class Facts:
         """Whether handle `h` can have a finding of `handle_finding` at all: an error names it, a replay was refused,
         a failing pass released it, or it was set to phase dw and never released (a leak). A clean handle (nearly
         every handle of a long run) is ruled out here without reading its events."""
+        return h in self._suspects
+
+    @cached_property
+    def _suspects(self) -> set[int]:
+        """Every handle `suspect` names, found from the lifecycle's results for all handles at once."""
         life = self.lifecycle
-        if h in self.handle_errors or life.refusals(h):
-            return True
-        reasons = life.reasons(h)
-        if "backward_exception" in reasons or "forward_exception" in reasons:
-            return True
-        return life.last_phase(h) == "dw" and life.state_at(h, None) != "released"
+        out = {*self.handle_errors, *life.refused(), *life.with_reason("backward_exception", "forward_exception")}
+        out.update(h for h, end in life.final_states().items() if end != "released" and life.last_phase(h) == "dw")
+        return out
 
     def call_after(self, seq: int) -> Event | None:
         """The first backward the user's code called after `seq` (`backward_called`), or None."""

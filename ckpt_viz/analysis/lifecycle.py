@@ -257,6 +257,7 @@ class Lifecycle:
         self._phase, self._replays, self._created, self._refusals = w.phase, w.replays, w.created, w.refusals
         # each handle's transitions together, in the order found (a stable sort by handle)
         order = sorted(range(len(w.t_handle)), key=w.t_handle.__getitem__)
+        self._owner = [w.t_handle[k] for k in order]  # the position (in `handle_ids`) of each transition's handle
         self._seqs = [w.t_seq[k] for k in order]
         self._states = [w.t_state[k] for k in order]
         self._kinds = [w.t_kind[k] for k in order]
@@ -325,7 +326,10 @@ class Lifecycle:
         return self._reasons[at - 1] if at > span.start else None
 
     def _released_at(self, handle_id: int) -> list[int]:
-        return [k for k in self._span(handle_id) if self._states[k] == "released"]
+        span = self._span(handle_id)
+        if "released" not in self._states[span.start:span.stop]:
+            return []
+        return [k for k in span if self._states[k] == "released"]
 
     def released(self, handle_id: int) -> Transition | None:
         """The handle's first release (its reason says why), or None if it was never released."""
@@ -338,7 +342,8 @@ class Lifecycle:
 
     def was_released(self, handle_id: int) -> bool:
         """Whether the handle was ever released (`released` without building its transition)."""
-        return any(self._states[k] == "released" for k in self._span(handle_id))
+        span = self._span(handle_id)
+        return "released" in self._states[span.start:span.stop]
 
     def releases(self, handle_id: int) -> list[Transition]:
         """Every release of the handle (a non-reentrant frame recomputed by a later backward is released again)."""
@@ -348,6 +353,21 @@ class Lifecycle:
         """reason -> how many handles are released at the end of the trace for it."""
         lasts = (self._lo[i + 1] - 1 for i in range(len(self.handle_ids)) if self._lo[i + 1] > self._lo[i])
         return Counter(self._reasons[k] for k in lasts if self._states[k] == "released")
+
+    def final_states(self) -> dict[int, State]:
+        """handle -> its state at the end of the trace, for every handle at once."""
+        lo = self._lo
+        return {h: self._states[lo[i + 1] - 1] if lo[i + 1] > lo[i] else "not_created"
+                for i, h in enumerate(self.handle_ids)}
+
+    def with_reason(self, *reasons: str) -> set[int]:
+        """The handles with a transition for one of `reasons` (such as "backward_exception"), at any time."""
+        wanted = set(reasons)
+        return {self.handle_ids[self._owner[k]] for k, r in enumerate(self._reasons) if r in wanted}
+
+    def refused(self) -> list[int]:
+        """The handles with a refused replay (rule 7), in order of first appearance."""
+        return [h for h in self.handle_ids if h in self._refusals]
 
     def reasons(self, handle_id: int) -> tuple[str | None, ...]:
         """The reasons of the handle's transitions, in order (a release's reason where it is one)."""
