@@ -16,10 +16,11 @@ NOTE [ Region labels ]
      `checkpoint_sequential[0:4]` when they have no names (no `model=` and no parent on the stack).
   2. A module's name is its qualified name in the model given to `record(model=...)`
      (`bus.name_of`: the recording maps modules as well as parameters); else in the outermost
-     module whose `forward` is on the call stack and holds it (found once per module, remembered
-     weakly); else its class name. Wrapper segments that torch strips from state-dict keys
-     (`_checkpoint_wrapped_module`, `_fsdp_wrapped_module`, `_orig_mod`) are dropped:
-     a torchtitan layer reads `layers.0`, not `layers.0._checkpoint_wrapped_module`.
+     module whose `forward` is on the call stack and holds it (looked for once per module, at its
+     first checkpoint, and remembered weakly, found or not); else its class name. Wrapper
+     segments that torch strips from state-dict keys (`_checkpoint_wrapped_module`,
+     `_fsdp_wrapped_module`, `_orig_mod`) are dropped: a torchtitan layer reads `layers.0`, not
+     `layers.0._checkpoint_wrapped_module`.
   3. A function with a `__qualname__` of its own (ckpt_viz's `labelled`, a lambda, a plain
      function) keeps it: `labelled` already carries the qualified name and the call index.
 """
@@ -41,7 +42,8 @@ _WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_ori
 _SEQUENTIAL = "checkpoint_sequential.<locals>.run_function.<locals>.forward"
 _PACKER = "CheckpointWrapper.forward.<locals>.my_function"
 _MAX_FRAMES = 256
-_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()  # rule 2's remembered names
+# rule 2's remembered names ("": looked for, none found)
+_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 _roots: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
@@ -115,10 +117,8 @@ def found_name(module: torch.nn.Module) -> str | None:
     if name is None:
         name = _names.get(module)
         if name is None:
-            name = _from_stack(module)
-            if name is not None:
-                _names[module] = name
-    return name
+            name = _names[module] = _from_stack(module) or ""  # "": looked for and not found
+    return name or None
 
 
 def module_name(module: torch.nn.Module) -> str:
