@@ -225,7 +225,7 @@ def emit(cls: type[E], *, handle_id: int | None = None, mode: HandleMode | None 
     are those the trace holds), a global subscriber's if no recording listens here, or None if nobody listens.
     """
     own = _SCOPE.get()
-    if scope is None and own is not None and not _subscribers and len(own.channels) == 1:
+    if (scope is None or scope is own) and own is not None and not _subscribers and len(own.channels) == 1:
         channel = own.channels[0]  # the usual case: one recording open here, nobody else (NOTE [ Cost ... ], 5)
         if channel.is_open:
             if site is None and capture_site:

@@ -62,6 +62,8 @@ import sys
 import threading
 import weakref
 from contextlib import AbstractContextManager
+from itertools import compress
+from operator import attrgetter
 from types import TracebackType
 from typing import Any
 
@@ -345,6 +347,7 @@ def _keep_run_facts(recording: Recording, trace: Trace) -> None:
         meta["unobserved"] = notes
 
 
+_SITE, _KIND = attrgetter("site"), attrgetter("kind")
 _STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",
                           "node_collected", "replay_refused", "error", "session_cleared", "replay_started",
                           "grads_routed"})
@@ -359,8 +362,9 @@ def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
     # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/analysis/findings.py).
     events = trace.events
-    sites = dict.fromkeys([e.site for e in events if e.kind in _STORY_KINDS])
-    sites.update(dict.fromkeys([e.site for e in events]))
+    every = list(map(_SITE, events))  # (map, compress: no Python step per event, on every close of a block)
+    sites = dict.fromkeys(compress(every, map(_STORY_KINDS.__contains__, map(_KIND, events))))
+    sites.update(dict.fromkeys(every))
     sites.pop(None, None)
     sites.pop("", None)
     sources = trace.meta.get("sources")
