@@ -257,11 +257,11 @@ class Lifecycle:
         self._phase, self._replays, self._created, self._refusals = w.phase, w.replays, w.created, w.refusals
         # each handle's transitions together, in the order found (a stable sort by handle)
         order = sorted(range(len(w.t_handle)), key=w.t_handle.__getitem__)
-        self._owner = [w.t_handle[k] for k in order]  # the position (in `handle_ids`) of each transition's handle
-        self._seqs = [w.t_seq[k] for k in order]
-        self._states = [w.t_state[k] for k in order]
-        self._kinds = [w.t_kind[k] for k in order]
-        self._reasons = [w.t_reason[k] for k in order]
+        self._owner = list(map(w.t_handle.__getitem__, order))  # the position (in `handle_ids`) of its handle
+        self._seqs = list(map(w.t_seq.__getitem__, order))
+        self._states = list(map(w.t_state.__getitem__, order))
+        self._kinds = list(map(w.t_kind.__getitem__, order))
+        self._reasons = list(map(w.t_reason.__getitem__, order))
         counts = Counter(w.t_handle)
         self._lo: list[int] = []
         at = 0

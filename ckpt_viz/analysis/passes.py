@@ -47,6 +47,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 from typing import Literal
 
 import msgspec
@@ -295,11 +296,14 @@ def _aligned(parts: Sequence[Part]) -> list[float]:
     return xs
 
 
+_SEQ = attrgetter("seq")
+
+
 def passes(trace: Trace) -> Passes:
     """The parts and backward passes of `trace`, computed once per trace (the backward passes at first use)."""
     def build(t: Trace) -> Passes:
         events = tuple(t.events)  # as they are now: a recording still open may add more
-        seqs = tuple(e.seq for e in events)
+        seqs = tuple(map(_SEQ, events))
         parts = _parts(events)
         return Passes(seqs=seqs, of_event=tuple(parts), spans=tuple(_spans(seqs, parts)), _events=events)
     return derived(trace, "passes", build)
