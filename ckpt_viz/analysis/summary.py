@@ -65,7 +65,7 @@ def summary(trace: Trace) -> RunSummary:
             model=str(meta.get("model") or ""), mode=str(meta.get("mode") or observed_mode(t)),
             schedule=str(meta.get("schedule") or ""), events=len(t.events), handles=len(life.handle_ids),
             replays=life.replay_count(), released=states.get("released", 0), states=states,
-            refused=sum(len(life.refusals(h)) for h in life.handle_ids), errors=t.count("error"),
+            refused=sum(len(life.refusals(h)) for h in life.refused()), errors=t.count("error"),
             peak=memory(t).peak, findings=tuple(d.code for d in diagnose(t)),
             partial=bool(meta.get("partial") or distributed.get("missing_ranks")))
     return derived(trace, "summary", build)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 from os import PathLike
 from typing import Annotated, Any, Literal
 
@@ -19,6 +21,8 @@ from msgspec import Meta
 
 from ckpt_viz.events import Count, Event, EventBase, Id, Name, Nanos, Shape
 from ckpt_viz.vocabulary import Kind, MemoryCategory, NodeKind, Phase
+
+_KIND = attrgetter("kind")
 
 __all__ = [
     "MAX_SOURCE_CHARS",
@@ -173,12 +177,12 @@ class Trace:
     def of_kind(self, *kinds: Kind | type[EventBase]) -> list[Event]:
         """The events of the given kinds (names such as "replay_started", or event types), in order."""
         wanted = {k if isinstance(k, str) else k.kind for k in kinds}
-        return [e for e in self.events if e.kind in wanted]
+        return list(compress(self.events, map(wanted.__contains__, map(_KIND, self.events))))  # (no Python step)
 
     def count(self, kind: Kind | type[EventBase]) -> int:
         """How many events of `kind` the trace holds."""
         wanted = kind if isinstance(kind, str) else kind.kind
-        return sum(1 for e in self.events if e.kind == wanted)
+        return list(map(_KIND, self.events)).count(wanted)
 
     def for_handle(self, handle_id: int) -> list[Event]:
         """The events about one handle, in order."""
