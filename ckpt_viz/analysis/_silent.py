@@ -24,9 +24,12 @@ NOTE [ Silent problems ]
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 
 from ckpt_viz.analysis.findings import Facts, Finding, code_of, finding
 from ckpt_viz.events import Event, GradsRouted, PhaseSet, UnaskedGradsAccumulated
+
+_ACCUMULATED = attrgetter("accumulated")
 
 __all__ = ["ERROR_CODES", "silent_findings"]
 
@@ -88,7 +91,7 @@ def _params_without_grad(f: Facts) -> list[Finding]:
     first: dict[int, GradsRouted] = {}  # each handle's first routing that left a parameter without a gradient
     for e in f.by_kind.get("grads_routed", ()):
         if (isinstance(e, GradsRouted) and e.handle_id is not None and e.handle_id not in first
-                and any(not c.accumulated for c in e.captured)):
+                and not all(map(_ACCUMULATED, e.captured))):
             first[e.handle_id] = e
     found = []
     for h in f.handles:
