@@ -27,6 +27,8 @@ NOTE [ State that survives page changes ]
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import compress
+from operator import attrgetter
 
 import streamlit as st
 
@@ -37,6 +39,7 @@ from ui.runs import Run, RunConfig
 
 CURSOR = "cursor"
 WINDOW = 2_000  # events either side of the cursor that per-cursor views read on a big trace
+_KIND = attrgetter("kind")
 JUMPS: dict[str, str] = {"replay": "replay_started", "release": "released",  # "Next <name>" -> event kind
                          "refusal": "replay_refused", "error": "error"}
 
@@ -105,11 +108,10 @@ def _jumps(run: Run) -> dict[str, list[int]]:
     """The positions of the events of each `JUMPS` kind, in order: one pass over the run, kept with it."""
     found = run.memo.get("jumps")
     if found is None:
-        wanted = set(JUMPS.values())
+        events, wanted = run.trace.events, set(JUMPS.values())
         found = {kind: [] for kind in wanted}
-        for i, e in enumerate(run.trace.events):
-            if e.kind in wanted:
-                found[e.kind].append(i)
+        for i in compress(range(len(events)), map(wanted.__contains__, map(_KIND, events))):  # (a step per kept one)
+            found[events[i].kind].append(i)
         run.memo["jumps"] = found
     return found
 
