@@ -428,11 +428,6 @@ class MemoryProbe:
         device = torch.cuda.memory_allocated() if self.cuda else None
         return totals, by_stage, device
 
-    def live_nbytes(self) -> int:
-        """All live bytes the probe tracks."""
-        with self._lock:
-            return sum(r.nbytes for r in self._live.values())
-
     # ------------------------------------------------------------ lifetime
 
     def __enter__(self) -> MemoryProbe:
