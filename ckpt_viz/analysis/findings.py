@@ -42,6 +42,7 @@ NOTE [ Reading a cause from the trace ]
 """
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -135,10 +136,14 @@ class Finding:
 
 
 class Facts:
-    """Handle states from the one lifecycle; one pass over the events for the evidence beside them."""
+    """Handle states from the one lifecycle; one pass over the events for the evidence beside them.
+
+    Kept in the trace's own cache of derived results, so it holds the trace weakly: a strong reference would make
+    a cycle, and a trace the app no longer shows would wait for the cyclic collector instead of going at once.
+    """
 
     def __init__(self, trace: Trace) -> None:
-        self.trace = trace
+        self._trace = weakref.ref(trace)
         sources = trace.meta.get("sources")
         self.sources: dict[str, Any] = sources if isinstance(sources, dict) else {}
         self.lifecycle = lifecycle(trace)
@@ -166,6 +171,13 @@ class Facts:
                 open_by_sid[e.session_id] = act
             elif e.session_id in open_by_sid:
                 open_by_sid.pop(e.session_id)["end"] = e.seq
+
+    @property
+    def trace(self) -> Trace:
+        """The trace these facts are of (alive while they are used: they live in its cache)."""
+        trace = self._trace()
+        assert trace is not None, "Facts outlived its trace"
+        return trace
 
     @cached_property
     def by_handle(self) -> dict[int, list[Event]]:
