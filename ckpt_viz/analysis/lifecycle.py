@@ -257,7 +257,6 @@ class Lifecycle:
         self._phase, self._replays, self._created, self._refusals = w.phase, w.replays, w.created, w.refusals
         # each handle's transitions together, in the order found (a stable sort by handle)
         order = sorted(range(len(w.t_handle)), key=w.t_handle.__getitem__)
-        self._owner = list(map(w.t_handle.__getitem__, order))  # the position (in `handle_ids`) of its handle
         self._seqs = list(map(w.t_seq.__getitem__, order))
         self._states = list(map(w.t_state.__getitem__, order))
         self._kinds = list(map(w.t_kind.__getitem__, order))
@@ -326,10 +325,9 @@ class Lifecycle:
         return self._reasons[at - 1] if at > span.start else None
 
     def _released_at(self, handle_id: int) -> list[int]:
-        span = self._span(handle_id)
-        if "released" not in self._states[span.start:span.stop]:
+        if not self.was_released(handle_id):  # (a slice searched in C first: most handles are released once)
             return []
-        return [k for k in span if self._states[k] == "released"]
+        return [k for k in self._span(handle_id) if self._states[k] == "released"]
 
     def released(self, handle_id: int) -> Transition | None:
         """The handle's first release (its reason says why), or None if it was never released."""
@@ -351,19 +349,22 @@ class Lifecycle:
 
     def released_reasons(self) -> Counter[str | None]:
         """reason -> how many handles are released at the end of the trace for it."""
-        lasts = (self._lo[i + 1] - 1 for i in range(len(self.handle_ids)) if self._lo[i + 1] > self._lo[i])
-        return Counter(self._reasons[k] for k in lasts if self._states[k] == "released")
+        return Counter(self._reasons[k] for k in self._lasts().values()
+                       if k is not None and self._states[k] == "released")
+
+    def _lasts(self) -> dict[int, int | None]:
+        """handle -> the position of its last transition (None: it has none)."""
+        lo = self._lo
+        return {h: lo[i + 1] - 1 if lo[i + 1] > lo[i] else None for i, h in enumerate(self.handle_ids)}
 
     def final_states(self) -> dict[int, State]:
         """handle -> its state at the end of the trace, for every handle at once."""
-        lo = self._lo
-        return {h: self._states[lo[i + 1] - 1] if lo[i + 1] > lo[i] else "not_created"
-                for i, h in enumerate(self.handle_ids)}
+        return {h: self._states[k] if k is not None else "not_created" for h, k in self._lasts().items()}
 
     def with_reason(self, *reasons: str) -> set[int]:
         """The handles with a transition for one of `reasons` (such as "backward_exception"), at any time."""
         wanted = set(reasons)
-        return {self.handle_ids[self._owner[k]] for k, r in enumerate(self._reasons) if r in wanted}
+        return {self.handle_ids[bisect_right(self._lo, k) - 1] for k, r in enumerate(self._reasons) if r in wanted}
 
     def refused(self) -> list[int]:
         """The handles with a refused replay (rule 7), in order of first appearance."""
