@@ -54,7 +54,7 @@ def _dw_skipped(f: Facts, leaked: set[int]) -> list[Finding]:
             continue
         events = f.by_handle[h]
         dx = [e for e in events if e.kind == "backward_entered" and e.phase == "dx" and e.mode == "reentrant"]
-        if any(e.kind == "released" or (isinstance(e, PhaseSet) and e.new == "dw") for e in events):
+        if any(isinstance(e, PhaseSet) and e.new == "dw" for e in events):  # (a `released` event: was_released)
             continue
         if any(e.kind == "backward_entered" and e.seq > dx[-1].seq for e in events):
             continue
