@@ -62,7 +62,6 @@ import sys
 import threading
 import weakref
 from contextlib import AbstractContextManager
-from itertools import compress
 from operator import attrgetter
 from types import TracebackType
 from typing import Any
@@ -71,6 +70,7 @@ from ckpt_viz import bus
 from ckpt_viz.errors import RecordingError, error_code
 from ckpt_viz.events import BackwardCalled, EventBase
 from ckpt_viz.trace import MAX_SOURCE_CHARS, MAX_SOURCE_SITES, MemorySample, Trace
+from ckpt_viz.vocabulary import Kind
 
 __all__ = ["Recording", "last_trace", "record"]
 
@@ -347,10 +347,10 @@ def _keep_run_facts(recording: Recording, trace: Trace) -> None:
         meta["unobserved"] = notes
 
 
-_SITE, _KIND = attrgetter("site"), attrgetter("kind")
-_STORY_KINDS = frozenset({"handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released",
-                          "node_collected", "replay_refused", "error", "session_cleared", "replay_started",
-                          "grads_routed"})
+_SITE = attrgetter("site")
+_STORY_KINDS: frozenset[Kind] = frozenset({
+    "handle_created", "phase_set", "backward_entered", "session_bound", "prefired", "released", "node_collected",
+    "replay_refused", "error", "session_cleared", "replay_started", "grads_routed"})
 
 
 # site -> (file, linecache's entry for it, the line kept): a later close reuses the line while linecache holds
@@ -362,9 +362,8 @@ def _keep_sources(trace: Trace) -> None:
     """NOTE [ What a recording captures ], rule 7: the line of code of each distinct site, read now."""
     # The sites a debugger finding names come first, so the cap never drops them (ckpt_viz/analysis/findings.py).
     events = trace.events
-    every = list(map(_SITE, events))  # (map, compress: no Python step per event, on every close of a block)
-    sites = dict.fromkeys(compress(every, map(_STORY_KINDS.__contains__, map(_KIND, events))))
-    sites.update(dict.fromkeys(every))
+    sites = dict.fromkeys(map(_SITE, trace.of_kind(*_STORY_KINDS)))  # (map: no Python step per event, at each close)
+    sites.update(dict.fromkeys(map(_SITE, events)))
     sites.pop(None, None)
     sites.pop("", None)
     sources = trace.meta.get("sources")

@@ -27,20 +27,18 @@ NOTE [ State that survives page changes ]
 from __future__ import annotations
 
 from bisect import bisect_right
-from itertools import compress
-from operator import attrgetter
 
 import streamlit as st
 
 from ckpt_viz.analysis.handles import handle_labels
 from ckpt_viz.analysis.words import describe_event
 from ckpt_viz.trace import Trace
+from ckpt_viz.vocabulary import Kind
 from ui.runs import Run, RunConfig
 
 CURSOR = "cursor"
 WINDOW = 2_000  # events either side of the cursor that per-cursor views read on a big trace
-_KIND = attrgetter("kind")
-JUMPS: dict[str, str] = {"replay": "replay_started", "release": "released",  # "Next <name>" -> event kind
+JUMPS: dict[str, Kind] = {"replay": "replay_started", "release": "released",  # "Next <name>" -> event kind
                          "refusal": "replay_refused", "error": "error"}
 
 
@@ -108,9 +106,9 @@ def _jumps(run: Run) -> dict[str, list[int]]:
     """The positions of the events of each `JUMPS` kind, in order: one pass over the run, kept with it."""
     found = run.memo.get("jumps")
     if found is None:
-        events, wanted = run.trace.events, set(JUMPS.values())
-        found = {kind: [] for kind in wanted}
-        for i in compress(range(len(events)), map(wanted.__contains__, map(_KIND, events))):  # (a step per kept one)
+        events = run.trace.events
+        found = {kind: [] for kind in JUMPS.values()}
+        for i in run.trace.positions(*JUMPS.values()):
             found[events[i].kind].append(i)
         run.memo["jumps"] = found
     return found

@@ -47,8 +47,6 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress
-from operator import attrgetter
 from typing import Any, TypeVar
 
 from ckpt_viz.analysis._story import explanation
@@ -67,6 +65,7 @@ from ckpt_viz.events import (
     SessionCleared,
 )
 from ckpt_viz.trace import Trace
+from ckpt_viz.vocabulary import Kind
 
 __all__ = ["STORY_KINDS", "Facts", "Finding", "code_of", "finding", "handle_finding"]
 
@@ -155,7 +154,7 @@ class Facts:
         self.cleared: list[SessionCleared] = []
         open_by_sid: dict[Any, dict[str, Any]] = {}
         by_kind, read = self.by_kind, _READ_KINDS
-        for e in compress(trace.events, map(read.__contains__, map(_KIND, trace.events))):  # (no step for the rest)
+        for e in trace.of_kind(*read):
             by_kind.setdefault(e.kind, []).append(e)
         self.errors = [e for e in by_kind.get("error", ()) if isinstance(e, Error)]
         self.cleared = [e for e in by_kind.get("session_cleared", ()) if isinstance(e, SessionCleared)]
@@ -263,10 +262,10 @@ class Facts:
         return handle_label(created_events(self.trace).get(h)) or None
 
 
-_KIND = attrgetter("kind")
-_READ_KINDS = frozenset(("error", "session_cleared", "session_activated", "session_deactivated", "session_bound",
-                         "prefired", "replay_diverged", "backward_entered", "unasked_grads_accumulated",
-                         "backward_called", "grads_routed", "replay_started"))
+_READ_KINDS: frozenset[Kind] = frozenset((
+    "error", "session_cleared", "session_activated", "session_deactivated", "session_bound", "prefired",
+    "replay_diverged", "backward_entered", "unasked_grads_accumulated", "backward_called", "grads_routed",
+    "replay_started"))
 
 
 def code_of(event: Event) -> str | None:

@@ -176,8 +176,16 @@ class Trace:
 
     def of_kind(self, *kinds: Kind | type[EventBase]) -> list[Event]:
         """The events of the given kinds (names such as "replay_started", or event types), in order."""
+        return list(compress(self.events, self._of_kinds(kinds)))
+
+    def positions(self, *kinds: Kind | type[EventBase]) -> list[int]:
+        """The positions in `events` of the events of the given kinds, in order."""
+        return list(compress(range(len(self.events)), self._of_kinds(kinds)))
+
+    def _of_kinds(self, kinds: tuple[Kind | type[EventBase], ...]) -> Iterator[bool]:
+        # whether each event is of one of `kinds`, computed in C (map, attrgetter): no Python step per event
         wanted = {k if isinstance(k, str) else k.kind for k in kinds}
-        return list(compress(self.events, map(wanted.__contains__, map(_KIND, self.events))))  # (no Python step)
+        return map(wanted.__contains__, map(_KIND, self.events))
 
     def count(self, kind: Kind | type[EventBase]) -> int:
         """How many events of `kind` the trace holds."""

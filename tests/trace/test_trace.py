@@ -206,6 +206,10 @@ def test_queries_on_loaded_trace_match_the_original(tmp_path: Path) -> None:
         assert loaded.count(kind) == trace.count(kind)
     assert trace.count("released") == 7 == trace.count(Released)  # i % 8 == 6 for i < 60
     assert loaded.of_kind("released", "error") == trace.of_kind(Released, Error)
+    at = trace.positions("released", Error)
+    assert len(at) == 7 + trace.count("error") and at == sorted(at)
+    assert [trace.events[i] for i in at] == trace.of_kind("released", "error")
+    assert [i for i, e in enumerate(trace.events) if e.kind in ("released", "error")] == at
     assert loaded.for_handle(3) == trace.for_handle(3) and all(e.handle_id == 3 for e in loaded.for_handle(3))
     assert loaded.events[-1] == trace.events[-1] and loaded.events[10:13] == trace.events[10:13]
     assert list(loaded) == loaded.events and len(loaded) == 60
